@@ -1,0 +1,305 @@
+/**
+ * @file spec.cpp
+ * @brief Parsing and validation of layer specs.
+ */
+#include "compiler/spec.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace gdn {
+
+using nlohmann::json;
+
+SpecError::SpecError(std::string pointer, std::string problem)
+    : std::invalid_argument(fmt::format("{}: {}", pointer, problem)),
+      pointer_(std::move(pointer)),
+      problem_(std::move(problem)) {}
+
+std::string_view to_string(Norm v) { return v == Norm::l2_in_kernel ? "l2_in_kernel" : "none"; }
+std::string_view to_string(SaveMode v) { return v == SaveMode::light ? "light" : "full"; }
+std::string_view to_string(ReuseTapes v) {
+  switch (v) {
+    case ReuseTapes::yes: return "true";
+    case ReuseTapes::no: return "false";
+    case ReuseTapes::automatic: return "auto";
+  }
+  return "?";
+}
+std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
+std::string_view to_string(Target v) {
+  switch (v) {
+    case Target::sm_90a: return "sm_90a";
+    case Target::sm_100a: return "sm_100a";
+    case Target::sm_103a: return "sm_103a";
+  }
+  return "?";
+}
+std::optional<Target> parse_target(std::string_view s) {
+  for (Target t : supported_targets())
+    if (to_string(t) == s) return t;
+  return std::nullopt;
+}
+int target_cc(Target t) {
+  switch (t) {
+    case Target::sm_90a: return 90;
+    case Target::sm_100a: return 100;
+    case Target::sm_103a: return 103;
+  }
+  return 0;
+}
+const std::vector<Target>& supported_targets() {
+  static const std::vector<Target> all = {Target::sm_90a, Target::sm_100a, Target::sm_103a};
+  return all;
+}
+
+double Spec::effective_scale() const {
+  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim_k));
+}
+
+namespace {
+
+constexpr int kSupportedHeadDim = 128;
+constexpr int kSupportedChunk = 64;
+constexpr int kMaxHeads = 4096;
+
+std::string supported_targets_text() {
+  std::string s;
+  for (Target t : supported_targets()) s += (s.empty() ? "" : ", ") + std::string(to_string(t));
+  return s;
+}
+
+bool valid_name(const std::string& n) {
+  return !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+}
+
+}  // namespace
+
+void validate(const Spec& s) {
+  if (!valid_name(s.name))
+    throw SpecError("/name", fmt::format("\"{}\" must be 1 to 64 characters of [A-Za-z0-9_-]", s.name));
+  if (s.heads_qk < 1 || s.heads_qk > kMaxHeads)
+    throw SpecError("/heads/qk", fmt::format("{} is out of range (1 to {})", s.heads_qk, kMaxHeads));
+  if (s.heads_v < 1 || s.heads_v > kMaxHeads)
+    throw SpecError("/heads/v", fmt::format("{} is out of range (1 to {})", s.heads_v, kMaxHeads));
+  if (s.heads_v % s.heads_qk != 0)
+    throw SpecError("/heads/v", fmt::format("{} is not a multiple of /heads/qk ({})", s.heads_v, s.heads_qk));
+  if (s.head_dim_k != kSupportedHeadDim)
+    throw SpecError("/head_dim/k", fmt::format("{} is not supported (supported: {})", s.head_dim_k, kSupportedHeadDim));
+  if (s.head_dim_v != kSupportedHeadDim)
+    throw SpecError("/head_dim/v", fmt::format("{} is not supported (supported: {})", s.head_dim_v, kSupportedHeadDim));
+  auto check_dtype = [](const char* ptr, const std::string& got, const char* want) {
+    if (got != want) throw SpecError(ptr, fmt::format("\"{}\" is not supported (supported: \"{}\")", got, want));
+  };
+  check_dtype("/dtypes/qkv", s.dtype_qkv, "bf16");
+  check_dtype("/dtypes/gate", s.dtype_gate, "fp32");
+  check_dtype("/dtypes/beta", s.dtype_beta, "fp32");
+  check_dtype("/dtypes/state", s.dtype_state, "fp32");
+  check_dtype("/dtypes/output", s.dtype_output, "bf16");
+  if (s.scale && !(std::isfinite(*s.scale) && *s.scale > 0))
+    throw SpecError("/scale", fmt::format("{} must be a positive finite number or null (1/sqrt(K))", *s.scale));
+  if (s.chunk != kSupportedChunk)
+    throw SpecError("/chunk", fmt::format("{} is not supported (supported: {})", s.chunk, kSupportedChunk));
+  if (s.targets.empty()) throw SpecError("/targets", "must list at least one target");
+  for (size_t i = 0; i < s.targets.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      if (s.targets[i] == s.targets[j])
+        throw SpecError(fmt::format("/targets/{}", i), fmt::format("\"{}\" is listed twice", to_string(s.targets[i])));
+  if (s.cp_ranks != 1)
+    throw SpecError("/cp/ranks", fmt::format("{} is not supported yet (supported: 1; context parallelism is not implemented)", s.cp_ranks));
+  if (s.cp_segments != 1)
+    throw SpecError("/cp/segments", fmt::format("{} is not supported yet (supported: 1; intra-card segments are not implemented)", s.cp_segments));
+}
+
+namespace {
+
+/// Walks one JSON object, checking that every key is known and every value has its type.
+class Reader {
+ public:
+  Reader(const json& obj, std::string ptr) : obj_(obj), ptr_(std::move(ptr)) {
+    if (!obj_.is_object()) throw SpecError(ptr_.empty() ? "/" : ptr_, fmt::format("expected an object, got {}", obj_.dump()));
+  }
+  void known(std::initializer_list<const char*> keys) const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return it.key() == k; })) {
+        std::string list;
+        for (const char* k : keys) list += (list.empty() ? "" : ", ") + std::string(k);
+        throw SpecError(at(it.key()), fmt::format("unknown field (known fields: {})", list));
+      }
+    }
+  }
+  std::string at(const std::string& key) const { return ptr_ + "/" + key; }
+  const json* get(const char* key, bool required) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end()) {
+      if (required) throw SpecError(at(key), "is required");
+      return nullptr;
+    }
+    return &*it;
+  }
+  void integer(const char* key, int& out, bool required = false) const {
+    if (const json* v = get(key, required)) {
+      if (!v->is_number_integer()) throw SpecError(at(key), fmt::format("expected an integer, got {}", v->dump()));
+      long long x = v->get<long long>();
+      if (x < -(1LL << 30) || x > (1LL << 30)) throw SpecError(at(key), fmt::format("{} is out of range", x));
+      out = static_cast<int>(x);
+    }
+  }
+  void string(const char* key, std::string& out, bool required = false) const {
+    if (const json* v = get(key, required)) {
+      if (!v->is_string()) throw SpecError(at(key), fmt::format("expected a string, got {}", v->dump()));
+      out = v->get<std::string>();
+    }
+  }
+  void boolean(const char* key, bool& out) const {
+    if (const json* v = get(key, false)) {
+      if (!v->is_boolean()) throw SpecError(at(key), fmt::format("expected true or false, got {}", v->dump()));
+      out = v->get<bool>();
+    }
+  }
+  /// A string that must be one of `choices`; returns its index.
+  template <class E>
+  void choice(const char* key, E& out, std::initializer_list<std::pair<const char*, E>> choices) const {
+    const json* v = get(key, false);
+    if (!v) return;
+    std::string list;
+    for (auto& [name, value] : choices) {
+      if (v->is_string() && v->get<std::string>() == name) { out = value; return; }
+      list += (list.empty() ? "\"" : ", \"") + std::string(name) + "\"";
+    }
+    throw SpecError(at(key), fmt::format("{} is not supported (supported: {})", v->dump(), list));
+  }
+  const json& obj() const { return obj_; }
+
+ private:
+  const json& obj_;
+  std::string ptr_;
+};
+
+}  // namespace
+
+Spec spec_from_json(const json& j) {
+  Spec s;
+  Reader r(j, "");
+  r.known({"name", "heads", "head_dim", "dtypes", "norm", "scale", "chunk", "save_mode",
+           "reuse_recompute_tapes", "deterministic", "graph", "initial_state", "final_state",
+           "targets", "cp"});
+  r.string("name", s.name, true);
+  {
+    Reader h(*r.get("heads", true), "/heads");
+    h.known({"qk", "v"});
+    h.integer("qk", s.heads_qk, true);
+    h.integer("v", s.heads_v, true);
+  }
+  if (const json* hd = r.get("head_dim", false)) {
+    Reader d(*hd, "/head_dim");
+    d.known({"k", "v"});
+    d.integer("k", s.head_dim_k);
+    d.integer("v", s.head_dim_v);
+  }
+  if (const json* dt = r.get("dtypes", false)) {
+    Reader d(*dt, "/dtypes");
+    d.known({"qkv", "gate", "beta", "state", "output"});
+    d.string("qkv", s.dtype_qkv);
+    d.string("gate", s.dtype_gate);
+    d.string("beta", s.dtype_beta);
+    d.string("state", s.dtype_state);
+    d.string("output", s.dtype_output);
+  }
+  r.choice("norm", s.norm, {{"l2_in_kernel", Norm::l2_in_kernel}, {"none", Norm::none}});
+  if (const json* sc = r.get("scale", false)) {
+    if (sc->is_null()) s.scale.reset();
+    else if (sc->is_number()) s.scale = sc->get<double>();
+    else throw SpecError("/scale", fmt::format("expected a number or null, got {}", sc->dump()));
+  }
+  r.integer("chunk", s.chunk);
+  r.choice("save_mode", s.save_mode, {{"light", SaveMode::light}, {"full", SaveMode::full}});
+  if (const json* re = r.get("reuse_recompute_tapes", false)) {
+    if (re->is_boolean()) s.reuse_recompute_tapes = re->get<bool>() ? ReuseTapes::yes : ReuseTapes::no;
+    else if (re->is_string() && re->get<std::string>() == "auto") s.reuse_recompute_tapes = ReuseTapes::automatic;
+    else throw SpecError("/reuse_recompute_tapes", fmt::format("{} is not supported (supported: true, false, \"auto\")", re->dump()));
+  }
+  bool det = true;
+  r.boolean("deterministic", det);
+  s.determinism = det ? Determinism::deterministic : Determinism::nondeterministic;
+  r.choice("graph", s.graph, {{"off", GraphMode::off}, {"replay", GraphMode::replay}});
+  bool h0 = true, ht = true;
+  r.boolean("initial_state", h0);
+  r.boolean("final_state", ht);
+  s.initial_state = h0 ? StateFlag::present : StateFlag::absent;
+  s.final_state = ht ? StateFlag::present : StateFlag::absent;
+  if (const json* ts = r.get("targets", false)) {
+    if (!ts->is_array()) throw SpecError("/targets", fmt::format("expected an array of target names, got {}", ts->dump()));
+    s.targets.clear();
+    for (size_t i = 0; i < ts->size(); ++i) {
+      const json& t = (*ts)[i];
+      auto parsed = t.is_string() ? parse_target(t.get<std::string>()) : std::nullopt;
+      if (!parsed)
+        throw SpecError(fmt::format("/targets/{}", i), fmt::format("{} is not supported (supported: {})", t.dump(), supported_targets_text()));
+      s.targets.push_back(*parsed);
+    }
+  }
+  if (const json* cp = r.get("cp", false)) {
+    Reader c(*cp, "/cp");
+    c.known({"ranks", "segments"});
+    c.integer("ranks", s.cp_ranks);
+    c.integer("segments", s.cp_segments);
+  }
+  validate(s);
+  return s;
+}
+
+Spec spec_from_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error(fmt::format("{}: cannot open the spec file", path));
+  std::stringstream buf;
+  buf << in.rdbuf();
+  json j;
+  try {
+    j = json::parse(buf.str());
+  } catch (const json::parse_error& e) {
+    throw std::runtime_error(fmt::format("{}: invalid JSON at byte {}: {}", path, e.byte, e.what()));
+  }
+  try {
+    return spec_from_json(j);
+  } catch (const SpecError& e) {
+    throw SpecError(e.pointer(), e.problem() + fmt::format(" (in {})", path));
+  }
+}
+
+json to_json(const Spec& s) {
+  json targets = json::array();
+  for (Target t : s.targets) targets.push_back(to_string(t));
+  json reuse;
+  switch (s.reuse_recompute_tapes) {
+    case ReuseTapes::yes: reuse = true; break;
+    case ReuseTapes::no: reuse = false; break;
+    case ReuseTapes::automatic: reuse = "auto"; break;
+  }
+  return json{
+      {"name", s.name},
+      {"heads", {{"qk", s.heads_qk}, {"v", s.heads_v}}},
+      {"head_dim", {{"k", s.head_dim_k}, {"v", s.head_dim_v}}},
+      {"dtypes", {{"qkv", s.dtype_qkv}, {"gate", s.dtype_gate}, {"beta", s.dtype_beta},
+                  {"state", s.dtype_state}, {"output", s.dtype_output}}},
+      {"norm", to_string(s.norm)},
+      {"scale", s.scale ? json(*s.scale) : json(nullptr)},
+      {"chunk", s.chunk},
+      {"save_mode", to_string(s.save_mode)},
+      {"reuse_recompute_tapes", reuse},
+      {"deterministic", s.determinism == Determinism::deterministic},
+      {"graph", to_string(s.graph)},
+      {"initial_state", s.initial_state == StateFlag::present},
+      {"final_state", s.final_state == StateFlag::present},
+      {"targets", targets},
+      {"cp", {{"ranks", s.cp_ranks}, {"segments", s.cp_segments}}},
+  };
+}
+
+}  // namespace gdn

@@ -1,0 +1,91 @@
+/**
+ * @file spec.hpp
+ * @brief The layer spec: the C++ struct, its JSON form, and the validation shared by both.
+ *
+ * A spec describes one Gated DeltaNet layer as the user wants it compiled. Every error names the
+ * offending field with a JSON pointer and the value, e.g. `/heads/v: 50 is not a multiple of
+ * /heads/qk (16)`. The JSON front end and the C++ struct run the same checks (validate()).
+ */
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace gdn {
+
+enum class Norm { l2_in_kernel, none };
+enum class SaveMode { light, full };
+enum class ReuseTapes { yes, no, automatic };
+enum class GraphMode { off, replay };
+enum class Determinism { deterministic, nondeterministic };
+enum class Target { sm_90a, sm_100a, sm_103a };
+enum class StateFlag { absent, present };
+
+std::string_view to_string(Norm);
+std::string_view to_string(SaveMode);
+std::string_view to_string(ReuseTapes);
+std::string_view to_string(GraphMode);
+std::string_view to_string(Target);
+/// Parses "sm_90a" etc.; returns nullopt for anything gdnc does not support.
+std::optional<Target> parse_target(std::string_view);
+/// The compute capability as an integer, e.g. 90 for sm_90a.
+int target_cc(Target);
+/// Every target gdnc supports, in a fixed order.
+const std::vector<Target>& supported_targets();
+
+/// Thrown for an invalid spec; what() is "<json pointer>: <problem>".
+class SpecError : public std::invalid_argument {
+ public:
+  SpecError(std::string pointer, std::string problem);
+  const std::string& pointer() const noexcept { return pointer_; }
+  const std::string& problem() const noexcept { return problem_; }
+
+ private:
+  std::string pointer_;
+  std::string problem_;
+};
+
+/// One GDN layer. Defaults match the seed's shapes (K = V = 128, chunk 64, light saves).
+struct Spec {
+  std::string name;
+  int heads_qk = 0;          ///< H: q/k heads
+  int heads_v = 0;           ///< HV: value heads (a multiple of H)
+  int head_dim_k = 128;      ///< K
+  int head_dim_v = 128;      ///< V
+  std::string dtype_qkv = "bf16";
+  std::string dtype_gate = "fp32";
+  std::string dtype_beta = "fp32";
+  std::string dtype_state = "fp32";
+  std::string dtype_output = "bf16";
+  Norm norm = Norm::l2_in_kernel;
+  std::optional<double> scale;  ///< nullopt: 1/sqrt(K)
+  int chunk = 64;
+  SaveMode save_mode = SaveMode::light;
+  ReuseTapes reuse_recompute_tapes = ReuseTapes::automatic;
+  Determinism determinism = Determinism::deterministic;
+  GraphMode graph = GraphMode::off;
+  StateFlag initial_state = StateFlag::present;
+  StateFlag final_state = StateFlag::present;
+  std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};
+  int cp_ranks = 1;
+  int cp_segments = 1;
+
+  int group() const { return heads_v / heads_qk; }
+  double effective_scale() const;
+};
+
+/// Checks every field; throws SpecError naming the first bad field.
+void validate(const Spec&);
+/// Parses and validates; unknown fields and wrong types are errors.
+Spec spec_from_json(const nlohmann::json&);
+/// Reads a file and parses it; JSON syntax errors carry the file name and byte offset.
+Spec spec_from_file(const std::string& path);
+/// The canonical form: every field, defaults filled in.
+nlohmann::json to_json(const Spec&);
+
+}  // namespace gdn

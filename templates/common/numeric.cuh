@@ -1,0 +1,39 @@
+/**
+ * @file numeric.cuh
+ * @brief bf16 conversions, gate exponentials and warp reductions, free of host headers (NVRTC).
+ */
+#pragma once
+
+#include "arch.cuh"
+#include "params.cuh"
+
+namespace gdn {
+
+typedef unsigned int u32;
+
+__device__ __forceinline__ float bf2f(bf16_t x) { return __uint_as_float(static_cast<u32>(x) << 16); }
+
+/// Round-to-nearest-even, as cvt.rn.bf16.f32 does (NaN stays NaN).
+__device__ __forceinline__ bf16_t f2bf(float x) {
+  unsigned short r;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float round_bf(float x) { return bf2f(f2bf(x)); }
+
+/// exp2 of a gate difference that must be <= 0 where used; masked positions pass `valid = false`
+/// and get 0 without evaluating exp2 of a large positive number (no inf * 0).
+__device__ __forceinline__ float gate_exp2(float d, bool valid) { return valid ? exp2f(fminf(d, 0.f)) : 0.f; }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/// 1 / ln 2 in fp32, as FLA's RCP_LN2: gate cumsums are kept in log2 units.
+constexpr float kRcpLn2 = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+}  // namespace gdn

@@ -1,0 +1,175 @@
+/**
+ * @file params.cuh
+ * @brief Kernel parameter blocks, shared byte for byte by the host (g++) and the device (NVRTC).
+ *
+ * Every program takes exactly one of these structs by value. Only plain C types appear here so
+ * the host and NVRTC lay them out identically; bf16 data is carried as its raw 16-bit pattern.
+ * Layouts (token-major, contiguous): q, k [T, H, K]; v, o [T, HV, V]; g, beta [T, HV];
+ * states [N, HV, K, V]; per-chunk state tapes [NT, HV, K, V] indexed by the global chunk id.
+ */
+#pragma once
+
+namespace gdn {
+
+typedef unsigned short bf16_t;  ///< raw bfloat16 bits
+
+/// One chunk of one document: tokens [start, start + len), len in 1..CHUNK.
+struct ChunkInfo {
+  int start;
+  int len;
+  int doc;
+  int index_in_doc;
+};
+
+/// Error codes the device-side cu_seqlens check writes (first failure wins).
+enum CuSeqlensError : int {
+  kCuOk = 0,
+  kCuFirstNotZero = 1,   ///< cu_seqlens[0] != 0
+  kCuDecreasing = 2,     ///< cu_seqlens[i] < cu_seqlens[i-1]
+  kCuLastNotT = 3,       ///< cu_seqlens[N] != T
+  kCuTooManyChunks = 4,  ///< more chunks than the host-side bound (cannot happen for valid input)
+};
+
+/// Device status block written by chunk_table: {code, index, value, expected}.
+struct DeviceStatus {
+  int code;
+  int index;
+  long long value;
+  long long expected;
+};
+
+struct ChunkTableParams {
+  const void* cu_seqlens;  ///< [N + 1], int32 or int64
+  int cu_is_int64;
+  int T;
+  int N;
+  int nt_max;              ///< host bound on the chunk count: T / CHUNK + N
+  ChunkInfo* chunks;       ///< [nt_max]; entries past num_chunks get len = 0
+  int* doc_chunk_offset;   ///< [N + 1]
+  int* num_chunks;         ///< [1]
+  DeviceStatus* status;    ///< [1]
+};
+
+struct L2NormParams {
+  const bf16_t* x;  ///< [rows, D]
+  bf16_t* y;        ///< [rows, D] normalized, bf16
+  float* rstd;      ///< [rows]
+  long long rows;
+};
+
+struct GateCumsumParams {
+  const float* g;          ///< [T, HV]
+  float* gc;               ///< [T, HV]: chunk-local inclusive cumsum, times 1/ln 2
+  const ChunkInfo* chunks;
+  int nt_max;
+};
+
+/// Chunk-local prep (F1 to F3): L, Tm = (I + L)^-1, W and U.
+struct ChunkPrepParams {
+  const bf16_t* k;         ///< [T, H, K] (normalized when the norm is on)
+  const bf16_t* v;         ///< [T, HV, V]
+  const float* beta;       ///< [T, HV]
+  const float* gc;         ///< [T, HV]
+  const ChunkInfo* chunks;
+  int nt_max;
+  bf16_t* tm;              ///< [T, HV, CHUNK]: row t holds Tm's row for token t (written unless tm_is_input)
+  int tm_is_input;         ///< 1: read Tm from `tm` instead of solving again (backward of light saves)
+  bf16_t* w;               ///< [T, HV, K]
+  bf16_t* u;               ///< [T, HV, V]
+};
+
+/// Forward state walk (F4), one program per (V slab, value head, document).
+struct StateWalkParams {
+  const bf16_t* k;
+  const bf16_t* w;
+  const bf16_t* u;
+  const float* gc;
+  const ChunkInfo* chunks;
+  const int* doc_chunk_offset;  ///< [N + 1]
+  int N;
+  const float* h0;              ///< [N, HV, K, V] or null
+  float* ht;                    ///< [N, HV, K, V] or null
+  bf16_t* h_tape;               ///< [nt_max, HV, K, V]: state entering each chunk
+  bf16_t* v_new;                ///< [T, HV, V]
+};
+
+/// Forward output (F5), one program per (chunk, value head).
+struct OutputParams {
+  const bf16_t* q;
+  const bf16_t* k;
+  const bf16_t* v_new;
+  const bf16_t* h_tape;
+  const float* gc;
+  const ChunkInfo* chunks;
+  int nt_max;
+  float scale;
+  bf16_t* o;                ///< [T, HV, V]
+};
+
+/// Backward B2: dV'_local = P^T dO, one program per (chunk, value head).
+struct DvLocalParams {
+  const bf16_t* q;
+  const bf16_t* k;
+  const float* gc;
+  const bf16_t* d_o;        ///< [T, HV, V]
+  const ChunkInfo* chunks;
+  int nt_max;
+  float scale;
+  bf16_t* dv_local;         ///< [T, HV, V]
+};
+
+/// Backward B3: reverse state walk, one program per (V slab, value head, document).
+struct StateWalkBwdParams {
+  const bf16_t* q;
+  const bf16_t* k;
+  const bf16_t* w;
+  const float* gc;
+  const bf16_t* d_o;
+  const bf16_t* dv_local;
+  const ChunkInfo* chunks;
+  const int* doc_chunk_offset;
+  int N;
+  float scale;
+  const float* dht;         ///< [N, HV, K, V] or null
+  float* dh0;               ///< [N, HV, K, V] or null
+  bf16_t* dh_tape;          ///< [nt_max, HV, K, V]: gradient w.r.t. the state at the END of each chunk
+  bf16_t* dv_new;           ///< [T, HV, V]: full gradient w.r.t. v_new
+};
+
+/// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
+struct ChunkBwdParams {
+  const bf16_t* q;
+  const bf16_t* k;
+  const bf16_t* v;
+  const float* beta;
+  const float* gc;
+  const bf16_t* tm;
+  const bf16_t* h_tape;
+  const bf16_t* dh_tape;
+  const bf16_t* v_new;
+  const bf16_t* dv_new;
+  const bf16_t* d_o;
+  const ChunkInfo* chunks;
+  int nt_max;
+  float scale;
+  float* dq_v;              ///< [T, HV, K] fp32, per value head (summed over the group later)
+  float* dk_v;              ///< [T, HV, K] fp32
+  bf16_t* dv;               ///< [T, HV, V]
+  float* dbeta;             ///< [T, HV]
+  float* dg;                ///< [T, HV]: dL/dg in natural-log units (reverse cumsum done)
+};
+
+/// Backward B7: group sum over the HV/H value heads (fixed order) and the L2-norm backward.
+struct FinalizeParams {
+  const float* dq_v;
+  const float* dk_v;
+  const bf16_t* qn;         ///< normalized q (or raw q when the norm is off)
+  const bf16_t* kn;
+  const float* rstd_q;      ///< null when the norm is off
+  const float* rstd_k;
+  bf16_t* dq;               ///< [T, H, K]
+  bf16_t* dk;
+  int T;
+};
+
+}  // namespace gdn
