@@ -179,7 +179,9 @@ class Normal {
   std::mt19937_64 gen_;
 };
 
-double logsigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
+double logsigmoid(double x) {
+  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
+}
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
@@ -480,7 +482,7 @@ double max_abs(const std::vector<double>& ref, const std::vector<double>& got) {
   return m;
 }
 
-std::vector<double> random_normal(size_t n, uint64_t seed) {
+std::vector<double> random_normal(std::size_t n, uint64_t seed) {
   Normal normal(seed);
   std::vector<double> x(n);
   for (auto& e : x) e = normal();

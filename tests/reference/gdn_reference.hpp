@@ -13,6 +13,7 @@
  */
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -115,7 +116,7 @@ double max_abs(const std::vector<double>& ref, const std::vector<double>& got);
 Inputs random_inputs(const Problem&, uint64_t seed, double gate_shift = 0.0);
 
 /// n standard normal samples, deterministic in seed (for cotangents such as dO and dht).
-std::vector<double> random_normal(size_t n, uint64_t seed);
+std::vector<double> random_normal(std::size_t n, uint64_t seed);
 
 /**
  * @brief Checks shapes and cu_seqlens.

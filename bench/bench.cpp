@@ -1,0 +1,163 @@
+/**
+ * @file bench.cpp
+ * @brief Times our forward and forward+backward on the seed's shapes N, M, G, A, both
+ *        determinism variants: CUDA events, warm-ups, L2 flushed before every sample, arms
+ *        interleaved, median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
+ *
+ * Usage: gdn_bench [--shapes N,M,G,A] [--samples 15] [--warmup 3]
+ */
+#include "runtime/layer.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+using namespace gdn;
+
+namespace {
+
+struct Shape {
+  const char* name;
+  const char* example;
+  std::vector<long long> docs;
+  double fla_fwd, fla_fwdbwd, floor_fwd, floor_fwdbwd;  // ms, DEVICE.md
+};
+
+const Shape kShapes[] = {
+    {"N", "n", {2049, 3001, 3142}, 0.626, 3.138, 0.011, 0.043},
+    {"M", "m", {12000, 9000, 6000, 3768, 2000}, 2.909, 11.363, 0.352, 1.36},
+    {"G", "g", {3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000}, 11.440, 45.777, 1.406, 5.45},
+    {"A", "a", {98304, 65536, 57344, 40960}, 23.182, 95.348, 2.812, 10.90},
+};
+
+rt::DeviceBuffer random_buffer(size_t n_elems, int kind, uint64_t seed) {
+  // kind 0: bf16 N(0,1); 1: fp32 logsigmoid gate; 2: fp32 sigmoid beta
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> nd;
+  std::string host;
+  if (kind == 0) {
+    host.resize(n_elems * 2);
+    for (size_t i = 0; i < n_elems; ++i) {
+      float f = nd(rng);
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      uint16_t b = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+      std::memcpy(host.data() + 2 * i, &b, 2);
+    }
+  } else {
+    host.resize(n_elems * 4);
+    for (size_t i = 0; i < n_elems; ++i) {
+      const float x = nd(rng);
+      const float v = kind == 1 ? -std::log1p(std::exp(-x)) : 1.f / (1.f + std::exp(-x));
+      std::memcpy(host.data() + 4 * i, &v, 4);
+    }
+  }
+  auto b = rt::DeviceBuffer::create(host.size());
+  GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host.data(), host.size()), "upload");
+  return b;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string shapes = "N,M,G,A";
+  int samples = 15, warmup = 3;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--shapes")) shapes = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--samples")) samples = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
+    else { fmt::print(stderr, "unknown option {}\n", argv[i]); return 2; }
+  }
+  rt::Context ctx = rt::Context::create(0);
+  cache::DiskCache cache;
+  rt::Stream stream = rt::Stream::create();
+  auto flush = rt::DeviceBuffer::create(256u << 20);  // > the H200's 60 MB L2
+  rt::Event e0 = rt::Event::create(), e1 = rt::Event::create();
+  fmt::print("device: {} ({} SMs)\n", ctx.name(), ctx.sm_count());
+  fmt::print("{:<5} {:<8} {:<9} {:>9} {:>13} {:>9} {:>9} {:>10}\n", "shape", "op", "variant", "ms", "spread(%)",
+             "FLA ms", "FLA/ours", "floor x");
+  for (const Shape& sh : kShapes) {
+    if (shapes.find(sh.name) == std::string::npos) continue;
+    Spec base = spec_from_file((std::filesystem::path(GDN_SOURCE_DIR) / "examples" / (std::string(sh.example) + ".json")).string());
+    base.targets = {Target::sm_90a};
+    long long T = 0;
+    for (auto d : sh.docs) T += d;
+    const int N = static_cast<int>(sh.docs.size());
+    const int H = base.heads_qk, HV = base.heads_v;
+    auto q = random_buffer(size_t(T) * H * 128, 0, 1), k = random_buffer(size_t(T) * H * 128, 0, 2);
+    auto v = random_buffer(size_t(T) * HV * 128, 0, 3), d_o = random_buffer(size_t(T) * HV * 128, 0, 4);
+    auto g = random_buffer(size_t(T) * HV, 1, 5), beta = random_buffer(size_t(T) * HV, 2, 6);
+    std::vector<int> cu = {0};
+    for (auto d : sh.docs) cu.push_back(cu.back() + static_cast<int>(d));
+    auto dcu = rt::DeviceBuffer::create(cu.size() * 4);
+    GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(dcu.handle(), cu.data(), cu.size() * 4), "upload");
+    const size_t state = size_t(N) * HV * 128 * 128 * 4;
+    auto h0 = rt::DeviceBuffer::create(state), ht = rt::DeviceBuffer::create(state), dh0 = rt::DeviceBuffer::create(state);
+    GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(h0.handle(), 0, state), "zero h0");
+    auto o = rt::DeviceBuffer::create(size_t(T) * HV * 128 * 2);
+    auto dq = rt::DeviceBuffer::create(size_t(T) * H * 128 * 2), dk = rt::DeviceBuffer::create(size_t(T) * H * 128 * 2);
+    auto dv = rt::DeviceBuffer::create(size_t(T) * HV * 128 * 2);
+    auto dg = rt::DeviceBuffer::create(size_t(T) * HV * 4), db = rt::DeviceBuffer::create(size_t(T) * HV * 4);
+    struct Arm {
+      std::string name;
+      std::unique_ptr<Layer> layer;
+      rt::DeviceBuffer saved, ws;
+      std::vector<double> fwd, fwdbwd;
+    };
+    std::vector<Arm> arms;
+    for (Determinism d : {Determinism::deterministic, Determinism::nondeterministic}) {
+      Spec s = base;
+      s.determinism = d;
+      s.name = std::string(sh.example) + (d == Determinism::deterministic ? "_det" : "_nondet");
+      Arm a{d == Determinism::deterministic ? "det" : "nondet", Layer::create(s, ctx, cache), {}, {}, {}, {}};
+      const ProblemShape ps{T, N};
+      a.saved = rt::DeviceBuffer::create(a.layer->saved_bytes(ps));
+      a.ws = rt::DeviceBuffer::create(std::max(a.layer->workspace_bytes(CallForm::forward, ps),
+                                               a.layer->workspace_bytes(CallForm::backward, ps)));
+      arms.push_back(std::move(a));
+    }
+    const ProblemShape ps{T, N};
+    const LayerInputs in{q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32,
+                         h0.get<float>(), 0};
+    const LayerOutputs out{o.get(), ht.get<float>()};
+    const LayerGrads grads{d_o.get(), nullptr, dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dh0.get<float>()};
+    auto time_op = [&](Arm& a, bool with_bwd) {
+      GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
+      e0.record(stream.handle());
+      a.layer->forward(ps, in, out, a.saved.get(), a.saved.bytes(), a.ws.get(), a.ws.bytes(), stream.handle());
+      if (with_bwd) a.layer->backward(ps, in, grads, a.saved.get(), a.saved.bytes(), a.ws.get(), a.ws.bytes(), stream.handle());
+      e1.record(stream.handle());
+      return static_cast<double>(rt::Event::elapsed_ms(e0, e1));
+    };
+    for (auto& a : arms) {
+      for (int i = 0; i < warmup; ++i) time_op(a, true);
+      a.layer->check_device_status(a.saved.get(), ps, stream.handle());
+    }
+    for (int i = 0; i < samples; ++i)
+      for (size_t j = 0; j < arms.size(); ++j) {
+        Arm& a = arms[(i % 2) ? arms.size() - 1 - j : j];  // mirrored order
+        a.fwd.push_back(time_op(a, false));
+        a.fwdbwd.push_back(time_op(a, true));
+      }
+    for (auto& a : arms) {
+      for (int op = 0; op < 2; ++op) {
+        const auto& xs = op == 0 ? a.fwd : a.fwdbwd;
+        const double med = median(xs);
+        const double spread = (*std::max_element(xs.begin(), xs.end()) - *std::min_element(xs.begin(), xs.end())) / med * 100;
+        const double fla = op == 0 ? sh.fla_fwd : sh.fla_fwdbwd, floor = op == 0 ? sh.floor_fwd : sh.floor_fwdbwd;
+        fmt::print("{:<5} {:<8} {:<9} {:>9.3f} {:>13.1f} {:>9.3f} {:>9.2f} {:>10.1f}\n", sh.name, op == 0 ? "fwd" : "fwd+bwd",
+                   a.name, med, spread, fla, fla / med, med / floor);
+      }
+    }
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,316 @@
+/**
+ * @file main.cpp
+ * @brief The gdnc command line: compile-ahead, IR and source inspection, cache management and
+ *        the GPU check against the fp64 reference.
+ *
+ * Exit codes: 0 success; 2 usage error; 3 invalid spec; 4 compile error; 5 cache error
+ * (corrupt entry, no match); 6 no usable GPU or driver; 7 check out of tolerance; 1 other.
+ */
+#include "cache/cache.hpp"
+#include "compiler/compiler.hpp"
+#include "compiler/nvrtc.hpp"
+#include "runtime/layer.hpp"
+#include "tests/reference/layer_check.hpp"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <iostream>
+#include <thread>
+
+namespace {
+
+using namespace gdn;
+using nlohmann::json;
+
+enum ExitCode { kOk = 0, kOther = 1, kUsage = 2, kBadSpec = 3, kCompile = 4, kCache = 5, kNoGpu = 6, kCheckFailed = 7 };
+
+std::vector<Target> parse_targets(const std::vector<std::string>& names, const Spec* spec) {
+  if (names.empty()) return spec ? spec->targets : supported_targets();
+  std::vector<Target> out;
+  for (const auto& n : names) {
+    auto t = parse_target(n);
+    if (!t) {
+      std::string list;
+      for (Target s : supported_targets()) list += (list.empty() ? "" : ", ") + std::string(to_string(s));
+      throw CLI::ValidationError("--target", fmt::format("{} is not supported (supported: {})", n, list));
+    }
+    out.push_back(*t);
+  }
+  return out;
+}
+
+std::string outcome_text(cache::Outcome o) {
+  switch (o) {
+    case cache::Outcome::hit: return "hit";
+    case cache::Outcome::built: return "built";
+    case cache::Outcome::rebuilt_corrupt: return "rebuilt (corrupt)";
+  }
+  return "?";
+}
+
+int cmd_compile(const std::vector<std::string>& specs, const std::vector<std::string>& target_names, int jobs,
+                bool as_json) {
+  cache::DiskCache cache;
+  json all = json::array();
+  for (const auto& path : specs) {
+    const Spec spec = spec_from_file(path);
+    const LayerIR ir = lower(spec);
+    const auto targets = parse_targets(target_names, &spec);
+    for (const CompiledEntry& e : compile_layer(ir, targets, cache, jobs)) {
+      if (as_json) {
+        all.push_back({{"layer", e.layer}, {"program", e.program}, {"target", to_string(e.target)},
+                       {"key", e.key.dir_name()}, {"outcome", outcome_text(e.outcome)}, {"seconds", e.seconds}});
+        continue;
+      }
+      fmt::print("{:<12} {:<15} {:<8} {}  {:6.2f}s  {}{}\n", e.layer, e.program, to_string(e.target), e.key.dir_name(),
+                 e.seconds, e.outcome == cache::Outcome::hit ? "[cache hit]" : outcome_text(e.outcome),
+                 e.corrupt_reason.empty() ? "" : ": " + e.corrupt_reason);
+    }
+  }
+  if (as_json) fmt::print("{}\n", all.dump(2));
+  return kOk;
+}
+
+int cmd_ir(const std::string& path, bool as_json) {
+  const LayerIR ir = lower(spec_from_file(path));
+  if (as_json) fmt::print("{}\n", to_json(ir).dump(2));
+  else fmt::print("{}", to_text(ir));
+  return kOk;
+}
+
+int cmd_source(const std::string& path, const std::string& program, const std::string& target) {
+  const Spec spec = spec_from_file(path);
+  const LayerIR ir = lower(spec);
+  parse_targets({target}, &spec);
+  try {
+    fmt::print("{}", generate_source(ir.program(program)));
+  } catch (const std::out_of_range&) {
+    std::string names;
+    for (const auto& p : ir.programs) names += (names.empty() ? "" : ", ") + p.name;
+    throw CLI::ValidationError("--program", fmt::format("{} is not a program of layer '{}' (programs: {})", program,
+                                                        spec.name, names));
+  }
+  return kOk;
+}
+
+int cmd_targets(bool as_json) {
+  const auto archs = nvrtc_supported_archs();
+  json j = {{"nvrtc", nvrtc_version().text()}, {"nvrtc_archs", archs}, {"gdnc", json::array()}};
+  for (Target t : supported_targets()) {
+    const bool ok = std::find(archs.begin(), archs.end(), target_cc(t)) != archs.end();
+    j["gdnc"].push_back({{"target", to_string(t)}, {"nvrtc_supports", ok}});
+  }
+  if (as_json) {
+    fmt::print("{}\n", j.dump(2));
+    return kOk;
+  }
+  std::string list;
+  for (int a : archs) list += fmt::format("{}sm_{}", list.empty() ? "" : " ", a);
+  fmt::print("NVRTC {} targets: {}\n", nvrtc_version().text(), list);
+  fmt::print("gdnc targets:\n");
+  for (Target t : supported_targets()) {
+    const bool ok = std::find(archs.begin(), archs.end(), target_cc(t)) != archs.end();
+    fmt::print("  {:<8} {}\n", to_string(t), ok ? "supported" : "NOT supported by this NVRTC");
+  }
+  fmt::print("  (sm_107a and other targets are not supported by gdnc{})\n",
+             std::find(archs.begin(), archs.end(), 107) == archs.end() ? "; this NVRTC does not know sm_107 either" : "");
+  return kOk;
+}
+
+std::string age_text(int64_t created) {
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  const long long s = std::max<long long>(0, now - created);
+  if (s < 120) return fmt::format("{}s", s);
+  if (s < 7200) return fmt::format("{}m", s / 60);
+  return fmt::format("{}h", s / 3600);
+}
+
+int cmd_cache_ls(bool as_json) {
+  cache::DiskCache cache;
+  json arr = json::array();
+  uint64_t total = 0;
+  auto entries = cache.list();
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.dir < b.dir; });
+  if (!as_json) fmt::print("cache {}\n", cache.root().string());
+  for (const auto& e : entries) {
+    const uint64_t bytes = cache::DiskCache::entry_bytes(e);
+    total += bytes;
+    const json& info = e.manifest.value("info", json::object());
+    if (as_json) {
+      arr.push_back({{"key", e.dir.filename().string()}, {"bytes", bytes}, {"info", info},
+                     {"created_unix", e.manifest.value("created_unix", 0)}});
+      continue;
+    }
+    fmt::print("  {:<64} {:>8} B  regs={:<4} age={}\n", e.dir.filename().string(), bytes,
+               info.value("registers", -1), age_text(e.manifest.value("created_unix", int64_t{0})));
+  }
+  if (as_json) fmt::print("{}\n", arr.dump(2));
+  else fmt::print("{} entries, {} bytes\n", entries.size(), total);
+  return kOk;
+}
+
+int cmd_cache_show(const std::string& key) {
+  cache::DiskCache cache;
+  for (const auto& e : cache.list()) {
+    const std::string name = e.dir.filename().string();
+    if (name.rfind(key, 0) == 0 || e.manifest.value("key_digest", "").rfind(key, 0) == 0) {
+      fmt::print("{}\n", e.manifest.dump(2));
+      return kOk;
+    }
+  }
+  fmt::print(stderr, "gdnc: no cache entry matches '{}' in {}\n", key, cache.root().string());
+  return kCache;
+}
+
+int cmd_cache_verify(bool as_json) {
+  cache::DiskCache cache;
+  int bad = 0;
+  json arr = json::array();
+  for (const auto& r : cache.verify()) {
+    bad += !r.ok;
+    if (as_json) arr.push_back({{"dir", r.dir.string()}, {"ok", r.ok}, {"problem", r.problem}});
+    else fmt::print("{} {}{}\n", r.ok ? "ok     " : "CORRUPT", r.dir.string(), r.ok ? "" : ": " + r.problem);
+  }
+  if (as_json) fmt::print("{}\n", arr.dump(2));
+  return bad ? kCache : kOk;
+}
+
+int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs,
+              uint64_t seed, bool forward_only) {
+  Spec spec = spec_from_file(path);
+  std::vector<long long> lens = docs;
+  if (lens.empty()) {
+    if (tokens <= 0 || n_docs <= 0) throw CLI::ValidationError("--docs", "give --docs L1,L2,... or --tokens T --n-docs N");
+    for (int i = 0; i < n_docs; ++i) lens.push_back(tokens / n_docs + (i < tokens % n_docs ? 1 : 0));
+  }
+  rt::Context ctx = rt::Context::create(0);
+  cache::DiskCache cache;
+  auto layer = Layer::create(spec, ctx, cache);
+  check::Case c;
+  c.doc_lens = lens;
+  c.seed = seed;
+  c.backward = !forward_only;
+  const check::Report r = check::run(*layer, c);
+  long long T = 0;
+  for (auto l : lens) T += l;
+  fmt::print("layer {} on {} ({}), T={} N={} seed={}\n", spec.name, ctx.name(), to_string(layer->target()), T,
+             lens.size(), seed);
+  bool ok = true;
+  for (const auto& [name, err] : r.rel_rms) {
+    const bool pass = err <= check::tolerance(name);
+    ok &= pass;
+    fmt::print("  {:<6} rel-RMS {:.3e}  (bound {:.1e})  {}\n", name, err, check::tolerance(name), pass ? "ok" : "FAIL");
+  }
+  return ok ? kOk : kCheckFailed;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"gdnc: JIT kernel compiler and runtime for Gated DeltaNet training layers"};
+  app.require_subcommand(1);
+  app.footer("Exit codes: 0 ok, 2 usage, 3 invalid spec, 4 compile error, 5 cache error, 6 no GPU, 7 check failed, 1 other.\n"
+             "Cache root: $GDNC_CACHE_DIR, else $XDG_CACHE_HOME/gdnc, else ~/.cache/gdnc.");
+  std::vector<std::string> specs, targets;
+  int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  bool as_json = false;
+  auto* compile = app.add_subcommand("compile", "Compile every program of the specs for their targets into the cache");
+  compile->add_option("spec", specs, "layer spec files (JSON)")->required()->check(CLI::ExistingFile);
+  compile->add_option("--target", targets, "target(s) to build (default: the spec's targets)");
+  compile->add_option("--jobs,-j", jobs, "parallel NVRTC compiles")->check(CLI::PositiveNumber);
+  compile->add_flag("--json", as_json, "machine-readable output");
+
+  std::string spec_path, program, target = "sm_90a";
+  auto* ir = app.add_subcommand("ir", "Print the kernel IR of a spec");
+  ir->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
+  ir->add_flag("--json", as_json, "print JSON instead of text");
+
+  auto* source = app.add_subcommand("source", "Print the generated CUDA source of one program");
+  source->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
+  source->add_option("--program", program, "program name (see gdnc ir)")->required();
+  source->add_option("--target", target, "target");
+
+  auto* targets_cmd = app.add_subcommand("targets", "List the targets of this NVRTC and of gdnc");
+  targets_cmd->add_flag("--json", as_json, "machine-readable output");
+
+  auto* cache_cmd = app.add_subcommand("cache", "Inspect and manage the kernel cache");
+  cache_cmd->require_subcommand(1);
+  auto* ls = cache_cmd->add_subcommand("ls", "List entries");
+  ls->add_flag("--json", as_json, "machine-readable output");
+  std::string key;
+  auto* show = cache_cmd->add_subcommand("show", "Print one entry's manifest");
+  show->add_option("key", key, "entry name or digest prefix")->required();
+  auto* verify = cache_cmd->add_subcommand("verify", "Check every entry's files against its manifest");
+  verify->add_flag("--json", as_json, "machine-readable output");
+  auto* rm = cache_cmd->add_subcommand("rm", "Remove entries whose name or digest starts with KEY");
+  rm->add_option("key", key, "entry name or digest prefix (>= 6 characters)")->required();
+  uint64_t max_bytes = 0;
+  auto* gc = cache_cmd->add_subcommand("gc", "Remove least recently used entries until the cache fits");
+  gc->add_option("--max-bytes", max_bytes, "size bound in bytes")->required();
+
+  std::vector<long long> docs;
+  long long tokens = 0;
+  int n_docs = 0;
+  uint64_t seed = static_cast<uint64_t>(std::time(nullptr));
+  bool forward_only = false;
+  auto* check_cmd = app.add_subcommand("check", "Run the layer on the GPU on random inputs against the fp64 reference");
+  check_cmd->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
+  check_cmd->add_option("--docs", docs, "document lengths")->delimiter(',');
+  check_cmd->add_option("--tokens", tokens, "total tokens (with --n-docs)");
+  check_cmd->add_option("--n-docs", n_docs, "documents of about equal length");
+  check_cmd->add_option("--seed", seed, "random seed (default: the time)");
+  check_cmd->add_flag("--forward-only", forward_only, "skip the backward");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? kOk : kUsage;
+  }
+  try {
+    if (*compile) return cmd_compile(specs, targets, jobs, as_json);
+    if (*ir) return cmd_ir(spec_path, as_json);
+    if (*source) return cmd_source(spec_path, program, target);
+    if (*targets_cmd) return cmd_targets(as_json);
+    if (*ls) return cmd_cache_ls(as_json);
+    if (*show) return cmd_cache_show(key);
+    if (*verify) return cmd_cache_verify(as_json);
+    if (*rm) {
+      const size_t n = cache::DiskCache().remove(key);
+      fmt::print("removed {} entr{}\n", n, n == 1 ? "y" : "ies");
+      return kOk;
+    }
+    if (*gc) {
+      const auto removed = cache::DiskCache().gc(max_bytes);
+      for (const auto& p : removed) fmt::print("removed {}\n", p.string());
+      fmt::print("removed {} entries\n", removed.size());
+      return kOk;
+    }
+    if (*check_cmd) return cmd_check(spec_path, docs, tokens, n_docs, seed, forward_only);
+  } catch (const CLI::ValidationError& e) {
+    fmt::print(stderr, "gdnc: {}\n", e.what());
+    return kUsage;
+  } catch (const SpecError& e) {
+    fmt::print(stderr, "gdnc: invalid spec: {}\n", e.what());
+    return kBadSpec;
+  } catch (const CompileError& e) {
+    fmt::print(stderr, "gdnc: {}\n", e.what());
+    return kCompile;
+  } catch (const cache::CacheError& e) {
+    fmt::print(stderr, "gdnc: {}\n", e.what());
+    return kCache;
+  } catch (const rt::DriverError& e) {
+    fmt::print(stderr, "gdnc: {}\n", e.what());
+    return kNoGpu;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gdnc: {}\n", e.what());
+    return kOther;
+  }
+  return kOther;
+}

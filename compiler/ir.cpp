@@ -1,0 +1,292 @@
+/**
+ * @file ir.cpp
+ * @brief Lowering of a spec into the kernel IR.
+ */
+#include "compiler/ir.hpp"
+
+#include "bwd/geometry.hpp"
+#include "fwd/geometry.hpp"
+#include "prep/geometry.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace gdn {
+
+using nlohmann::json;
+
+std::string_view to_string(CallForm f) {
+  switch (f) {
+    case CallForm::forward: return "forward";
+    case CallForm::recompute: return "recompute";
+    case CallForm::backward: return "backward";
+  }
+  return "?";
+}
+
+std::string_view to_string(BufferRole r) {
+  switch (r) {
+    case BufferRole::input: return "input";
+    case BufferRole::output: return "output";
+    case BufferRole::saved: return "saved";
+    case BufferRole::workspace: return "workspace";
+  }
+  return "?";
+}
+
+static std::string_view to_string(GridKind g) {
+  switch (g) {
+    case GridKind::single: return "(1, 1, 1)";
+    case GridKind::rows_qk: return "(ceil(T*H / 8), 1, 1)";
+    case GridKind::chunk_heads: return "(NT, HV, 1)";
+    case GridKind::chunk_head_groups: return "(NT, ceil(HV / 4), 1)";
+    case GridKind::walk: return "(V / BV, HV, N)";
+    case GridKind::finalize: return "(finalize_grid(T, H), 1, 1)";
+  }
+  return "?";
+}
+
+long long ByteFormula::eval(long long T, long long N, int chunk) const {
+  const long long nt = T / chunk + N;
+  return per_token * T + per_doc * N + per_chunk * nt + constant;
+}
+
+std::string ByteFormula::text() const {
+  std::string s;
+  auto term = [&](long long c, const char* sym) {
+    if (c == 0) return;
+    if (!s.empty()) s += " + ";
+    s += *sym ? fmt::format("{}*{}", c, sym) : fmt::format("{}", c);
+  };
+  term(per_token, "T");
+  term(per_doc, "N");
+  term(per_chunk, "NT");
+  term(constant, "");
+  return s.empty() ? "0" : s;
+}
+
+const Program& LayerIR::program(std::string_view name) const {
+  for (const auto& p : programs)
+    if (p.name == name) return p;
+  throw std::out_of_range(fmt::format("IR of layer '{}' has no program '{}'", spec.name, name));
+}
+
+const Buffer& LayerIR::buffer(std::string_view name) const {
+  for (const auto& b : buffers)
+    if (b.name == name) return b;
+  throw std::out_of_range(fmt::format("IR of layer '{}' has no buffer '{}'", spec.name, name));
+}
+
+namespace {
+
+std::vector<std::pair<std::string, std::string>> layer_constants(const Spec& s, int bv) {
+  auto b = [](bool v) { return std::string(v ? "true" : "false"); };
+  return {
+      {"K", std::to_string(s.head_dim_k)},
+      {"V", std::to_string(s.head_dim_v)},
+      {"H", std::to_string(s.heads_qk)},
+      {"HV", std::to_string(s.heads_v)},
+      {"G", std::to_string(s.group())},
+      {"CHUNK", std::to_string(s.chunk)},
+      {"BV", std::to_string(bv)},
+      {"HAS_H0", b(s.initial_state == StateFlag::present)},
+      {"HAS_HT", b(s.final_state == StateFlag::present)},
+      {"DETERMINISTIC", b(s.determinism == Determinism::deterministic)},
+      {"NORM", b(s.norm == Norm::l2_in_kernel)},
+  };
+}
+
+}  // namespace
+
+LayerIR lower(const Spec& s) {
+  validate(s);
+  LayerIR ir;
+  ir.spec = s;
+  ir.decisions = {s.save_mode, s.reuse_recompute_tapes, s.determinism, s.graph,
+                  s.save_mode == SaveMode::light};
+  const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;
+  const bool norm = s.norm == Norm::l2_in_kernel;
+  ir.walk_bv = StateWalkGeometry::bv(V);
+
+  auto add = [&](std::string name, std::string path, std::string cls, std::string params, int threads, int smem,
+                 GridKind grid, int bv = 0) {
+    ir.programs.push_back(Program{std::move(name), std::move(path), std::move(cls), std::move(params),
+                                  layer_constants(s, bv), threads, smem, grid});
+  };
+  add("chunk_table", "prep/chunk_table.cuh", "ChunkTable", "ChunkTableParams", ChunkTableGeometry::kThreads,
+      ChunkTableGeometry::smem_bytes(), GridKind::single);
+  if (norm)
+    add("l2norm", "prep/l2norm.cuh", "L2Norm", "L2NormParams", L2NormGeometry::kThreads, L2NormGeometry::smem_bytes(),
+        GridKind::rows_qk);
+  add("gate_cumsum", "prep/gate_cumsum.cuh", "GateCumsum", "GateCumsumParams", GateCumsumGeometry::kThreads,
+      GateCumsumGeometry::smem_bytes(), GridKind::chunk_head_groups);
+  add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
+      ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+  add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
+      StateWalkGeometry::smem_bytes(K, V, C), GridKind::walk, StateWalkGeometry::bv(V));
+  add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
+      OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+  add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
+      DvLocalGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+  add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
+      StateWalkBwdGeometry::kThreads, StateWalkBwdGeometry::smem_bytes(K, V, C), GridKind::walk,
+      StateWalkBwdGeometry::bv(V));
+  add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
+      ChunkBwdGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+  add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
+      FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
+
+  // Buffers. bf16 = 2 bytes; per-chunk state tapes are NT * HV * K * V.
+  const long long qk = 1LL * H * K, hv = HV;
+  const long long state = 1LL * HV * K * V * 4;
+  auto buf = [&](std::string name, BufferRole role, std::string dtype, std::string shape, ByteFormula bytes,
+                 std::vector<CallForm> forms = {}) {
+    ir.buffers.push_back(Buffer{std::move(name), role, std::move(dtype), std::move(shape), bytes, std::move(forms)});
+  };
+  const bool h0 = s.initial_state == StateFlag::present, ht = s.final_state == StateFlag::present;
+  buf("q", BufferRole::input, "bf16", "[T, H, K]", {qk * 2});
+  buf("k", BufferRole::input, "bf16", "[T, H, K]", {qk * 2});
+  buf("v", BufferRole::input, "bf16", "[T, HV, V]", {hv * V * 2});
+  buf("g", BufferRole::input, "fp32", "[T, HV]", {hv * 4});
+  buf("beta", BufferRole::input, "fp32", "[T, HV]", {hv * 4});
+  buf("cu_seqlens", BufferRole::input, "int32|int64", "[N + 1]", {0, 8, 0, 8});
+  if (h0) buf("h0", BufferRole::input, "fp32", "[N, HV, K, V]", {0, state});
+  buf("do", BufferRole::input, "bf16", "[T, HV, V]", {hv * V * 2});
+  if (ht) buf("dht", BufferRole::input, "fp32", "[N, HV, K, V]", {0, state});
+  buf("o", BufferRole::output, "bf16", "[T, HV, V]", {hv * V * 2});
+  if (ht) buf("ht", BufferRole::output, "fp32", "[N, HV, K, V]", {0, state});
+  buf("dq", BufferRole::output, "bf16", "[T, H, K]", {qk * 2});
+  buf("dk", BufferRole::output, "bf16", "[T, H, K]", {qk * 2});
+  buf("dv", BufferRole::output, "bf16", "[T, HV, V]", {hv * V * 2});
+  buf("dg", BufferRole::output, "fp32", "[T, HV]", {hv * 4});
+  buf("dbeta", BufferRole::output, "fp32", "[T, HV]", {hv * 4});
+  if (h0) buf("dh0", BufferRole::output, "fp32", "[N, HV, K, V]", {0, state});
+
+  const bool full = s.save_mode == SaveMode::full;
+  buf("chunks", BufferRole::saved, "ChunkInfo", "[NT]", {0, 0, 16});
+  buf("doc_chunk_offset", BufferRole::saved, "int32", "[N + 1]", {0, 4, 0, 4});
+  buf("num_chunks", BufferRole::saved, "int32", "[1]", {0, 0, 0, 4});
+  buf("status", BufferRole::saved, "DeviceStatus", "[1]", {0, 0, 0, 24});
+  if (norm) {
+    buf("qn", BufferRole::saved, "bf16", "[T, H, K]", {qk * 2});
+    buf("kn", BufferRole::saved, "bf16", "[T, H, K]", {qk * 2});
+    buf("rstd_q", BufferRole::saved, "fp32", "[T, H]", {1LL * H * 4});
+    buf("rstd_k", BufferRole::saved, "fp32", "[T, H]", {1LL * H * 4});
+  }
+  buf("gc", BufferRole::saved, "fp32", "[T, HV]", {hv * 4});
+  buf("tm", BufferRole::saved, "bf16", "[T, HV, CHUNK]", {hv * C * 2});
+  const BufferRole tape_role = full ? BufferRole::saved : BufferRole::workspace;
+  const std::vector<CallForm> both = {CallForm::forward, CallForm::recompute, CallForm::backward};
+  const std::vector<CallForm> fwd_only = {CallForm::forward, CallForm::recompute};
+  const std::vector<CallForm> bwd_only = {CallForm::backward};
+  buf("w", tape_role, "bf16", "[T, HV, K]", {hv * K * 2}, full ? std::vector<CallForm>{} : both);
+  buf("h_tape", tape_role, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2}, full ? std::vector<CallForm>{} : both);
+  buf("v_new", tape_role, "bf16", "[T, HV, V]", {hv * V * 2}, full ? std::vector<CallForm>{} : both);
+  buf("u", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, full ? fwd_only : both);
+  buf("dv_local", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
+  buf("dh_tape", BufferRole::workspace, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2}, bwd_only);
+  buf("dv_new", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
+  buf("dq_v", BufferRole::workspace, "fp32", "[T, HV, K]", {hv * K * 4}, bwd_only);
+  buf("dk_v", BufferRole::workspace, "fp32", "[T, HV, K]", {hv * K * 4}, bwd_only);
+
+  // Call forms. The recompute is the forward a checkpointed step runs in its backward phase;
+  // until the runtime issue lands it launches exactly the forward's programs.
+  std::vector<Launch> fwd = {{"chunk_table", "cu_seqlens -> chunks, checked on the device"}};
+  if (norm) {
+    fwd.push_back({"l2norm", "q"});
+    fwd.push_back({"l2norm", "k"});
+  }
+  fwd.push_back({"gate_cumsum", ""});
+  fwd.push_back({"chunk_prep", "solve Tm, write W, U"});
+  fwd.push_back({"state_walk", full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace"});
+  fwd.push_back({"output", ""});
+  ir.call_forms.push_back({CallForm::forward, fwd});
+  ir.call_forms.push_back({CallForm::recompute, fwd});
+  std::vector<Launch> bwd;
+  if (!full) {
+    bwd.push_back({"chunk_prep", "re-run: Tm read back, W and U recomputed"});
+    bwd.push_back({"state_walk", "re-run: h_tape, v_new"});
+  }
+  bwd.push_back({"dv_local", ""});
+  bwd.push_back({"state_walk_bwd", ""});
+  bwd.push_back({"chunk_bwd", ""});
+  bwd.push_back({"finalize", norm ? "group sum + l2norm backward" : "group sum"});
+  ir.call_forms.push_back({CallForm::backward, bwd});
+  return ir;
+}
+
+std::string to_text(const LayerIR& ir) {
+  const Spec& s = ir.spec;
+  std::string out;
+  auto line = [&](std::string l) { out += l + "\n"; };
+  line(fmt::format("layer {}: H={} HV={} K={} V={} chunk={} norm={} scale={}", s.name, s.heads_qk, s.heads_v,
+                   s.head_dim_k, s.head_dim_v, s.chunk, to_string(s.norm),
+                   s.scale ? fmt::format("{}", *s.scale) : std::string("1/sqrt(K)")));
+  line(fmt::format("decisions: save_mode={} handoff={} determinism={} graph={} backward_reruns_prep={}",
+                   to_string(ir.decisions.save_mode), to_string(ir.decisions.handoff),
+                   ir.decisions.determinism == Determinism::deterministic ? "deterministic" : "nondeterministic",
+                   to_string(ir.decisions.graph), ir.decisions.backward_reruns_prep ? "yes" : "no"));
+  std::string targets;
+  for (Target t : s.targets) targets += (targets.empty() ? "" : ", ") + std::string(to_string(t));
+  line(fmt::format("targets: {}", targets));
+  line("programs:");
+  for (const auto& p : ir.programs) {
+    std::string consts;
+    for (const auto& [k, v] : p.constants) consts += fmt::format("{}{}={}", consts.empty() ? "" : " ", k, v);
+    line(fmt::format("  {:<15} {:<24} {}<{}>  threads={} smem={} grid={}", p.name, p.template_path, p.class_name,
+                     consts, p.threads, p.smem_bytes, to_string(p.grid)));
+  }
+  line("buffers (bytes with NT = T/chunk + N):");
+  for (const auto& b : ir.buffers) {
+    std::string forms;
+    for (CallForm f : b.forms) forms += (forms.empty() ? " forms=" : ",") + std::string(to_string(f));
+    line(fmt::format("  {:<9} {:<16} {:<12} {:<16} bytes={}{}", to_string(b.role), b.name, b.dtype, b.shape,
+                     b.bytes.text(), forms));
+  }
+  for (const auto& cf : ir.call_forms) {
+    line(fmt::format("call {}:", to_string(cf.form)));
+    for (const auto& l : cf.launches)
+      line(fmt::format("  launch {}{}", l.program, l.note.empty() ? "" : "  # " + l.note));
+  }
+  return out;
+}
+
+json to_json(const LayerIR& ir) {
+  json progs = json::array();
+  for (const auto& p : ir.programs) {
+    json c = json::object();
+    for (const auto& [k, v] : p.constants) c[k] = v;
+    progs.push_back({{"name", p.name}, {"template", p.template_path}, {"class", p.class_name},
+                     {"params", p.params_type}, {"constants", c}, {"threads", p.threads},
+                     {"smem_bytes", p.smem_bytes}, {"grid", to_string(p.grid)}, {"entry", p.entry()}});
+  }
+  json bufs = json::array();
+  for (const auto& b : ir.buffers) {
+    json forms = json::array();
+    for (CallForm f : b.forms) forms.push_back(to_string(f));
+    bufs.push_back({{"name", b.name}, {"role", to_string(b.role)}, {"dtype", b.dtype}, {"shape", b.shape},
+                    {"bytes", {{"per_token", b.bytes.per_token}, {"per_doc", b.bytes.per_doc},
+                               {"per_chunk", b.bytes.per_chunk}, {"constant", b.bytes.constant},
+                               {"text", b.bytes.text()}}},
+                    {"forms", forms}});
+  }
+  json forms = json::array();
+  for (const auto& cf : ir.call_forms) {
+    json ls = json::array();
+    for (const auto& l : cf.launches) ls.push_back({{"program", l.program}, {"note", l.note}});
+    forms.push_back({{"form", to_string(cf.form)}, {"launches", ls}});
+  }
+  return {{"spec", to_json(ir.spec)},
+          {"decisions", {{"save_mode", to_string(ir.decisions.save_mode)},
+                         {"handoff", to_string(ir.decisions.handoff)},
+                         {"deterministic", ir.decisions.determinism == Determinism::deterministic},
+                         {"graph", to_string(ir.decisions.graph)},
+                         {"backward_reruns_prep", ir.decisions.backward_reruns_prep}}},
+          {"walk_bv", ir.walk_bv},
+          {"programs", progs},
+          {"buffers", bufs},
+          {"call_forms", forms}};
+}
+
+}  // namespace gdn

@@ -1,0 +1,102 @@
+/**
+ * @file ir.hpp
+ * @brief The kernel IR: what a spec lowers to before any source is generated.
+ *
+ * A LayerIR lists the programs (a template plus the specialization constants), the buffers (with
+ * byte formulas in T tokens, N documents and NT chunks), the launch sequence of each call form and
+ * the decisions. It is printable (to_text, golden-tested) and serializable (to_json).
+ */
+#pragma once
+
+#include "compiler/spec.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace gdn {
+
+enum class CallForm { forward, recompute, backward };
+std::string_view to_string(CallForm);
+
+/// How a program's grid follows from the problem size.
+enum class GridKind {
+  single,       ///< (1, 1, 1)
+  rows_qk,      ///< (ceil(T * H / rows per block), 1, 1)
+  chunk_heads,  ///< (NT, HV, 1)
+  chunk_head_groups,  ///< (NT, ceil(HV / heads per block), 1)
+  walk,         ///< (V / BV, HV, N)
+  finalize,     ///< (FinalizeGeometry::grid_x(T, H), 1, 1)
+};
+
+/// bytes = per_token * T + per_doc * N + per_chunk * NT + constant, with NT = T / chunk + N.
+struct ByteFormula {
+  long long per_token = 0;
+  long long per_doc = 0;
+  long long per_chunk = 0;
+  long long constant = 0;
+  long long eval(long long T, long long N, int chunk) const;
+  std::string text() const;
+};
+
+enum class BufferRole { input, output, saved, workspace };
+std::string_view to_string(BufferRole);
+
+struct Buffer {
+  std::string name;
+  BufferRole role;
+  std::string dtype;
+  std::string shape;  ///< symbolic, e.g. "[T, HV, V]"
+  ByteFormula bytes;
+  std::vector<CallForm> forms;  ///< call forms that use it (workspace slots only)
+};
+
+struct Program {
+  std::string name;           ///< e.g. "chunk_prep"; the kernel entry is "gdn_" + name
+  std::string template_path;  ///< relative to templates/, e.g. "fwd/chunk_prep.cuh"
+  std::string class_name;     ///< e.g. "ChunkPrep"
+  std::string params_type;    ///< e.g. "ChunkPrepParams"
+  std::vector<std::pair<std::string, std::string>> constants;  ///< Cfg members, in order
+  int threads = 0;
+  int smem_bytes = 0;
+  GridKind grid = GridKind::single;
+  std::string entry() const { return "gdn_" + name; }
+};
+
+struct Launch {
+  std::string program;
+  std::string note;  ///< why or on what, e.g. "q", "tm read back"
+};
+
+struct CallFormIR {
+  CallForm form;
+  std::vector<Launch> launches;
+};
+
+struct Decisions {
+  SaveMode save_mode;
+  ReuseTapes handoff;
+  Determinism determinism;
+  GraphMode graph;
+  bool backward_reruns_prep;  ///< light saves: the backward re-runs chunk_prep and the walk
+};
+
+struct LayerIR {
+  Spec spec;
+  Decisions decisions;
+  int walk_bv = 0;  ///< V-slab width of the state walks
+  std::vector<Program> programs;
+  std::vector<Buffer> buffers;
+  std::vector<CallFormIR> call_forms;
+
+  const Program& program(std::string_view name) const;
+  const Buffer& buffer(std::string_view name) const;
+};
+
+/// Lowers a validated spec. Throws SpecError if the spec is invalid.
+LayerIR lower(const Spec&);
+std::string to_text(const LayerIR&);
+nlohmann::json to_json(const LayerIR&);
+
+}  // namespace gdn

@@ -1,0 +1,110 @@
+/**
+ * @file layer.hpp
+ * @brief The layer API: create a GDN layer from a spec (JIT through the disk cache), ask for
+ *        the bytes it needs, run the forward and the backward on caller-held memory.
+ *
+ * Memory contract. The caller owns three regions: `saved` (lives from a forward to its backward:
+ * chunk table, gate cumsum, Tm, rstd and, with full saves, the walk's tapes), and a `workspace`
+ * per call (scratch, free after the call returns on its stream). Their sizes come from
+ * saved_bytes() and workspace_bytes(); a smaller region is an error, never an overrun.
+ * No call synchronizes with the host: cu_seqlens is checked on the device, and the verdict is
+ * read by check_device_status() at a sync point of the caller's choosing.
+ */
+#pragma once
+
+#include "cache/cache.hpp"
+#include "compiler/ir.hpp"
+#include "runtime/driver.hpp"
+
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace gdn {
+
+/// Bad arguments to a layer call; the message names the argument and the value.
+class InputError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+enum class IndexType { int32, int64 };
+
+struct ProblemShape {
+  long long T = 0;  ///< packed tokens
+  int N = 0;        ///< documents (cu_seqlens has N + 1 entries)
+};
+
+/// Device pointers. bf16 tensors are raw 16-bit data; all must be 16-byte aligned.
+struct LayerInputs {
+  const void* q = nullptr;  ///< [T, H, K] bf16
+  const void* k = nullptr;  ///< [T, H, K] bf16
+  const void* v = nullptr;  ///< [T, HV, V] bf16
+  const float* g = nullptr;     ///< [T, HV]
+  const float* beta = nullptr;  ///< [T, HV]
+  const void* cu_seqlens = nullptr;  ///< [N + 1]
+  IndexType cu_type = IndexType::int32;
+  const float* h0 = nullptr;  ///< [N, HV, K, V]; required iff the spec has initial_state
+  float scale = 0;            ///< 0: the spec's scale (1/sqrt(K) by default)
+};
+
+struct LayerOutputs {
+  void* o = nullptr;     ///< [T, HV, V] bf16
+  float* ht = nullptr;   ///< [N, HV, K, V]; required iff the spec has final_state
+};
+
+struct LayerGrads {
+  const void* d_o = nullptr;   ///< [T, HV, V] bf16
+  const float* dht = nullptr;  ///< [N, HV, K, V] or null (zero)
+  void* dq = nullptr;          ///< [T, H, K] bf16
+  void* dk = nullptr;
+  void* dv = nullptr;          ///< [T, HV, V] bf16
+  float* dg = nullptr;         ///< [T, HV]
+  float* dbeta = nullptr;
+  float* dh0 = nullptr;        ///< [N, HV, K, V]; required iff the spec has initial_state
+};
+
+/// Byte offsets of the named slots of one region (256-byte aligned).
+struct RegionLayout {
+  std::map<std::string, size_t> offset;
+  size_t bytes = 0;
+};
+
+class Layer {
+ public:
+  /// Lowers the spec, compiles its programs for the context's device (through `cache`) and
+  /// loads them. Throws SpecError, CompileError, CudaError, or InputError if the device's
+  /// target is not in the spec's targets.
+  static std::unique_ptr<Layer> create(const Spec&, const rt::Context&, cache::DiskCache&, int jobs = 4);
+
+  const LayerIR& ir() const { return ir_; }
+  Target target() const { return target_; }
+
+  RegionLayout saved_layout(ProblemShape) const;
+  RegionLayout workspace_layout(CallForm, ProblemShape) const;
+  size_t saved_bytes(ProblemShape s) const { return saved_layout(s).bytes; }
+  size_t workspace_bytes(CallForm f, ProblemShape s) const { return workspace_layout(f, s).bytes; }
+
+  void forward(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
+               void* workspace, size_t workspace_size, CUstream) const;
+  /// `inputs` are the forward's inputs; `saved` is what that forward wrote.
+  void backward(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
+                void* workspace, size_t workspace_size, CUstream) const;
+
+  /// Synchronizes `stream` and throws InputError if the last forward on `saved` found invalid
+  /// cu_seqlens (e.g. "cu_seqlens[3]: 100 < cu_seqlens[2] (200): must be non-decreasing").
+  void check_device_status(const void* saved, ProblemShape, CUstream stream) const;
+
+ private:
+  Layer() = default;
+  const rt::Module& module(const std::string& program) const;
+  void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm) const;
+  rt::dim3_t grid(const Program&, ProblemShape) const;
+
+  LayerIR ir_;
+  Target target_ = Target::sm_90a;
+  std::map<std::string, rt::Module> modules_;
+};
+
+}  // namespace gdn

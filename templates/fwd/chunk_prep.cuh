@@ -1,0 +1,326 @@
+/**
+ * @file chunk_prep.cuh
+ * @brief Forward stages F1 to F3 per (chunk, value head): L = tril1(diag(beta)(K K^T) .* Dec),
+ *        Tm = (I + L)^-1 in fp32, then U = Tm diag(beta) V and W = Tm diag(beta exp2(gc)) K.
+ *
+ * Also hosts gdn::fwd, the small ldmatrix / cp.async tile helpers the three forward programs share
+ * (they are forward-private today; they belong in templates/common/ once another stage wants them).
+ * Fragment conventions are those of mma.sync m16n8k16 (see common/mma.cuh): an accumulator tile
+ * c[4] holds (gr, tq..tq+1) and (gr + 8, tq..tq+1) with gr = lane / 4, tq = 2 (lane % 4).
+ */
+#pragma once
+
+#include "common/mma.cuh"
+#include "common/numeric.cuh"
+#include "fwd/geometry.hpp"
+#include "params.cuh"
+
+namespace gdn {
+namespace fwd {
+
+__device__ __forceinline__ u32 smem_addr(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], const bf16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 (&r)[4], const bf16_t* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(p))
+               : "memory");
+}
+
+/// A fragment (16 x 16 at (r0, k0)) of a row-major bf16 tile with row stride ld.
+__device__ __forceinline__ void load_a(u32 (&a)[4], const bf16_t* s, int ld, int r0, int k0) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4(a, s + (r0 + (lane & 15)) * ld + k0 + ((lane >> 4) << 3));
+}
+/// A fragment of A = S^T, where S (row-major, stride ld) holds A's columns as rows: A(m, k) = S[k][m].
+__device__ __forceinline__ void load_a_t(u32 (&a)[4], const bf16_t* s, int ld, int m0, int k0) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4_t(a, s + (k0 + (lane & 7) + ((lane >> 4) << 3)) * ld + m0 + (((lane >> 3) & 1) << 3));
+}
+/// B fragments of two adjacent n-tiles (n0, n0 + 8) when B^T is stored row-major: B(k, n) = S[n][k].
+__device__ __forceinline__ void load_b_nk(u32 (&b)[4], const bf16_t* s, int ld, int n0, int k0) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4(b, s + (n0 + (lane & 7) + ((lane >> 4) << 3)) * ld + k0 + (((lane >> 3) & 1) << 3));
+}
+/// B fragments of two adjacent n-tiles when B is stored row-major: B(k, n) = S[k][n].
+__device__ __forceinline__ void load_b_kn(u32 (&b)[4], const bf16_t* s, int ld, int k0, int n0) {
+  const int lane = threadIdx.x & 31;
+  ldsm_x4_t(b, s + (k0 + (lane & 15)) * ld + n0 + ((lane >> 4) << 3));
+}
+/// acc[0] += a * b(n0), acc[1] += a * b(n0 + 8) for the b pair from load_b_*.
+__device__ __forceinline__ void mma_pair(float (&c0)[4], float (&c1)[4], const u32 (&a)[4], const u32 (&b)[4]) {
+  const u32 b0[2] = {b[0], b[1]};
+  const u32 b1[2] = {b[2], b[3]};
+  mma_16816(c0, a, b0);
+  mma_16816(c1, a, b1);
+}
+
+/// 16-byte global -> shared copy; src_valid = false zero-fills (rows past the chunk length).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool src_valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool src_valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(src_valid ? 4 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/// Copies `rows` rows of `cols` bf16 (cols % 8 == 0) into a padded shared tile; rows >= valid
+/// become zero so later products never read stale (possibly NaN) shared memory.
+template <int THREADS>
+__device__ __forceinline__ void tile_to_smem_async(bf16_t* dst, int ld, const bf16_t* src, long long src_stride,
+                                                   int rows, int cols, int valid) {
+  const int per_row = cols / 8;
+  for (int i = threadIdx.x; i < rows * per_row; i += THREADS) {
+    const int r = i / per_row, c8 = (i % per_row) * 8;
+    const bool ok = r < valid;
+    cp_async16(dst + r * ld + c8, ok ? src + r * src_stride + c8 : src, ok);
+  }
+}
+
+/// Stores rows < valid of a padded shared bf16 tile to global memory with 16-byte stores.
+template <int THREADS>
+__device__ __forceinline__ void tile_to_global(bf16_t* dst, long long dst_stride, const bf16_t* src, int ld,
+                                               int cols, int valid, int first = -1, int stride = THREADS) {
+  const int per_row = cols / 8;
+  if (first < 0) first = threadIdx.x;  // block-wide by default; warp-level callers pass (lane, 32)
+  for (int i = first; i < valid * per_row; i += stride) {
+    const int r = i / per_row, c8 = (i % per_row) * 8;
+    *reinterpret_cast<uint4*>(dst + r * dst_stride + c8) = *reinterpret_cast<const uint4*>(src + r * ld + c8);
+  }
+}
+
+__device__ __forceinline__ u32 pack_f2bf(float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); }
+
+}  // namespace fwd
+
+template <class Cfg>
+struct ChunkPrep {
+  static_assert(Cfg::K == 128, "ChunkPrep supports K == 128 only (the tiles below are sized for it)");
+  static_assert(Cfg::V == 128, "ChunkPrep supports V == 128 only (the tiles below are sized for it)");
+  static_assert(Cfg::CHUNK == 64, "ChunkPrep supports CHUNK == 64 only (four 16-row sub-blocks, one per warp)");
+  static_assert(Cfg::HV == Cfg::H * Cfg::G, "Cfg::G must equal HV / H");
+  static_assert(ChunkPrepGeometry::kThreads == 128, "ChunkPrep assumes 4 warps: warp w owns chunk rows 16w..16w+15");
+  static_assert(ChunkPrepGeometry::ld_bf(Cfg::CHUNK) * 2 <= ChunkPrepGeometry::ld_f(Cfg::CHUNK) * 4,
+                "the bf16 Tm tile must fit in the bytes of the fp32 L tile it reuses");
+
+  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G;
+  static constexpr int kThreads = ChunkPrepGeometry::kThreads;
+  static constexpr int LDK = ChunkPrepGeometry::ld_bf(K), LDV = ChunkPrepGeometry::ld_bf(V);
+  static constexpr int LDF = ChunkPrepGeometry::ld_f(C), LDT = ChunkPrepGeometry::ld_bf(C);
+  // Offsets as constants: constexpr host functions are not callable from device code under NVRTC.
+  static constexpr int kOff_k = ChunkPrepGeometry::off_k(K, V, C);
+  static constexpr int kOff_v = ChunkPrepGeometry::off_v(K, V, C);
+  static constexpr int kOff_l = ChunkPrepGeometry::off_l(K, V, C);
+  static constexpr int kOff_t = ChunkPrepGeometry::off_t(K, V, C);
+  static constexpr int kOff_tb = ChunkPrepGeometry::off_tb(K, V, C);
+  static constexpr int kOff_p = ChunkPrepGeometry::off_p(K, V, C);
+  static constexpr int kOff_g = ChunkPrepGeometry::off_g(K, V, C);
+  static constexpr int kOff_beta = ChunkPrepGeometry::off_beta(K, V, C);
+
+  __device__ static void run(const ChunkPrepParams& p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const ChunkInfo ci = p.chunks[blockIdx.x];
+    if (ci.len == 0) return;
+    const int len = ci.len, j = blockIdx.y, hq = j / G;
+    const long long t0 = ci.start;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gr = lane >> 2, tq = (lane & 3) * 2;
+
+    bf16_t* sK = reinterpret_cast<bf16_t*>(smem + kOff_k);
+    bf16_t* sV = reinterpret_cast<bf16_t*>(smem + kOff_v);
+    float* sL = reinterpret_cast<float*>(smem + kOff_l);
+    float* sT = reinterpret_cast<float*>(smem + kOff_t);
+    bf16_t* sTb = reinterpret_cast<bf16_t*>(smem + kOff_tb);
+    float* sP = reinterpret_cast<float*>(smem + kOff_p);
+    float* sg = reinterpret_cast<float*>(smem + kOff_g);
+    float* sb = reinterpret_cast<float*>(smem + kOff_beta);
+
+    fwd::tile_to_smem_async<kThreads>(sK, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, len);
+    fwd::tile_to_smem_async<kThreads>(sV, LDV, p.v + (t0 * HV + j) * V, (long long)HV * V, C, V, len);
+    fwd::cp_async_commit();
+    if (tid < C) {
+      const bool ok = tid < len;
+      sg[tid] = ok ? p.gc[(t0 + tid) * HV + j] : 0.f;
+      sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
+    }
+    fwd::cp_async_wait<0>();
+    __syncthreads();
+
+    if (!p.tm_is_input) {
+      solve(sK, sL, sT, sTb, sP, sg, sb, len, warp, lane, gr, tq);
+    } else {
+      // Tm comes back as bf16; mask like the solver's output so W and U see identical operands.
+      const bf16_t* src = p.tm + (t0 * HV + j) * C;
+      for (int i = tid; i < C * (C / 8); i += kThreads) {
+        const int r = i / (C / 8), c8 = (i % (C / 8)) * 8;
+        uint4 x = make_uint4(0, 0, 0, 0);
+        if (r < len) x = *reinterpret_cast<const uint4*>(src + r * (long long)HV * C + c8);
+        bf16_t e[8];
+        *reinterpret_cast<uint4*>(e) = x;
+#pragma unroll
+        for (int q = 0; q < 8; ++q)
+          if (c8 + q > r || c8 + q >= len) e[q] = 0;
+        *reinterpret_cast<uint4*>(sTb + r * LDT + c8) = *reinterpret_cast<uint4*>(e);
+      }
+    }
+
+    // Row-scale the operands in place (FLA rounds them to bf16 before the W/U products).
+    scale_rows<K, LDK>(sK, [&](int r) { return r < len ? sb[r] * exp2f(sg[r]) : 0.f; });
+    scale_rows<V, LDV>(sV, [&](int r) { return sb[r]; });
+    __syncthreads();
+
+    if (!p.tm_is_input)
+      fwd::tile_to_global<kThreads>(p.tm + (t0 * HV + j) * C, (long long)HV * C, sTb, LDT, C, len);
+
+    // U then W; warp w owns output rows 16w..16w+15 and, Tm being lower triangular, needs only
+    // the k-blocks 0..w. Results are staged in the warp's own rows of the consumed operand tile.
+    wu_product<V, LDV>(sTb, sV, p.u + (t0 * HV + j) * V, (long long)HV * V, len, warp, lane, gr, tq);
+    wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq);
+  }
+
+ private:
+  template <int D, int LD, class F>
+  __device__ static void scale_rows(bf16_t* s, F factor) {
+    for (int i = threadIdx.x; i < C * (D / 8); i += kThreads) {
+      const int r = i / (D / 8), c8 = (i % (D / 8)) * 8;
+      const float f = factor(r);
+      uint4 x = *reinterpret_cast<const uint4*>(s + r * LD + c8);
+      u32* w = reinterpret_cast<u32*>(&x);
+#pragma unroll
+      for (int q = 0; q < 4; ++q)
+        w[q] = fwd::pack_f2bf(bf2f(static_cast<bf16_t>(w[q] & 0xffffu)) * f, bf2f(static_cast<bf16_t>(w[q] >> 16)) * f);
+      *reinterpret_cast<uint4*>(s + r * LD + c8) = x;
+    }
+  }
+
+  template <int D, int LD>
+  __device__ static void wu_product(const bf16_t* sTb, bf16_t* sX, bf16_t* dst, long long dst_stride, int len,
+                                    int warp, int lane, int gr, int tq) {
+    float acc[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < C / 16; ++kk) {
+      if (kk > warp) break;
+      u32 a[4];
+      fwd::load_a(a, sTb, LDT, warp * 16, kk * 16);
+#pragma unroll
+      for (int np = 0; np < D / 16; ++np) {
+        u32 b[4];
+        fwd::load_b_kn(b, sX, LD, kk * 16, np * 16);
+        fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
+      }
+    }
+    __syncthreads();  // every warp is done reading sX
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      const int r = warp * 16 + gr, c = n * 8 + tq;
+      *reinterpret_cast<u32*>(sX + r * LD + c) = fwd::pack_f2bf(acc[n][0], acc[n][1]);
+      *reinterpret_cast<u32*>(sX + (r + 8) * LD + c) = fwd::pack_f2bf(acc[n][2], acc[n][3]);
+    }
+    __syncwarp();
+    const int rows = min(16, len - warp * 16);
+    if (rows > 0)
+      fwd::tile_to_global<32>(dst + (long long)warp * 16 * dst_stride, dst_stride, sX + warp * 16 * LD, LD, D, rows,
+                              lane, 32);
+  }
+
+  /// L in fp32 from the tensor cores, then Tm = (I + L)^-1 by the 16x16 block method (ALGORITHM F2):
+  /// forward substitution inside the diagonal blocks, then the block merge, all in fp32.
+  __device__ static void solve(const bf16_t* sK, float* sL, float* sT, bf16_t* sTb, float* sP, const float* sg,
+                               const float* sb, int len, int warp, int lane, int gr, int tq) {
+    const int tid = threadIdx.x;
+    {
+      float acc[C / 8][4];
+#pragma unroll
+      for (int n = 0; n < C / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        u32 a[4];
+        fwd::load_a(a, sK, LDK, warp * 16, k0);
+#pragma unroll
+        for (int np = 0; np < C / 16; ++np) {
+          if (np > warp) break;  // only the lower block triangle is needed
+          u32 b[4];
+          fwd::load_b_nk(b, sK, LDK, np * 16, k0);
+          fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < C / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = warp * 16 + gr + (e >> 1) * 8, c = n * 8 + tq + (e & 1);
+          const bool ok = c < r && r < len;  // strict lower part inside the chunk (c < r < len)
+          sL[r * LDF + c] = ok ? acc[n][e] * gate_exp2(sg[r] - sg[c], true) * sb[r] : 0.f;
+        }
+    }
+    for (int i = tid; i < C * C; i += kThreads) sT[(i / C) * LDF + (i % C)] = 0.f;
+    __syncthreads();
+
+    // Diagonal block `warp`: lane c (and its mirror c + 16) solves column c by forward substitution.
+    {
+      const int c = lane & 15, base = warp * 16;
+      float x[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) x[r] = (r == c) ? 1.f : 0.f;
+#pragma unroll
+      for (int r = 1; r < 16; ++r) {
+        float s = 0.f;
+#pragma unroll
+        for (int m = 0; m < r; ++m) s = fmaf(sL[(base + r) * LDF + base + m], x[m], s);
+        if (r > c) x[r] = -s;
+      }
+      if (lane < 16) {
+#pragma unroll
+        for (int r = 0; r < 16; ++r) sT[(base + r) * LDF + base + c] = x[r];
+      }
+    }
+    __syncthreads();
+
+    // Block merge: Tm_ab = -Tm_aa * sum_{m=b}^{a-1} L_am Tm_mb, one sub-diagonal at a time.
+#pragma unroll
+    for (int d = 1; d < C / 16; ++d) {
+      const int nb = C / 16 - d;
+      for (int e = tid; e < nb * 256; e += kThreads) {
+        const int b = e >> 8, a = b + d, r = (e >> 4) & 15, col = e & 15;
+        float s = 0.f;
+        for (int m = b; m < a; ++m)
+#pragma unroll
+          for (int x = 0; x < 16; ++x) s = fmaf(sL[(16 * a + r) * LDF + 16 * m + x], sT[(16 * m + x) * LDF + 16 * b + col], s);
+        sP[e] = s;
+      }
+      __syncthreads();
+      for (int e = tid; e < nb * 256; e += kThreads) {
+        const int b = e >> 8, a = b + d, r = (e >> 4) & 15, col = e & 15;
+        float s = 0.f;
+#pragma unroll
+        for (int x = 0; x < 16; ++x) s = fmaf(sT[(16 * a + r) * LDF + 16 * a + x], sP[(b << 8) + x * 16 + col], s);
+        sT[(16 * a + r) * LDF + 16 * b + col] = -s;
+      }
+      __syncthreads();
+    }
+
+    // Rows >= len are the identity in the solve; drop them so Tb equals the read-back path's.
+    // sTb aliases sL, which the merge no longer reads after the barrier above.
+    for (int i = tid; i < C * C; i += kThreads) {
+      const int r = i / C, c = i % C;
+      sTb[r * LDT + c] = (r < len && c <= r) ? f2bf(sT[r * LDF + c]) : bf16_t(0);
+    }
+    __syncthreads();
+  }
+};
+
+}  // namespace gdn

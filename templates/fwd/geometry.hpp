@@ -1,0 +1,71 @@
+/**
+ * @file geometry.hpp
+ * @brief Launch geometry of the chunked forward programs (ChunkPrep, StateWalk, Output): block
+ *        sizes and dynamic shared-memory layouts.
+ *
+ * Plain C++17 without includes, so the host build (g++) and the device templates (NVRTC) read the
+ * same numbers: the host sizes the dynamic shared memory with smem_bytes(), the kernels carve it
+ * with the off_*() offsets below, and both therefore agree by construction.
+ * Every bf16 tile row is padded by 8 elements (16 B): the row stride stays 16 B aligned for
+ * ldmatrix/cp.async and consecutive rows land on different bank groups (conflict-free ldmatrix).
+ */
+#pragma once
+
+namespace gdn {
+
+/// Chunk-local prep (F1 to F3): one block per (chunk, value head).
+struct ChunkPrepGeometry {
+  static constexpr int kThreads = 128;
+  static constexpr int ld_bf(int d) { return d + 8; }       ///< bf16 row stride (elements)
+  static constexpr int ld_f(int chunk) { return chunk + 4; }  ///< fp32 row stride of L and Tm
+  // Layout: K tile, V tile (bf16 [chunk][ld_bf]), L (fp32), Tm (fp32), merge scratch, gc, beta.
+  // Tm in bf16 reuses L's bytes (L is dead once the merge is done): 3 blocks fit on an SM.
+  static constexpr int off_k(int, int, int) { return 0; }
+  static constexpr int off_v(int K, int V, int chunk) { return off_k(K, V, chunk) + chunk * ld_bf(K) * 2; }
+  static constexpr int off_l(int K, int V, int chunk) { return off_v(K, V, chunk) + chunk * ld_bf(V) * 2; }
+  static constexpr int off_tb(int K, int V, int chunk) { return off_l(K, V, chunk); }
+  static constexpr int off_t(int K, int V, int chunk) { return off_l(K, V, chunk) + chunk * ld_f(chunk) * 4; }
+  static constexpr int off_p(int K, int V, int chunk) { return off_t(K, V, chunk) + chunk * ld_f(chunk) * 4; }
+  /// The block merge of the 16x16 inverse needs at most 3 off-diagonal 16x16 fp32 products at once.
+  static constexpr int off_g(int K, int V, int chunk) { return off_p(K, V, chunk) + 3 * 16 * 16 * 4; }
+  static constexpr int off_beta(int K, int V, int chunk) { return off_g(K, V, chunk) + chunk * 4; }
+  static constexpr int smem_bytes(int K, int V, int chunk) { return off_beta(K, V, chunk) + chunk * 4; }
+};
+
+/// Forward state walk (F4): one block per (V slab, value head, document).
+struct StateWalkGeometry {
+  static constexpr int kThreads = 128;
+  /// 32-wide slabs give 4x more independent walks than V-wide ones; the walk is latency bound.
+  static constexpr int bv(int V) { return V % 32 == 0 ? 32 : 64; }
+  static constexpr int ld_bf(int d) { return d + 8; }
+  // One pipeline stage holds W and K (all K columns), the U slab and gc of one chunk.
+  static constexpr int stage_w(int, int) { return 0; }
+  static constexpr int stage_k(int K, int chunk) { return chunk * ld_bf(K) * 2; }
+  static constexpr int stage_u(int K, int chunk) { return 2 * chunk * ld_bf(K) * 2; }
+  static constexpr int stage_g(int K, int chunk, int bvw) { return stage_u(K, chunk) + chunk * ld_bf(bvw) * 2; }
+  static constexpr int stage_bytes(int K, int chunk, int bvw) { return stage_g(K, chunk, bvw) + chunk * 4; }
+  // After the two stages: bf16(S) [K][bv], then the gated V' and v_new staging [chunk][bv].
+  static constexpr int off_s(int K, int chunk, int bvw) { return 2 * stage_bytes(K, chunk, bvw); }
+  static constexpr int off_vg(int K, int chunk, int bvw) { return off_s(K, chunk, bvw) + K * ld_bf(bvw) * 2; }
+  static constexpr int off_vn(int K, int chunk, int bvw) { return off_vg(K, chunk, bvw) + chunk * ld_bf(bvw) * 2; }
+  static constexpr int smem_bytes_bv(int K, int chunk, int bvw) {
+    return off_vn(K, chunk, bvw) + chunk * ld_bf(bvw) * 2;
+  }
+  /// What the host launches with: the slab width is bv(V).
+  static constexpr int smem_bytes(int K, int V, int chunk) { return smem_bytes_bv(K, chunk, bv(V)); }
+};
+
+/// Forward output (F5): one block per (chunk, value head).
+struct OutputGeometry {
+  static constexpr int kThreads = 128;
+  static constexpr int ld_bf(int d) { return d + 8; }
+  // Q, K (bf16 [chunk][K]), v_new (bf16 [chunk][V]), h (bf16 [K][V]), gc.
+  static constexpr int off_q(int, int, int) { return 0; }
+  static constexpr int off_k(int K, int V, int chunk) { return chunk * ld_bf(K) * 2; }
+  static constexpr int off_vn(int K, int V, int chunk) { return 2 * chunk * ld_bf(K) * 2; }
+  static constexpr int off_h(int K, int V, int chunk) { return off_vn(K, V, chunk) + chunk * ld_bf(V) * 2; }
+  static constexpr int off_g(int K, int V, int chunk) { return off_h(K, V, chunk) + K * ld_bf(V) * 2; }
+  static constexpr int smem_bytes(int K, int V, int chunk) { return off_g(K, V, chunk) + chunk * 4; }
+};
+
+}  // namespace gdn

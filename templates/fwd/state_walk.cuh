@@ -1,0 +1,194 @@
+/**
+ * @file state_walk.cuh
+ * @brief Forward stage F4: the inter-chunk state walk, one block per (V slab, value head, document).
+ *
+ * The walk is the serial critical path of the forward, so the K x BV fp32 state never leaves
+ * registers (warp w owns state rows 32w..32w+31), both products run on the tensor cores, and the
+ * next chunk's W, K, U and gc are fetched with cp.async while the current chunk is processed.
+ * Per chunk:  h_tape[c] = bf16(S);  V' = U - W bf16(S);  v_new = bf16(V');
+ *             Vg = bf16(V' .* exp2(gcL - gc_i));  S = exp2(gcL) S + K^T Vg.
+ */
+#pragma once
+
+#include "fwd/chunk_prep.cuh"
+
+namespace gdn {
+
+template <class Cfg>
+struct StateWalk {
+  static_assert(Cfg::K == 128, "StateWalk supports K == 128 only (4 warps x 32 state rows)");
+  static_assert(Cfg::V == 128, "StateWalk supports V == 128 only");
+  static_assert(Cfg::CHUNK == 64, "StateWalk supports CHUNK == 64 only (4 warps x 16 chunk rows)");
+  static_assert(Cfg::BV == 32 || Cfg::BV == 64, "StateWalk supports V slabs of width 32 or 64");
+  static_assert(Cfg::V % Cfg::BV == 0, "the V slabs must tile V exactly");
+  static_assert(Cfg::BV == StateWalkGeometry::bv(Cfg::V),
+                "the host sizes shared memory for StateWalkGeometry::bv(V); Cfg::BV must match it");
+  static_assert(Cfg::HV == Cfg::H * Cfg::G, "Cfg::G must equal HV / H");
+  static_assert(StateWalkGeometry::kThreads == 128, "StateWalk assumes 4 warps");
+
+  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G, BV = Cfg::BV;
+  static constexpr int kThreads = StateWalkGeometry::kThreads;
+  static constexpr int NT = BV / 8;  ///< 8-wide n-tiles of a slab
+  static constexpr int LDK = StateWalkGeometry::ld_bf(K), LDS = StateWalkGeometry::ld_bf(BV);
+  static constexpr int kStage = StateWalkGeometry::stage_bytes(K, C, BV);
+  // Offsets as constants: constexpr host functions are not callable from device code under NVRTC.
+  static constexpr int kOff_s = StateWalkGeometry::off_s(K, C, BV);
+  static constexpr int kOff_vg = StateWalkGeometry::off_vg(K, C, BV);
+  static constexpr int kOff_vn = StateWalkGeometry::off_vn(K, C, BV);
+  static constexpr int kOff_w = StateWalkGeometry::stage_w(K, C);
+  static constexpr int kOff_k = StateWalkGeometry::stage_k(K, C);
+  static constexpr int kOff_u = StateWalkGeometry::stage_u(K, C);
+  static constexpr int kOff_g = StateWalkGeometry::stage_g(K, C, BV);
+
+  __device__ static void run(const StateWalkParams& p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int slab = blockIdx.x, j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = slab * BV;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gr = lane >> 2, tq = (lane & 3) * 2;
+    const int c_begin = p.doc_chunk_offset[n], c_end = p.doc_chunk_offset[n + 1];
+
+    bf16_t* sS = reinterpret_cast<bf16_t*>(smem + kOff_s);
+    bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);
+    bf16_t* sVn = reinterpret_cast<bf16_t*>(smem + kOff_vn);
+
+    // State rows r = 32 warp + 16 mi + gr (+8), columns nt * 8 + tq (+1).
+    float S[2][NT][4];
+    const long long state_base = ((long long)n * HV + j) * K * V + v0;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          float2 x = make_float2(0.f, 0.f);
+          if (Cfg::HAS_H0 && p.h0 != nullptr) {
+            const int r = warp * 32 + mi * 16 + gr + hh * 8;
+            x = *reinterpret_cast<const float2*>(p.h0 + state_base + (long long)r * V + nt * 8 + tq);
+          }
+          S[mi][nt][2 * hh] = x.x;
+          S[mi][nt][2 * hh + 1] = x.y;
+        }
+
+    if (c_begin < c_end) issue(p, c_begin, smem, j, hq, v0);
+    fwd::cp_async_commit();
+
+    for (int c = c_begin; c < c_end; ++c) {
+      unsigned char* stage = smem + ((c - c_begin) & 1) * kStage;
+      if (c + 1 < c_end) issue(p, c + 1, smem + ((c + 1 - c_begin) & 1) * kStage, j, hq, v0);
+      fwd::cp_async_commit();  // possibly empty: keeps "wait for all but the newest group" uniform
+
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int r = warp * 32 + mi * 16 + gr, col = nt * 8 + tq;
+          *reinterpret_cast<u32*>(sS + r * LDS + col) = fwd::pack_f2bf(S[mi][nt][0], S[mi][nt][1]);
+          *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = fwd::pack_f2bf(S[mi][nt][2], S[mi][nt][3]);
+        }
+      fwd::cp_async_wait<1>();
+      __syncthreads();
+
+      const ChunkInfo ci = p.chunks[c];
+      const int len = ci.len;
+      const long long t0 = ci.start;
+      const bf16_t* sW = reinterpret_cast<const bf16_t*>(stage + kOff_w);
+      const bf16_t* sKc = reinterpret_cast<const bf16_t*>(stage + kOff_k);
+      const bf16_t* sU = reinterpret_cast<const bf16_t*>(stage + kOff_u);
+      const float* sg = reinterpret_cast<const float*>(stage + kOff_g);
+
+      fwd::tile_to_global<kThreads>(p.h_tape + ((long long)c * HV + j) * K * V + v0, V, sS, LDS, BV, K);
+
+      // V' rows 16 warp + gr (+8): W bf16(S) on the tensor cores, then U - it (FLA's order).
+      float acc[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        u32 a[4];
+        fwd::load_a(a, sW, LDK, warp * 16, k0);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          u32 b[4];
+          fwd::load_b_kn(b, sS, LDS, k0, np * 16);
+          fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
+        }
+      }
+      const float gl = sg[len - 1];
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = warp * 16 + gr + hh * 8;
+        const float gate = gate_exp2(gl - sg[r], r < len);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+          const int col = nt * 8 + tq;
+          const u32 uu = *reinterpret_cast<const u32*>(sU + r * LDS + col);
+          const float x0 = bf2f(static_cast<bf16_t>(uu & 0xffffu)) - acc[nt][2 * hh];
+          const float x1 = bf2f(static_cast<bf16_t>(uu >> 16)) - acc[nt][2 * hh + 1];
+          *reinterpret_cast<u32*>(sVn + r * LDS + col) = fwd::pack_f2bf(x0, x1);
+          *reinterpret_cast<u32*>(sVg + r * LDS + col) = fwd::pack_f2bf(x0 * gate, x1 * gate);
+        }
+      }
+      __syncthreads();
+
+      fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len);
+
+      // S = exp2(gcL) S + K^T Vg; k-steps past the chunk length only add zeros, so skip them.
+      const float decay = exp2f(gl);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) S[mi][nt][e] *= decay;
+#pragma unroll
+      for (int k0 = 0; k0 < C; k0 += 16) {
+        if (k0 >= len) break;
+        u32 bq[NT / 2][4];
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) fwd::load_b_kn(bq[np], sVg, LDS, k0, np * 16);
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+          u32 a[4];
+          fwd::load_a_t(a, sKc, LDK, warp * 32 + mi * 16, k0);
+#pragma unroll
+          for (int np = 0; np < NT / 2; ++np) fwd::mma_pair(S[mi][2 * np], S[mi][2 * np + 1], a, bq[np]);
+        }
+      }
+      __syncthreads();  // the stage, sS, sVg and sVn are rewritten next iteration
+    }
+    fwd::cp_async_wait<0>();
+
+    if (Cfg::HAS_HT && p.ht != nullptr) {
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = warp * 32 + mi * 16 + gr + hh * 8;
+            *reinterpret_cast<float2*>(p.ht + state_base + (long long)r * V + nt * 8 + tq) =
+                make_float2(S[mi][nt][2 * hh], S[mi][nt][2 * hh + 1]);
+          }
+    }
+  }
+
+ private:
+  /// Starts the asynchronous loads of chunk c into one pipeline stage (rows past len zero-filled).
+  __device__ static void issue(const StateWalkParams& p, int c, unsigned char* stage, int j, int hq, int v0) {
+    const ChunkInfo ci = p.chunks[c];
+    const long long t0 = ci.start;
+    bf16_t* sW = reinterpret_cast<bf16_t*>(stage + kOff_w);
+    bf16_t* sKc = reinterpret_cast<bf16_t*>(stage + kOff_k);
+    bf16_t* sU = reinterpret_cast<bf16_t*>(stage + kOff_u);
+    float* sg = reinterpret_cast<float*>(stage + kOff_g);
+    fwd::tile_to_smem_async<kThreads>(sW, LDK, p.w + (t0 * HV + j) * K, (long long)HV * K, C, K, ci.len);
+    fwd::tile_to_smem_async<kThreads>(sKc, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, ci.len);
+    fwd::tile_to_smem_async<kThreads>(sU, LDS, p.u + (t0 * HV + j) * V + v0, (long long)HV * V, C, BV, ci.len);
+    if (threadIdx.x < C) {
+      const bool ok = threadIdx.x < ci.len;
+      fwd::cp_async4(sg + threadIdx.x, ok ? p.gc + (t0 + threadIdx.x) * HV + j : p.gc, ok);
+    }
+  }
+};
+
+}  // namespace gdn

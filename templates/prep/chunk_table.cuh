@@ -1,0 +1,102 @@
+/**
+ * @file chunk_table.cuh
+ * @brief Builds the chunk table of a packed varlen batch on the device and checks cu_seqlens,
+ *        so no call ever needs a device-to-host copy of cu_seqlens (graph-capturable).
+ *
+ * One block. Documents are cut into ceil(len / CHUNK) chunks from their own first token. Invalid
+ * cu_seqlens (first != 0, decreasing, last != T) are reported in DeviceStatus (the lowest failing
+ * index wins, so the report is deterministic) and produce an empty table, so every later program
+ * does nothing instead of reading out of bounds.
+ */
+#pragma once
+
+#include "common/numeric.cuh"
+#include "prep/geometry.hpp"
+
+namespace gdn {
+
+template <class Cfg>
+struct ChunkTable {
+  static constexpr int kThreads = ChunkTableGeometry::kThreads;
+
+  __device__ static long long cu_at(const ChunkTableParams& p, int i) {
+    return p.cu_is_int64 ? static_cast<const long long*>(p.cu_seqlens)[i]
+                         : static_cast<long long>(static_cast<const int*>(p.cu_seqlens)[i]);
+  }
+
+  __device__ static void run(const ChunkTableParams& p) {
+    __shared__ int first_bad;      // lowest failing index, or INT_MAX
+    __shared__ int scan[kThreads];
+    __shared__ int total;
+    const int tid = threadIdx.x;
+    if (tid == 0) first_bad = 0x7fffffff;
+    __syncthreads();
+
+    // Index 0 checks cu[0] == 0, index N checks cu[N] == T, 1..N check monotonicity.
+    for (int i = tid; i <= p.N; i += kThreads) {
+      bool bad = (i == 0 && cu_at(p, 0) != 0) || (i > 0 && cu_at(p, i) < cu_at(p, i - 1)) ||
+                 (i == p.N && cu_at(p, p.N) != p.T);
+      if (bad) atomicMin(&first_bad, i);
+    }
+    __syncthreads();
+    const bool valid = first_bad == 0x7fffffff;
+
+    // Per-thread contiguous run of documents, then an exclusive block scan of the run totals.
+    const int per = (p.N + kThreads - 1) / kThreads;
+    const int d0 = min(p.N, tid * per), d1 = min(p.N, d0 + per);
+    int mine = 0;
+    if (valid)
+      for (int d = d0; d < d1; ++d) mine += static_cast<int>((cu_at(p, d + 1) - cu_at(p, d) + Cfg::CHUNK - 1) / Cfg::CHUNK);
+    scan[tid] = mine;
+    __syncthreads();
+    for (int off = 1; off < kThreads; off <<= 1) {
+      int v = tid >= off ? scan[tid - off] : 0;
+      __syncthreads();
+      scan[tid] += v;
+      __syncthreads();
+    }
+    int offset = scan[tid] - mine;
+    if (tid == kThreads - 1) total = scan[tid];
+    __syncthreads();
+    const bool fits = total <= p.nt_max;
+
+    for (int d = d0; d < d1; ++d) {
+      p.doc_chunk_offset[d] = (valid && fits) ? offset : 0;
+      if (valid && fits) {
+        const long long s = cu_at(p, d), e = cu_at(p, d + 1);
+        int idx = 0;
+        for (long long c = s; c < e; c += Cfg::CHUNK, ++idx) {
+          ChunkInfo info;
+          info.start = static_cast<int>(c);
+          info.len = static_cast<int>(min(static_cast<long long>(Cfg::CHUNK), e - c));
+          info.doc = d;
+          info.index_in_doc = idx;
+          p.chunks[offset + idx] = info;
+        }
+        offset += idx;
+      }
+    }
+    const int used = (valid && fits) ? total : 0;
+    for (int c = used + tid; c < p.nt_max; c += kThreads) {
+      ChunkInfo empty = {0, 0, 0, 0};
+      p.chunks[c] = empty;
+    }
+    if (tid == 0) {
+      p.doc_chunk_offset[p.N] = used;
+      *p.num_chunks = used;
+      DeviceStatus st = {kCuOk, 0, 0, 0};
+      if (!valid) {
+        const int i = first_bad;
+        st.index = i;
+        if (i == 0 && cu_at(p, 0) != 0) { st.code = kCuFirstNotZero; st.value = cu_at(p, 0); st.expected = 0; }
+        else if (i > 0 && cu_at(p, i) < cu_at(p, i - 1)) { st.code = kCuDecreasing; st.value = cu_at(p, i); st.expected = cu_at(p, i - 1); }
+        else { st.code = kCuLastNotT; st.value = cu_at(p, p.N); st.expected = p.T; }
+      } else if (!fits) {
+        st.code = kCuTooManyChunks; st.value = total; st.expected = p.nt_max;
+      }
+      *p.status = st;
+    }
+  }
+};
+
+}  // namespace gdn

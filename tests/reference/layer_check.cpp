@@ -1,0 +1,182 @@
+/**
+ * @file layer_check.cpp
+ * @brief GPU run + fp64 reference comparison.
+ */
+#include "tests/reference/layer_check.hpp"
+
+#include "tests/reference/gdn_reference.hpp"
+
+#include <cmath>
+#include <cstring>
+
+namespace gdn::check {
+
+namespace {
+
+uint16_t to_bf16(double x) {
+  float f = static_cast<float>(x);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+double from_bf16(uint16_t b) {
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// Rounds `x` to bf16 in place and returns the bits.
+std::vector<uint16_t> round_bf16(std::vector<double>& x) {
+  std::vector<uint16_t> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    out[i] = to_bf16(x[i]);
+    x[i] = from_bf16(out[i]);
+  }
+  return out;
+}
+
+std::vector<float> round_f32(std::vector<double>& x) {
+  std::vector<float> out(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    out[i] = static_cast<float>(x[i]);
+    x[i] = out[i];
+  }
+  return out;
+}
+
+struct Dev {
+  rt::DeviceBuffer buf;
+  template <class T>
+  static Dev from(const std::vector<T>& host) {
+    Dev d{rt::DeviceBuffer::create(std::max<size_t>(host.size() * sizeof(T), 16))};
+    if (!host.empty())
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(d.buf.handle(), host.data(), host.size() * sizeof(T)), "upload");
+    return d;
+  }
+  /// Device memory filled with 0xFF bytes: NaN in both bf16 and fp32, so unwritten elements show.
+  static Dev poisoned(size_t bytes) {
+    Dev d{rt::DeviceBuffer::create(std::max<size_t>(bytes, 16))};
+    GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(d.buf.handle(), 0xFF, d.buf.bytes()), "poison");
+    return d;
+  }
+  std::string download(size_t bytes) const {
+    std::string s(bytes, '\0');
+    GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(s.data(), buf.handle(), bytes), "download");
+    return s;
+  }
+  void* get() const { return buf.get(); }
+};
+
+std::vector<double> bf16_bytes_to_double(const std::string& s) {
+  std::vector<double> out(s.size() / 2);
+  for (size_t i = 0; i < out.size(); ++i) {
+    uint16_t b;
+    std::memcpy(&b, s.data() + 2 * i, 2);
+    out[i] = from_bf16(b);
+  }
+  return out;
+}
+
+std::vector<double> f32_bytes_to_double(const std::string& s) {
+  std::vector<double> out(s.size() / 4);
+  for (size_t i = 0; i < out.size(); ++i) {
+    float f;
+    std::memcpy(&f, s.data() + 4 * i, 4);
+    out[i] = f;
+  }
+  return out;
+}
+
+}  // namespace
+
+double tolerance(const std::string& t) {
+  if (t == "o" || t == "ht") return 5e-3;
+  if (t == "dg" || t == "dbeta") return 1.5e-2;
+  return 8e-3;
+}
+
+Report run(const Layer& layer, const Case& c) {
+  const Spec& sp = layer.ir().spec;
+  ref::Problem p;
+  p.H = sp.heads_qk;
+  p.HV = sp.heads_v;
+  p.K = sp.head_dim_k;
+  p.V = sp.head_dim_v;
+  p.cu_seqlens = {0};
+  for (long long len : c.doc_lens) p.cu_seqlens.push_back(p.cu_seqlens.back() + len);
+  p.T = p.cu_seqlens.back();
+  p.scale = sp.effective_scale();
+  p.l2norm = sp.norm == Norm::l2_in_kernel;
+  p.has_h0 = sp.initial_state == StateFlag::present;
+  const bool has_ht = sp.final_state == StateFlag::present;
+  const int N = static_cast<int>(c.doc_lens.size());
+  ref::Inputs in = ref::random_inputs(p, c.seed, c.gate_shift);
+  if (c.gate_value) std::fill(in.g.begin(), in.g.end(), *c.gate_value);
+  if (c.beta_value) std::fill(in.beta.begin(), in.beta.end(), *c.beta_value);
+  const auto q16 = round_bf16(in.q), k16 = round_bf16(in.k), v16 = round_bf16(in.v);
+  const auto g32 = round_f32(in.g), b32 = round_f32(in.beta), h032 = round_f32(in.h0);
+  std::vector<double> d_o = ref::random_normal(static_cast<size_t>(p.T) * p.HV * p.V, c.seed + 101);
+  std::vector<double> dht = has_ht ? ref::random_normal(static_cast<size_t>(N) * p.HV * p.K * p.V, c.seed + 202)
+                                   : std::vector<double>{};
+  const auto do16 = round_bf16(d_o);
+  const auto dht32 = round_f32(dht);
+
+  const ProblemShape shape{p.T, N};
+  Dev q = Dev::from(q16), k = Dev::from(k16), v = Dev::from(v16), g = Dev::from(g32), beta = Dev::from(b32);
+  Dev h0 = Dev::from(h032), dod = Dev::from(do16), dhtd = Dev::from(dht32);
+  std::vector<int> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());
+  std::vector<long long> cu64(p.cu_seqlens.begin(), p.cu_seqlens.end());
+  Dev cu = c.cu_type == IndexType::int32 ? Dev::from(cu32) : Dev::from(cu64);
+  const size_t tv = static_cast<size_t>(p.T) * p.HV, state = static_cast<size_t>(N) * p.HV * p.K * p.V;
+  const size_t tqk = static_cast<size_t>(p.T) * p.H * p.K;
+  Dev o = Dev::poisoned(tv * p.V * 2), ht = Dev::poisoned(state * 4);
+  Dev saved = Dev::poisoned(layer.saved_bytes(shape));
+  Dev ws = Dev::poisoned(std::max(layer.workspace_bytes(CallForm::forward, shape),
+                                  layer.workspace_bytes(CallForm::backward, shape)));
+  LayerInputs li{q.get(), k.get(), v.get(), static_cast<const float*>(g.get()), static_cast<const float*>(beta.get()),
+                 cu.get(), c.cu_type, p.has_h0 ? static_cast<const float*>(h0.get()) : nullptr, 0.f};
+  LayerOutputs lo{o.get(), has_ht ? static_cast<float*>(ht.get()) : nullptr};
+  rt::Stream stream = rt::Stream::create();
+  layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
+  layer.check_device_status(saved.get(), shape, stream.handle());
+  Report r;
+  r.bytes["o"] = o.download(tv * p.V * 2);
+  if (has_ht) r.bytes["ht"] = ht.download(state * 4);
+  if (c.backward) {
+    Dev dq = Dev::poisoned(tqk * 2), dk = Dev::poisoned(tqk * 2), dv = Dev::poisoned(tv * p.V * 2);
+    Dev dg = Dev::poisoned(tv * 4), db = Dev::poisoned(tv * 4), dh0 = Dev::poisoned(state * 4);
+    LayerGrads lg{dod.get(), has_ht ? static_cast<const float*>(dhtd.get()) : nullptr, dq.get(), dk.get(), dv.get(),
+                  static_cast<float*>(dg.get()), static_cast<float*>(db.get()),
+                  p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
+    layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
+    stream.synchronize();
+    r.bytes["dq"] = dq.download(tqk * 2);
+    r.bytes["dk"] = dk.download(tqk * 2);
+    r.bytes["dv"] = dv.download(tv * p.V * 2);
+    r.bytes["dg"] = dg.download(tv * 4);
+    r.bytes["dbeta"] = db.download(tv * 4);
+    if (p.has_h0) r.bytes["dh0"] = dh0.download(state * 4);
+  }
+  stream.synchronize();
+  if (!c.with_reference) return r;
+
+  const ref::Outputs ro = ref::forward(p, in);
+  r.rel_rms["o"] = ref::rel_rms(ro.o, bf16_bytes_to_double(r.bytes["o"]));
+  if (has_ht) r.rel_rms["ht"] = ref::rel_rms(ro.ht, f32_bytes_to_double(r.bytes["ht"]));
+  if (c.backward) {
+    const ref::Grads rg = ref::backward(p, in, d_o, dht);
+    r.rel_rms["dq"] = ref::rel_rms(rg.dq, bf16_bytes_to_double(r.bytes["dq"]));
+    r.rel_rms["dk"] = ref::rel_rms(rg.dk, bf16_bytes_to_double(r.bytes["dk"]));
+    r.rel_rms["dv"] = ref::rel_rms(rg.dv, bf16_bytes_to_double(r.bytes["dv"]));
+    r.rel_rms["dg"] = ref::rel_rms(rg.dg, f32_bytes_to_double(r.bytes["dg"]));
+    r.rel_rms["dbeta"] = ref::rel_rms(rg.dbeta, f32_bytes_to_double(r.bytes["dbeta"]));
+    if (p.has_h0) r.rel_rms["dh0"] = ref::rel_rms(rg.dh0, f32_bytes_to_double(r.bytes["dh0"]));
+  }
+  return r;
+}
+
+}  // namespace gdn::check

@@ -1,0 +1,40 @@
+/**
+ * @file layer_check.hpp
+ * @brief Runs a layer on the GPU on fresh random inputs and measures it against the fp64
+ *        reference: the engine of `gdnc check` and of the GPU tests.
+ */
+#pragma once
+
+#include "runtime/layer.hpp"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace gdn::check {
+
+struct Case {
+  std::vector<long long> doc_lens;       ///< document lengths; T is their sum
+  uint64_t seed = 1;
+  double gate_shift = 0;                 ///< g = logsigmoid(x) - gate_shift
+  std::optional<double> gate_value;      ///< every g equal to this (e.g. 0 or -20)
+  std::optional<double> beta_value;      ///< every beta equal to this (e.g. 0 or 1)
+  bool backward = true;
+  bool with_reference = true;            ///< false: run the GPU only (determinism, timing)
+  IndexType cu_type = IndexType::int32;
+};
+
+struct Report {
+  std::map<std::string, double> rel_rms;     ///< per tensor: o, ht, dq, dk, dv, dg, dbeta, dh0
+  std::map<std::string, std::string> bytes;  ///< raw device results, for bitwise comparisons
+};
+
+/// FLA's bounds (ALGORITHM.md 7.2), the ones the GPU tests use.
+double tolerance(const std::string& tensor);
+
+/// Runs forward (and backward) of `layer` for `c`. Outputs are poisoned with NaN bits first.
+Report run(const Layer& layer, const Case& c);
+
+}  // namespace gdn::check

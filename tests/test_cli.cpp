@@ -1,0 +1,100 @@
+/**
+ * @file test_cli.cpp
+ * @brief The gdnc executable: documented exit codes, messages, and compile-through-cache.
+ */
+#include <doctest/doctest.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <sys/wait.h>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  int code;
+  std::string out;
+};
+
+Run gdnc(const std::string& args) {
+  const std::string cmd = "GDNC_CACHE_DIR='" + (fs::path(GDN_BINARY_DIR) / "test-kernel-cache").string() + "' '" +
+                          GDN_GDNC_EXE + "' " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p);
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string src(const char* rel) { return (fs::path(GDN_SOURCE_DIR) / rel).string(); }
+
+}  // namespace
+
+TEST_SUITE("cli") {
+  TEST_CASE("usage errors exit 2") {
+    CHECK(gdnc("").code == 2);
+    CHECK(gdnc("frobnicate").code == 2);
+    CHECK(gdnc("compile").code == 2);
+    const Run r = gdnc("compile " + src("examples/n.json") + " --target sm_107a");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("sm_107a is not supported") != std::string::npos);
+  }
+
+  TEST_CASE("--help exits 0 everywhere") {
+    for (const char* c : {"--help", "compile --help", "ir --help", "cache --help", "cache gc --help", "check --help"})
+      CHECK_MESSAGE(gdnc(c).code == 0, c);
+  }
+
+  TEST_CASE("an invalid spec exits 3 with the pointer") {
+    const Run r = gdnc("ir " + src("tests/specs/invalid/heads_v_not_multiple.json"));
+    CHECK(r.code == 3);
+    CHECK(r.out.find("/heads/v: 50 is not a multiple of /heads/qk (16)") != std::string::npos);
+  }
+
+  TEST_CASE("ir, source and targets print") {
+    const Run ir = gdnc("ir " + src("examples/n.json"));
+    CHECK(ir.code == 0);
+    CHECK(ir.out.find("launch state_walk") != std::string::npos);
+    CHECK(gdnc("ir --json " + src("examples/n.json")).out.find("\"programs\"") != std::string::npos);
+    const Run s = gdnc("source " + src("examples/n.json") + " --program l2norm --target sm_100a");
+    CHECK(s.code == 0);
+    CHECK(s.out.find("gdn_l2norm") != std::string::npos);
+    CHECK(gdnc("source " + src("examples/n.json") + " --program nope").code == 2);
+    const Run t = gdnc("targets");
+    CHECK(t.code == 0);
+    CHECK(t.out.find("sm_103a") != std::string::npos);
+  }
+
+  TEST_CASE("a second compile is all cache hits; cache ls, show and verify") {
+    const Run first = gdnc("compile " + src("examples/n.json") + " --target sm_90a");
+    REQUIRE(first.code == 0);
+    const Run second = gdnc("compile " + src("examples/n.json") + " --target sm_90a");
+    CHECK(second.code == 0);
+    size_t lines = 0, hits = 0;
+    for (size_t pos = 0; (pos = second.out.find('\n', pos)) != std::string::npos; ++pos) ++lines;
+    for (size_t pos = 0; (pos = second.out.find("[cache hit]", pos)) != std::string::npos; ++pos) ++hits;
+    CHECK(lines > 0);
+    CHECK(hits == lines);
+    const Run ls = gdnc("cache ls");
+    CHECK(ls.code == 0);
+    CHECK(ls.out.find("chunk_prep.sm_90a") != std::string::npos);
+    CHECK(gdnc("cache verify").code == 0);
+    CHECK(gdnc("cache show ffffffffffffffff").code == 5);
+  }
+
+  TEST_CASE("check without a GPU exits 6 with the driver message") {
+    if (fs::exists("/dev/nvidia0")) {
+      MESSAGE("a GPU is present; the no-driver case is not testable here");
+      return;
+    }
+    const Run r = gdnc("check " + src("examples/n.json") + " --docs 64");
+    CHECK(r.code == 6);
+    CHECK(r.out.find("libcuda.so.1") != std::string::npos);
+  }
+}

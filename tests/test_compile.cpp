@@ -1,0 +1,102 @@
+/**
+ * @file test_compile.cpp
+ * @brief Every program of a layer compiles with NVRTC for sm_90a, sm_100a and sm_103a into the
+ *        cache; a second compile is all hits; a corrupt cubin is rebuilt; failures carry the log.
+ */
+#include "compiler/compiler.hpp"
+#include "compiler/nvrtc.hpp"
+#include "compiler/templates.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+gdn::Spec example(const char* name) {
+  return gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(name) + ".json")).string());
+}
+
+/// One cache shared by this binary's tests, so each program is compiled once per run.
+gdn::cache::DiskCache& shared_cache() {
+  static const fs::path root = fs::path(GDN_BINARY_DIR) / "test-kernel-cache";
+  static gdn::cache::DiskCache cache(root);
+  return cache;
+}
+
+}  // namespace
+
+TEST_SUITE("compile") {
+  TEST_CASE("every program compiles for all three targets, then the cache answers") {
+    const auto ir = gdn::lower(example("n"));
+    const auto first = gdn::compile_layer(ir, gdn::supported_targets(), shared_cache(), 2);
+    CHECK(first.size() == ir.programs.size() * 3);
+    for (const auto& e : first) {
+      CAPTURE(e.program);
+      CAPTURE(gdn::to_string(e.target));
+      const std::string cubin = e.entry.read_file(gdn::kCubinFile);
+      REQUIRE(cubin.size() > 4);
+      CHECK(cubin.substr(0, 4) == "\x7f" "ELF");
+      CHECK(e.entry.manifest["info"]["registers"].get<int>() > 0);
+    }
+    const auto second = gdn::compile_layer(ir, gdn::supported_targets(), shared_cache(), 2);
+    for (const auto& e : second) CHECK(e.outcome == gdn::cache::Outcome::hit);
+  }
+
+  TEST_CASE("a truncated cubin is detected and rebuilt") {
+    const auto ir = gdn::lower(example("n"));
+    auto entries = gdn::compile_layer(ir, {gdn::Target::sm_90a}, shared_cache(), 2);
+    const fs::path cubin = entries.front().entry.dir / gdn::kCubinFile;
+    fs::resize_file(cubin, fs::file_size(cubin) / 2);
+    const auto again = gdn::compile_layer(ir, {gdn::Target::sm_90a}, shared_cache(), 2);
+    CHECK(again.front().outcome == gdn::cache::Outcome::rebuilt_corrupt);
+    CHECK(again.front().corrupt_reason.find(gdn::kCubinFile) != std::string::npos);
+    for (size_t i = 1; i < again.size(); ++i) CHECK(again[i].outcome == gdn::cache::Outcome::hit);
+  }
+
+  TEST_CASE("keys change with the target and the constants, not with the layer name") {
+    auto a = gdn::lower(example("n"));
+    auto spec = example("n");
+    spec.name = "renamed";
+    auto b = gdn::lower(spec);
+    const auto& pa = a.program("chunk_prep");
+    CHECK(gdn::program_key(pa, gdn::Target::sm_90a).digest == gdn::program_key(b.program("chunk_prep"), gdn::Target::sm_90a).digest);
+    CHECK(gdn::program_key(pa, gdn::Target::sm_90a).digest != gdn::program_key(pa, gdn::Target::sm_100a).digest);
+    const auto m = gdn::lower(example("m"));
+    CHECK(gdn::program_key(pa, gdn::Target::sm_90a).digest != gdn::program_key(m.program("chunk_prep"), gdn::Target::sm_90a).digest);
+  }
+
+  TEST_CASE("the template include graph is closed and hashed") {
+    const auto inc = gdn::transitive_includes("fwd/chunk_prep.cuh");
+    CHECK(std::find(inc.begin(), inc.end(), "common/numeric.cuh") != inc.end());
+    CHECK(gdn::templates_digest("fwd/chunk_prep.cuh").size() == 64);
+    CHECK_THROWS_WITH_AS(gdn::find_template("nope.cuh"), doctest::Contains("nope.cuh"), std::out_of_range);
+  }
+
+  TEST_CASE("a compile failure carries the log, the options and the source path") {
+    gdn::Program p = gdn::lower(example("n")).program("gate_cumsum");
+    try {
+      gdn::nvrtc_compile(p, gdn::Target::sm_90a, "#include \"prep/gate_cumsum.cuh\"\nthis is not C++;\n");
+      FAIL("expected a CompileError");
+    } catch (const gdn::CompileError& e) {
+      CHECK(e.log().find("error") != std::string::npos);
+      CHECK(e.options().front() == "--gpu-architecture=sm_90a");
+      CHECK(fs::exists(e.source_path()));
+      CHECK(std::string(e.what()).find(e.source_path()) != std::string::npos);
+      fs::remove(e.source_path());
+    }
+  }
+
+  TEST_CASE("the generated translation unit is tiny and names the entry") {
+    const auto ir = gdn::lower(example("m"));
+    const std::string src = gdn::generate_source(ir.program("state_walk"));
+    CHECK(src.find("#include \"fwd/state_walk.cuh\"") != std::string::npos);
+    CHECK(src.find("extern \"C\" __global__") != std::string::npos);
+    CHECK(src.find("gdn_state_walk(gdn::StateWalkParams p)") != std::string::npos);
+    CHECK(src.find("static constexpr int HV = 48;") != std::string::npos);
+    CHECK(std::count(src.begin(), src.end(), '\n') < 25);
+  }
+}

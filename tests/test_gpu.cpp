@@ -1,0 +1,271 @@
+/**
+ * @file test_gpu.cpp
+ * @brief GPU tests (ctest label "gpu"; CI has no GPU and skips them with a count): the prep
+ *        programs against a CPU reference, the whole layer against the fp64 reference over the
+ *        case matrix of the kernels issue, determinism bit for bit, and device-side input errors.
+ */
+#include "tests/reference/gdn_reference.hpp"
+#include "tests/reference/layer_check.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+using namespace gdn;
+
+namespace {
+
+rt::Context& context() {
+  static rt::Context ctx = rt::Context::create(0);
+  return ctx;
+}
+
+cache::DiskCache& kernel_cache() {
+  static cache::DiskCache c;
+  return c;
+}
+
+Spec spec_of(const char* example) {
+  return spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(example) + ".json")).string());
+}
+
+std::unique_ptr<Layer> make(Spec s) {
+  s.targets = {Target::sm_90a};
+  return Layer::create(s, context(), kernel_cache());
+}
+
+void expect_within_bounds(const check::Report& r, const std::string& label) {
+  for (const auto& [name, err] : r.rel_rms) {
+    INFO(label << " " << name << " rel-RMS " << err << " bound " << check::tolerance(name));
+    CHECK(std::isfinite(err));
+    CHECK(err <= check::tolerance(name));
+  }
+  MESSAGE(label << [&] {
+    std::string s;
+    for (const auto& [n, e] : r.rel_rms) s += fmt::format(" {}={:.2e}", n, e);
+    return s;
+  }());
+}
+
+}  // namespace
+
+TEST_SUITE("gpu_prep") {
+  TEST_CASE("l2norm and the chunk-local gate cumsum match a CPU reference on varlen input") {
+    Spec s = spec_of("n");
+    auto layer = make(s);
+    // Partial chunks everywhere: 1, 63, 64, 65 and 200 tokens.
+    check::Case c;
+    c.doc_lens = {1, 63, 64, 65, 200};
+    c.backward = false;
+    c.with_reference = false;
+    c.seed = 7;
+    // Rerun the forward by hand to read the saved slots.
+    ref::Problem p;
+    p.H = s.heads_qk; p.HV = s.heads_v; p.K = 128; p.V = 128; p.l2norm = true; p.has_h0 = true;
+    p.cu_seqlens = {0, 1, 64, 128, 193, 393};
+    p.T = 393;
+    ref::Inputs in = ref::random_inputs(p, 11);
+    std::vector<uint16_t> q16(in.q.size()), k16(in.k.size()), v16(in.v.size());
+    auto bf = [](double x) { float f = float(x); uint32_t u; std::memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return uint16_t(u >> 16); };
+    auto unbf = [](uint16_t b) { uint32_t u = uint32_t(b) << 16; float f; std::memcpy(&f, &u, 4); return f; };
+    for (size_t i = 0; i < q16.size(); ++i) { q16[i] = bf(in.q[i]); k16[i] = bf(in.k[i]); }
+    for (size_t i = 0; i < v16.size(); ++i) v16[i] = bf(in.v[i]);
+    std::vector<float> g(in.g.begin(), in.g.end()), beta(in.beta.begin(), in.beta.end()), h0(in.h0.begin(), in.h0.end());
+    std::vector<int> cu(p.cu_seqlens.begin(), p.cu_seqlens.end());
+    const ProblemShape shape{p.T, 5};
+    auto up = [](const auto& v) {
+      auto b = rt::DeviceBuffer::create(v.size() * sizeof(v[0]));
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), v.data(), v.size() * sizeof(v[0])), "upload");
+      return b;
+    };
+    auto dq = up(q16), dk = up(k16), dv = up(v16), dg = up(g), db = up(beta), dh0 = up(h0), dcu = up(cu);
+    auto o = rt::DeviceBuffer::create(v16.size() * 2), ht = rt::DeviceBuffer::create(h0.size() * 4);
+    auto saved = rt::DeviceBuffer::create(layer->saved_bytes(shape));
+    auto ws = rt::DeviceBuffer::create(layer->workspace_bytes(CallForm::forward, shape));
+    GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(saved.handle(), 0xFF, saved.bytes()), "poison");
+    rt::Stream st = rt::Stream::create();
+    layer->forward(shape, {dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dcu.get(), IndexType::int32, dh0.get<float>(), 0},
+                   {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), ws.bytes(), st.handle());
+    layer->check_device_status(saved.get(), shape, st.handle());
+    const RegionLayout sl = layer->saved_layout(shape);
+    auto down = [&](const char* name, size_t bytes) {
+      std::string b(bytes, '\0');
+      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(b.data(), saved.handle() + sl.offset.at(name), bytes), "download");
+      return b;
+    };
+    const std::string qn = down("qn", q16.size() * 2), rstd = down("rstd_q", size_t(p.T) * p.H * 4);
+    const std::string gc = down("gc", size_t(p.T) * p.HV * 4);
+    int norm_bad = 0;
+    double rstd_err = 0;
+    for (long long row = 0; row < p.T * p.H; ++row) {
+      double ss = 0;
+      for (int i = 0; i < 128; ++i) ss += double(unbf(q16[row * 128 + i])) * unbf(q16[row * 128 + i]);
+      const double r = 1.0 / std::sqrt(ss + 1e-6);
+      float got_r;
+      std::memcpy(&got_r, rstd.data() + 4 * row, 4);
+      rstd_err = std::max(rstd_err, std::abs(got_r - r) / r);
+      for (int i = 0; i < 128; ++i) {
+        uint16_t got;
+        std::memcpy(&got, qn.data() + 2 * (row * 128 + i), 2);
+        const double want = unbf(q16[row * 128 + i]) * r;
+        // one bf16 ulp: the fp32 product may round to either neighbour
+        if (!(std::abs(unbf(got) - want) <= std::abs(want) * (1.0 / 128))) ++norm_bad;
+      }
+    }
+    CHECK(norm_bad == 0);
+    CHECK(rstd_err < 1e-6);
+    double num = 0, den = 0;
+    for (size_t d = 0; d + 1 < cu.size(); ++d)
+      for (int j = 0; j < p.HV; ++j) {
+        double acc = 0;
+        for (int t = cu[d]; t < cu[d + 1]; ++t) {
+          if ((t - cu[d]) % 64 == 0) acc = 0;
+          acc += g[size_t(t) * p.HV + j];
+          float got;
+          std::memcpy(&got, gc.data() + 4 * (size_t(t) * p.HV + j), 4);
+          const double want = acc / std::log(2.0);
+          num += (got - want) * (got - want);
+          den += want * want;
+          REQUIRE(std::isfinite(got));
+        }
+      }
+    const double cumsum_rel = std::sqrt(num / den);
+    MESSAGE("gate cumsum rel-RMS " << cumsum_rel << ", rstd max rel err " << rstd_err);
+    CHECK(cumsum_rel < 1e-6);
+  }
+}
+
+TEST_SUITE("gpu_layer") {
+  struct Variant {
+    const char* name;
+    int H, HV;
+    SaveMode save;
+    Determinism det;
+    bool h0, ht, norm;
+  };
+
+  TEST_CASE("forward and backward against the fp64 reference over the case matrix") {
+    const uint64_t seed = static_cast<uint64_t>(std::time(nullptr));
+    MESSAGE("seed " << seed);
+    const Variant variants[] = {
+        {"n_light_det", 2, 6, SaveMode::light, Determinism::deterministic, true, true, true},
+        {"n_full_nondet", 2, 6, SaveMode::full, Determinism::nondeterministic, true, true, true},
+        {"g1_noh0_noht", 2, 2, SaveMode::light, Determinism::deterministic, false, false, true},
+        {"g8_full_nonorm", 1, 8, SaveMode::full, Determinism::deterministic, true, false, false},
+    };
+    for (const Variant& v : variants) {
+      Spec s = spec_of("n");
+      s.name = v.name;
+      s.heads_qk = v.H;
+      s.heads_v = v.HV;
+      s.save_mode = v.save;
+      s.determinism = v.det;
+      s.initial_state = v.h0 ? StateFlag::present : StateFlag::absent;
+      s.final_state = v.ht ? StateFlag::present : StateFlag::absent;
+      s.norm = v.norm ? Norm::l2_in_kernel : Norm::none;
+      auto layer = make(s);
+      check::Case c;
+      c.seed = seed;
+      c.doc_lens = {1, 63, 64, 65, 700, 1, 129};
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " mixed");
+      c.doc_lens = {1};
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " single token");
+      c.doc_lens = {300, 200};
+      c.gate_value = 0.0;
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=0");
+      c.gate_value = -20.0;
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=-20");
+      c.gate_value.reset();
+      c.beta_value = 0.0;
+      c.cu_type = IndexType::int64;
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " beta=0 int64");
+      c.beta_value = 1.0;
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " beta=1");
+    }
+  }
+
+  TEST_CASE("shape N (8192 tokens, heads (2, 6)) against the fp64 reference") {
+    auto layer = make(spec_of("n"));
+    check::Case c;
+    c.seed = static_cast<uint64_t>(std::time(nullptr)) + 5;
+    c.doc_lens = {2049, 3001, 3142};
+    expect_within_bounds(check::run(*layer, c), "shape N");
+  }
+
+  TEST_CASE("HV/H = 3 with heads (16, 48) on part of shape M") {
+    auto layer = make(spec_of("m"));
+    check::Case c;
+    c.seed = static_cast<uint64_t>(std::time(nullptr)) + 9;
+    c.doc_lens = {700, 333, 64};
+    expect_within_bounds(check::run(*layer, c), "shape M heads, 1097 tokens");
+  }
+}
+
+TEST_SUITE("gpu_determinism") {
+  TEST_CASE("20 runs of shape M are bitwise equal; light and full give the same bits") {
+    auto layer = make(spec_of("m"));
+    check::Case c;
+    c.doc_lens = {12000, 9000, 6000, 3768, 2000};
+    c.with_reference = false;
+    c.seed = 3;
+    const check::Report first = check::run(*layer, c);
+    for (int i = 1; i < 20; ++i) {
+      const check::Report again = check::run(*layer, c);
+      for (const auto& [name, bytes] : first.bytes) CHECK_MESSAGE(again.bytes.at(name) == bytes, name << " run " << i);
+    }
+    Spec full = spec_of("m");
+    full.save_mode = SaveMode::full;
+    const check::Report f = check::run(*make(full), c);
+    for (const auto& [name, bytes] : first.bytes) CHECK_MESSAGE(f.bytes.at(name) == bytes, "light vs full: " << name);
+  }
+}
+
+TEST_SUITE("gpu_errors") {
+  TEST_CASE("invalid cu_seqlens is reported by the device check, naming the index") {
+    auto layer = make(spec_of("n"));
+    const ProblemShape shape{128, 2};
+    auto run_with = [&](std::vector<int> cu) -> std::string {
+      auto b = [](size_t n) { return rt::DeviceBuffer::create(n); };
+      auto q = b(128 * 2 * 128 * 2), k = b(128 * 2 * 128 * 2), v = b(128 * 6 * 128 * 2), g = b(128 * 6 * 4),
+           beta = b(128 * 6 * 4), h0 = b(2 * 6 * 128 * 128 * 4), o = b(128 * 6 * 128 * 2), ht = b(2 * 6 * 128 * 128 * 4);
+      auto dcu = b(cu.size() * 4);
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(dcu.handle(), cu.data(), cu.size() * 4), "upload");
+      auto saved = b(layer->saved_bytes(shape)), ws = b(layer->workspace_bytes(CallForm::forward, shape));
+      rt::Stream st = rt::Stream::create();
+      layer->forward(shape, {q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32, h0.get<float>(), 0},
+                     {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), ws.bytes(), st.handle());
+      try {
+        layer->check_device_status(saved.get(), shape, st.handle());
+      } catch (const InputError& e) {
+        return e.what();
+      }
+      return "(no error)";
+    };
+    CHECK(run_with({0, 100, 128}) == "(no error)");
+    CHECK(run_with({0, 100, 50}) == "cu_seqlens[2]: 50 < cu_seqlens[1] (100): must be non-decreasing");
+    CHECK(run_with({5, 100, 128}) == "cu_seqlens[0]: 5 must be 0");
+    CHECK(run_with({0, 100, 127}) == "cu_seqlens[2]: 127 must equal T (128)");
+  }
+
+  TEST_CASE("a too-small workspace or saved region is refused before any launch") {
+    auto layer = make(spec_of("n"));
+    const ProblemShape shape{128, 1};
+    auto buf = rt::DeviceBuffer::create(1 << 20);
+    auto big = rt::DeviceBuffer::create(layer->saved_bytes(shape));
+    const size_t need = layer->workspace_bytes(CallForm::forward, shape);
+    LayerInputs in{buf.get(), buf.get(), buf.get(), buf.get<float>(), buf.get<float>(), buf.get(), IndexType::int32, buf.get<float>(), 0};
+    CHECK_THROWS_WITH_AS(layer->forward(shape, in, {buf.get(), buf.get<float>()}, big.get(), big.bytes(), buf.get(), need - 1, nullptr),
+                         fmt::format("workspace: {} bytes given, {} needed for the forward (T=128, N=1)", need - 1, need).c_str(),
+                         InputError);
+    CHECK_THROWS_WITH_AS(layer->forward(shape, in, {buf.get(), buf.get<float>()}, big.get(), 100, buf.get(), need, nullptr),
+                         doctest::Contains("saved: 100 bytes given"), InputError);
+    LayerInputs misaligned = in;
+    misaligned.q = static_cast<char*>(buf.get()) + 2;
+    CHECK_THROWS_WITH_AS(layer->forward(shape, misaligned, {buf.get(), buf.get<float>()}, big.get(), big.bytes(), buf.get(), need, nullptr),
+                         doctest::Contains("q: address"), InputError);
+  }
+}

@@ -1,0 +1,70 @@
+/**
+ * @file test_ir.cpp
+ * @brief IR goldens: the text form of each example's IR is pinned in tests/goldens/.
+ *        UPDATE_GOLDENS=1 rewrites them (then review the diff and commit).
+ */
+#include "compiler/ir.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+static void check_golden(const std::string& name, const std::string& got) {
+  const fs::path path = fs::path(GDN_SOURCE_DIR) / "tests/goldens" / name;
+  if (const char* u = std::getenv("UPDATE_GOLDENS"); u && std::string(u) == "1") {
+    std::ofstream(path) << got;
+    MESSAGE("rewrote " << path.string() << ": review and commit it");
+    return;
+  }
+  std::ifstream in(path);
+  REQUIRE_MESSAGE(in.good(), "missing golden " << path.string() << " (run with UPDATE_GOLDENS=1)");
+  std::stringstream s;
+  s << in.rdbuf();
+  CHECK(s.str() == got);
+}
+
+TEST_SUITE("ir") {
+  TEST_CASE("IR text goldens of the example specs") {
+    for (const char* name : {"n", "m"}) {
+      const auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(name) + ".json")).string());
+      check_golden(std::string("ir_") + name + ".txt", gdn::to_text(gdn::lower(spec)));
+    }
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.save_mode = gdn::SaveMode::full;
+    spec.norm = gdn::Norm::none;
+    spec.initial_state = gdn::StateFlag::absent;
+    check_golden("ir_m_full_nonorm_noh0.txt", gdn::to_text(gdn::lower(spec)));
+  }
+
+  TEST_CASE("save modes move the walk's tapes between saved and workspace") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto light = gdn::lower(spec);
+    CHECK(light.buffer("h_tape").role == gdn::BufferRole::workspace);
+    CHECK(light.call_forms[2].launches.front().program == "chunk_prep");
+    spec.save_mode = gdn::SaveMode::full;
+    const auto full = gdn::lower(spec);
+    CHECK(full.buffer("h_tape").role == gdn::BufferRole::saved);
+    CHECK(full.call_forms[2].launches.front().program == "dv_local");
+  }
+
+  TEST_CASE("byte formulas") {
+    const auto ir = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()));
+    // h_tape: NT * HV * K * V * 2 bytes with NT = T/64 + N.
+    CHECK(ir.buffer("h_tape").bytes.eval(32768, 5, 64) == (32768LL / 64 + 5) * 48 * 128 * 128 * 2);
+    CHECK(ir.buffer("q").bytes.eval(32768, 5, 64) == 32768LL * 16 * 128 * 2);
+    CHECK(ir.buffer("h_tape").bytes.text() == "1572864*NT");
+  }
+
+  TEST_CASE("the JSON form carries every program and buffer") {
+    const auto ir = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string()));
+    const auto j = gdn::to_json(ir);
+    CHECK(j["programs"].size() == ir.programs.size());
+    CHECK(j["buffers"].size() == ir.buffers.size());
+    CHECK(j["call_forms"].size() == 3);
+  }
+}
