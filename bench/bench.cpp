@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -18,6 +19,12 @@
 using namespace gdn;
 
 namespace {
+
+/// The repository root: $GDN_SOURCE_DIR on a machine the build was carried to.
+const char* source_dir() {
+  const char* e = std::getenv("GDN_SOURCE_DIR");
+  return e ? e : GDN_SOURCE_DIR;
+}
 
 struct Shape {
   const char* name;
@@ -86,7 +93,7 @@ int main(int argc, char** argv) {
              "FLA ms", "FLA/ours", "floor x");
   for (const Shape& sh : kShapes) {
     if (shapes.find(sh.name) == std::string::npos) continue;
-    Spec base = spec_from_file((std::filesystem::path(GDN_SOURCE_DIR) / "examples" / (std::string(sh.example) + ".json")).string());
+    Spec base = spec_from_file((std::filesystem::path(source_dir()) / "examples" / (std::string(sh.example) + ".json")).string());
     base.targets = {Target::sm_90a};
     long long T = 0;
     for (auto d : sh.docs) T += d;

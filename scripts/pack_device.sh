@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Copies the stripped binaries the device run needs into .scratch_device/bin (git-ignored),
+# small enough to carry to the H200 (64 MiB per call).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .scratch_device/bin
+for b in build/gdnc build/tests/gdn_gpu_tests build/bench/gdn_bench; do
+  strip -o ".scratch_device/bin/$(basename "$b")" "$b"
+done
+du -sh .scratch_device/bin
