@@ -5,10 +5,13 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <cstdlib>
+#include <fstream>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 #include <sys/wait.h>
+#include <unistd.h>
 
 namespace fs = std::filesystem;
 
@@ -86,6 +89,31 @@ TEST_SUITE("cli") {
     CHECK(ls.out.find("chunk_prep.sm_90a") != std::string::npos);
     CHECK(gdnc("cache verify").code == 0);
     CHECK(gdnc("cache show ffffffffffffffff").code == 5);
+  }
+
+  TEST_CASE("8 gdnc processes compiling the same spec leave one entry per key and no temporary files") {
+    const fs::path root = fs::temp_directory_path() / ("gdnc-concurrent-" + std::to_string(::getpid()));
+    fs::remove_all(root);
+    std::string cmd = "cd '" + root.parent_path().string() + "' && for i in 1 2 3 4 5 6 7 8; do GDNC_CACHE_DIR='" +
+                      root.string() + "' '" + GDN_GDNC_EXE + "' compile '" + src("examples/n.json") +
+                      "' --target sm_100a --jobs 2 > '" + root.string() + "'.$i.log 2>&1 & done; wait";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    size_t entries = 0;
+    for (const auto& e : fs::directory_iterator(root / "entries")) entries += e.is_directory();
+    size_t leftovers = 0;
+    if (fs::exists(root / "tmp"))
+      for ([[maybe_unused]] const auto& e : fs::directory_iterator(root / "tmp")) ++leftovers;
+    CHECK(entries == 10);  // the 10 programs of shape n, one target
+    CHECK(leftovers == 0);
+    int built = 0;
+    for (int i = 1; i <= 8; ++i) {
+      std::ifstream log(root.string() + "." + std::to_string(i) + ".log");
+      std::string line;
+      while (std::getline(log, line)) built += line.find(" built") != std::string::npos;
+      fs::remove(root.string() + "." + std::to_string(i) + ".log");
+    }
+    CHECK(built == 10);  // every key compiled exactly once across the 8 processes
+    fs::remove_all(root);
   }
 
   TEST_CASE("check without a GPU exits 6 with the driver message") {
