@@ -79,3 +79,16 @@ TEST_SUITE("spec") {
     fs::remove(tmp);
   }
 }
+
+#include "runtime/gdn.h"
+
+TEST_SUITE("spec") {
+  TEST_CASE("the C ABI reports spec errors with the pointer and needs no GPU to do so") {
+    gdn_layer* layer = nullptr;
+    CHECK(gdn_layer_create(R"({"name":"x","heads":{"qk":16,"v":50}})", 0, nullptr, &layer) == GDN_ERR_SPEC);
+    CHECK(std::string(gdn_last_error()) == "/heads/v: 50 is not a multiple of /heads/qk (16)");
+    CHECK(layer == nullptr);
+    CHECK(gdn_layer_create("{", 0, nullptr, &layer) == GDN_ERR_SPEC);
+    CHECK(std::string(gdn_last_error()).find("invalid JSON") != std::string::npos);
+  }
+}

@@ -1,0 +1,126 @@
+/**
+ * @file c_api.cpp
+ * @brief The C ABI over gdn::Layer: exceptions become status codes and a per-thread message.
+ */
+#include "runtime/gdn.h"
+
+#include "compiler/nvrtc.hpp"
+#include "runtime/layer.hpp"
+
+#include <string>
+
+struct gdn_layer {
+  gdn::rt::Context ctx;
+  std::unique_ptr<gdn::Layer> layer;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+template <class F>
+int guarded(F&& f) {
+  try {
+    f();
+    last_error.clear();
+    return GDN_OK;
+  } catch (const gdn::SpecError& e) {
+    last_error = e.what();
+    return GDN_ERR_SPEC;
+  } catch (const gdn::InputError& e) {
+    last_error = e.what();
+    return GDN_ERR_INPUT;
+  } catch (const gdn::CompileError& e) {
+    last_error = e.what();
+    return GDN_ERR_COMPILE;
+  } catch (const gdn::rt::CudaError& e) {
+    last_error = e.what();
+    return GDN_ERR_CUDA;
+  } catch (const gdn::rt::DriverError& e) {
+    last_error = e.what();
+    return GDN_ERR_CUDA;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return GDN_ERR_OTHER;
+  }
+}
+
+gdn::LayerInputs inputs(const void* q, const void* k, const void* v, const float* g, const float* beta,
+                        const void* cu, int cu64, const float* h0, float scale) {
+  return {q, k, v, g, beta, cu, cu64 ? gdn::IndexType::int64 : gdn::IndexType::int32, h0, scale};
+}
+
+gdn::CallForm form_of(int f) {
+  switch (f) {
+    case GDN_FORWARD: return gdn::CallForm::forward;
+    case GDN_RECOMPUTE: return gdn::CallForm::recompute;
+    case GDN_BACKWARD: return gdn::CallForm::backward;
+  }
+  throw gdn::InputError("form: " + std::to_string(f) + " is not a call form (0 forward, 1 recompute, 2 backward)");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* gdn_last_error(void) { return last_error.c_str(); }
+
+int gdn_layer_create(const char* spec_json, int ordinal, const char* cache_dir, gdn_layer** out) {
+  return guarded([&] {
+    if (!spec_json || !out) throw gdn::InputError("spec_json and out must not be null");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(spec_json);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw gdn::SpecError("/", std::string("invalid JSON: ") + e.what());
+    }
+    const gdn::Spec spec = gdn::spec_from_json(j);
+    auto* l = new gdn_layer{gdn::rt::Context::create(ordinal), nullptr};
+    try {
+      gdn::cache::DiskCache cache(cache_dir ? std::filesystem::path(cache_dir) : gdn::cache::default_root());
+      l->layer = gdn::Layer::create(spec, l->ctx, cache);
+    } catch (...) {
+      delete l;
+      throw;
+    }
+    *out = l;
+  });
+}
+
+void gdn_layer_destroy(gdn_layer* l) { delete l; }
+
+int gdn_layer_saved_bytes(const gdn_layer* l, int64_t T, int N, size_t* out) {
+  return guarded([&] { *out = l->layer->saved_bytes({T, N}); });
+}
+
+int gdn_layer_workspace_bytes(const gdn_layer* l, int form, int64_t T, int N, size_t* out) {
+  return guarded([&] { *out = l->layer->workspace_bytes(form_of(form), {T, N}); });
+}
+
+int gdn_layer_forward(const gdn_layer* l, int64_t T, int N, const void* q, const void* k, const void* v,
+                      const float* g, const float* beta, const void* cu, int cu64, const float* h0, float scale,
+                      void* o, float* ht, void* saved, size_t saved_bytes, void* ws, size_t ws_bytes, void* stream) {
+  return guarded([&] {
+    l->ctx.make_current();
+    l->layer->forward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved, saved_bytes, ws,
+                      ws_bytes, static_cast<CUstream>(stream));
+  });
+}
+
+int gdn_layer_backward(const gdn_layer* l, int64_t T, int N, const void* q, const void* k, const void* v,
+                       const float* g, const float* beta, const void* cu, int cu64, const float* h0, float scale,
+                       const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg, float* dbeta,
+                       float* dh0, const void* saved, size_t saved_bytes, void* ws, size_t ws_bytes, void* stream) {
+  return guarded([&] {
+    l->ctx.make_current();
+    l->layer->backward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale),
+                       {d_o, dht, dq, dk, dv, dg, dbeta, dh0}, saved, saved_bytes, ws, ws_bytes,
+                       static_cast<CUstream>(stream));
+  });
+}
+
+int gdn_layer_check_status(const gdn_layer* l, int64_t T, int N, const void* saved, void* stream) {
+  return guarded([&] { l->layer->check_device_status(saved, {T, N}, static_cast<CUstream>(stream)); });
+}
+
+}  // extern "C"

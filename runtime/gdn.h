@@ -1,0 +1,45 @@
+/**
+ * @file gdn.h
+ * @brief The C ABI of the layer API, for bindings (ctypes, cffi). Every function returns 0 on
+ *        success and a nonzero gdn_status on failure; gdn_last_error() then holds the message
+ *        (per thread). Pointers are device pointers; streams are CUstream handles.
+ */
+#ifndef GDN_H
+#define GDN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gdn_layer gdn_layer;
+
+enum gdn_status { GDN_OK = 0, GDN_ERR_SPEC = 1, GDN_ERR_INPUT = 2, GDN_ERR_COMPILE = 3, GDN_ERR_CUDA = 4, GDN_ERR_OTHER = 5 };
+enum gdn_call_form { GDN_FORWARD = 0, GDN_RECOMPUTE = 1, GDN_BACKWARD = 2 };
+
+const char* gdn_last_error(void);
+/** Creates a layer from a JSON spec on device `ordinal`, compiling through the cache at `cache_dir` (NULL: default). */
+int gdn_layer_create(const char* spec_json, int ordinal, const char* cache_dir, gdn_layer** out);
+void gdn_layer_destroy(gdn_layer*);
+int gdn_layer_saved_bytes(const gdn_layer*, int64_t T, int N, size_t* out);
+int gdn_layer_workspace_bytes(const gdn_layer*, int form, int64_t T, int N, size_t* out);
+/** cu_is_int64: 0 for int32 cu_seqlens, 1 for int64. scale: 0 for the spec's. */
+int gdn_layer_forward(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v,
+                      const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64,
+                      const float* h0, float scale, void* o, float* ht, void* saved, size_t saved_bytes,
+                      void* workspace, size_t workspace_bytes, void* stream);
+int gdn_layer_backward(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v,
+                       const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64,
+                       const float* h0, float scale, const void* d_o, const float* dht, void* dq, void* dk,
+                       void* dv, float* dg, float* dbeta, float* dh0, const void* saved, size_t saved_bytes,
+                       void* workspace, size_t workspace_bytes, void* stream);
+/** Synchronizes `stream`; GDN_ERR_INPUT with the message if the forward found invalid cu_seqlens. */
+int gdn_layer_check_status(const gdn_layer*, int64_t T, int N, const void* saved, void* stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
