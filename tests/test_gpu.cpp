@@ -179,8 +179,9 @@ TEST_SUITE("gpu_layer") {
       c.seed = seed;
       c.doc_lens = {1, 63, 64, 65, 700, 1, 129};
       expect_within_bounds(check::run(*layer, c), std::string(v.name) + " mixed");
-      c.doc_lens = {1};
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " single token");
+      // Single-token documents, enough of them that rel-RMS measures more than one dot product.
+      c.doc_lens.assign(96, 1);
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " 96 single-token documents");
       c.doc_lens = {300, 200};
       c.gate_value = 0.0;
       expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=0");
@@ -219,15 +220,14 @@ TEST_SUITE("gpu_determinism") {
     c.doc_lens = {12000, 9000, 6000, 3768, 2000};
     c.with_reference = false;
     c.seed = 3;
-    const check::Report first = check::run(*layer, c);
     // 20 by default; GDN_DETERMINISM_REPEATS lowers it where device time is short.
     const char* env = std::getenv("GDN_DETERMINISM_REPEATS");
-    const int repeats = env ? std::atoi(env) : 20;
-    MESSAGE("determinism repeats: " << repeats);
-    for (int i = 1; i < repeats; ++i) {
-      const check::Report again = check::run(*layer, c);
-      for (const auto& [name, bytes] : first.bytes) CHECK_MESSAGE(again.bytes.at(name) == bytes, name << " run " << i);
-    }
+    c.repeats = env ? std::atoi(env) : 20;
+    MESSAGE("determinism repeats: " << c.repeats);
+    const check::Report first = check::run(*layer, c);
+    CHECK(first.bytes.size() == 8);
+    for (const auto& m : first.mismatches) FAIL_CHECK("not bitwise equal: " << m);
+    c.repeats = 1;
     Spec full = spec_of("m");
     full.save_mode = SaveMode::full;
     const check::Report f = check::run(*make(full), c);

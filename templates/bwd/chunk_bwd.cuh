@@ -124,23 +124,41 @@ struct ChunkBwd {
     }
     __syncthreads();
 
-    {  // dQ = scale diag(exp2(gc)) dO S^T + dS~ Kc; dgam += rowsum(dQ .* Qc).
+    {  // dQ = scale diag(exp2(gc)) dO S^T + dS~ Kc. The gate sees the state part here:
+       // dgam += rowsum(dQ_state .* Qc); the attention part is taken below without its diagonal.
       AccCK dq;
       dq.zero();
       bwd::mma(dq, MatRef{sO, PV, 1}, transposed(MatRef{sS, PV, 1}), V);
       dq.for_each([&](int r, int, float& x) { x *= r < m ? scale * exp2f(fminf(sg[r], 0.f)) : 0.f; });
+      bwd::row_partials(dq, [&](int r, int c, float x) { return x * bf2f(sQ[r * PK + c]); }, spart);
       bwd::mma(dq, MatRef{sDS, PC, 1}, MatRef{sK, PK, 1}, C);
       float* out = p.dq_v + (t0 * HV + j) * K;
       bwd::for_pairs(dq, [&](int r, int c, float& x, float& y) {
         if (r < m) *reinterpret_cast<float2*>(out + (long long)r * HV * K + c) = make_float2(x, y);
       });
-      bwd::row_partials(dq, [&](int r, int c, float x) { return x * bf2f(sQ[r * PK + c]); }, spart);
     }
     __syncthreads();
     if (tid < C) sgam[tid] += bwd::partials_sum<K / 8>(spart, tid);
     __syncthreads();
+    {  // Attention part of the gate gradient: q_i.(dS~ K)_i - k_i.(dS~^T Q)_i = rowsum(M) - colsum(M)
+       // with M = dS~ .* (Qc Kc^T). The diagonal cancels exactly, so it is left out instead of
+       // being computed along two differently rounded paths (with strong decay the true dgam is
+       // tiny and that rounding noise would dominate it).
+      AccCC qk;
+      qk.zero();
+      bwd::mma(qk, MatRef{sQ, PK, 1}, transposed(MatRef{sK, PK, 1}), K);
+      qk.for_each([&](int r, int c, float& v) { v = r > c ? v * bf2f(sDS[r * PC + c]) : 0.f; });
+      bwd::row_partials(qk, [](int, int, float v) { return v; }, spart);
+      bwd::col_partials(qk, [](int, int, float v) { return v; }, spart + C * (C / 8));
+    }
+    __syncthreads();
+    if (tid < C && tid < m)
+      sgam[tid] += bwd::partials_sum<C / 8>(spart, tid) - bwd::partials_sum<C / 16>(spart + C * (C / 8), tid);
+    __syncthreads();
 
-    // dKst = diag(exp2(gcL - gc)) V' Z^T; its total sum(dKst .* Kc) goes to the last valid row.
+    // dKst = diag(exp2(gcL - gc)) V' Z^T. Row i loses k_i.dKst_i through exp2(gcL - gc_i) and
+    // the last valid row gains the total through gcL, so the last row's own term cancels
+    // exactly: it is left out on both sides rather than subtracted after rounding.
     AccCK dk;
     dk.zero();
     bwd::mma(dk, MatRef{sVn, PV, 1}, transposed(MatRef{sZ, PV, 1}), V);
@@ -152,14 +170,13 @@ struct ChunkBwd {
     if (tid == 0) {
       float szs = 0.f, kst = 0.f;
       for (int w = 0; w < kWarps; ++w) szs += sred[w];
-      for (int r = 0; r < m; ++r) kst += stmp[r];
+      for (int r = 0; r < m - 1; ++r) kst += stmp[r];
       sgam[m - 1] += exp2f(fminf(gL, 0.f)) * szs + kst;
+    } else if (tid < m) {
+      sgam[tid - 1] -= stmp[tid - 1];
     }
-    // dK = dKst + dS~^T Qc; dgam -= rowsum(dK .* Kc).
+    // dK = dKst + dS~^T Qc (its attention part reached the gate above).
     bwd::mma(dk, transposed(MatRef{sDS, PC, 1}), MatRef{sQ, PK, 1}, C);
-    bwd::row_partials(dk, [&](int r, int c, float x) { return x * K_at(r, c); }, spart);
-    __syncthreads();
-    if (tid < C) sgam[tid] -= bwd::partials_sum<K / 8>(spart, tid);
 
     {  // dW = -dV' S^T, rounded to bf16 as FLA stores it; written over the dead B4 tiles.
       AccCK w;

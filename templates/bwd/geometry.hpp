@@ -33,8 +33,8 @@ struct StateWalkBwdGeometry {
   }
   static constexpr int smem_bytes(int K, int V, int chunk) {
     return 2 * stage_bytes(K, V, chunk)
-           // scaled Q split into hi and lo bf16 parts, bf16(Z) and -bf16(dV')
-           + 2 * (2 * chunk * bwd_pitch(K) + K * bwd_pitch(bv(V)) + chunk * bwd_pitch(bv(V)));
+           // the gated dO slab split into hi and lo bf16 parts, bf16(Z) and -bf16(dV')
+           + 2 * (2 * chunk * bwd_pitch(bv(V)) + K * bwd_pitch(bv(V)) + chunk * bwd_pitch(bv(V)));
   }
 };
 

@@ -8,8 +8,10 @@
  *   dV'_c      = exp2(gcL - gc_i) .* (Kc bf16(Z)) + dv_local_c     -> bf16, rows >= m are 0
  *   Z          = exp2(gcL) Z + (scale exp2(gc) .* Qc)^T dO_c - W_c^T bf16(dV'_c)
  * The serial dependency is Z -> Kc Z -> dV' -> W^T dV' -> Z; everything else (the next chunk's
- * loads, the Q-side product) is issued off that path. The Q operand carries an fp32 product, so
- * it enters the tensor cores as bf16 hi + lo parts (FLA uses tf32 there).
+ * loads, the Q-side product) is issued off that path. The row gate scale*exp2(gc) is applied to
+ * the dO slab (C x BV) rather than to Q (C x K): Q^T diag(s) dO is the same product, the scaled
+ * slab enters the tensor cores as bf16 hi + lo parts (FLA uses tf32 there), and the per-chunk
+ * conversion touches BV/K as many elements.
  */
 #pragma once
 
@@ -54,9 +56,9 @@ struct StateWalkBwd {
     const int v0 = blockIdx.x * BV, j = blockIdx.y, n = blockIdx.z;
     const int c_first = p.doc_chunk_offset[n], c_last = p.doc_chunk_offset[n + 1] - 1;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16_t* sQh = reinterpret_cast<bf16_t*>(smem + 2 * kStageBytes);
-    bf16_t* sQl = sQh + C * PK;
-    bf16_t* sZ = sQl + C * PK;
+    bf16_t* sOh = reinterpret_cast<bf16_t*>(smem + 2 * kStageBytes);
+    bf16_t* sOl = sOh + C * PB;
+    bf16_t* sZ = sOl + C * PB;
     bf16_t* sD = sZ + K * PB;  // holds -bf16(dV') so the W^T product subtracts through an add
 
     Acc<K, BV, kWarps> z;
@@ -98,14 +100,14 @@ struct StateWalkBwd {
         *reinterpret_cast<u32*>(tape + (long long)r * V + cc) = x;
         *reinterpret_cast<u32*>(sZ + r * PB + cc) = x;
       });
-      for (int i = threadIdx.x; i < C * K; i += kThreads) {
-        const int r = i / K, kk = i % K;
-        // Rows >= m hold q = 0 (zero-filled), so the gate value there is irrelevant.
-        const float x = scale * exp2f(fminf(sg[r], 0.f)) * bf2f(sQ[r * PK + kk]);
+      for (int i = threadIdx.x; i < C * BV; i += kThreads) {
+        const int r = i / BV, cc = i % BV;
+        // Rows >= m hold dO = 0 (zero-filled), so the gate value there is irrelevant.
+        const float x = scale * exp2f(fminf(sg[r], 0.f)) * bf2f(sO[r * PB + cc]);
         bf16_t hi, lo;
         bwd::split_bf16(x, hi, lo);
-        sQh[r * PK + kk] = hi;
-        sQl[r * PK + kk] = lo;
+        sOh[r * PB + cc] = hi;
+        sOl[r * PB + cc] = lo;
       }
       __syncthreads();
 
@@ -128,8 +130,8 @@ struct StateWalkBwd {
       // The Q-side update does not need dV', so it fills the wait at the barrier.
       const float eL = gate_exp2(gL, true);
       z.for_each([&](int, int, float& v) { v *= eL; });
-      bwd::mma(z, transposed(MatRef{sQh, PK, 1}), MatRef{sO, PB, 1}, C);
-      bwd::mma(z, transposed(MatRef{sQl, PK, 1}), MatRef{sO, PB, 1}, C);
+      bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOh, PB, 1}, C);
+      bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
       __syncthreads();
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
       __syncthreads();

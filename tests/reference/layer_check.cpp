@@ -141,27 +141,39 @@ Report run(const Layer& layer, const Case& c) {
                  cu.get(), c.cu_type, p.has_h0 ? static_cast<const float*>(h0.get()) : nullptr, 0.f};
   LayerOutputs lo{o.get(), has_ht ? static_cast<float*>(ht.get()) : nullptr};
   rt::Stream stream = rt::Stream::create();
-  layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
-  layer.check_device_status(saved.get(), shape, stream.handle());
+  const size_t grad_state = p.has_h0 ? state * 4 : 0;
+  Dev dq = Dev::poisoned(tqk * 2), dk = Dev::poisoned(tqk * 2), dv = Dev::poisoned(tv * p.V * 2);
+  Dev dg = Dev::poisoned(tv * 4), db = Dev::poisoned(tv * 4), dh0 = Dev::poisoned(state * 4);
   Report r;
-  r.bytes["o"] = o.download(tv * p.V * 2);
-  if (has_ht) r.bytes["ht"] = ht.download(state * 4);
-  if (c.backward) {
-    Dev dq = Dev::poisoned(tqk * 2), dk = Dev::poisoned(tqk * 2), dv = Dev::poisoned(tv * p.V * 2);
-    Dev dg = Dev::poisoned(tv * 4), db = Dev::poisoned(tv * 4), dh0 = Dev::poisoned(state * 4);
-    LayerGrads lg{dod.get(), has_ht ? static_cast<const float*>(dhtd.get()) : nullptr, dq.get(), dk.get(), dv.get(),
-                  static_cast<float*>(dg.get()), static_cast<float*>(db.get()),
-                  p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
-    layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
+  for (int run = 0; run < std::max(1, c.repeats); ++run) {
+    for (Dev* d : {&o, &ht, &dq, &dk, &dv, &dg, &db, &dh0})
+      GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(d->buf.handle(), 0xFF, d->buf.bytes()), "poison");
+    layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
+    layer.check_device_status(saved.get(), shape, stream.handle());
+    std::map<std::string, std::string> got;
+    got["o"] = o.download(tv * p.V * 2);
+    if (has_ht) got["ht"] = ht.download(state * 4);
+    if (c.backward) {
+      LayerGrads lg{dod.get(), has_ht ? static_cast<const float*>(dhtd.get()) : nullptr, dq.get(), dk.get(), dv.get(),
+                    static_cast<float*>(dg.get()), static_cast<float*>(db.get()),
+                    p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
+      layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
+      stream.synchronize();
+      got["dq"] = dq.download(tqk * 2);
+      got["dk"] = dk.download(tqk * 2);
+      got["dv"] = dv.download(tv * p.V * 2);
+      got["dg"] = dg.download(tv * 4);
+      got["dbeta"] = db.download(tv * 4);
+      if (grad_state) got["dh0"] = dh0.download(grad_state);
+    }
     stream.synchronize();
-    r.bytes["dq"] = dq.download(tqk * 2);
-    r.bytes["dk"] = dk.download(tqk * 2);
-    r.bytes["dv"] = dv.download(tv * p.V * 2);
-    r.bytes["dg"] = dg.download(tv * 4);
-    r.bytes["dbeta"] = db.download(tv * 4);
-    if (p.has_h0) r.bytes["dh0"] = dh0.download(state * 4);
+    if (run == 0) {
+      r.bytes = std::move(got);
+      continue;
+    }
+    for (const auto& [name, bytes] : got)
+      if (bytes != r.bytes.at(name)) r.mismatches.push_back(name + " run " + std::to_string(run));
   }
-  stream.synchronize();
   if (!c.with_reference) return r;
 
   const ref::Outputs ro = ref::forward(p, in);

@@ -24,11 +24,13 @@ struct Case {
   bool backward = true;
   bool with_reference = true;            ///< false: run the GPU only (determinism, timing)
   IndexType cu_type = IndexType::int32;
+  int repeats = 1;                       ///< run the whole call sequence this many times on the same inputs
 };
 
 struct Report {
   std::map<std::string, double> rel_rms;     ///< per tensor: o, ht, dq, dk, dv, dg, dbeta, dh0
-  std::map<std::string, std::string> bytes;  ///< raw device results, for bitwise comparisons
+  std::map<std::string, std::string> bytes;  ///< raw device results of the first run, for bitwise comparisons
+  std::vector<std::string> mismatches;       ///< "<tensor> run <i>" for every repeat that differed in any bit
 };
 
 /// FLA's bounds (ALGORITHM.md 7.2), the ones the GPU tests use.
