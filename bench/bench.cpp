@@ -132,6 +132,8 @@ int main(int argc, char** argv) {
       arms.push_back(std::move(a));
     }
     const ProblemShape ps{T, N};
+    // Uploads and memsets ran on the legacy stream, which does not order against ours.
+    GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "setup");
     const LayerInputs in{q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32,
                          h0.get<float>(), 0};
     const LayerOutputs out{o.get(), ht.get<float>()};

@@ -87,14 +87,15 @@ TEST_SUITE("gpu_prep") {
     auto up = [](const auto& v) {
       auto b = rt::DeviceBuffer::create(v.size() * sizeof(v[0]));
       GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), v.data(), v.size() * sizeof(v[0])), "upload");
+      GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "upload");  // legacy stream vs the layer's stream
       return b;
     };
     auto dq = up(q16), dk = up(k16), dv = up(v16), dg = up(g), db = up(beta), dh0 = up(h0), dcu = up(cu);
     auto o = rt::DeviceBuffer::create(v16.size() * 2), ht = rt::DeviceBuffer::create(h0.size() * 4);
     auto saved = rt::DeviceBuffer::create(layer->saved_bytes(shape));
     auto ws = rt::DeviceBuffer::create(layer->workspace_bytes(CallForm::forward, shape));
-    GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(saved.handle(), 0xFF, saved.bytes()), "poison");
     rt::Stream st = rt::Stream::create();
+    GDN_CHECK_CU(rt::drv().cuMemsetD8Async(saved.handle(), 0xFF, saved.bytes(), st.handle()), "poison");
     layer->forward(shape, {dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dcu.get(), IndexType::int32, dh0.get<float>(), 0},
                    {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), ws.bytes(), st.handle());
     layer->check_device_status(saved.get(), shape, st.handle());
@@ -245,6 +246,7 @@ TEST_SUITE("gpu_errors") {
            beta = b(128 * 6 * 4), h0 = b(2 * 6 * 128 * 128 * 4), o = b(128 * 6 * 128 * 2), ht = b(2 * 6 * 128 * 128 * 4);
       auto dcu = b(cu.size() * 4);
       GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(dcu.handle(), cu.data(), cu.size() * 4), "upload");
+      GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "upload");  // legacy stream vs the layer's stream
       auto saved = b(layer->saved_bytes(shape)), ws = b(layer->workspace_bytes(CallForm::forward, shape));
       rt::Stream st = rt::Stream::create();
       layer->forward(shape, {q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32, h0.get<float>(), 0},

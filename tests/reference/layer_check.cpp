@@ -55,12 +55,17 @@ struct Dev {
     Dev d{rt::DeviceBuffer::create(std::max<size_t>(host.size() * sizeof(T), 16))};
     if (!host.empty())
       GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(d.buf.handle(), host.data(), host.size() * sizeof(T)), "upload");
+    // A copy on the legacy stream does not order against the layer's non-blocking stream.
+    GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "upload");
     return d;
   }
   /// Device memory filled with 0xFF bytes: NaN in both bf16 and fp32, so unwritten elements show.
+  /// The memset runs on the legacy stream, which does not order against the non-blocking stream
+  /// the layer runs on, so it is waited for here.
   static Dev poisoned(size_t bytes) {
     Dev d{rt::DeviceBuffer::create(std::max<size_t>(bytes, 16))};
     GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(d.buf.handle(), 0xFF, d.buf.bytes()), "poison");
+    GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "poison");
     return d;
   }
   std::string download(size_t bytes) const {
@@ -147,7 +152,7 @@ Report run(const Layer& layer, const Case& c) {
   Report r;
   for (int run = 0; run < std::max(1, c.repeats); ++run) {
     for (Dev* d : {&o, &ht, &dq, &dk, &dv, &dg, &db, &dh0})
-      GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(d->buf.handle(), 0xFF, d->buf.bytes()), "poison");
+      GDN_CHECK_CU(rt::drv().cuMemsetD8Async(d->buf.handle(), 0xFF, d->buf.bytes(), stream.handle()), "poison");
     layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
     layer.check_device_status(saved.get(), shape, stream.handle());
     std::map<std::string, std::string> got;
