@@ -110,9 +110,9 @@ LayerIR lower(const Spec& s) {
   ir.walk_bv = StateWalkGeometry::bv(V);
 
   auto add = [&](std::string name, std::string path, std::string cls, std::string params, int threads, int smem,
-                 GridKind grid, int bv = 0) {
+                 GridKind grid, int bv = 0, int min_blocks = 1) {
     ir.programs.push_back(Program{std::move(name), std::move(path), std::move(cls), std::move(params),
-                                  layer_constants(s, bv), threads, smem, grid});
+                                  layer_constants(s, bv), threads, min_blocks, smem, grid});
   };
   add("chunk_table", "prep/chunk_table.cuh", "ChunkTable", "ChunkTableParams", ChunkTableGeometry::kThreads,
       ChunkTableGeometry::smem_bytes(), GridKind::single);
@@ -131,7 +131,7 @@ LayerIR lower(const Spec& s) {
       DvLocalGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
       StateWalkBwdGeometry::kThreads, StateWalkBwdGeometry::smem_bytes(K, V, C), GridKind::walk,
-      StateWalkBwdGeometry::bv(V));
+      StateWalkBwdGeometry::bv(V), StateWalkBwdGeometry::kMinBlocksPerSm);
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
       ChunkBwdGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
@@ -234,8 +234,10 @@ std::string to_text(const LayerIR& ir) {
   for (const auto& p : ir.programs) {
     std::string consts;
     for (const auto& [k, v] : p.constants) consts += fmt::format("{}{}={}", consts.empty() ? "" : " ", k, v);
-    line(fmt::format("  {:<15} {:<24} {}<{}>  threads={} smem={} grid={}", p.name, p.template_path, p.class_name,
-                     consts, p.threads, p.smem_bytes, to_string(p.grid)));
+    line(fmt::format("  {:<15} {:<24} {}<{}>  threads={}{} smem={} grid={}", p.name, p.template_path, p.class_name,
+                     consts, p.threads,
+                     p.min_blocks_per_sm > 1 ? fmt::format(" min_blocks={}", p.min_blocks_per_sm) : "",
+                     p.smem_bytes, to_string(p.grid)));
   }
   line("buffers (bytes with NT = T/chunk + N):");
   for (const auto& b : ir.buffers) {
@@ -259,6 +261,7 @@ json to_json(const LayerIR& ir) {
     for (const auto& [k, v] : p.constants) c[k] = v;
     progs.push_back({{"name", p.name}, {"template", p.template_path}, {"class", p.class_name},
                      {"params", p.params_type}, {"constants", c}, {"threads", p.threads},
+                     {"min_blocks_per_sm", p.min_blocks_per_sm},
                      {"smem_bytes", p.smem_bytes}, {"grid", to_string(p.grid)}, {"entry", p.entry()}});
   }
   json bufs = json::array();

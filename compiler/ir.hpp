@@ -59,6 +59,7 @@ struct Program {
   std::string params_type;    ///< e.g. "ChunkPrepParams"
   std::vector<std::pair<std::string, std::string>> constants;  ///< Cfg members, in order
   int threads = 0;
+  int min_blocks_per_sm = 1;  ///< second __launch_bounds__ argument (caps registers) when > 1
   int smem_bytes = 0;
   GridKind grid = GridKind::single;
   std::string entry() const { return "gdn_" + name; }

@@ -73,7 +73,9 @@ std::string generate_source(const Program& p) {
       "#include \"{}\"\n\n"
       "struct GdnCfg {{\n{}{}}};\n\n"
       "extern \"C\" __global__ void __launch_bounds__({}) {}(gdn::{} p) {{ gdn::{}<GdnCfg>::run(p); }}\n",
-      p.name, p.template_path, members, flags, p.threads, p.entry(), p.params_type, p.class_name);
+      p.name, p.template_path, members, flags,
+      p.min_blocks_per_sm > 1 ? fmt::format("{}, {}", p.threads, p.min_blocks_per_sm) : std::to_string(p.threads),
+      p.entry(), p.params_type, p.class_name);
 }
 
 namespace {

@@ -22,17 +22,18 @@ struct DvLocalGeometry {
   }
 };
 
-/// B3: one block per (V slab of bv(V) columns, value head, document). Chunk inputs are double
-/// buffered so the loads of chunk c-1 overlap the serial update of chunk c.
+/// B3: one block per (V slab of bv(V) columns, value head, document). One stage of chunk
+/// inputs; two blocks per SM hide each other's loads.
 struct StateWalkBwdGeometry {
   static constexpr int kThreads = 256;
+  static constexpr int kMinBlocksPerSm = 2;  ///< caps registers at 128 so two blocks fit
   static constexpr int bv(int V) { return V >= 32 ? 32 : V; }
   /// One pipeline stage: K, Q, W tiles, the dO and dv_local slabs, and gc.
   static constexpr int stage_bytes(int K, int V, int chunk) {
     return 2 * (3 * chunk * bwd_pitch(K) + 2 * chunk * bwd_pitch(bv(V))) + 4 * chunk;
   }
   static constexpr int smem_bytes(int K, int V, int chunk) {
-    return 2 * stage_bytes(K, V, chunk)
+    return stage_bytes(K, V, chunk)
            // the gated dO slab split into hi and lo bf16 parts, bf16(Z) and -bf16(dV')
            + 2 * (2 * chunk * bwd_pitch(bv(V)) + K * bwd_pitch(bv(V)) + chunk * bwd_pitch(bv(V)));
   }

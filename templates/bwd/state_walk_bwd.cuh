@@ -56,7 +56,7 @@ struct StateWalkBwd {
     const int v0 = blockIdx.x * BV, j = blockIdx.y, n = blockIdx.z;
     const int c_first = p.doc_chunk_offset[n], c_last = p.doc_chunk_offset[n + 1] - 1;
     extern __shared__ __align__(16) unsigned char smem[];
-    bf16_t* sOh = reinterpret_cast<bf16_t*>(smem + 2 * kStageBytes);
+    bf16_t* sOh = reinterpret_cast<bf16_t*>(smem + kStageBytes);
     bf16_t* sOl = sOh + C * PB;
     bf16_t* sZ = sOl + C * PB;
     bf16_t* sD = sZ + K * PB;  // holds -bf16(dV') so the W^T product subtracts through an add
@@ -72,16 +72,16 @@ struct StateWalkBwd {
       });
     }
 
-    if (c_last >= c_first) load_stage(smem, p, p.chunks[c_last], j, v0);
+    // One stage, not two: with the smaller footprint and at most 128 registers per thread two
+    // blocks share an SM, and the other block's work hides this block's loads (the walk is
+    // latency-bound: a few small dependent products per chunk).
+    unsigned char* cur = smem;
+    if (c_last >= c_first) load_stage(cur, p, p.chunks[c_last], j, v0);
     bwd::cp_async_commit();
 
     const float scale = p.scale;
-    for (int c = c_last, it = 0; c >= c_first; --c, ++it) {
-      unsigned char* cur = smem + (it & 1) * kStageBytes;
-      // Prefetch the previous chunk; the trailing barrier of the last iteration freed its buffer.
-      if (c > c_first) load_stage(smem + ((it + 1) & 1) * kStageBytes, p, p.chunks[c - 1], j, v0);
-      bwd::cp_async_commit();
-      bwd::cp_async_wait<1>();
+    for (int c = c_last; c >= c_first; --c) {
+      bwd::cp_async_wait<0>();
       __syncthreads();
 
       const ChunkInfo ci = p.chunks[c];
@@ -134,7 +134,9 @@ struct StateWalkBwd {
       bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
       __syncthreads();
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
-      __syncthreads();
+      __syncthreads();  // the stage is free: load the previous chunk into it
+      if (c > c_first) load_stage(cur, p, p.chunks[c - 1], j, v0);
+      bwd::cp_async_commit();
     }
     bwd::cp_async_wait<0>();
 

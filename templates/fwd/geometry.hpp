@@ -44,8 +44,9 @@ struct StateWalkGeometry {
   static constexpr int stage_u(int K, int chunk) { return 2 * chunk * ld_bf(K) * 2; }
   static constexpr int stage_g(int K, int chunk, int bvw) { return stage_u(K, chunk) + chunk * ld_bf(bvw) * 2; }
   static constexpr int stage_bytes(int K, int chunk, int bvw) { return stage_g(K, chunk, bvw) + chunk * 4; }
-  // After the two stages: bf16(S) [K][bv], then the gated V' and v_new staging [chunk][bv].
-  static constexpr int off_s(int K, int chunk, int bvw) { return 2 * stage_bytes(K, chunk, bvw); }
+  // After the stage: bf16(S) [K][bv], then the gated V' and v_new staging [chunk][bv]. One stage,
+  // not two: at about 60 KB three blocks share an SM and hide each other's loads.
+  static constexpr int off_s(int K, int chunk, int bvw) { return stage_bytes(K, chunk, bvw); }
   static constexpr int off_vg(int K, int chunk, int bvw) { return off_s(K, chunk, bvw) + K * ld_bf(bvw) * 2; }
   static constexpr int off_vn(int K, int chunk, int bvw) { return off_vg(K, chunk, bvw) + chunk * ld_bf(bvw) * 2; }
   static constexpr int smem_bytes_bv(int K, int chunk, int bvw) {

@@ -30,7 +30,6 @@ struct StateWalk {
   static constexpr int kThreads = StateWalkGeometry::kThreads;
   static constexpr int NT = BV / 8;  ///< 8-wide n-tiles of a slab
   static constexpr int LDK = StateWalkGeometry::ld_bf(K), LDS = StateWalkGeometry::ld_bf(BV);
-  static constexpr int kStage = StateWalkGeometry::stage_bytes(K, C, BV);
   // Offsets as constants: constexpr host functions are not callable from device code under NVRTC.
   static constexpr int kOff_s = StateWalkGeometry::off_s(K, C, BV);
   static constexpr int kOff_vg = StateWalkGeometry::off_vg(K, C, BV);
@@ -72,10 +71,8 @@ struct StateWalk {
     if (c_begin < c_end) issue(p, c_begin, smem, j, hq, v0);
     fwd::cp_async_commit();
 
+    unsigned char* stage = smem;
     for (int c = c_begin; c < c_end; ++c) {
-      unsigned char* stage = smem + ((c - c_begin) & 1) * kStage;
-      if (c + 1 < c_end) issue(p, c + 1, smem + ((c + 1 - c_begin) & 1) * kStage, j, hq, v0);
-      fwd::cp_async_commit();  // possibly empty: keeps "wait for all but the newest group" uniform
 
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
@@ -85,7 +82,7 @@ struct StateWalk {
           *reinterpret_cast<u32*>(sS + r * LDS + col) = fwd::pack_f2bf(S[mi][nt][0], S[mi][nt][1]);
           *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = fwd::pack_f2bf(S[mi][nt][2], S[mi][nt][3]);
         }
-      fwd::cp_async_wait<1>();
+      fwd::cp_async_wait<0>();
       __syncthreads();
 
       const ChunkInfo ci = p.chunks[c];
@@ -154,7 +151,9 @@ struct StateWalk {
           for (int np = 0; np < NT / 2; ++np) fwd::mma_pair(S[mi][2 * np], S[mi][2 * np + 1], a, bq[np]);
         }
       }
-      __syncthreads();  // the stage, sS, sVg and sVn are rewritten next iteration
+      __syncthreads();  // the stage, sS, sVg and sVn are free: load the next chunk
+      if (c + 1 < c_end) issue(p, c + 1, stage, j, hq, v0);
+      fwd::cp_async_commit();
     }
     fwd::cp_async_wait<0>();
 
