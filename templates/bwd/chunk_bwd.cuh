@@ -132,10 +132,7 @@ struct ChunkBwd {
       dq.for_each([&](int r, int, float& x) { x *= r < m ? scale * exp2f(fminf(sg[r], 0.f)) : 0.f; });
       bwd::row_partials(dq, [&](int r, int c, float x) { return x * bf2f(sQ[r * PK + c]); }, spart);
       bwd::mma(dq, MatRef{sDS, PC, 1}, MatRef{sK, PK, 1}, C);
-      float* out = p.dq_v + (t0 * HV + j) * K;
-      bwd::for_pairs(dq, [&](int r, int c, float& x, float& y) {
-        if (r < m) *reinterpret_cast<float2*>(out + (long long)r * HV * K + c) = make_float2(x, y);
-      });
+      store_group_grad(p.dq_v, dq, t0, j, m);
     }
     __syncthreads();
     if (tid < C) sgam[tid] += bwd::partials_sum<K / 8>(spart, tid);
@@ -304,12 +301,7 @@ struct ChunkBwd {
     // dK += (Eb + Eb^T) Kc with Eb = diag(b) E.
     bwd::mma(dk, MatRef{sEh, PC, 1}, MatRef{sK, PK, 1}, C);
     bwd::mma(dk, MatRef{sEl, PC, 1}, MatRef{sK, PK, 1}, C);
-    {
-      float* out = p.dk_v + (t0 * HV + j) * K;
-      bwd::for_pairs(dk, [&](int r, int c, float& x, float& y) {
-        if (r < m) *reinterpret_cast<float2*>(out + (long long)r * HV * K + c) = make_float2(x, y);
-      });
-    }
+    store_group_grad(p.dk_v, dk, t0, j, m);
     __syncthreads();
 
     // ---- B6: dg = reverse cumsum of dgam inside the chunk (one warp, fixed order). -------------
@@ -333,6 +325,28 @@ struct ChunkBwd {
         p.dg[(t0 + i1) * HV + j] = after + b;
         p.dbeta[(t0 + i1) * HV + j] = sdb[i1];
       }
+    }
+  }
+
+ private:
+  /// dq/dk of one value head. Deterministic: bf16 rows per value head (FLA rounds these to bf16
+  /// too), summed over the group in a fixed order by Finalize. Otherwise fp32 atomics straight
+  /// into the q/k head's row: a third of the traffic at G = 3, in an order that varies.
+  template <class AccT>
+  __device__ static void store_group_grad(void* buf, AccT& a, long long t0, int j, int m) {
+    if constexpr (Cfg::DETERMINISTIC) {
+      bf16_t* out = static_cast<bf16_t*>(buf) + (t0 * HV + j) * K;
+      bwd::for_pairs(a, [&](int r, int c, float& x, float& y) {
+        if (r < m) bwd::store_bf16x2(out + (long long)r * HV * K + c, x, y);
+      });
+    } else {
+      float* out = static_cast<float*>(buf) + (t0 * Cfg::H + j / Cfg::G) * K;
+      bwd::for_pairs(a, [&](int r, int c, float& x, float& y) {
+        if (r < m) {
+          atomicAdd(out + (long long)r * Cfg::H * K + c, x);
+          atomicAdd(out + (long long)r * Cfg::H * K + c + 1, y);
+        }
+      });
     }
   }
 };
