@@ -79,16 +79,19 @@ struct ChunkBwd {
 
     {
       const long long qs = (long long)H * K, vs = (long long)HV * V;
-      bwd::load_tile_async<C, K, kThreads>(sQ, PK, p.q + (t0 * H + h) * K, qs, m);
-      bwd::load_tile_async<C, K, kThreads>(sK, PK, p.k + (t0 * H + h) * K, qs, m);
-      bwd::load_tile_async<C, V, kThreads>(sV, PV, p.v + (t0 * HV + j) * V, vs, m);
-      bwd::load_tile_async<C, V, kThreads>(sDV, PV, p.dv_new + (t0 * HV + j) * V, vs, m);
-      bwd::load_tile_async<C, C, kThreads>(sT, PC, p.tm + (t0 * HV + j) * C, (long long)HV * C, m);
+      // Two groups: what dS~, dQ and the attention part of the gate need first; the rest (Z,
+      // dV', Tm, V) keeps loading while those run.
       const long long st = (cg * HV + j) * K * V;
-      bwd::load_tile_async<K, V, kThreads>(sS, PV, p.h_tape + st, V, K);
-      bwd::load_tile_async<K, V, kThreads>(sZ, PV, p.dh_tape + st, V, K);
       bwd::load_tile_async<C, V, kThreads>(sO, PV, p.d_o + (t0 * HV + j) * V, vs, m);
       bwd::load_tile_async<C, V, kThreads>(sVn, PV, p.v_new + (t0 * HV + j) * V, vs, m);
+      bwd::load_tile_async<C, K, kThreads>(sQ, PK, p.q + (t0 * H + h) * K, qs, m);
+      bwd::load_tile_async<C, K, kThreads>(sK, PK, p.k + (t0 * H + h) * K, qs, m);
+      bwd::load_tile_async<K, V, kThreads>(sS, PV, p.h_tape + st, V, K);
+      bwd::cp_async_commit();
+      bwd::load_tile_async<K, V, kThreads>(sZ, PV, p.dh_tape + st, V, K);
+      bwd::load_tile_async<C, V, kThreads>(sDV, PV, p.dv_new + (t0 * HV + j) * V, vs, m);
+      bwd::load_tile_async<C, C, kThreads>(sT, PC, p.tm + (t0 * HV + j) * C, (long long)HV * C, m);
+      bwd::load_tile_async<C, V, kThreads>(sV, PV, p.v + (t0 * HV + j) * V, vs, m);
       bwd::cp_async_commit();
     }
     for (int i = tid; i < C; i += kThreads) {
@@ -97,7 +100,7 @@ struct ChunkBwd {
       sgam[i] = 0.f;
       sdb[i] = 0.f;
     }
-    bwd::cp_async_wait<0>();
+    bwd::cp_async_wait<1>();
     __syncthreads();
 
     const float scale = p.scale;
@@ -105,7 +108,7 @@ struct ChunkBwd {
     const auto K_at = [&](int r, int c) { return bf2f(sK[r * PK + c]); };
 
     // ---- B4 ---------------------------------------------------------------------------------
-    {  // dS~ = scale * tril0((dO V'^T) .* Dec), and <S, Z> (block sum, fixed order).
+    {  // dS~ = scale * tril0((dO V'^T) .* Dec).
       AccCC a;
       a.zero();
       bwd::mma(a, MatRef{sO, PV, 1}, transposed(MatRef{sVn, PV, 1}), V);
@@ -114,13 +117,6 @@ struct ChunkBwd {
         const float v1 = (r >= c + 1 && r < m) ? scale * y * gate_exp2(sg[r] - sg[c + 1], true) : 0.f;
         bwd::store_bf16x2(sDS + r * PC + c, v0, v1);
       });
-      float sz = 0.f;
-      for (int i = tid; i < K * V; i += kThreads) {
-        const int r = i / V, c = i % V;
-        sz += bf2f(sS[r * PV + c]) * bf2f(sZ[r * PV + c]);
-      }
-      sz = warp_sum(sz);
-      if (tid % 32 == 0) sred[tid / 32] = sz;
     }
     __syncthreads();
 
@@ -153,6 +149,17 @@ struct ChunkBwd {
       sgam[tid] += bwd::partials_sum<C / 8>(spart, tid) - bwd::partials_sum<C / 16>(spart + C * (C / 8), tid);
     __syncthreads();
 
+    bwd::cp_async_wait<0>();  // Z, dV', Tm and V
+    __syncthreads();
+    {  // <S, Z>: per-warp sums, added in warp order below (fixed order).
+      float sz = 0.f;
+      for (int i = tid; i < K * V; i += kThreads) {
+        const int r = i / V, c = i % V;
+        sz += bf2f(sS[r * PV + c]) * bf2f(sZ[r * PV + c]);
+      }
+      sz = warp_sum(sz);
+      if (tid % 32 == 0) sred[tid / 32] = sz;
+    }
     // dKst = diag(exp2(gcL - gc)) V' Z^T. Row i loses k_i.dKst_i through exp2(gcL - gc_i) and
     // the last valid row gains the total through gcL, so the last row's own term cancels
     // exactly: it is left out on both sides rather than subtracted after rounding.
