@@ -231,14 +231,8 @@ void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr
   module("state_walk_bwd").launch(grid(ir_.program("state_walk_bwd"), s), stream,
                                   StateWalkBwdParams{q, k, w, gc, d_o, dv_local, chunks, doc_off, s.N, scale, gr.dht,
                                                      gr.dh0, dh_tape, dv_new});
-  void* dq_v = at(ws, wl, "dq_v");
-  void* dk_v = at(ws, wl, "dk_v");
-  if (sp.determinism == Determinism::nondeterministic) {
-    const size_t bytes = static_cast<size_t>(ir_.buffer("dq_v").bytes.eval(s.T, s.N, sp.chunk));
-    for (void* b : {dq_v, dk_v})
-      GDN_CHECK_CU(rt::drv().cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(b), 0, bytes, stream),
-                   "zeroing the dq/dk accumulators of layer '{}'", sp.name);
-  }
+  auto* dq_v = at<bf16_t>(ws, wl, "dq_v");
+  auto* dk_v = at<bf16_t>(ws, wl, "dk_v");
   module("chunk_bwd").launch(grid(ir_.program("chunk_bwd"), s), stream,
                              ChunkBwdParams{q, k, v, in.beta, gc, tm, h_tape, dh_tape, v_new, dv_new, d_o, chunks,
                                             nt_max, scale, dq_v, dk_v, static_cast<bf16_t*>(gr.dv), gr.dbeta, gr.dg});

@@ -152,11 +152,8 @@ struct ChunkBwdParams {
   const ChunkInfo* chunks;
   int nt_max;
   float scale;
-  /// Per-q/k-head-group gradients before the group sum. Deterministic: bf16 [T, HV, K], one row
-  /// per value head, summed in a fixed order by Finalize. Non-deterministic: fp32 [T, H, K],
-  /// zeroed by the runtime and accumulated with atomics.
-  void* dq_v;
-  void* dk_v;
+  bf16_t* dq_v;             ///< [T, HV, K] bf16 per value head (summed over the group by Finalize)
+  bf16_t* dk_v;
   bf16_t* dv;               ///< [T, HV, V]
   float* dbeta;             ///< [T, HV]
   float* dg;                ///< [T, HV]: dL/dg in natural-log units (reverse cumsum done)
@@ -164,8 +161,8 @@ struct ChunkBwdParams {
 
 /// Backward B7: group sum over the HV/H value heads (fixed order) and the L2-norm backward.
 struct FinalizeParams {
-  const void* dq_v;         ///< as ChunkBwdParams::dq_v
-  const void* dk_v;
+  const bf16_t* dq_v;       ///< [T, HV, K] bf16, as ChunkBwdParams::dq_v
+  const bf16_t* dk_v;
   const bf16_t* qn;         ///< normalized q (or raw q when the norm is off)
   const bf16_t* kn;
   const float* rstd_q;      ///< null when the norm is off

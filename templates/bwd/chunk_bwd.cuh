@@ -336,25 +336,15 @@ struct ChunkBwd {
   }
 
  private:
-  /// dq/dk of one value head. Deterministic: bf16 rows per value head (FLA rounds these to bf16
-  /// too), summed over the group in a fixed order by Finalize. Otherwise fp32 atomics straight
-  /// into the q/k head's row: a third of the traffic at G = 3, in an order that varies.
+  /// dq/dk of one value head as bf16 rows (FLA rounds these to bf16 too), summed over the group
+  /// in a fixed order by Finalize. (fp32 atomics into the q/k head's row were measured slower:
+  /// docs/PERF.md.)
   template <class AccT>
-  __device__ static void store_group_grad(void* buf, AccT& a, long long t0, int j, int m) {
-    if constexpr (Cfg::DETERMINISTIC) {
-      bf16_t* out = static_cast<bf16_t*>(buf) + (t0 * HV + j) * K;
-      bwd::for_pairs(a, [&](int r, int c, float& x, float& y) {
-        if (r < m) bwd::store_bf16x2(out + (long long)r * HV * K + c, x, y);
-      });
-    } else {
-      float* out = static_cast<float*>(buf) + (t0 * Cfg::H + j / Cfg::G) * K;
-      bwd::for_pairs(a, [&](int r, int c, float& x, float& y) {
-        if (r < m) {
-          atomicAdd(out + (long long)r * Cfg::H * K + c, x);
-          atomicAdd(out + (long long)r * Cfg::H * K + c + 1, y);
-        }
-      });
-    }
+  __device__ static void store_group_grad(bf16_t* buf, AccT& a, long long t0, int j, int m) {
+    bf16_t* out = buf + (t0 * HV + j) * K;
+    bwd::for_pairs(a, [&](int r, int c, float& x, float& y) {
+      if (r < m) bwd::store_bf16x2(out + (long long)r * HV * K + c, x, y);
+    });
   }
 };
 

@@ -1,7 +1,7 @@
 /**
  * @file finalize.cuh
  * @brief Stage B7: sums the per-value-head bf16 dq/dk over each group of G value heads in a
- *        fixed order (deterministic; the non-deterministic variant arrives summed in fp32), then applies the L2-norm backward dx = rstd (dy - (dy . y) y)
+ *        fixed order (deterministic), then applies the L2-norm backward dx = rstd (dy - (dy . y) y)
  *        in fp32 from the saved bf16 y and fp32 rstd, and writes bf16 dq, dk [T, H, K].
  *
  * One warp per (token, q/k head) row; lane l owns elements l, l + 32, ... so every load of a
@@ -21,21 +21,15 @@ struct Finalize {
   static_assert(K % 32 == 0, "Finalize: K must be a multiple of 32 (one warp per row)");
   static_assert(HV == H * G, "Finalize: HV must equal H * G");
 
-  __device__ static void one(const void* dxv, const bf16_t* y, const float* rstd, bf16_t* dx, long long t,
+  __device__ static void one(const bf16_t* dxv, const bf16_t* y, const float* rstd, bf16_t* dx, long long t,
                              int h, int lane) {
     float d[kPerLane];
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) d[e] = 0.f;
-    if constexpr (Cfg::DETERMINISTIC) {
-      for (int g = 0; g < G; ++g) {
-        const bf16_t* src = static_cast<const bf16_t*>(dxv) + (t * HV + h * G + g) * K;
+    for (int g = 0; g < G; ++g) {
+      const bf16_t* src = dxv + (t * HV + h * G + g) * K;
 #pragma unroll
-        for (int e = 0; e < kPerLane; ++e) d[e] += bf2f(src[lane + 32 * e]);
-      }
-    } else {  // already summed over the group by ChunkBwd's atomics
-      const float* src = static_cast<const float*>(dxv) + (t * H + h) * K;
-#pragma unroll
-      for (int e = 0; e < kPerLane; ++e) d[e] = src[lane + 32 * e];
+      for (int e = 0; e < kPerLane; ++e) d[e] += bf2f(src[lane + 32 * e]);
     }
     const long long row = (t * H + h) * K;
     if (Cfg::NORM) {
