@@ -210,7 +210,8 @@ Module::~Module() {
   if (mod_) log_release_failure(drv().cuModuleUnload(mod_), "cuModuleUnload");
 }
 
-void Module::launch_raw(dim3_t grid, CUstream stream, void** args) const {
+void Module::launch_params(dim3_t grid, CUstream stream, const void* params) const {
+  void* args[] = {const_cast<void*>(params)};
   GDN_CHECK_CU(drv().cuLaunchKernel(fn_, grid.x, grid.y, grid.z, threads_, 1, 1, smem_, stream, args, nullptr),
                "launch of {} (grid ({}, {}, {}), block {}, dynamic smem {} bytes)", entry_, grid.x, grid.y, grid.z,
                threads_, smem_);

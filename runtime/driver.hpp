@@ -154,12 +154,12 @@ class Module {
   template <class Params>
   void launch(dim3_t grid, CUstream stream, const Params& params) const {
     static_assert(std::is_trivially_copyable_v<Params>, "kernel parameters must be trivially copyable");
-    void* args[] = {const_cast<Params*>(&params)};
-    launch_raw(grid, stream, args);
+    launch_params(grid, stream, &params);
   }
+  /// The same with the parameter block as bytes (the kernel's single by-value argument).
+  void launch_params(dim3_t grid, CUstream stream, const void* params) const;
 
  private:
-  void launch_raw(dim3_t grid, CUstream stream, void** args) const;
   Module() = default;
   CUmodule mod_ = nullptr;
   CUfunction fn_ = nullptr;

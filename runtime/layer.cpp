@@ -45,6 +45,27 @@ void require_aligned(const void* p, const char* name) {
 
 }  // namespace
 
+namespace {
+
+/// Launches on the device through the layer's loaded modules.
+class DeviceLauncher final : public Launcher {
+ public:
+  std::map<std::string, rt::Module> modules;
+  void launch(const Program& program, rt::dim3_t grid, const void* params, size_t, CUstream stream) override {
+    modules.at(program.name).launch_params(grid, stream, params);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<Launcher> launcher) {
+  std::unique_ptr<Layer> layer(new Layer());
+  layer->ir_ = lower(spec);
+  layer->target_ = spec.targets.front();
+  layer->launcher_ = std::move(launcher);
+  return layer;
+}
+
 std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, cache::DiskCache& cache, int jobs) {
   std::unique_ptr<Layer> layer(new Layer());
   layer->ir_ = lower(spec);
@@ -58,15 +79,15 @@ std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, c
                                  ctx.name(), cc, spec.name));
   layer->target_ = target;
   ctx.make_current();
+  auto device = std::make_shared<DeviceLauncher>();
   for (const CompiledEntry& e : compile_layer(layer->ir_, {target}, cache, jobs)) {
     const Program& p = layer->ir_.program(e.program);
-    layer->modules_.emplace(p.name, rt::Module::load(e.entry.read_file(kCubinFile), p.entry(), p.threads,
+    device->modules.emplace(p.name, rt::Module::load(e.entry.read_file(kCubinFile), p.entry(), p.threads,
                                                      p.smem_bytes));
   }
+  layer->launcher_ = std::move(device);
   return layer;
 }
-
-const rt::Module& Layer::module(const std::string& program) const { return modules_.at(program); }
 
 RegionLayout Layer::saved_layout(ProblemShape s) const {
   RegionLayout l;
@@ -149,32 +170,28 @@ void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& o
   auto* doc_off = at<int>(saved, sl, "doc_chunk_offset");
   ChunkTableParams ct{in.cu_seqlens, in.cu_type == IndexType::int64, static_cast<int>(s.T), s.N, nt_max, chunks,
                       doc_off, at<int>(saved, sl, "num_chunks"), at<DeviceStatus>(saved, sl, "status")};
-  module("chunk_table").launch(grid(ir_.program("chunk_table"), s), stream, ct);
+  launch("chunk_table", s, stream, ct);
 
   const bf16_t* q = static_cast<const bf16_t*>(in.q);
   const bf16_t* k = static_cast<const bf16_t*>(in.k);
   if (norm) {
     const long long rows = s.T * sp.heads_qk;
-    const rt::dim3_t g = grid(ir_.program("l2norm"), s);
-    module("l2norm").launch(g, stream, L2NormParams{q, at<bf16_t>(saved, sl, "qn"), at<float>(saved, sl, "rstd_q"), rows});
-    module("l2norm").launch(g, stream, L2NormParams{k, at<bf16_t>(saved, sl, "kn"), at<float>(saved, sl, "rstd_k"), rows});
+    launch("l2norm", s, stream, L2NormParams{q, at<bf16_t>(saved, sl, "qn"), at<float>(saved, sl, "rstd_q"), rows});
+    launch("l2norm", s, stream, L2NormParams{k, at<bf16_t>(saved, sl, "kn"), at<float>(saved, sl, "rstd_k"), rows});
     q = at<bf16_t>(saved, sl, "qn");
     k = at<bf16_t>(saved, sl, "kn");
   }
   float* gc = at<float>(saved, sl, "gc");
-  module("gate_cumsum").launch(grid(ir_.program("gate_cumsum"), s), stream, GateCumsumParams{in.g, gc, chunks, nt_max});
+  launch("gate_cumsum", s, stream, GateCumsumParams{in.g, gc, chunks, nt_max});
   auto* w = static_cast<bf16_t*>(tape("w"));
   auto* u = at<bf16_t>(ws, wl, "u");
   auto* tm = at<bf16_t>(saved, sl, "tm");
-  module("chunk_prep").launch(grid(ir_.program("chunk_prep"), s), stream,
-                              ChunkPrepParams{k, static_cast<const bf16_t*>(in.v), in.beta, gc, chunks, nt_max, tm, 0, w, u});
+  launch("chunk_prep", s, stream, ChunkPrepParams{k, static_cast<const bf16_t*>(in.v), in.beta, gc, chunks, nt_max, 0, tm, 0, 0, w, u});
   auto* h_tape = static_cast<bf16_t*>(tape("h_tape"));
   auto* v_new = static_cast<bf16_t*>(tape("v_new"));
-  module("state_walk").launch(grid(ir_.program("state_walk"), s), stream,
-                              StateWalkParams{k, w, u, gc, chunks, doc_off, s.N, in.h0, out.ht, h_tape, v_new});
+  launch("state_walk", s, stream, StateWalkParams{k, w, u, gc, chunks, doc_off, s.N, 0, in.h0, out.ht, h_tape, v_new});
   const float scale = in.scale != 0 ? in.scale : static_cast<float>(sp.effective_scale());
-  module("output").launch(grid(ir_.program("output"), s), stream,
-                          OutputParams{q, k, v_new, h_tape, gc, chunks, nt_max, scale, static_cast<bf16_t*>(out.o)});
+  launch("output", s, stream, OutputParams{q, k, v_new, h_tape, gc, chunks, nt_max, scale, static_cast<bf16_t*>(out.o)});
 }
 
 void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
@@ -216,28 +233,22 @@ void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr
   bf16_t* v_new = tape("v_new");
   if (!full) {
     auto* u = at<bf16_t>(ws, wl, "u");
-    module("chunk_prep").launch(grid(ir_.program("chunk_prep"), s), stream,
-                                ChunkPrepParams{k, v, in.beta, gc, chunks, nt_max, tm, 1, w, u});
-    module("state_walk").launch(grid(ir_.program("state_walk"), s), stream,
-                                StateWalkParams{k, w, u, gc, chunks, doc_off, s.N, in.h0, nullptr, h_tape, v_new});
+    launch("chunk_prep", s, stream, ChunkPrepParams{k, v, in.beta, gc, chunks, nt_max, 0, tm, 1, 0, w, u});
+    launch("state_walk", s, stream, StateWalkParams{k, w, u, gc, chunks, doc_off, s.N, 0, in.h0, nullptr, h_tape, v_new});
   }
   const float scale = in.scale != 0 ? in.scale : static_cast<float>(sp.effective_scale());
   const auto* d_o = static_cast<const bf16_t*>(gr.d_o);
   auto* dv_local = at<bf16_t>(ws, wl, "dv_local");
-  module("dv_local").launch(grid(ir_.program("dv_local"), s), stream,
-                            DvLocalParams{q, k, gc, d_o, chunks, nt_max, scale, dv_local});
+  launch("dv_local", s, stream, DvLocalParams{q, k, gc, d_o, chunks, nt_max, scale, dv_local});
   auto* dh_tape = at<bf16_t>(ws, wl, "dh_tape");
   auto* dv_new = at<bf16_t>(ws, wl, "dv_new");
-  module("state_walk_bwd").launch(grid(ir_.program("state_walk_bwd"), s), stream,
-                                  StateWalkBwdParams{q, k, w, gc, d_o, dv_local, chunks, doc_off, s.N, scale, gr.dht,
+  launch("state_walk_bwd", s, stream, StateWalkBwdParams{q, k, w, gc, d_o, dv_local, chunks, doc_off, s.N, scale, gr.dht,
                                                      gr.dh0, dh_tape, dv_new});
   auto* dq_v = at<bf16_t>(ws, wl, "dq_v");
   auto* dk_v = at<bf16_t>(ws, wl, "dk_v");
-  module("chunk_bwd").launch(grid(ir_.program("chunk_bwd"), s), stream,
-                             ChunkBwdParams{q, k, v, in.beta, gc, tm, h_tape, dh_tape, v_new, dv_new, d_o, chunks,
+  launch("chunk_bwd", s, stream, ChunkBwdParams{q, k, v, in.beta, gc, tm, h_tape, dh_tape, v_new, dv_new, d_o, chunks,
                                             nt_max, scale, dq_v, dk_v, static_cast<bf16_t*>(gr.dv), gr.dbeta, gr.dg});
-  module("finalize").launch(grid(ir_.program("finalize"), s), stream,
-                            FinalizeParams{dq_v, dk_v, q, k, norm ? at<float>(saved, sl, "rstd_q") : nullptr,
+  launch("finalize", s, stream, FinalizeParams{dq_v, dk_v, q, k, norm ? at<float>(saved, sl, "rstd_q") : nullptr,
                                            norm ? at<float>(saved, sl, "rstd_k") : nullptr,
                                            static_cast<bf16_t*>(gr.dq), static_cast<bf16_t*>(gr.dk),
                                            static_cast<int>(s.T)});

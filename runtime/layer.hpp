@@ -20,6 +20,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace gdn {
 
@@ -65,6 +66,15 @@ struct LayerGrads {
   float* dh0 = nullptr;        ///< [N, HV, K, V]; required iff the spec has initial_state
 };
 
+/// Where a layer's launches go: the device (the default), or a recorder in CPU tests.
+class Launcher {
+ public:
+  virtual ~Launcher() = default;
+  /// Launches `program` with one by-value parameter block of `params_size` bytes.
+  virtual void launch(const Program& program, rt::dim3_t grid, const void* params, size_t params_size,
+                      CUstream stream) = 0;
+};
+
 /// Byte offsets of the named slots of one region (256-byte aligned).
 struct RegionLayout {
   std::map<std::string, size_t> offset;
@@ -77,6 +87,9 @@ class Layer {
   /// loads them. Throws SpecError, CompileError, CudaError, or InputError if the device's
   /// target is not in the spec's targets.
   static std::unique_ptr<Layer> create(const Spec&, const rt::Context&, cache::DiskCache&, int jobs = 4);
+  /// A layer whose launches go to `launcher` and that compiles and loads nothing: no GPU needed.
+  /// For tests of launch sequences and for planning (sizes, IR).
+  static std::unique_ptr<Layer> with_launcher(const Spec&, std::shared_ptr<Launcher> launcher);
 
   const LayerIR& ir() const { return ir_; }
   Target target() const { return target_; }
@@ -98,13 +111,18 @@ class Layer {
 
  private:
   Layer() = default;
-  const rt::Module& module(const std::string& program) const;
+  template <class Params>
+  void launch(const char* program, ProblemShape s, CUstream stream, const Params& params) const {
+    static_assert(std::is_trivially_copyable_v<Params>, "kernel parameters must be trivially copyable");
+    const Program& p = ir_.program(program);
+    launcher_->launch(p, grid(p, s), &params, sizeof params, stream);
+  }
   void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm) const;
   rt::dim3_t grid(const Program&, ProblemShape) const;
 
   LayerIR ir_;
   Target target_ = Target::sm_90a;
-  std::map<std::string, rt::Module> modules_;
+  std::shared_ptr<Launcher> launcher_;
 };
 
 }  // namespace gdn

@@ -6,6 +6,9 @@
  * the host and NVRTC lay them out identically; bf16 data is carried as its raw 16-bit pattern.
  * Layouts (token-major, contiguous): q, k [T, H, K]; v, o [T, HV, V]; g, beta [T, HV];
  * states [N, HV, K, V]; per-chunk state tapes [NT, HV, K, V] indexed by the global chunk id.
+ * Where alignment would pad, an explicit `pad_*` member stands instead (same layout), so a block
+ * built by aggregate initialization has no indeterminate bytes and launches can be recorded and
+ * compared byte for byte.
  */
 #pragma once
 
@@ -62,6 +65,7 @@ struct GateCumsumParams {
   float* gc;               ///< [T, HV]: chunk-local inclusive cumsum, times 1/ln 2
   const ChunkInfo* chunks;
   int nt_max;
+  int pad_end;
 };
 
 /// Chunk-local prep (F1 to F3): L, Tm = (I + L)^-1, W and U.
@@ -72,8 +76,10 @@ struct ChunkPrepParams {
   const float* gc;         ///< [T, HV]
   const ChunkInfo* chunks;
   int nt_max;
+  int pad_nt;
   bf16_t* tm;              ///< [T, HV, CHUNK]: row t holds Tm's row for token t (written unless tm_is_input)
   int tm_is_input;         ///< 1: read Tm from `tm` instead of solving again (backward of light saves)
+  int pad_tm;
   bf16_t* w;               ///< [T, HV, K]
   bf16_t* u;               ///< [T, HV, V]
 };
@@ -87,6 +93,7 @@ struct StateWalkParams {
   const ChunkInfo* chunks;
   const int* doc_chunk_offset;  ///< [N + 1]
   int N;
+  int pad_n;
   const float* h0;              ///< [N, HV, K, V] or null
   float* ht;                    ///< [N, HV, K, V] or null
   bf16_t* h_tape;               ///< [nt_max, HV, K, V]: state entering each chunk
@@ -170,6 +177,21 @@ struct FinalizeParams {
   bf16_t* dq;               ///< [T, H, K]
   bf16_t* dk;
   int T;
+  int pad_end;
 };
+
+// Sizes pinned: a change here changes the ABI between the host and every cached kernel.
+static_assert(sizeof(ChunkTableParams) == 56, "ChunkTableParams: the host and the kernels share this layout");
+static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
+static_assert(sizeof(GateCumsumParams) == 32, "GateCumsumParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkPrepParams) == 80, "ChunkPrepParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkParams) == 88, "StateWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
+static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkBwdParams) == 104, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
+static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");
 
 }  // namespace gdn
