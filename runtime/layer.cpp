@@ -12,25 +12,11 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <cstring>
 
 namespace gdn {
 
 namespace {
-
-constexpr size_t kAlign = 256;
-
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
-int program_bv(const Program& p) {
-  for (const auto& [k, v] : p.constants)
-    if (k == "BV") return std::stoi(v);
-  return 0;
-}
-
-template <class T = void>
-T* at(void* base, const RegionLayout& l, const char* name) {
-  return reinterpret_cast<T*>(static_cast<char*>(base) + l.offset.at(name));
-}
 
 template <class T = void>
 const T* at(const void* base, const RegionLayout& l, const char* name) {
@@ -42,10 +28,6 @@ void require_aligned(const void* p, const char* name) {
   if (reinterpret_cast<uintptr_t>(p) % 16 != 0)
     throw InputError(fmt::format("{}: address {} is not 16-byte aligned", name, p));
 }
-
-}  // namespace
-
-namespace {
 
 /// Launches on the device through the layer's loaded modules.
 class DeviceLauncher final : public Launcher {
@@ -63,6 +45,7 @@ std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<La
   layer->ir_ = lower(spec);
   layer->target_ = spec.targets.front();
   layer->launcher_ = std::move(launcher);
+  layer->make_plans();
   return layer;
 }
 
@@ -86,45 +69,32 @@ std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, c
                                                      p.smem_bytes));
   }
   layer->launcher_ = std::move(device);
+  layer->make_plans();
   return layer;
 }
 
-RegionLayout Layer::saved_layout(ProblemShape s) const {
+void Layer::make_plans() {
+  forward_plan_ = plan_forward(ir_, OutputLaunch::yes);
+  backward_plan_ = plan_backward(ir_, PrepRerun::yes);
+}
+
+RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s) const {
   RegionLayout l;
-  for (const Buffer& b : ir_.buffers) {
-    if (b.role != BufferRole::saved) continue;
-    l.offset[b.name] = l.bytes;
-    l.bytes += align_up(static_cast<size_t>(b.bytes.eval(s.T, s.N, ir_.spec.chunk)));
-  }
+  const auto slots = region_slots(ir_, role, form);
+  std::vector<ByteFormula> formulas;
+  for (const auto& sl : slots) formulas.push_back(sl.second);
+  const auto offsets = slot_offsets(formulas, s.T, s.N, ir_.spec.chunk);
+  for (size_t i = 0; i < slots.size(); ++i) l.offset[slots[i].first] = offsets[i];
+  l.bytes = offsets.back();
   return l;
+}
+
+RegionLayout Layer::saved_layout(ProblemShape s) const {
+  return region_layout(BufferRole::saved, CallForm::forward, s);
 }
 
 RegionLayout Layer::workspace_layout(CallForm f, ProblemShape s) const {
-  RegionLayout l;
-  for (const Buffer& b : ir_.buffers) {
-    if (b.role != BufferRole::workspace) continue;
-    if (std::find(b.forms.begin(), b.forms.end(), f) == b.forms.end()) continue;
-    l.offset[b.name] = l.bytes;
-    l.bytes += align_up(static_cast<size_t>(b.bytes.eval(s.T, s.N, ir_.spec.chunk)));
-  }
-  return l;
-}
-
-rt::dim3_t Layer::grid(const Program& p, ProblemShape s) const {
-  const Spec& sp = ir_.spec;
-  const unsigned nt_max = static_cast<unsigned>(s.T / sp.chunk + s.N);
-  switch (p.grid) {
-    case GridKind::single: return {1, 1, 1};
-    case GridKind::rows_qk: return {static_cast<unsigned>(L2NormGeometry::grid_x(s.T * sp.heads_qk)), 1, 1};
-    case GridKind::chunk_heads: return {nt_max, static_cast<unsigned>(sp.heads_v), 1};
-    case GridKind::chunk_head_groups:
-      return {nt_max, static_cast<unsigned>(GateCumsumGeometry::grid_y(sp.heads_v)), 1};
-    case GridKind::walk:
-      return {static_cast<unsigned>(sp.head_dim_v / program_bv(p)), static_cast<unsigned>(sp.heads_v),
-              static_cast<unsigned>(s.N)};
-    case GridKind::finalize: return {static_cast<unsigned>(FinalizeGeometry::grid_x(s.T, sp.heads_qk)), 1, 1};
-  }
-  throw std::logic_error("unknown grid kind");
+  return region_layout(BufferRole::workspace, f, s);
 }
 
 void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_size, size_t ws_size,
@@ -160,38 +130,10 @@ void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& o
   if (!ht && out.ht) throw InputError(fmt::format("ht: given, but layer '{}' has final_state: false", sp.name));
   require_aligned(saved, "saved");
   require_aligned(ws, "workspace");
-  const RegionLayout sl = saved_layout(s), wl = workspace_layout(CallForm::forward, s);
-  const bool full = sp.save_mode == SaveMode::full;
-  const bool norm = sp.norm == Norm::l2_in_kernel;
-  const int nt_max = static_cast<int>(s.T / sp.chunk + s.N);
-  auto tape = [&](const char* name) -> void* { return full ? at(saved, sl, name) : at(ws, wl, name); };
-
-  auto* chunks = at<ChunkInfo>(saved, sl, "chunks");
-  auto* doc_off = at<int>(saved, sl, "doc_chunk_offset");
-  ChunkTableParams ct{in.cu_seqlens, in.cu_type == IndexType::int64, static_cast<int>(s.T), s.N, nt_max, chunks,
-                      doc_off, at<int>(saved, sl, "num_chunks"), at<DeviceStatus>(saved, sl, "status")};
-  launch("chunk_table", s, stream, ct);
-
-  const bf16_t* q = static_cast<const bf16_t*>(in.q);
-  const bf16_t* k = static_cast<const bf16_t*>(in.k);
-  if (norm) {
-    const long long rows = s.T * sp.heads_qk;
-    launch("l2norm", s, stream, L2NormParams{q, at<bf16_t>(saved, sl, "qn"), at<float>(saved, sl, "rstd_q"), rows});
-    launch("l2norm", s, stream, L2NormParams{k, at<bf16_t>(saved, sl, "kn"), at<float>(saved, sl, "rstd_k"), rows});
-    q = at<bf16_t>(saved, sl, "qn");
-    k = at<bf16_t>(saved, sl, "kn");
-  }
-  float* gc = at<float>(saved, sl, "gc");
-  launch("gate_cumsum", s, stream, GateCumsumParams{in.g, gc, chunks, nt_max});
-  auto* w = static_cast<bf16_t*>(tape("w"));
-  auto* u = at<bf16_t>(ws, wl, "u");
-  auto* tm = at<bf16_t>(saved, sl, "tm");
-  launch("chunk_prep", s, stream, ChunkPrepParams{k, static_cast<const bf16_t*>(in.v), in.beta, gc, chunks, nt_max, 0, tm, 0, 0, w, u});
-  auto* h_tape = static_cast<bf16_t*>(tape("h_tape"));
-  auto* v_new = static_cast<bf16_t*>(tape("v_new"));
-  launch("state_walk", s, stream, StateWalkParams{k, w, u, gc, chunks, doc_off, s.N, 0, in.h0, out.ht, h_tape, v_new});
-  const float scale = in.scale != 0 ? in.scale : static_cast<float>(sp.effective_scale());
-  launch("output", s, stream, OutputParams{q, k, v_new, h_tape, gc, chunks, nt_max, scale, static_cast<bf16_t*>(out.o)});
+  CallFrame f = frame_of(s, in, saved, ws, stream);
+  f[Frame::o] = reinterpret_cast<uint64_t>(out.o);
+  f[Frame::ht] = reinterpret_cast<uint64_t>(out.ht);
+  run_plan(forward_plan_, ir_, f, *launcher_);
 }
 
 void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
@@ -211,47 +153,38 @@ void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr
     throw InputError(fmt::format("dht: given, but layer '{}' has final_state: false", sp.name));
   require_aligned(saved, "saved");
   require_aligned(ws, "workspace");
-  const RegionLayout sl = saved_layout(s), wl = workspace_layout(CallForm::backward, s);
-  const bool full = sp.save_mode == SaveMode::full;
-  const bool norm = sp.norm == Norm::l2_in_kernel;
-  const int nt_max = static_cast<int>(s.T / sp.chunk + s.N);
-  // Saved tapes are written by the forward and only read here; the casts drop const for the
-  // parameter blocks, which share one struct between reading and writing programs.
-  void* saved_rw = const_cast<void*>(saved);
-  auto tape = [&](const char* name) -> bf16_t* {
-    return full ? at<bf16_t>(saved_rw, sl, name) : at<bf16_t>(ws, wl, name);
-  };
-  const auto* chunks = at<ChunkInfo>(saved, sl, "chunks");
-  const auto* doc_off = at<int>(saved, sl, "doc_chunk_offset");
-  const bf16_t* q = norm ? at<bf16_t>(saved, sl, "qn") : static_cast<const bf16_t*>(in.q);
-  const bf16_t* k = norm ? at<bf16_t>(saved, sl, "kn") : static_cast<const bf16_t*>(in.k);
-  const auto* v = static_cast<const bf16_t*>(in.v);
-  const float* gc = at<float>(saved, sl, "gc");
-  auto* tm = at<bf16_t>(saved_rw, sl, "tm");
-  bf16_t* w = tape("w");
-  bf16_t* h_tape = tape("h_tape");
-  bf16_t* v_new = tape("v_new");
-  if (!full) {
-    auto* u = at<bf16_t>(ws, wl, "u");
-    launch("chunk_prep", s, stream, ChunkPrepParams{k, v, in.beta, gc, chunks, nt_max, 0, tm, 1, 0, w, u});
-    launch("state_walk", s, stream, StateWalkParams{k, w, u, gc, chunks, doc_off, s.N, 0, in.h0, nullptr, h_tape, v_new});
-  }
-  const float scale = in.scale != 0 ? in.scale : static_cast<float>(sp.effective_scale());
-  const auto* d_o = static_cast<const bf16_t*>(gr.d_o);
-  auto* dv_local = at<bf16_t>(ws, wl, "dv_local");
-  launch("dv_local", s, stream, DvLocalParams{q, k, gc, d_o, chunks, nt_max, scale, dv_local});
-  auto* dh_tape = at<bf16_t>(ws, wl, "dh_tape");
-  auto* dv_new = at<bf16_t>(ws, wl, "dv_new");
-  launch("state_walk_bwd", s, stream, StateWalkBwdParams{q, k, w, gc, d_o, dv_local, chunks, doc_off, s.N, scale, gr.dht,
-                                                     gr.dh0, dh_tape, dv_new});
-  auto* dq_v = at<bf16_t>(ws, wl, "dq_v");
-  auto* dk_v = at<bf16_t>(ws, wl, "dk_v");
-  launch("chunk_bwd", s, stream, ChunkBwdParams{q, k, v, in.beta, gc, tm, h_tape, dh_tape, v_new, dv_new, d_o, chunks,
-                                            nt_max, scale, dq_v, dk_v, static_cast<bf16_t*>(gr.dv), gr.dbeta, gr.dg});
-  launch("finalize", s, stream, FinalizeParams{dq_v, dk_v, q, k, norm ? at<float>(saved, sl, "rstd_q") : nullptr,
-                                           norm ? at<float>(saved, sl, "rstd_k") : nullptr,
-                                           static_cast<bf16_t*>(gr.dq), static_cast<bf16_t*>(gr.dk),
-                                           static_cast<int>(s.T)});
+  CallFrame f = frame_of(s, in, const_cast<void*>(saved), ws, stream);
+  f[Frame::d_o] = reinterpret_cast<uint64_t>(gr.d_o);
+  f[Frame::dht] = reinterpret_cast<uint64_t>(gr.dht);
+  f[Frame::dq] = reinterpret_cast<uint64_t>(gr.dq);
+  f[Frame::dk] = reinterpret_cast<uint64_t>(gr.dk);
+  f[Frame::dv] = reinterpret_cast<uint64_t>(gr.dv);
+  f[Frame::dg] = reinterpret_cast<uint64_t>(gr.dg);
+  f[Frame::dbeta] = reinterpret_cast<uint64_t>(gr.dbeta);
+  f[Frame::dh0] = reinterpret_cast<uint64_t>(gr.dh0);
+  run_plan(backward_plan_, ir_, f, *launcher_);
+}
+
+CallFrame Layer::frame_of(ProblemShape s, const LayerInputs& in, void* saved, void* ws, CUstream stream) const {
+  CallFrame f;
+  f[Frame::T] = static_cast<uint64_t>(s.T);
+  f[Frame::N] = static_cast<uint64_t>(s.N);
+  f[Frame::saved] = reinterpret_cast<uint64_t>(saved);
+  f[Frame::ws] = reinterpret_cast<uint64_t>(ws);
+  f[Frame::q] = reinterpret_cast<uint64_t>(in.q);
+  f[Frame::k] = reinterpret_cast<uint64_t>(in.k);
+  f[Frame::v] = reinterpret_cast<uint64_t>(in.v);
+  f[Frame::g] = reinterpret_cast<uint64_t>(in.g);
+  f[Frame::beta] = reinterpret_cast<uint64_t>(in.beta);
+  f[Frame::cu_seqlens] = reinterpret_cast<uint64_t>(in.cu_seqlens);
+  f[Frame::cu_is_int64] = in.cu_type == IndexType::int64 ? 1 : 0;
+  f[Frame::h0] = reinterpret_cast<uint64_t>(in.h0);
+  const float scale = in.scale != 0 ? in.scale : static_cast<float>(ir_.spec.effective_scale());
+  uint32_t bits;
+  std::memcpy(&bits, &scale, 4);
+  f[Frame::scale_bits] = bits;
+  f[Frame::stream] = reinterpret_cast<uint64_t>(stream);
+  return f;
 }
 
 void Layer::check_device_status(const void* saved, ProblemShape s, CUstream stream) const {

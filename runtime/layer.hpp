@@ -15,6 +15,7 @@
 #include "cache/cache.hpp"
 #include "compiler/ir.hpp"
 #include "runtime/driver.hpp"
+#include "runtime/plan.hpp"
 
 #include <map>
 #include <memory>
@@ -111,18 +112,16 @@ class Layer {
 
  private:
   Layer() = default;
-  template <class Params>
-  void launch(const char* program, ProblemShape s, CUstream stream, const Params& params) const {
-    static_assert(std::is_trivially_copyable_v<Params>, "kernel parameters must be trivially copyable");
-    const Program& p = ir_.program(program);
-    launcher_->launch(p, grid(p, s), &params, sizeof params, stream);
-  }
+  void make_plans();
+  RegionLayout region_layout(BufferRole, CallForm, ProblemShape) const;
+  CallFrame frame_of(ProblemShape, const LayerInputs&, void* saved, void* ws, CUstream) const;
   void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm) const;
-  rt::dim3_t grid(const Program&, ProblemShape) const;
 
   LayerIR ir_;
   Target target_ = Target::sm_90a;
   std::shared_ptr<Launcher> launcher_;
+  CallPlan forward_plan_;
+  CallPlan backward_plan_;
 };
 
 }  // namespace gdn

@@ -1,0 +1,344 @@
+/**
+ * @file plan.cpp
+ * @brief Building the call plans of a layer, and the interpreted executor.
+ */
+#include "runtime/plan.hpp"
+
+#include "bwd/geometry.hpp"
+#include "params.cuh"
+#include "prep/geometry.hpp"
+#include "runtime/layer.hpp"
+
+#include <fmt/format.h>
+
+#include <cstddef>
+#include <algorithm>
+#include <cstring>
+#include <tuple>
+#include <stdexcept>
+
+namespace gdn {
+
+int64_t Lin::eval(int64_t T, int64_t N, int chunk) const {
+  const int64_t nt = T / chunk + N;
+  return (t * T + n * N + nt * this->nt + c + div - 1) / div;
+}
+
+std::vector<uint64_t> slot_offsets(const std::vector<ByteFormula>& slots, int64_t T, int64_t N, int chunk) {
+  std::vector<uint64_t> out;
+  uint64_t at = 0;
+  for (const ByteFormula& b : slots) {
+    out.push_back(at);
+    at += (static_cast<uint64_t>(b.eval(T, N, chunk)) + 255) / 256 * 256;
+  }
+  out.push_back(at);  // the region's total size
+  return out;
+}
+
+std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR& ir, BufferRole role, CallForm form) {
+  std::vector<std::pair<std::string, ByteFormula>> out;
+  for (const Buffer& b : ir.buffers) {
+    if (b.role != role) continue;
+    if (role == BufferRole::workspace && std::find(b.forms.begin(), b.forms.end(), form) == b.forms.end()) continue;
+    out.emplace_back(b.name, b.bytes);
+  }
+  return out;
+}
+
+namespace {
+
+std::vector<std::string> slot_names(const LayerIR& ir, BufferRole role, CallForm form, std::vector<ByteFormula>& out) {
+  std::vector<std::string> names;
+  for (auto& [name, bytes] : region_slots(ir, role, form)) {
+    names.push_back(name);
+    out.push_back(bytes);
+  }
+  return names;
+}
+
+int program_index(const LayerIR& ir, const std::string& name) {
+  for (size_t i = 0; i < ir.programs.size(); ++i)
+    if (ir.programs[i].name == name) return static_cast<int>(i);
+  throw std::logic_error(fmt::format("plan: layer '{}' has no program '{}'", ir.spec.name, name));
+}
+
+std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
+  const Spec& s = ir.spec;
+  const Lin one{0, 0, 0, 1, 1};
+  const Lin heads{0, 0, 0, s.heads_v, 1};
+  switch (p.grid) {
+    case GridKind::single: return {one, one, one};
+    case GridKind::rows_qk: return {Lin{s.heads_qk, 0, 0, 0, L2NormGeometry::kRowsPerBlock}, one, one};
+    case GridKind::chunk_heads: return {Lin{0, 0, 1, 0, 1}, heads, one};
+    case GridKind::chunk_head_groups:
+      return {Lin{0, 0, 1, 0, 1}, Lin{0, 0, 0, GateCumsumGeometry::grid_y(s.heads_v), 1}, one};
+    case GridKind::walk: {
+      int bv = 0;
+      for (const auto& [k, v] : p.constants)
+        if (k == "BV") bv = std::stoi(v);
+      return {Lin{0, 0, 0, s.head_dim_v / bv, 1}, heads, Lin{0, 1, 0, 0, 1}};
+    }
+    case GridKind::finalize: return {Lin{s.heads_qk, 0, 0, 0, FinalizeGeometry::kRowsPerBlock}, one, one};
+  }
+  throw std::logic_error("plan: unknown grid kind");
+}
+
+/// Builds one plan; slot() resolves a buffer name to the saved or workspace region.
+class Builder {
+ public:
+  Builder(const LayerIR& ir, CallPlan& plan, CallForm form) : ir_(ir), plan_(plan) {
+    plan.chunk = ir.spec.chunk;
+    saved_ = slot_names(ir, BufferRole::saved, form, plan.saved_slots);
+    ws_ = slot_names(ir, BufferRole::workspace, form, plan.ws_slots);
+  }
+  ValueSource slot(const std::string& name) const {
+    for (size_t i = 0; i < saved_.size(); ++i)
+      if (saved_[i] == name) return {ValueSource::from_slot, Frame::T, RegionKind::saved, static_cast<int>(i), {}, 0};
+    for (size_t i = 0; i < ws_.size(); ++i)
+      if (ws_[i] == name) return {ValueSource::from_slot, Frame::T, RegionKind::ws, static_cast<int>(i), {}, 0};
+    throw std::logic_error(fmt::format("plan '{}': no slot '{}' in layer '{}'", plan_.name, name, ir_.spec.name));
+  }
+  static ValueSource frame(Frame f) { return {ValueSource::from_frame, f, RegionKind::saved, 0, {}, 0}; }
+  static ValueSource lin(Lin l) { return {ValueSource::from_formula, Frame::T, RegionKind::saved, 0, l, 0}; }
+  static ValueSource constant(int64_t v) { return {ValueSource::from_constant, Frame::T, RegionKind::saved, 0, {}, v}; }
+  static ValueSource nt_max() { return lin(Lin{0, 0, 1, 0, 1}); }
+
+  PlannedLaunch& launch(const char* program, size_t params_size) {
+    const int idx = program_index(ir_, program);
+    plan_.launches.push_back({idx, static_cast<uint32_t>(params_size), grid_of(ir_, ir_.programs[idx]), {}});
+    return plan_.launches.back();
+  }
+
+ private:
+  const LayerIR& ir_;
+  CallPlan& plan_;
+  std::vector<std::string> saved_, ws_;
+};
+
+#define GDN_BIND(L, P, field, src) \
+  (L).fields.push_back(Field{static_cast<uint32_t>(offsetof(P, field)), sizeof(P::field), (src)})
+
+}  // namespace
+
+CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
+  CallPlan plan;
+  plan.name = output == OutputLaunch::yes ? "forward" : "forward_without_output";
+  Builder b(ir, plan, CallForm::forward);
+  const bool norm = ir.spec.norm == Norm::l2_in_kernel;
+  using F = Frame;
+  {
+    auto& l = b.launch("chunk_table", sizeof(ChunkTableParams));
+    using P = ChunkTableParams;
+    GDN_BIND(l, P, cu_seqlens, b.frame(F::cu_seqlens));
+    GDN_BIND(l, P, cu_is_int64, b.frame(F::cu_is_int64));
+    GDN_BIND(l, P, T, b.frame(F::T));
+    GDN_BIND(l, P, N, b.frame(F::N));
+    GDN_BIND(l, P, nt_max, b.nt_max());
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+    GDN_BIND(l, P, num_chunks, b.slot("num_chunks"));
+    GDN_BIND(l, P, status, b.slot("status"));
+  }
+  if (norm) {
+    for (auto [x, y, r] : {std::tuple{F::q, "qn", "rstd_q"}, std::tuple{F::k, "kn", "rstd_k"}}) {
+      auto& l = b.launch("l2norm", sizeof(L2NormParams));
+      using P = L2NormParams;
+      GDN_BIND(l, P, x, b.frame(x));
+      GDN_BIND(l, P, y, b.slot(y));
+      GDN_BIND(l, P, rstd, b.slot(r));
+      GDN_BIND(l, P, rows, b.lin(Lin{ir.spec.heads_qk, 0, 0, 0, 1}));
+    }
+  }
+  const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
+  const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
+  {
+    auto& l = b.launch("gate_cumsum", sizeof(GateCumsumParams));
+    using P = GateCumsumParams;
+    GDN_BIND(l, P, g, b.frame(F::g));
+    GDN_BIND(l, P, gc, b.slot("gc"));
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, nt_max, b.nt_max());
+  }
+  {
+    auto& l = b.launch("chunk_prep", sizeof(ChunkPrepParams));
+    using P = ChunkPrepParams;
+    GDN_BIND(l, P, k, k);
+    GDN_BIND(l, P, v, b.frame(F::v));
+    GDN_BIND(l, P, beta, b.frame(F::beta));
+    GDN_BIND(l, P, gc, b.slot("gc"));
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, nt_max, b.nt_max());
+    GDN_BIND(l, P, tm, b.slot("tm"));
+    GDN_BIND(l, P, tm_is_input, b.constant(0));
+    GDN_BIND(l, P, w, b.slot("w"));
+    GDN_BIND(l, P, u, b.slot("u"));
+  }
+  {
+    auto& l = b.launch("state_walk", sizeof(StateWalkParams));
+    using P = StateWalkParams;
+    GDN_BIND(l, P, k, k);
+    GDN_BIND(l, P, w, b.slot("w"));
+    GDN_BIND(l, P, u, b.slot("u"));
+    GDN_BIND(l, P, gc, b.slot("gc"));
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+    GDN_BIND(l, P, N, b.frame(F::N));
+    GDN_BIND(l, P, h0, b.frame(F::h0));
+    GDN_BIND(l, P, ht, b.frame(F::ht));
+    GDN_BIND(l, P, h_tape, b.slot("h_tape"));
+    GDN_BIND(l, P, v_new, b.slot("v_new"));
+  }
+  if (output == OutputLaunch::yes) {
+    auto& l = b.launch("output", sizeof(OutputParams));
+    using P = OutputParams;
+    GDN_BIND(l, P, q, q);
+    GDN_BIND(l, P, k, k);
+    GDN_BIND(l, P, v_new, b.slot("v_new"));
+    GDN_BIND(l, P, h_tape, b.slot("h_tape"));
+    GDN_BIND(l, P, gc, b.slot("gc"));
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, nt_max, b.nt_max());
+    GDN_BIND(l, P, scale, b.frame(F::scale_bits));
+    GDN_BIND(l, P, o, b.frame(F::o));
+  }
+  return plan;
+}
+
+CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
+  CallPlan plan;
+  const bool full = ir.spec.save_mode == SaveMode::full;
+  const bool norm = ir.spec.norm == Norm::l2_in_kernel;
+  plan.name = full ? "backward" : rerun == PrepRerun::yes ? "backward" : "backward_with_handoff";
+  Builder b(ir, plan, CallForm::backward);
+  using F = Frame;
+  const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
+  const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
+  if (!full && rerun == PrepRerun::yes) {
+    {
+      auto& l = b.launch("chunk_prep", sizeof(ChunkPrepParams));
+      using P = ChunkPrepParams;
+      GDN_BIND(l, P, k, k);
+      GDN_BIND(l, P, v, b.frame(F::v));
+      GDN_BIND(l, P, beta, b.frame(F::beta));
+      GDN_BIND(l, P, gc, b.slot("gc"));
+      GDN_BIND(l, P, chunks, b.slot("chunks"));
+      GDN_BIND(l, P, nt_max, b.nt_max());
+      GDN_BIND(l, P, tm, b.slot("tm"));
+      GDN_BIND(l, P, tm_is_input, b.constant(1));
+      GDN_BIND(l, P, w, b.slot("w"));
+      GDN_BIND(l, P, u, b.slot("u"));
+    }
+    {
+      auto& l = b.launch("state_walk", sizeof(StateWalkParams));
+      using P = StateWalkParams;
+      GDN_BIND(l, P, k, k);
+      GDN_BIND(l, P, w, b.slot("w"));
+      GDN_BIND(l, P, u, b.slot("u"));
+      GDN_BIND(l, P, gc, b.slot("gc"));
+      GDN_BIND(l, P, chunks, b.slot("chunks"));
+      GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+      GDN_BIND(l, P, N, b.frame(F::N));
+      GDN_BIND(l, P, h0, b.frame(F::h0));
+      GDN_BIND(l, P, ht, b.constant(0));
+      GDN_BIND(l, P, h_tape, b.slot("h_tape"));
+      GDN_BIND(l, P, v_new, b.slot("v_new"));
+    }
+  }
+  {
+    auto& l = b.launch("dv_local", sizeof(DvLocalParams));
+    using P = DvLocalParams;
+    GDN_BIND(l, P, q, q);
+    GDN_BIND(l, P, k, k);
+    GDN_BIND(l, P, gc, b.slot("gc"));
+    GDN_BIND(l, P, d_o, b.frame(F::d_o));
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, nt_max, b.nt_max());
+    GDN_BIND(l, P, scale, b.frame(F::scale_bits));
+    GDN_BIND(l, P, dv_local, b.slot("dv_local"));
+  }
+  {
+    auto& l = b.launch("state_walk_bwd", sizeof(StateWalkBwdParams));
+    using P = StateWalkBwdParams;
+    GDN_BIND(l, P, q, q);
+    GDN_BIND(l, P, k, k);
+    GDN_BIND(l, P, w, b.slot("w"));
+    GDN_BIND(l, P, gc, b.slot("gc"));
+    GDN_BIND(l, P, d_o, b.frame(F::d_o));
+    GDN_BIND(l, P, dv_local, b.slot("dv_local"));
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+    GDN_BIND(l, P, N, b.frame(F::N));
+    GDN_BIND(l, P, scale, b.frame(F::scale_bits));
+    GDN_BIND(l, P, dht, b.frame(F::dht));
+    GDN_BIND(l, P, dh0, b.frame(F::dh0));
+    GDN_BIND(l, P, dh_tape, b.slot("dh_tape"));
+    GDN_BIND(l, P, dv_new, b.slot("dv_new"));
+  }
+  {
+    auto& l = b.launch("chunk_bwd", sizeof(ChunkBwdParams));
+    using P = ChunkBwdParams;
+    GDN_BIND(l, P, q, q);
+    GDN_BIND(l, P, k, k);
+    GDN_BIND(l, P, v, b.frame(F::v));
+    GDN_BIND(l, P, beta, b.frame(F::beta));
+    GDN_BIND(l, P, gc, b.slot("gc"));
+    GDN_BIND(l, P, tm, b.slot("tm"));
+    GDN_BIND(l, P, h_tape, b.slot("h_tape"));
+    GDN_BIND(l, P, dh_tape, b.slot("dh_tape"));
+    GDN_BIND(l, P, v_new, b.slot("v_new"));
+    GDN_BIND(l, P, dv_new, b.slot("dv_new"));
+    GDN_BIND(l, P, d_o, b.frame(F::d_o));
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, nt_max, b.nt_max());
+    GDN_BIND(l, P, scale, b.frame(F::scale_bits));
+    GDN_BIND(l, P, dq_v, b.slot("dq_v"));
+    GDN_BIND(l, P, dk_v, b.slot("dk_v"));
+    GDN_BIND(l, P, dv, b.frame(F::dv));
+    GDN_BIND(l, P, dbeta, b.frame(F::dbeta));
+    GDN_BIND(l, P, dg, b.frame(F::dg));
+  }
+  {
+    auto& l = b.launch("finalize", sizeof(FinalizeParams));
+    using P = FinalizeParams;
+    GDN_BIND(l, P, dq_v, b.slot("dq_v"));
+    GDN_BIND(l, P, dk_v, b.slot("dk_v"));
+    GDN_BIND(l, P, qn, q);
+    GDN_BIND(l, P, kn, k);
+    GDN_BIND(l, P, rstd_q, norm ? b.slot("rstd_q") : b.constant(0));
+    GDN_BIND(l, P, rstd_k, norm ? b.slot("rstd_k") : b.constant(0));
+    GDN_BIND(l, P, dq, b.frame(F::dq));
+    GDN_BIND(l, P, dk, b.frame(F::dk));
+    GDN_BIND(l, P, T, b.frame(F::T));
+  }
+  return plan;
+}
+
+void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, Launcher& launcher) {
+  const int64_t T = static_cast<int64_t>(frame[Frame::T]), N = static_cast<int64_t>(frame[Frame::N]);
+  const auto saved = slot_offsets(plan.saved_slots, T, N, plan.chunk);
+  const auto ws = slot_offsets(plan.ws_slots, T, N, plan.chunk);
+  const CUstream stream = reinterpret_cast<CUstream>(frame[Frame::stream]);
+  for (const PlannedLaunch& l : plan.launches) {
+    alignas(16) unsigned char params[256] = {};
+    for (const Field& f : l.fields) {
+      uint64_t v = 0;
+      const ValueSource& s = f.source;
+      switch (s.kind) {
+        case ValueSource::from_frame: v = frame[s.frame_word]; break;
+        case ValueSource::from_slot:
+          v = s.region == RegionKind::saved ? frame[Frame::saved] + saved[static_cast<size_t>(s.slot)]
+                                            : frame[Frame::ws] + ws[static_cast<size_t>(s.slot)];
+          break;
+        case ValueSource::from_formula: v = static_cast<uint64_t>(s.formula.eval(T, N, plan.chunk)); break;
+        case ValueSource::from_constant: v = static_cast<uint64_t>(s.value); break;
+      }
+      std::memcpy(params + f.offset, &v, f.size);  // little-endian: the low bytes
+    }
+    const rt::dim3_t grid{static_cast<unsigned>(l.grid[0].eval(T, N, plan.chunk)),
+                          static_cast<unsigned>(l.grid[1].eval(T, N, plan.chunk)),
+                          static_cast<unsigned>(l.grid[2].eval(T, N, plan.chunk))};
+    launcher.launch(ir.programs[static_cast<size_t>(l.program)], grid, params, l.params_size, stream);
+  }
+}
+
+}  // namespace gdn

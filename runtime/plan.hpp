@@ -1,0 +1,92 @@
+/**
+ * @file plan.hpp
+ * @brief Call plans: a call form's launches as data. Each launch names its program, its grid as
+ *        formulas in T, N and NT, and every field of its parameter block as a source (a word of
+ *        the call frame, a slot of the saved or workspace region, a formula, a constant).
+ *
+ * Two executors run a plan: the interpreter below, and the LLVM ORC host stub (runtime/stub.hpp)
+ * that compiles the same plan into one function. Both must produce byte-identical launches;
+ * tests/test_launches.cpp checks that against goldens recorded from the GPU-verified code.
+ */
+#pragma once
+
+#include "compiler/ir.hpp"
+#include "runtime/driver.hpp"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gdn {
+
+class Launcher;
+
+/// The 64-bit words of a call frame. Sizes, flags and the scale occupy the low bytes.
+enum class Frame : uint8_t {
+  T, N, saved, ws, q, k, v, g, beta, cu_seqlens, cu_is_int64, h0, o, ht,
+  d_o, dht, dq, dk, dv, dg, dbeta, dh0, scale_bits, stream, count
+};
+inline constexpr int kFrameWords = static_cast<int>(Frame::count);
+
+struct CallFrame {
+  std::array<uint64_t, kFrameWords> word{};
+  uint64_t& operator[](Frame f) { return word[static_cast<size_t>(f)]; }
+  uint64_t operator[](Frame f) const { return word[static_cast<size_t>(f)]; }
+};
+
+/// ceil((t*T + n*N + nt*NT + c) / div), NT = T / chunk + N. All terms are non-negative.
+struct Lin {
+  int64_t t = 0, n = 0, nt = 0, c = 0, div = 1;
+  int64_t eval(int64_t T, int64_t N, int chunk) const;
+};
+
+enum class RegionKind : uint8_t { saved, ws };
+
+struct ValueSource {
+  enum Kind : uint8_t { from_frame, from_slot, from_formula, from_constant } kind = from_constant;
+  Frame frame_word = Frame::T;
+  RegionKind region = RegionKind::saved;
+  int slot = 0;
+  Lin formula;
+  int64_t value = 0;
+};
+
+struct Field {
+  uint32_t offset;
+  uint32_t size;  ///< 4 or 8 bytes, little-endian low part of the value
+  ValueSource source;
+};
+
+struct PlannedLaunch {
+  int program;  ///< index into LayerIR::programs
+  uint32_t params_size;
+  std::array<Lin, 3> grid;
+  std::vector<Field> fields;  ///< unlisted bytes are zero
+};
+
+struct CallPlan {
+  std::string name;
+  int chunk = 64;
+  std::vector<ByteFormula> saved_slots;  ///< in region order (256-byte aligned each)
+  std::vector<ByteFormula> ws_slots;
+  std::vector<PlannedLaunch> launches;
+};
+
+/// Which launches a plan contains.
+enum class OutputLaunch { yes, no };      ///< a recompute may skip the output program
+enum class PrepRerun { yes, no };         ///< a backward binds handed-off tapes instead
+
+CallPlan plan_forward(const LayerIR&, OutputLaunch);
+CallPlan plan_backward(const LayerIR&, PrepRerun);
+
+/// The slots of the saved region, or of the workspace of one call form, in region order.
+std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR&, BufferRole, CallForm);
+
+/// Byte offsets of the slots of one region for this problem size, then the region's total size.
+std::vector<uint64_t> slot_offsets(const std::vector<ByteFormula>& slots, int64_t T, int64_t N, int chunk);
+
+/// The interpreted executor: fills each parameter block and hands it to `launcher`.
+void run_plan(const CallPlan&, const LayerIR&, const CallFrame&, Launcher& launcher);
+
+}  // namespace gdn
