@@ -5,12 +5,15 @@
  *        interleaved, median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
  *
  * Usage: gdn_bench [--shapes N,M,G,A] [--samples 15] [--warmup 3]
+ *        gdn_bench --host-only   host time per call of the LLVM stub and the interpreter, launches
+ *                                 discarded (no GPU needed: what the host adds before the driver)
  */
 #include "runtime/layer.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -74,7 +77,49 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+/// Discards launches: what remains is the host work of a call.
+class NullLauncher final : public Launcher {
+ public:
+  size_t launches = 0;
+  void launch(const Program&, rt::dim3_t, const void*, size_t, CUstream) override { ++launches; }
+};
+
+int host_only() {
+  fmt::print("host time per call, launches discarded (median of 31 rounds of 2000 calls)\n");
+  fmt::print("{:<6} {:<12} {:>12} {:>12}\n", "shape", "path", "fwd us", "bwd us");
+  for (const char* name : {"n", "m"}) {
+    Spec spec = spec_from_file((std::filesystem::path(source_dir()) / "examples" / (std::string(name) + ".json")).string());
+    for (HostPath path : {HostPath::llvm_stub, HostPath::interpreted}) {
+      if (path == HostPath::llvm_stub && !stubs_available()) continue;
+      auto null = std::make_shared<NullLauncher>();
+      auto layer = Layer::with_launcher(spec, null, path);
+      const ProblemShape s{32768, 5};
+      // Distinct aligned fake addresses: nothing is dereferenced on the host.
+      auto p = [](uint64_t i) { return reinterpret_cast<void*>(0x100000000ull * i); };
+      auto fp = [](uint64_t i) { return reinterpret_cast<float*>(0x100000000ull * i); };
+      const LayerInputs in{p(1), p(2), p(3), fp(4), fp(5), p(6), IndexType::int32, fp(7), 0};
+      const LayerOutputs out{p(8), fp(9)};
+      const LayerGrads gr{p(10), nullptr, p(11), p(12), p(13), fp(14), fp(15), fp(16)};
+      const size_t saved = layer->saved_bytes(s), ws = layer->workspace_bytes(CallForm::backward, s);
+      std::vector<double> fwd, bwd;
+      for (int round = 0; round < 31; ++round) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 2000; ++i) layer->forward(s, in, out, p(20), saved, p(30), ws, nullptr);
+        auto t1 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 2000; ++i) layer->backward(s, in, gr, p(20), saved, p(30), ws, nullptr);
+        auto t2 = std::chrono::steady_clock::now();
+        fwd.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count() / 2000);
+        bwd.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count() / 2000);
+      }
+      fmt::print("{:<6} {:<12} {:>12.3f} {:>12.3f}\n", name, to_string(path), median(fwd), median(bwd));
+    }
+  }
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (!std::strcmp(argv[i], "--host-only")) return host_only();
   std::string shapes = "N,M,G,A";
   int samples = 15, warmup = 3;
   for (int i = 1; i + 1 < argc; i += 2) {

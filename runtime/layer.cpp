@@ -12,7 +12,10 @@
 #include <fmt/format.h>
 
 #include <cstdint>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 
 namespace gdn {
 
@@ -40,16 +43,45 @@ class DeviceLauncher final : public Launcher {
 
 }  // namespace
 
-std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<Launcher> launcher) {
+std::string_view to_string(HostPath p) { return p == HostPath::llvm_stub ? "llvm" : "interpreted"; }
+
+HostPath default_host_path() {
+  if (const char* e = std::getenv("GDN_HOST_PATH")) {
+    const std::string v = e;
+    if (v == "interpreted") return HostPath::interpreted;
+    if (v == "llvm") {
+      if (!stubs_available()) throw InputError("GDN_HOST_PATH: \"llvm\", but this gdnc was built without LLVM");
+      return HostPath::llvm_stub;
+    }
+    throw InputError(fmt::format("GDN_HOST_PATH: \"{}\" is not supported (supported: \"llvm\", \"interpreted\")", v));
+  }
+  return stubs_available() ? HostPath::llvm_stub : HostPath::interpreted;
+}
+
+namespace {
+
+/// One JIT for the process: stubs of every layer live in it (they are a few hundred bytes each).
+StubCompiler& stub_compiler() {
+  static std::mutex m;
+  static std::unique_ptr<StubCompiler> compiler;
+  std::lock_guard<std::mutex> lock(m);
+  if (!compiler) compiler = StubCompiler::create();
+  return *compiler;
+}
+
+}  // namespace
+
+std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<Launcher> launcher, HostPath path) {
   std::unique_ptr<Layer> layer(new Layer());
   layer->ir_ = lower(spec);
   layer->target_ = spec.targets.front();
   layer->launcher_ = std::move(launcher);
-  layer->make_plans();
+  layer->make_plans(path);
   return layer;
 }
 
-std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, cache::DiskCache& cache, int jobs) {
+std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, cache::DiskCache& cache, int jobs,
+                                     HostPath path) {
   std::unique_ptr<Layer> layer(new Layer());
   layer->ir_ = lower(spec);
   const int cc = ctx.compute_capability();
@@ -69,13 +101,26 @@ std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, c
                                                      p.smem_bytes));
   }
   layer->launcher_ = std::move(device);
-  layer->make_plans();
+  layer->make_plans(path);
   return layer;
 }
 
-void Layer::make_plans() {
+void Layer::make_plans(HostPath path) {
   forward_plan_ = plan_forward(ir_, OutputLaunch::yes);
   backward_plan_ = plan_backward(ir_, PrepRerun::yes);
+  host_path_ = path;
+  if (path == HostPath::llvm_stub) {
+    static std::atomic<int> serial{0};
+    const int id = serial.fetch_add(1);
+    forward_stub_ = stub_compiler().compile(forward_plan_, fmt::format("gdn_stub_{}_{}_forward", id, ir_.spec.name));
+    backward_stub_ =
+        stub_compiler().compile(backward_plan_, fmt::format("gdn_stub_{}_{}_backward", id, ir_.spec.name));
+  }
+}
+
+void Layer::run(const CallPlan& plan, StubFn stub, const CallFrame& f) const {
+  if (host_path_ == HostPath::llvm_stub) run_stub(stub, ir_, f, *launcher_);
+  else run_plan(plan, ir_, f, *launcher_);
 }
 
 RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s) const {
@@ -133,7 +178,7 @@ void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& o
   CallFrame f = frame_of(s, in, saved, ws, stream);
   f[Frame::o] = reinterpret_cast<uint64_t>(out.o);
   f[Frame::ht] = reinterpret_cast<uint64_t>(out.ht);
-  run_plan(forward_plan_, ir_, f, *launcher_);
+  run(forward_plan_, forward_stub_, f);
 }
 
 void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
@@ -162,7 +207,7 @@ void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr
   f[Frame::dg] = reinterpret_cast<uint64_t>(gr.dg);
   f[Frame::dbeta] = reinterpret_cast<uint64_t>(gr.dbeta);
   f[Frame::dh0] = reinterpret_cast<uint64_t>(gr.dh0);
-  run_plan(backward_plan_, ir_, f, *launcher_);
+  run(backward_plan_, backward_stub_, f);
 }
 
 CallFrame Layer::frame_of(ProblemShape s, const LayerInputs& in, void* saved, void* ws, CUstream stream) const {

@@ -16,6 +16,7 @@
 #include "compiler/ir.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/plan.hpp"
+#include "runtime/stub.hpp"
 
 #include <map>
 #include <memory>
@@ -76,6 +77,14 @@ class Launcher {
                       CUstream stream) = 0;
 };
 
+/// How a layer turns a call into launches: a JIT-compiled LLVM host stub per call form, or the
+/// interpreter over the same call plan (builds without LLVM, and for comparison).
+enum class HostPath { llvm_stub, interpreted };
+std::string_view to_string(HostPath);
+/// $GDN_HOST_PATH ("llvm" or "interpreted") if set, else llvm_stub where LLVM is built in.
+/// Throws InputError for any other value of the variable.
+HostPath default_host_path();
+
 /// Byte offsets of the named slots of one region (256-byte aligned).
 struct RegionLayout {
   std::map<std::string, size_t> offset;
@@ -87,12 +96,15 @@ class Layer {
   /// Lowers the spec, compiles its programs for the context's device (through `cache`) and
   /// loads them. Throws SpecError, CompileError, CudaError, or InputError if the device's
   /// target is not in the spec's targets.
-  static std::unique_ptr<Layer> create(const Spec&, const rt::Context&, cache::DiskCache&, int jobs = 4);
+  static std::unique_ptr<Layer> create(const Spec&, const rt::Context&, cache::DiskCache&, int jobs = 4,
+                                       HostPath = default_host_path());
   /// A layer whose launches go to `launcher` and that compiles and loads nothing: no GPU needed.
   /// For tests of launch sequences and for planning (sizes, IR).
-  static std::unique_ptr<Layer> with_launcher(const Spec&, std::shared_ptr<Launcher> launcher);
+  static std::unique_ptr<Layer> with_launcher(const Spec&, std::shared_ptr<Launcher> launcher,
+                                              HostPath = default_host_path());
 
   const LayerIR& ir() const { return ir_; }
+  HostPath host_path() const { return host_path_; }
   Target target() const { return target_; }
 
   RegionLayout saved_layout(ProblemShape) const;
@@ -112,7 +124,8 @@ class Layer {
 
  private:
   Layer() = default;
-  void make_plans();
+  void make_plans(HostPath);
+  void run(const CallPlan&, StubFn, const CallFrame&) const;
   RegionLayout region_layout(BufferRole, CallForm, ProblemShape) const;
   CallFrame frame_of(ProblemShape, const LayerInputs&, void* saved, void* ws, CUstream) const;
   void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm) const;
@@ -120,8 +133,11 @@ class Layer {
   LayerIR ir_;
   Target target_ = Target::sm_90a;
   std::shared_ptr<Launcher> launcher_;
+  HostPath host_path_ = HostPath::interpreted;
   CallPlan forward_plan_;
   CallPlan backward_plan_;
+  StubFn forward_stub_ = nullptr;
+  StubFn backward_stub_ = nullptr;
 };
 
 }  // namespace gdn

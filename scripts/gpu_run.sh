@@ -7,6 +7,7 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 export GDN_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}"
 bin=.scratch_device/bin
+export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv | tee "$OUT/device.txt"
 git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/device.txt"
 "$bin/gdnc" compile examples/*.json --target sm_90a 2>&1 | tail -3

@@ -154,3 +154,125 @@ TEST_SUITE("launches") {
     CHECK(rec->records.empty());
   }
 }
+
+namespace {
+
+/// Records like RecordingLauncher, and throws on the launch numbered `fail_at`.
+class FailingLauncher final : public Launcher {
+ public:
+  explicit FailingLauncher(size_t fail_at) : fail_at_(fail_at) {}
+  size_t calls = 0;
+  void launch(const Program& p, rt::dim3_t, const void*, size_t, CUstream) override {
+    if (calls++ == fail_at_) throw std::runtime_error("launch of " + p.name + " failed");
+  }
+
+ private:
+  size_t fail_at_;
+};
+
+std::string record_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& f, bool stub) {
+  testing::RecordingLauncher rec;
+  if (stub) {
+    static auto compiler = StubCompiler::create();
+    static int serial = 0;
+    run_stub(compiler->compile(plan, "test_stub_" + std::to_string(serial++)), ir, f, rec);
+  } else {
+    run_plan(plan, ir, f, rec);
+  }
+  return testing::render(rec.records, {});
+}
+
+CallFrame some_frame(int64_t T, int64_t N) {
+  CallFrame f;
+  for (int i = 0; i < kFrameWords; ++i) f.word[static_cast<size_t>(i)] = 0x1000000ull * (i + 1);
+  f[Frame::T] = static_cast<uint64_t>(T);
+  f[Frame::N] = static_cast<uint64_t>(N);
+  f[Frame::cu_is_int64] = 1;
+  f[Frame::scale_bits] = 0x3db504f3;
+  return f;
+}
+
+}  // namespace
+
+TEST_SUITE("launches") {
+  TEST_CASE("LLVM host stubs launch exactly what the interpreter launches") {
+    if (!stubs_available()) {
+      MESSAGE("built without LLVM: only the interpreter exists");
+      return;
+    }
+    Spec light = example("n"), full = example("m");
+    full.save_mode = SaveMode::full;
+    full.norm = Norm::none;
+    full.initial_state = StateFlag::absent;
+    full.final_state = StateFlag::absent;
+    int compared = 0;
+    for (const Spec& spec : {light, full}) {
+      const LayerIR ir = lower(spec);
+      const CallPlan plans[] = {plan_forward(ir, OutputLaunch::yes), plan_forward(ir, OutputLaunch::no),
+                                plan_backward(ir, PrepRerun::yes), plan_backward(ir, PrepRerun::no)};
+      for (const CallPlan& plan : plans)
+        for (auto [T, N] : {std::pair<int64_t, int64_t>{1, 1}, {8192, 3}, {262144, 4}, {32768, 5}, {777, 77}}) {
+          CAPTURE(plan.name);
+          CAPTURE(T);
+          const CallFrame f = some_frame(T, N);
+          const std::string interpreted = record_plan(plan, ir, f, false);
+          CHECK(!interpreted.empty());
+          CHECK(record_plan(plan, ir, f, true) == interpreted);
+          ++compared;
+        }
+    }
+    CHECK(compared == 40);
+  }
+
+  TEST_CASE("a stub calls only its runtime table") {
+    if (!stubs_available()) return;
+    const LayerIR ir = lower(example("n"));
+    const std::string text = StubCompiler::create()->ir_text(plan_forward(ir, OutputLaunch::yes), "stub_text");
+    CHECK(text.find("define void @stub_text(") != std::string::npos);
+    size_t declares = 0;
+    for (size_t at = 0; (at = text.find("\ndeclare ", at)) != std::string::npos; ++at) ++declares;
+    CHECK(declares == 1);  // llvm.memset only: every other call goes through the table argument
+    CHECK(text.find("declare void @llvm.memset") != std::string::npos);
+  }
+
+  TEST_CASE("a launch failure inside a stub propagates after the stub returns") {
+    if (!stubs_available()) return;
+    auto failing = std::make_shared<FailingLauncher>(2);
+    auto layer = Layer::with_launcher(example("n"), failing, HostPath::llvm_stub);
+    const ProblemShape s{128, 1};
+    const FakeCall f = fake_call(*layer, s);
+    CHECK_THROWS_WITH_AS(layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size,
+                                        reinterpret_cast<void*>(f.ws), f.ws_size, nullptr),
+                         "launch of l2norm failed", std::runtime_error);
+    CHECK(failing->calls == 3);  // the launches after the failure were skipped
+  }
+
+  TEST_CASE("both host paths give the pinned sequence") {
+    for (HostPath path : {HostPath::interpreted, HostPath::llvm_stub}) {
+      if (path == HostPath::llvm_stub && !stubs_available()) continue;
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(example("n"), rec, path);
+      CHECK(layer->host_path() == path);
+      const ProblemShape s{8192, 3};
+      const FakeCall f = fake_call(*layer, s);
+      layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                     f.ws_size, nullptr);
+      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size,
+                      reinterpret_cast<void*>(f.ws), f.ws_size, nullptr);
+      std::ifstream in(fs::path(GDN_SOURCE_DIR) / "tests/goldens/launches_n_light.txt");
+      std::stringstream golden;
+      golden << in.rdbuf();
+      CHECK_MESSAGE(testing::render(rec->records, f.regions) == golden.str(), to_string(path));
+    }
+  }
+
+  TEST_CASE("GDN_HOST_PATH is checked") {
+    setenv("GDN_HOST_PATH", "fast", 1);
+    CHECK_THROWS_WITH_AS(default_host_path(), R"(GDN_HOST_PATH: "fast" is not supported (supported: "llvm", "interpreted"))",
+                         InputError);
+    setenv("GDN_HOST_PATH", "interpreted", 1);
+    CHECK(default_host_path() == HostPath::interpreted);
+    unsetenv("GDN_HOST_PATH");
+    CHECK(default_host_path() == (stubs_available() ? HostPath::llvm_stub : HostPath::interpreted));
+  }
+}
