@@ -105,22 +105,59 @@ std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, c
   return layer;
 }
 
+long long handoff_threshold_rows(Target t) {
+  switch (t) {
+    // Our light recompute writes its tapes into the workspace in any case, so binding them costs
+    // no memory and saves the prep program and the walk: the crossover is at 0 rows. To be
+    // confirmed with the ckpt benchmark on the H200 (docs/runtime.md).
+    case Target::sm_90a: return 0;
+    case Target::sm_100a: return 61440;  // the seed's value, until measured
+    case Target::sm_103a: return 0;      // the seed's value
+  }
+  return 0;
+}
+
+bool decide_handoff(ReuseTapes r, Target t, long long rows) {
+  switch (r) {
+    case ReuseTapes::yes: return true;
+    case ReuseTapes::no: return false;
+    case ReuseTapes::automatic: return rows >= handoff_threshold_rows(t);
+  }
+  return false;
+}
+
+Layer::Compiled Layer::compile_plan(CallPlan plan, int id) const {
+  Compiled c;
+  if (host_path_ == HostPath::llvm_stub)
+    c.stub = stub_compiler().compile(plan, fmt::format("gdn_stub_{}_{}_{}", id, ir_.spec.name, plan.name));
+  c.plan = std::move(plan);
+  return c;
+}
+
 void Layer::make_plans(HostPath path) {
-  forward_plan_ = plan_forward(ir_, OutputLaunch::yes);
-  backward_plan_ = plan_backward(ir_, PrepRerun::yes);
   host_path_ = path;
-  if (path == HostPath::llvm_stub) {
-    static std::atomic<int> serial{0};
-    const int id = serial.fetch_add(1);
-    forward_stub_ = stub_compiler().compile(forward_plan_, fmt::format("gdn_stub_{}_{}_forward", id, ir_.spec.name));
-    backward_stub_ =
-        stub_compiler().compile(backward_plan_, fmt::format("gdn_stub_{}_{}_backward", id, ir_.spec.name));
+  static std::atomic<int> serial{0};
+  const int id = serial.fetch_add(1);
+  forward_ = compile_plan(plan_forward(ir_, OutputLaunch::yes), id);
+  forward_without_output_ = compile_plan(plan_forward(ir_, OutputLaunch::no), id);
+  backward_ = compile_plan(plan_backward(ir_, PrepRerun::yes), id);
+  if (ir_.spec.save_mode == SaveMode::light) {
+    backward_with_handoff_ = compile_plan(plan_backward(ir_, PrepRerun::no), id);
+    // A hand-off works because the recompute's tapes sit where the backward looks for them.
+    const auto& f = forward_.plan.ws_slots;
+    const auto& b = backward_.plan.ws_slots;
+    const auto fwd_names = region_slots(ir_, BufferRole::workspace, CallForm::forward);
+    const auto bwd_names = region_slots(ir_, BufferRole::workspace, CallForm::backward);
+    for (size_t i = 0; i < f.size(); ++i)
+      if (i >= b.size() || fwd_names[i].first != bwd_names[i].first)
+        throw std::logic_error(fmt::format("layer '{}': workspace slot {} of the forward ({}) is not the backward's",
+                                           ir_.spec.name, i, fwd_names[i].first));
   }
 }
 
-void Layer::run(const CallPlan& plan, StubFn stub, const CallFrame& f) const {
-  if (host_path_ == HostPath::llvm_stub) run_stub(stub, ir_, f, *launcher_);
-  else run_plan(plan, ir_, f, *launcher_);
+void Layer::run(const Compiled& c, const CallFrame& f) const {
+  if (host_path_ == HostPath::llvm_stub) run_stub(c.stub, ir_, f, *launcher_);
+  else run_plan(c.plan, ir_, f, *launcher_);
 }
 
 RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s) const {
@@ -165,11 +202,12 @@ void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_siz
                                  to_string(form), s.T, s.N));
 }
 
-void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, void* saved, size_t saved_size,
-                    void* ws, size_t ws_size, CUstream stream) const {
+CallFrame Layer::forward_frame(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, void* saved,
+                               size_t saved_size, void* ws, size_t ws_size, CUstream stream,
+                               OutputNeeded output) const {
   check_common(s, in, saved_size, ws_size, CallForm::forward);
   const Spec& sp = ir_.spec;
-  require_aligned(out.o, "o");
+  if (output == OutputNeeded::yes) require_aligned(out.o, "o");
   const bool ht = sp.final_state == StateFlag::present;
   if (ht && !out.ht) throw InputError(fmt::format("ht: is null, but layer '{}' has final_state: true", sp.name));
   if (!ht && out.ht) throw InputError(fmt::format("ht: given, but layer '{}' has final_state: false", sp.name));
@@ -178,11 +216,11 @@ void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& o
   CallFrame f = frame_of(s, in, saved, ws, stream);
   f[Frame::o] = reinterpret_cast<uint64_t>(out.o);
   f[Frame::ht] = reinterpret_cast<uint64_t>(out.ht);
-  run(forward_plan_, forward_stub_, f);
+  return f;
 }
 
-void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
-                     size_t saved_size, void* ws, size_t ws_size, CUstream stream) const {
+CallFrame Layer::backward_frame(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
+                                size_t saved_size, void* ws, size_t ws_size, CUstream stream) const {
   check_common(s, in, saved_size, ws_size, CallForm::backward);
   const Spec& sp = ir_.spec;
   require_aligned(gr.d_o, "do");
@@ -207,7 +245,51 @@ void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr
   f[Frame::dg] = reinterpret_cast<uint64_t>(gr.dg);
   f[Frame::dbeta] = reinterpret_cast<uint64_t>(gr.dbeta);
   f[Frame::dh0] = reinterpret_cast<uint64_t>(gr.dh0);
-  run(backward_plan_, backward_stub_, f);
+  return f;
+}
+
+void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, void* saved, size_t saved_size,
+                    void* ws, size_t ws_size, CUstream stream) const {
+  run(forward_, forward_frame(s, in, out, saved, saved_size, ws, ws_size, stream, OutputNeeded::yes));
+}
+
+void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
+                     size_t saved_size, void* ws, size_t ws_size, CUstream stream) const {
+  run(backward_, backward_frame(s, in, gr, saved, saved_size, ws, ws_size, stream));
+}
+
+void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, void* saved, size_t saved_size,
+                    Workspace& ws, CUstream stream) const {
+  const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, OutputNeeded::yes);
+  ++ws.calls_;
+  ws.has_handoff_ = false;
+  run(forward_, f);
+}
+
+HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, OutputNeeded output,
+                         void* saved, size_t saved_size, Workspace& ws, CUstream stream) const {
+  const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, output);
+  ++ws.calls_;
+  ws.has_handoff_ = false;
+  run(output == OutputNeeded::yes ? forward_ : forward_without_output_, f);
+  const bool take = ir_.spec.save_mode == SaveMode::light &&
+                    decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
+  if (!take) return HandOff::not_taken;
+  ws.has_handoff_ = true;
+  ws.handoff_ = {this, ws.calls_, stream, s};
+  return HandOff::taken;
+}
+
+HandOff Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
+                        size_t saved_size, Workspace& ws, CUstream stream) const {
+  const CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream);
+  const Workspace::Stamp& st = ws.handoff_;
+  const bool fresh = ws.has_handoff_ && st.layer == this && st.call == ws.calls_ && st.stream == stream &&
+                     st.shape.T == s.T && st.shape.N == s.N;
+  ++ws.calls_;
+  ws.has_handoff_ = false;
+  run(fresh ? backward_with_handoff_ : backward_, f);
+  return fresh ? HandOff::taken : HandOff::not_taken;
 }
 
 CallFrame Layer::frame_of(ProblemShape s, const LayerInputs& in, void* saved, void* ws, CUstream stream) const {

@@ -85,6 +85,42 @@ std::string_view to_string(HostPath);
 /// Throws InputError for any other value of the variable.
 HostPath default_host_path();
 
+/// The hand-off rule of a checkpointed step: rows = tokens x value heads on this rank; "auto"
+/// hands the recompute's tapes to the backward when rows reach the target's threshold.
+long long handoff_threshold_rows(Target);
+bool decide_handoff(ReuseTapes, Target, long long rows);
+
+class Layer;
+
+/// A caller-held workspace and its host-side stamp. A recompute that hands off stamps it with
+/// the layer, the call count, the stream and the shape; the next backward binds the tapes only if
+/// all of them still match, i.e. nothing else ran on this workspace in between and the backward
+/// is on the same stream. Not thread-safe: one workspace per stream of calls.
+class Workspace {
+ public:
+  Workspace(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  uint64_t calls() const { return calls_; }
+
+ private:
+  friend class Layer;
+  struct Stamp {
+    const Layer* layer = nullptr;
+    uint64_t call = 0;
+    CUstream stream = nullptr;
+    ProblemShape shape;
+  };
+  void* data_;
+  size_t bytes_;
+  uint64_t calls_ = 0;
+  bool has_handoff_ = false;
+  Stamp handoff_;
+};
+
+enum class OutputNeeded { yes, no };
+enum class HandOff { taken, not_taken };
+
 /// Byte offsets of the named slots of one region (256-byte aligned).
 struct RegionLayout {
   std::map<std::string, size_t> offset;
@@ -118,6 +154,19 @@ class Layer {
   void backward(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
                 void* workspace, size_t workspace_size, CUstream) const;
 
+  /// The same calls on a stamped Workspace (every call counts; a forward clears any hand-off).
+  void forward(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size, Workspace&,
+               CUstream) const;
+  /// The forward that a checkpointed step runs in its backward phase. With OutputNeeded::no the
+  /// output program is not launched (out.o may be null). Stamps `ws` for the next backward when
+  /// decide_handoff() says so and the save mode is light (full saves need no hand-off).
+  HandOff recompute(ProblemShape, const LayerInputs&, const LayerOutputs&, OutputNeeded, void* saved,
+                    size_t saved_size, Workspace&, CUstream) const;
+  /// Binds the recompute's tapes when the stamp is fresh, else re-runs the prep program and the
+  /// walk: the same bits either way.
+  HandOff backward(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
+                   Workspace&, CUstream) const;
+
   /// Synchronizes `stream` and throws InputError if the last forward on `saved` found invalid
   /// cu_seqlens (e.g. "cu_seqlens[3]: 100 < cu_seqlens[2] (200): must be non-decreasing").
   void check_device_status(const void* saved, ProblemShape, CUstream stream) const;
@@ -125,7 +174,16 @@ class Layer {
  private:
   Layer() = default;
   void make_plans(HostPath);
-  void run(const CallPlan&, StubFn, const CallFrame&) const;
+  struct Compiled {
+    CallPlan plan;
+    StubFn stub = nullptr;
+  };
+  Compiled compile_plan(CallPlan plan, int id) const;
+  void run(const Compiled&, const CallFrame&) const;
+  CallFrame forward_frame(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
+                          void* ws, size_t ws_size, CUstream, OutputNeeded) const;
+  CallFrame backward_frame(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved,
+                           size_t saved_size, void* ws, size_t ws_size, CUstream) const;
   RegionLayout region_layout(BufferRole, CallForm, ProblemShape) const;
   CallFrame frame_of(ProblemShape, const LayerInputs&, void* saved, void* ws, CUstream) const;
   void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm) const;
@@ -134,10 +192,10 @@ class Layer {
   Target target_ = Target::sm_90a;
   std::shared_ptr<Launcher> launcher_;
   HostPath host_path_ = HostPath::interpreted;
-  CallPlan forward_plan_;
-  CallPlan backward_plan_;
-  StubFn forward_stub_ = nullptr;
-  StubFn backward_stub_ = nullptr;
+  Compiled forward_;
+  Compiled forward_without_output_;
+  Compiled backward_;
+  Compiled backward_with_handoff_;  ///< light saves only
 };
 
 }  // namespace gdn

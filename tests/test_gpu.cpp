@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 namespace fs = std::filesystem;
 using namespace gdn;
@@ -233,6 +234,31 @@ TEST_SUITE("gpu_determinism") {
     full.save_mode = SaveMode::full;
     const check::Report f = check::run(*make(full), c);
     for (const auto& [name, bytes] : first.bytes) CHECK_MESSAGE(f.bytes.at(name) == bytes, "light vs full: " << name);
+  }
+}
+
+TEST_SUITE("gpu_ckpt") {
+  TEST_CASE("ckpt with and without the hand-off is bitwise equal to fwd+bwd") {
+    for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+      std::map<std::string, std::string> reference;
+      for (ReuseTapes reuse : {ReuseTapes::no, ReuseTapes::yes}) {
+        Spec s = spec_of("n");
+        s.save_mode = save;
+        s.reuse_recompute_tapes = reuse;
+        s.name = std::string("ckpt_") + std::string(to_string(save)) + "_" + std::string(to_string(reuse));
+        auto layer = make(s);
+        check::Case c;
+        c.doc_lens = {2049, 3001, 3142};
+        c.seed = 17;
+        c.with_reference = false;
+        if (reference.empty()) reference = check::run(*layer, c).bytes;  // fwd+bwd
+        c.step = check::Case::Step::ckpt;
+        const check::Report r = check::run(*layer, c);
+        const bool expect_handoff = save == SaveMode::light && reuse == ReuseTapes::yes;
+        CHECK_MESSAGE((r.handoff == HandOff::taken) == expect_handoff, s.name);
+        for (const auto& [name, bytes] : reference) CHECK_MESSAGE(r.bytes.at(name) == bytes, s.name << " " << name);
+      }
+    }
   }
 }
 

@@ -153,7 +153,8 @@ Report run(const Layer& layer, const Case& c) {
   for (int run = 0; run < std::max(1, c.repeats); ++run) {
     for (Dev* d : {&o, &ht, &dq, &dk, &dv, &dg, &db, &dh0})
       GDN_CHECK_CU(rt::drv().cuMemsetD8Async(d->buf.handle(), 0xFF, d->buf.bytes(), stream.handle()), "poison");
-    layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
+    Workspace stamped(ws.get(), ws.buf.bytes());
+    layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, stream.handle());
     layer.check_device_status(saved.get(), shape, stream.handle());
     std::map<std::string, std::string> got;
     got["o"] = o.download(tv * p.V * 2);
@@ -162,7 +163,12 @@ Report run(const Layer& layer, const Case& c) {
       LayerGrads lg{dod.get(), has_ht ? static_cast<const float*>(dhtd.get()) : nullptr, dq.get(), dk.get(), dv.get(),
                     static_cast<float*>(dg.get()), static_cast<float*>(db.get()),
                     p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
-      layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), ws.get(), ws.buf.bytes(), stream.handle());
+      if (c.step == Case::Step::ckpt) {
+        const LayerOutputs no_output{nullptr, lo.ht};
+        layer.recompute(shape, li, no_output, OutputNeeded::no, saved.get(), saved.buf.bytes(), stamped,
+                        stream.handle());
+      }
+      r.handoff = layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), stamped, stream.handle());
       stream.synchronize();
       got["dq"] = dq.download(tqk * 2);
       got["dk"] = dk.download(tqk * 2);

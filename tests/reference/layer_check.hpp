@@ -25,12 +25,16 @@ struct Case {
   bool with_reference = true;            ///< false: run the GPU only (determinism, timing)
   IndexType cu_type = IndexType::int32;
   int repeats = 1;                       ///< run the whole call sequence this many times on the same inputs
+  /// fwd_bwd: forward then backward. ckpt: a forward, then the recompute (output skipped) and the
+  /// backward on one stamped Workspace, as a checkpointed step runs them.
+  enum class Step { fwd_bwd, ckpt } step = Step::fwd_bwd;
 };
 
 struct Report {
   std::map<std::string, double> rel_rms;     ///< per tensor: o, ht, dq, dk, dv, dg, dbeta, dh0
   std::map<std::string, std::string> bytes;  ///< raw device results of the first run, for bitwise comparisons
   std::vector<std::string> mismatches;       ///< "<tensor> run <i>" for every repeat that differed in any bit
+  HandOff handoff = HandOff::not_taken;      ///< ckpt: whether the backward bound the recompute's tapes
 };
 
 /// FLA's bounds (ALGORITHM.md 7.2), the ones the GPU tests use.

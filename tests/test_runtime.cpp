@@ -1,0 +1,168 @@
+/**
+ * @file test_runtime.cpp
+ * @brief The checkpointed step on the CPU: the hand-off decision table, the launch sequences of
+ *        ckpt with and without a hand-off, and every stale-stamp case falling back to the
+ *        re-run (recorded launches, no GPU).
+ */
+#include "tests/launch_recorder.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+
+namespace fs = std::filesystem;
+using namespace gdn;
+
+namespace {
+
+Spec example(const char* name) {
+  return spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(name) + ".json")).string());
+}
+
+/// A layer on a recorder with fake, aligned device addresses for every argument.
+struct Rig {
+  std::shared_ptr<testing::RecordingLauncher> rec = std::make_shared<testing::RecordingLauncher>();
+  std::unique_ptr<Layer> layer;
+  ProblemShape shape{8192, 3};
+  LayerInputs in;
+  LayerOutputs out;
+  LayerGrads grads;
+  void* saved = reinterpret_cast<void*>(0x100000000ull);
+  size_t saved_size = 0;
+  Workspace ws{reinterpret_cast<void*>(0x200000000ull), 0};
+
+  explicit Rig(const Spec& spec) : layer(Layer::with_launcher(spec, rec)) {
+    auto p = [](uint64_t i) { return reinterpret_cast<void*>(0x1000000ull * i); };
+    auto fp = [](uint64_t i) { return reinterpret_cast<float*>(0x1000000ull * i); };
+    const bool h0 = spec.initial_state == StateFlag::present, ht = spec.final_state == StateFlag::present;
+    in = {p(1), p(2), p(3), fp(4), fp(5), p(6), IndexType::int32, h0 ? fp(7) : nullptr, 0};
+    out = {p(8), ht ? fp(9) : nullptr};
+    grads = {p(10), ht ? fp(11) : nullptr, p(12), p(13), p(14), fp(15), fp(16), h0 ? fp(17) : nullptr};
+    saved_size = layer->saved_bytes(shape);
+    ws = Workspace(ws.data(), std::max(layer->workspace_bytes(CallForm::forward, shape),
+                                       layer->workspace_bytes(CallForm::backward, shape)));
+  }
+  std::vector<std::string> programs_since(size_t from) const {
+    std::vector<std::string> out;
+    for (size_t i = from; i < rec->records.size(); ++i) out.push_back(rec->records[i].program);
+    return out;
+  }
+  HandOff recompute(CUstream s = nullptr, OutputNeeded o = OutputNeeded::no) {
+    return layer->recompute(shape, in, out, o, saved, saved_size, ws, s);
+  }
+  HandOff backward(CUstream s = nullptr) { return layer->backward(shape, in, grads, saved, saved_size, ws, s); }
+};
+
+const std::vector<std::string> kBackwardWithHandoff = {"dv_local", "state_walk_bwd", "chunk_bwd", "finalize"};
+const std::vector<std::string> kBackwardRerun = {"chunk_prep", "state_walk", "dv_local", "state_walk_bwd",
+                                                 "chunk_bwd", "finalize"};
+
+}  // namespace
+
+TEST_SUITE("runtime") {
+  TEST_CASE("hand-off decision table and size rule per target") {
+    CHECK(handoff_threshold_rows(Target::sm_90a) == 0);
+    CHECK(handoff_threshold_rows(Target::sm_100a) == 61440);
+    CHECK(handoff_threshold_rows(Target::sm_103a) == 0);
+    for (Target t : supported_targets()) {
+      CHECK(decide_handoff(ReuseTapes::yes, t, 1));
+      CHECK_FALSE(decide_handoff(ReuseTapes::no, t, 1LL << 40));
+    }
+    CHECK_FALSE(decide_handoff(ReuseTapes::automatic, Target::sm_100a, 61439));
+    CHECK(decide_handoff(ReuseTapes::automatic, Target::sm_100a, 61440));
+    CHECK(decide_handoff(ReuseTapes::automatic, Target::sm_103a, 1));
+    CHECK(decide_handoff(ReuseTapes::automatic, Target::sm_90a, 1));
+  }
+
+  TEST_CASE("ckpt with a hand-off: the backward binds the recompute's tapes") {
+    Rig r(example("n"));
+    r.layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, nullptr);  // the no-save forward
+    size_t mark = r.rec->records.size();
+    CHECK(r.recompute() == HandOff::taken);
+    CHECK(r.programs_since(mark) ==
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_prep", "state_walk"});
+    mark = r.rec->records.size();
+    CHECK(r.backward() == HandOff::taken);
+    CHECK(r.programs_since(mark) == kBackwardWithHandoff);
+    CHECK(r.ws.calls() == 3);
+  }
+
+  TEST_CASE("the hand-off backward launches what the re-run backward launches, minus the re-run") {
+    Rig a(example("n")), b(example("n"));
+    a.recompute(nullptr, OutputNeeded::yes);
+    const size_t ma = a.rec->records.size();
+    a.backward();
+    b.layer->forward(b.shape, b.in, b.out, b.saved, b.saved_size, b.ws.data(), b.ws.bytes(), nullptr);
+    const size_t mb = b.rec->records.size();
+    b.layer->backward(b.shape, b.in, b.grads, b.saved, b.saved_size, b.ws.data(), b.ws.bytes(), nullptr);
+    REQUIRE(b.rec->records.size() - mb == a.rec->records.size() - ma + 2);
+    for (size_t i = 0; i < a.rec->records.size() - ma; ++i) {
+      const auto& x = a.rec->records[ma + i];
+      const auto& y = b.rec->records[mb + 2 + i];
+      CAPTURE(x.program);
+      CHECK(x.program == y.program);
+      CHECK(x.params == y.params);
+      CHECK(x.grid.x == y.grid.x);
+    }
+  }
+
+  TEST_CASE("stale hand-offs fall back to the re-run") {
+    SUBCASE("another call on the workspace in between") {
+      Rig r(example("n"));
+      r.recompute();
+      r.layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, nullptr);
+      const size_t mark = r.rec->records.size();
+      CHECK(r.backward() == HandOff::not_taken);
+      CHECK(r.programs_since(mark) == kBackwardRerun);
+    }
+    SUBCASE("another stream") {
+      Rig r(example("n"));
+      r.recompute(reinterpret_cast<CUstream>(0x1));
+      CHECK(r.backward(reinterpret_cast<CUstream>(0x2)) == HandOff::not_taken);
+    }
+    SUBCASE("another shape") {
+      Rig r(example("n"));
+      r.recompute();
+      r.shape = {8000, 3};
+      CHECK(r.backward() == HandOff::not_taken);
+    }
+    SUBCASE("another layer on the same workspace") {
+      Rig r(example("n"));
+      auto other = Layer::with_launcher(example("n"), r.rec);
+      r.recompute();
+      CHECK(other->backward(r.shape, r.in, r.grads, r.saved, r.saved_size, r.ws, nullptr) == HandOff::not_taken);
+    }
+    SUBCASE("a second backward on the same hand-off") {
+      Rig r(example("n"));
+      r.recompute();
+      CHECK(r.backward() == HandOff::taken);
+      CHECK(r.backward() == HandOff::not_taken);
+    }
+    SUBCASE("reuse_recompute_tapes: false") {
+      Spec s = example("n");
+      s.reuse_recompute_tapes = ReuseTapes::no;
+      Rig r(s);
+      CHECK(r.recompute() == HandOff::not_taken);
+      const size_t mark = r.rec->records.size();
+      CHECK(r.backward() == HandOff::not_taken);
+      CHECK(r.programs_since(mark) == kBackwardRerun);
+    }
+  }
+
+  TEST_CASE("full saves never re-run and need no hand-off") {
+    Spec s = example("n");
+    s.save_mode = SaveMode::full;
+    Rig r(s);
+    CHECK(r.recompute() == HandOff::not_taken);
+    const size_t mark = r.rec->records.size();
+    CHECK(r.backward() == HandOff::not_taken);
+    CHECK(r.programs_since(mark) == kBackwardWithHandoff);
+  }
+
+  TEST_CASE("a recompute that skips the output needs no o") {
+    Rig r(example("n"));
+    r.out.o = nullptr;
+    CHECK_NOTHROW(r.recompute(nullptr, OutputNeeded::no));
+    CHECK_THROWS_WITH_AS(r.recompute(nullptr, OutputNeeded::yes), "o: is null", InputError);
+  }
+}
