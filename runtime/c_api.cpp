@@ -7,11 +7,16 @@
 #include "compiler/nvrtc.hpp"
 #include "runtime/layer.hpp"
 
+#include <cstring>
 #include <string>
 
 struct gdn_layer {
   gdn::rt::Context ctx;
   std::unique_ptr<gdn::Layer> layer;
+};
+
+struct gdn_workspace {
+  gdn::Workspace ws;
 };
 
 namespace {
@@ -65,16 +70,50 @@ extern "C" {
 
 const char* gdn_last_error(void) { return last_error.c_str(); }
 
+namespace {
+
+gdn::Spec parse_spec(const char* spec_json) {
+  if (!spec_json) throw gdn::InputError("spec_json: is null");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(spec_json);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw gdn::SpecError("/", std::string("invalid JSON: ") + e.what());
+  }
+  return gdn::spec_from_json(j);
+}
+
+gdn::Workspace& workspace_of(gdn_workspace* w) {
+  if (!w) throw gdn::InputError("workspace: is null");
+  return w->ws;
+}
+
+}  // namespace
+
+int gdn_spec_validate(const char* spec_json, char* canonical, size_t capacity) {
+  return guarded([&] {
+    const std::string text = gdn::to_json(parse_spec(spec_json)).dump();
+    if (!canonical) return;
+    if (text.size() + 1 > capacity)
+      throw gdn::InputError("canonical: " + std::to_string(capacity) + " bytes given, " +
+                            std::to_string(text.size() + 1) + " needed");
+    std::memcpy(canonical, text.c_str(), text.size() + 1);
+  });
+}
+
+int gdn_workspace_create(void* data, size_t bytes, gdn_workspace** out) {
+  return guarded([&] {
+    if (!out) throw gdn::InputError("out: is null");
+    *out = new gdn_workspace{gdn::Workspace(data, bytes)};
+  });
+}
+
+void gdn_workspace_destroy(gdn_workspace* w) { delete w; }
+
 int gdn_layer_create(const char* spec_json, int ordinal, const char* cache_dir, gdn_layer** out) {
   return guarded([&] {
-    if (!spec_json || !out) throw gdn::InputError("spec_json and out must not be null");
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(spec_json);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw gdn::SpecError("/", std::string("invalid JSON: ") + e.what());
-    }
-    const gdn::Spec spec = gdn::spec_from_json(j);
+    if (!out) throw gdn::InputError("out: is null");
+    const gdn::Spec spec = parse_spec(spec_json);
     auto* l = new gdn_layer{gdn::rt::Context::create(ordinal), nullptr};
     try {
       gdn::cache::DiskCache cache(cache_dir ? std::filesystem::path(cache_dir) : gdn::cache::default_root());
@@ -116,6 +155,44 @@ int gdn_layer_backward(const gdn_layer* l, int64_t T, int N, const void* q, cons
     l->layer->backward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale),
                        {d_o, dht, dq, dk, dv, dg, dbeta, dh0}, saved, saved_bytes, ws, ws_bytes,
                        static_cast<CUstream>(stream));
+  });
+}
+
+int gdn_layer_forward_ws(const gdn_layer* l, int64_t T, int N, const void* q, const void* k, const void* v,
+                         const float* g, const float* beta, const void* cu, int cu64, const float* h0, float scale,
+                         void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream) {
+  return guarded([&] {
+    l->ctx.make_current();
+    l->layer->forward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved, saved_bytes,
+                      workspace_of(ws), static_cast<CUstream>(stream));
+  });
+}
+
+int gdn_layer_recompute(const gdn_layer* l, int64_t T, int N, const void* q, const void* k, const void* v,
+                        const float* g, const float* beta, const void* cu, int cu64, const float* h0, float scale,
+                        int output_needed, void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* ws,
+                        void* stream, int* handoff) {
+  return guarded([&] {
+    l->ctx.make_current();
+    const gdn::HandOff h = l->layer->recompute(
+        {T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht},
+        output_needed ? gdn::OutputNeeded::yes : gdn::OutputNeeded::no, saved, saved_bytes, workspace_of(ws),
+        static_cast<CUstream>(stream));
+    if (handoff) *handoff = h == gdn::HandOff::taken;
+  });
+}
+
+int gdn_layer_backward_ws(const gdn_layer* l, int64_t T, int N, const void* q, const void* k, const void* v,
+                          const float* g, const float* beta, const void* cu, int cu64, const float* h0, float scale,
+                          const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg, float* dbeta,
+                          float* dh0, const void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream,
+                          int* handoff) {
+  return guarded([&] {
+    l->ctx.make_current();
+    const gdn::HandOff h = l->layer->backward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale),
+                                              {d_o, dht, dq, dk, dv, dg, dbeta, dh0}, saved, saved_bytes,
+                                              workspace_of(ws), static_cast<CUstream>(stream));
+    if (handoff) *handoff = h == gdn::HandOff::taken;
   });
 }
 

@@ -135,6 +135,10 @@ Layer::Compiled Layer::compile_plan(CallPlan plan, int id) const {
 }
 
 void Layer::make_plans(HostPath path) {
+  // No silent fallback: a spec that asks for graph replay must not quietly run eagerly.
+  if (ir_.spec.graph == GraphMode::replay)
+    throw InputError(fmt::format("/graph: \"replay\" is not implemented by the runtime yet (layer '{}'); use \"off\"",
+                                 ir_.spec.name));
   host_path_ = path;
   static std::atomic<int> serial{0};
   const int id = serial.fetch_add(1);

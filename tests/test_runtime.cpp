@@ -159,6 +159,14 @@ TEST_SUITE("runtime") {
     CHECK(r.programs_since(mark) == kBackwardWithHandoff);
   }
 
+  TEST_CASE("graph replay is refused by the runtime, not run eagerly") {
+    Spec s = example("n");
+    s.graph = GraphMode::replay;
+    CHECK_THROWS_WITH_AS(Layer::with_launcher(s, std::make_shared<testing::RecordingLauncher>()),
+                         R"(/graph: "replay" is not implemented by the runtime yet (layer 'shape_n'); use "off")",
+                         InputError);
+  }
+
   TEST_CASE("a recompute that skips the output needs no o") {
     Rig r(example("n"));
     r.out.o = nullptr;

@@ -91,4 +91,19 @@ TEST_SUITE("spec") {
     CHECK(gdn_layer_create("{", 0, nullptr, &layer) == GDN_ERR_SPEC);
     CHECK(std::string(gdn_last_error()).find("invalid JSON") != std::string::npos);
   }
+
+  TEST_CASE("the C ABI validates specs and returns the canonical form") {
+    char buf[2048];
+    CHECK(gdn_spec_validate(R"({"name":"x","heads":{"qk":2,"v":6}})", buf, sizeof buf) == GDN_OK);
+    const auto j = nlohmann::json::parse(buf);
+    CHECK(j["chunk"] == 64);
+    CHECK(j["save_mode"] == "light");
+    CHECK(gdn_spec_validate(R"({"name":"x","heads":{"qk":2,"v":6}})", buf, 10) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()).find("canonical: 10 bytes given") == 0);
+    CHECK(gdn_spec_validate(R"({"name":"x","heads":{"qk":2,"v":6},"chunk":48})", nullptr, 0) == GDN_ERR_SPEC);
+    CHECK(std::string(gdn_last_error()) == "/chunk: 48 is not supported (supported: 64)");
+    gdn_workspace* ws = nullptr;
+    CHECK(gdn_workspace_create(nullptr, 0, &ws) == GDN_OK);
+    gdn_workspace_destroy(ws);
+  }
 }
