@@ -1,0 +1,90 @@
+"""Loading libgdn.so (the C ABI of runtime/gdn.h) with ctypes: no compilation against torch."""
+
+import ctypes
+import os
+from pathlib import Path
+
+_lib = None
+
+GDN_OK, GDN_ERR_SPEC, GDN_ERR_INPUT, GDN_ERR_COMPILE, GDN_ERR_CUDA, GDN_ERR_OTHER = range(6)
+
+
+class GdncError(RuntimeError):
+    """A failure reported by libgdn (compile, CUDA or other); the message is libgdn's."""
+
+
+class SpecError(ValueError):
+    """An invalid layer spec; the message starts with the JSON pointer of the field."""
+
+
+class InputError(ValueError):
+    """Invalid call arguments (shapes, dtypes, sizes); the message names the argument."""
+
+
+def _candidates():
+    env = os.environ.get("GDNC_LIBRARY")
+    if env:
+        return [Path(env)]
+    here = Path(__file__).resolve().parent
+    return [here / "libgdn.so", here.parent.parent / "build" / "libgdn.so"]
+
+
+def library():
+    """The loaded libgdn; raises GdncError naming every path tried when it cannot be loaded."""
+    global _lib
+    if _lib is not None:
+        return _lib
+    tried = []
+    for path in _candidates():
+        if not path.is_file():
+            tried.append(f"{path} (missing)")
+            continue
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError as e:
+            tried.append(f"{path} ({e})")
+            continue
+        _declare(lib)
+        _lib = lib
+        return lib
+    raise GdncError("cannot load libgdn.so; tried: " + "; ".join(tried) +
+                    ". Build it with ./scripts/test.sh or point GDNC_LIBRARY at it.")
+
+
+def check(status):
+    """Raises the exception that matches a libgdn status code, with libgdn's message."""
+    if status == GDN_OK:
+        return
+    message = library().gdn_last_error().decode()
+    if status == GDN_ERR_SPEC:
+        raise SpecError(message)
+    if status == GDN_ERR_INPUT:
+        raise InputError(message)
+    raise GdncError(message)
+
+
+def _declare(lib):
+    c = ctypes
+    p, sz, i64, i32, f32 = c.c_void_p, c.c_size_t, c.c_int64, c.c_int, c.c_float
+    fp = c.POINTER(c.c_float)
+    lib.gdn_last_error.restype = c.c_char_p
+    lib.gdn_last_error.argtypes = []
+    lib.gdn_spec_validate.argtypes = [c.c_char_p, c.c_char_p, sz]
+    lib.gdn_layer_create.argtypes = [c.c_char_p, i32, c.c_char_p, c.POINTER(p)]
+    lib.gdn_layer_destroy.argtypes = [p]
+    lib.gdn_layer_destroy.restype = None
+    lib.gdn_layer_saved_bytes.argtypes = [p, i64, i32, c.POINTER(sz)]
+    lib.gdn_layer_workspace_bytes.argtypes = [p, i32, i64, i32, c.POINTER(sz)]
+    lib.gdn_workspace_create.argtypes = [p, sz, c.POINTER(p)]
+    lib.gdn_workspace_destroy.argtypes = [p]
+    lib.gdn_workspace_destroy.restype = None
+    inputs = [p, i64, i32, p, p, p, p, p, p, i32, p, f32]
+    lib.gdn_layer_forward_ws.argtypes = inputs + [p, p, p, sz, p, p]
+    lib.gdn_layer_recompute.argtypes = inputs + [i32, p, p, p, sz, p, p, c.POINTER(i32)]
+    lib.gdn_layer_backward_ws.argtypes = inputs + [p, p, p, p, p, p, p, p, p, sz, p, p, c.POINTER(i32)]
+    lib.gdn_layer_check_status.argtypes = [p, i64, i32, p, p]
+    for name in ("gdn_spec_validate", "gdn_layer_create", "gdn_layer_saved_bytes", "gdn_layer_workspace_bytes",
+                 "gdn_workspace_create", "gdn_layer_forward_ws", "gdn_layer_recompute", "gdn_layer_backward_ws",
+                 "gdn_layer_check_status"):
+        getattr(lib, name).restype = c.c_int
+    del fp

@@ -1,0 +1,122 @@
+"""CPU tests of the Python binding: argument checking, spec building through libgdn, loading
+errors. They need libgdn.so (GDNC_LIBRARY or build/libgdn.so) but neither torch nor a GPU."""
+
+import os
+import subprocess
+import sys
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import gdnc  # noqa: E402
+
+
+class FakeDtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return "torch." + self.name
+
+
+class FakeTensor:
+    """What check_arguments reads of a tensor: shape, dtype, is_cuda, is_contiguous()."""
+
+    def __init__(self, shape, dtype="bfloat16", cuda=True, contiguous=True):
+        self.shape = shape
+        self.dtype = FakeDtype(dtype)
+        self.is_cuda = cuda
+        self._contiguous = contiguous
+
+    def is_contiguous(self):
+        return self._contiguous
+
+
+def call(**over):
+    args = dict(q=FakeTensor((1, 100, 2, 128)), k=FakeTensor((1, 100, 2, 128)), v=FakeTensor((1, 100, 6, 128)),
+                g=FakeTensor((1, 100, 6), "float32"), beta=FakeTensor((1, 100, 6), "float32"),
+                initial_state=FakeTensor((3, 6, 128, 128), "float32"), cu_seqlens=FakeTensor((4,), "int32"))
+    args.update(over)
+    return gdnc.check_arguments(**args)
+
+
+class ArgumentTests(unittest.TestCase):
+    def test_valid_varlen_call(self):
+        self.assertEqual(call(), (1, 100, 2, 6, 128, 128, 3))
+
+    def test_batch_without_cu_seqlens_is_one_document_per_row(self):
+        self.assertEqual(call(q=FakeTensor((4, 100, 2, 128)), k=FakeTensor((4, 100, 2, 128)),
+                              v=FakeTensor((4, 100, 6, 128)), g=FakeTensor((4, 100, 6), "float32"),
+                              beta=FakeTensor((4, 100, 6), "float32"), cu_seqlens=None,
+                              initial_state=FakeTensor((4, 6, 128, 128), "float32")), (4, 100, 2, 6, 128, 128, 4))
+
+    def test_errors_name_the_argument_and_value(self):
+        cases = [
+            (dict(q=FakeTensor((100, 2, 128))), "q: expected [B, T, H, K], got shape (100, 2, 128)"),
+            (dict(k=FakeTensor((1, 99, 2, 128))), "k: shape (1, 99, 2, 128) differs from q's (1, 100, 2, 128)"),
+            (dict(v=FakeTensor((1, 100, 5, 128))), "v: 5 value heads is not a multiple of 2 q/k heads"),
+            (dict(g=FakeTensor((1, 100, 5), "float32")), "g: expected [B=1, T=100, HV=6], got shape (1, 100, 5)"),
+            (dict(q=FakeTensor((1, 100, 2, 128), "float16")), "q: dtype float16 is not supported (supported: bfloat16)"),
+            (dict(beta=FakeTensor((1, 100, 6), "bfloat16")),
+             "beta: dtype bfloat16 is not supported (supported: float32)"),
+            (dict(cu_seqlens=FakeTensor((4,), "float32")),
+             "cu_seqlens: dtype float32 is not supported (int32 or int64)"),
+            (dict(initial_state=FakeTensor((2, 6, 128, 128), "float32")),
+             "initial_state: expected [N=3, HV=6, K=128, V=128], got (2, 6, 128, 128)"),
+            (dict(v=FakeTensor((1, 100, 6, 128), cuda=False)), "v: must be on a CUDA device"),
+            (dict(g=FakeTensor((1, 100, 6), "float32", contiguous=False)), "g: must be contiguous"),
+        ]
+        for over, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(gdnc.InputError) as e:
+                    call(**over)
+                self.assertEqual(str(e.exception), message)
+
+    def test_unknown_and_unsupported_arguments_raise(self):
+        with self.assertRaisesRegex(TypeError, r"unexpected argument\(s\) \['use_qk_l2norm'\]"):
+            call(use_qk_l2norm=True)
+        with self.assertRaisesRegex(NotImplementedError, "use_beta_sigmoid_in_kernel=True is not supported"):
+            call(use_beta_sigmoid_in_kernel=True)
+        with self.assertRaisesRegex(ValueError, r"chunk_size=32 is not supported \(supported: 64\)"):
+            call(chunk_size=32)
+        self.assertEqual(call(cu_seqlens_cpu=object())[-1], 3)  # a sync-avoiding hint gdnc does not need
+
+
+class SpecTests(unittest.TestCase):
+    def test_build_fills_in_the_shapes_and_defaults(self):
+        s = gdnc.build_spec({"save_mode": "full", "deterministic": True}, heads_qk=2, heads_v=6, head_dim_k=128,
+                            head_dim_v=128, l2norm=True, initial_state=False, final_state=True)
+        self.assertEqual(s["heads"], {"qk": 2, "v": 6})
+        self.assertEqual(s["save_mode"], "full")
+        self.assertEqual(s["norm"], "l2_in_kernel")
+        self.assertFalse(s["initial_state"])
+        self.assertEqual(s["chunk"], 64)
+
+    def test_invalid_specs_carry_the_json_pointer(self):
+        with self.assertRaises(gdnc.SpecError) as e:
+            gdnc.build_spec({"save_mode": "heavy"}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
+                            l2norm=True, initial_state=False, final_state=False)
+        self.assertEqual(str(e.exception), '/save_mode: "heavy" is not supported (supported: "light", "full")')
+        with self.assertRaises(gdnc.SpecError) as e:
+            gdnc.build_spec(None, heads_qk=2, heads_v=6, head_dim_k=96, head_dim_v=128, l2norm=True,
+                            initial_state=False, final_state=False)
+        self.assertEqual(str(e.exception), "/head_dim/k: 96 is not supported (supported: 128)")
+
+    def test_options_that_follow_from_the_call_cannot_be_overridden(self):
+        with self.assertRaisesRegex(TypeError, r"unknown option\(s\) \['heads'\]"):
+            gdnc.build_spec({"heads": {"qk": 1, "v": 1}}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
+                            l2norm=True, initial_state=False, final_state=False)
+
+
+class LoadingTests(unittest.TestCase):
+    def test_missing_library_names_the_path(self):
+        code = "import gdnc\ntry:\n    gdnc.library()\nexcept gdnc.GdncError as e:\n    print(e)\n"
+        env = dict(os.environ, GDNC_LIBRARY="/nonexistent/libgdn.so")
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                             cwd=str(Path(__file__).resolve().parents[1]), check=True).stdout
+        self.assertIn("cannot load libgdn.so; tried: /nonexistent/libgdn.so (missing)", out)
+
+
+if __name__ == "__main__":
+    unittest.main()
