@@ -189,8 +189,9 @@ LayerIR lower(const Spec& s) {
   buf("dq_v", BufferRole::workspace, "bf16", "[T, HV, K]", {hv * K * 2}, bwd_only);
   buf("dk_v", BufferRole::workspace, "bf16", "[T, HV, K]", {hv * K * 2}, bwd_only);
 
-  // Call forms. The recompute is the forward a checkpointed step runs in its backward phase;
-  // until the runtime issue lands it launches exactly the forward's programs.
+  // Call forms. The recompute is the forward a checkpointed step runs in its backward phase: it
+  // may skip the output, and with light saves it may hand its tapes to the backward, which then
+  // skips the re-run (docs/runtime.md).
   std::vector<Launch> fwd = {{"chunk_table", "cu_seqlens -> chunks, checked on the device"}};
   if (norm) {
     fwd.push_back({"l2norm", "q"});
@@ -201,11 +202,14 @@ LayerIR lower(const Spec& s) {
   fwd.push_back({"state_walk", full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace"});
   fwd.push_back({"output", ""});
   ir.call_forms.push_back({CallForm::forward, fwd});
-  ir.call_forms.push_back({CallForm::recompute, fwd});
+  std::vector<Launch> rec = fwd;
+  rec.back().when = "the output is needed";
+  if (!full) rec[rec.size() - 2].note = "h_tape, v_new in the workspace, handed to the backward if decided";
+  ir.call_forms.push_back({CallForm::recompute, rec});
   std::vector<Launch> bwd;
   if (!full) {
-    bwd.push_back({"chunk_prep", "re-run: Tm read back, W and U recomputed"});
-    bwd.push_back({"state_walk", "re-run: h_tape, v_new"});
+    bwd.push_back({"chunk_prep", "re-run: Tm read back, W and U recomputed", "no fresh hand-off"});
+    bwd.push_back({"state_walk", "re-run: h_tape, v_new", "no fresh hand-off"});
   }
   bwd.push_back({"dv_local", ""});
   bwd.push_back({"state_walk_bwd", ""});
@@ -250,7 +254,8 @@ std::string to_text(const LayerIR& ir) {
   for (const auto& cf : ir.call_forms) {
     line(fmt::format("call {}:", to_string(cf.form)));
     for (const auto& l : cf.launches)
-      line(fmt::format("  launch {}{}", l.program, l.note.empty() ? "" : "  # " + l.note));
+      line(fmt::format("  launch {}{}{}", l.program, l.when.empty() ? "" : " [when " + l.when + "]",
+                       l.note.empty() ? "" : "  # " + l.note));
   }
   return out;
 }
@@ -278,7 +283,7 @@ json to_json(const LayerIR& ir) {
   json forms = json::array();
   for (const auto& cf : ir.call_forms) {
     json ls = json::array();
-    for (const auto& l : cf.launches) ls.push_back({{"program", l.program}, {"note", l.note}});
+    for (const auto& l : cf.launches) ls.push_back({{"program", l.program}, {"note", l.note}, {"when", l.when}});
     forms.push_back({{"form", to_string(cf.form)}, {"launches", ls}});
   }
   return {{"spec", to_json(ir.spec)},

@@ -68,6 +68,7 @@ struct Program {
 struct Launch {
   std::string program;
   std::string note;  ///< why or on what, e.g. "q", "tm read back"
+  std::string when;  ///< empty: always; else the runtime condition, e.g. "no fresh hand-off"
 };
 
 struct CallFormIR {

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 namespace fs = std::filesystem;
@@ -108,6 +109,68 @@ TEST_SUITE("launches") {
     full.norm = Norm::none;
     full.initial_state = StateFlag::absent;
     check_golden("launches_m_full_nonorm_noh0.txt", record(full, {1000, 2}));
+  }
+
+  TEST_CASE("every call plan launches what the IR's call form lists") {
+    for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+      Spec spec = example("n");
+      spec.save_mode = save;
+      const LayerIR ir = lower(spec);
+      auto names = [&](const CallPlan& p) {
+        std::vector<std::string> out;
+        for (const auto& l : p.launches) out.push_back(ir.programs[static_cast<size_t>(l.program)].name);
+        return out;
+      };
+      auto listed = [&](CallForm f, bool with_conditional) {
+        std::vector<std::string> out;
+        for (const auto& cf : ir.call_forms)
+          if (cf.form == f)
+            for (const auto& l : cf.launches)
+              if (with_conditional || l.when.empty()) out.push_back(l.program);
+        return out;
+      };
+      CHECK(names(plan_forward(ir, OutputLaunch::yes)) == listed(CallForm::forward, true));
+      CHECK(names(plan_forward(ir, OutputLaunch::yes)) == listed(CallForm::recompute, true));
+      CHECK(names(plan_forward(ir, OutputLaunch::no)) == listed(CallForm::recompute, false));
+      CHECK(names(plan_backward(ir, PrepRerun::yes)) == listed(CallForm::backward, true));
+      CHECK(names(plan_backward(ir, PrepRerun::no)) == listed(CallForm::backward, false));
+    }
+  }
+
+  TEST_CASE("the region sizes are exact: every slot a launch addresses ends inside, the last at the end") {
+    for (const char* name : {"n", "m"}) {
+      for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+        Spec spec = example(name);
+        spec.save_mode = save;
+        auto rec = std::make_shared<testing::RecordingLauncher>();
+        auto layer = Layer::with_launcher(spec, rec);
+        const ProblemShape s{12345, 7};
+        const FakeCall f = fake_call(*layer, s);
+        layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size,
+                       reinterpret_cast<void*>(f.ws), f.ws_size, nullptr);
+        layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size,
+                        reinterpret_cast<void*>(f.ws), f.ws_size, nullptr);
+        // Each slot's end: its offset plus its own byte formula (before alignment).
+        uint64_t saved_end = 0, ws_end = 0;
+        std::map<uint64_t, uint64_t> slot_bytes;
+        for (const auto& [n, off] : layer->saved_layout(s).offset)
+          slot_bytes[f.saved + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
+        for (const auto& [n, off] : layer->workspace_layout(CallForm::backward, s).offset)
+          slot_bytes[f.ws + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
+        for (const auto& r : rec->records)
+          for (size_t off = 0; off + 8 <= r.params.size(); off += 8) {
+            uint64_t w;
+            std::memcpy(&w, r.params.data() + off, 8);
+            auto it = slot_bytes.find(w);
+            if (it == slot_bytes.end()) continue;
+            if (w >= f.ws) ws_end = std::max(ws_end, w - f.ws + it->second);
+            else saved_end = std::max(saved_end, w - f.saved + it->second);
+          }
+        CAPTURE(name);
+        CHECK((saved_end + 255) / 256 * 256 == layer->saved_bytes(s));
+        CHECK((ws_end + 255) / 256 * 256 == f.ws_size);
+      }
+    }
   }
 
   TEST_CASE("grids follow the problem size") {
