@@ -118,6 +118,37 @@ class Builder {
 #define GDN_BIND(L, P, field, src) \
   (L).fields.push_back(Field{static_cast<uint32_t>(offsetof(P, field)), sizeof(P::field), (src)})
 
+void bind_chunk_prep(Builder& b, const ValueSource& k, int tm_is_input) {
+  auto& l = b.launch("chunk_prep", sizeof(ChunkPrepParams));
+  using P = ChunkPrepParams;
+  GDN_BIND(l, P, k, k);
+  GDN_BIND(l, P, v, b.frame(Frame::v));
+  GDN_BIND(l, P, beta, b.frame(Frame::beta));
+  GDN_BIND(l, P, gc, b.slot("gc"));
+  GDN_BIND(l, P, chunks, b.slot("chunks"));
+  GDN_BIND(l, P, nt_max, b.nt_max());
+  GDN_BIND(l, P, tm, b.slot("tm"));
+  GDN_BIND(l, P, tm_is_input, b.constant(tm_is_input));
+  GDN_BIND(l, P, w, b.slot("w"));
+  GDN_BIND(l, P, u, b.slot("u"));
+}
+
+void bind_state_walk(Builder& b, const ValueSource& k, const ValueSource& ht) {
+  auto& l = b.launch("state_walk", sizeof(StateWalkParams));
+  using P = StateWalkParams;
+  GDN_BIND(l, P, k, k);
+  GDN_BIND(l, P, w, b.slot("w"));
+  GDN_BIND(l, P, u, b.slot("u"));
+  GDN_BIND(l, P, gc, b.slot("gc"));
+  GDN_BIND(l, P, chunks, b.slot("chunks"));
+  GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+  GDN_BIND(l, P, N, b.frame(Frame::N));
+  GDN_BIND(l, P, h0, b.frame(Frame::h0));
+  GDN_BIND(l, P, ht, ht);
+  GDN_BIND(l, P, h_tape, b.slot("h_tape"));
+  GDN_BIND(l, P, v_new, b.slot("v_new"));
+}
+
 }  // namespace
 
 CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
@@ -159,35 +190,8 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, chunks, b.slot("chunks"));
     GDN_BIND(l, P, nt_max, b.nt_max());
   }
-  {
-    auto& l = b.launch("chunk_prep", sizeof(ChunkPrepParams));
-    using P = ChunkPrepParams;
-    GDN_BIND(l, P, k, k);
-    GDN_BIND(l, P, v, b.frame(F::v));
-    GDN_BIND(l, P, beta, b.frame(F::beta));
-    GDN_BIND(l, P, gc, b.slot("gc"));
-    GDN_BIND(l, P, chunks, b.slot("chunks"));
-    GDN_BIND(l, P, nt_max, b.nt_max());
-    GDN_BIND(l, P, tm, b.slot("tm"));
-    GDN_BIND(l, P, tm_is_input, b.constant(0));
-    GDN_BIND(l, P, w, b.slot("w"));
-    GDN_BIND(l, P, u, b.slot("u"));
-  }
-  {
-    auto& l = b.launch("state_walk", sizeof(StateWalkParams));
-    using P = StateWalkParams;
-    GDN_BIND(l, P, k, k);
-    GDN_BIND(l, P, w, b.slot("w"));
-    GDN_BIND(l, P, u, b.slot("u"));
-    GDN_BIND(l, P, gc, b.slot("gc"));
-    GDN_BIND(l, P, chunks, b.slot("chunks"));
-    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
-    GDN_BIND(l, P, N, b.frame(F::N));
-    GDN_BIND(l, P, h0, b.frame(F::h0));
-    GDN_BIND(l, P, ht, b.frame(F::ht));
-    GDN_BIND(l, P, h_tape, b.slot("h_tape"));
-    GDN_BIND(l, P, v_new, b.slot("v_new"));
-  }
+  bind_chunk_prep(b, k, 0);
+  bind_state_walk(b, k, b.frame(F::ht));
   if (output == OutputLaunch::yes) {
     auto& l = b.launch("output", sizeof(OutputParams));
     using P = OutputParams;
@@ -214,35 +218,8 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
   const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
   if (!full && rerun == PrepRerun::yes) {
-    {
-      auto& l = b.launch("chunk_prep", sizeof(ChunkPrepParams));
-      using P = ChunkPrepParams;
-      GDN_BIND(l, P, k, k);
-      GDN_BIND(l, P, v, b.frame(F::v));
-      GDN_BIND(l, P, beta, b.frame(F::beta));
-      GDN_BIND(l, P, gc, b.slot("gc"));
-      GDN_BIND(l, P, chunks, b.slot("chunks"));
-      GDN_BIND(l, P, nt_max, b.nt_max());
-      GDN_BIND(l, P, tm, b.slot("tm"));
-      GDN_BIND(l, P, tm_is_input, b.constant(1));
-      GDN_BIND(l, P, w, b.slot("w"));
-      GDN_BIND(l, P, u, b.slot("u"));
-    }
-    {
-      auto& l = b.launch("state_walk", sizeof(StateWalkParams));
-      using P = StateWalkParams;
-      GDN_BIND(l, P, k, k);
-      GDN_BIND(l, P, w, b.slot("w"));
-      GDN_BIND(l, P, u, b.slot("u"));
-      GDN_BIND(l, P, gc, b.slot("gc"));
-      GDN_BIND(l, P, chunks, b.slot("chunks"));
-      GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
-      GDN_BIND(l, P, N, b.frame(F::N));
-      GDN_BIND(l, P, h0, b.frame(F::h0));
-      GDN_BIND(l, P, ht, b.constant(0));
-      GDN_BIND(l, P, h_tape, b.slot("h_tape"));
-      GDN_BIND(l, P, v_new, b.slot("v_new"));
-    }
+    bind_chunk_prep(b, k, 1);  // Tm read back
+    bind_state_walk(b, k, b.constant(0));
   }
   {
     auto& l = b.launch("dv_local", sizeof(DvLocalParams));

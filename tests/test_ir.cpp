@@ -5,40 +5,26 @@
  */
 #include "compiler/ir.hpp"
 
+#include "tests/golden.hpp"
+
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 namespace fs = std::filesystem;
 
-static void check_golden(const std::string& name, const std::string& got) {
-  const fs::path path = fs::path(GDN_SOURCE_DIR) / "tests/goldens" / name;
-  if (const char* u = std::getenv("UPDATE_GOLDENS"); u && std::string(u) == "1") {
-    std::ofstream(path) << got;
-    MESSAGE("rewrote " << path.string() << ": review and commit it");
-    return;
-  }
-  std::ifstream in(path);
-  REQUIRE_MESSAGE(in.good(), "missing golden " << path.string() << " (run with UPDATE_GOLDENS=1)");
-  std::stringstream s;
-  s << in.rdbuf();
-  CHECK(s.str() == got);
-}
 
 TEST_SUITE("ir") {
   TEST_CASE("IR text goldens of the example specs") {
     for (const char* name : {"n", "m"}) {
       const auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(name) + ".json")).string());
-      check_golden(std::string("ir_") + name + ".txt", gdn::to_text(gdn::lower(spec)));
+      gdn::testing::check_golden(std::string("ir_") + name + ".txt", gdn::to_text(gdn::lower(spec)));
     }
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     spec.save_mode = gdn::SaveMode::full;
     spec.norm = gdn::Norm::none;
     spec.initial_state = gdn::StateFlag::absent;
-    check_golden("ir_m_full_nonorm_noh0.txt", gdn::to_text(gdn::lower(spec)));
+    gdn::testing::check_golden("ir_m_full_nonorm_noh0.txt", gdn::to_text(gdn::lower(spec)));
   }
 
   TEST_CASE("save modes move the walk's tapes between saved and workspace") {

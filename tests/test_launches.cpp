@@ -6,9 +6,10 @@
  */
 #include "tests/launch_recorder.hpp"
 
+#include "tests/golden.hpp"
+
 #include <doctest/doctest.h>
 
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -19,19 +20,6 @@ using namespace gdn;
 
 namespace {
 
-void check_golden(const std::string& name, const std::string& got) {
-  const fs::path path = fs::path(GDN_SOURCE_DIR) / "tests/goldens" / name;
-  if (const char* u = std::getenv("UPDATE_GOLDENS"); u && std::string(u) == "1") {
-    std::ofstream(path) << got;
-    MESSAGE("rewrote " << path.string() << ": review and commit it");
-    return;
-  }
-  std::ifstream in(path);
-  REQUIRE_MESSAGE(in.good(), "missing golden " << path.string() << " (run with UPDATE_GOLDENS=1)");
-  std::stringstream s;
-  s << in.rdbuf();
-  CHECK(s.str() == got);
-}
 
 struct FakeCall {
   std::vector<testing::Region> regions;
@@ -103,12 +91,12 @@ Spec example(const char* name) {
 
 TEST_SUITE("launches") {
   TEST_CASE("launch sequences of the examples are pinned") {
-    check_golden("launches_n_light.txt", record(example("n"), {8192, 3}));
+    testing::check_golden("launches_n_light.txt", record(example("n"), {8192, 3}));
     Spec full = example("m");
     full.save_mode = SaveMode::full;
     full.norm = Norm::none;
     full.initial_state = StateFlag::absent;
-    check_golden("launches_m_full_nonorm_noh0.txt", record(full, {1000, 2}));
+    testing::check_golden("launches_m_full_nonorm_noh0.txt", record(full, {1000, 2}));
   }
 
   TEST_CASE("every call plan launches what the IR's call form lists") {
