@@ -145,8 +145,8 @@ class Layer {
 
   RegionLayout saved_layout(ProblemShape) const;
   RegionLayout workspace_layout(CallForm, ProblemShape) const;
-  size_t saved_bytes(ProblemShape s) const { return saved_layout(s).bytes; }
-  size_t workspace_bytes(CallForm f, ProblemShape s) const { return workspace_layout(f, s).bytes; }
+  size_t saved_bytes(ProblemShape) const;
+  size_t workspace_bytes(CallForm, ProblemShape) const;
 
   void forward(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
                void* workspace, size_t workspace_size, CUstream) const;
