@@ -182,7 +182,7 @@ int cmd_cache_verify(bool as_json) {
 }
 
 int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs,
-              uint64_t seed, bool forward_only) {
+              uint64_t seed, bool forward_only, bool ckpt) {
   Spec spec = spec_from_file(path);
   std::vector<long long> lens = docs;
   if (lens.empty()) {
@@ -196,11 +196,13 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   c.doc_lens = lens;
   c.seed = seed;
   c.backward = !forward_only;
+  if (ckpt) c.step = check::Case::Step::ckpt;
   const check::Report r = check::run(*layer, c);
   long long T = 0;
   for (auto l : lens) T += l;
-  fmt::print("layer {} on {} ({}), T={} N={} seed={}\n", spec.name, ctx.name(), to_string(layer->target()), T,
-             lens.size(), seed);
+  fmt::print("layer {} on {} ({}), T={} N={} seed={}{}\n", spec.name, ctx.name(), to_string(layer->target()), T,
+             lens.size(), seed,
+             ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "");
   bool ok = true;
   for (const auto& [name, err] : r.rel_rms) {
     const bool pass = err <= check::tolerance(name);
@@ -258,7 +260,7 @@ int main(int argc, char** argv) {
   long long tokens = 0;
   int n_docs = 0;
   uint64_t seed = static_cast<uint64_t>(std::time(nullptr));
-  bool forward_only = false;
+  bool forward_only = false, ckpt = false;
   auto* check_cmd = app.add_subcommand("check", "Run the layer on the GPU on random inputs against the fp64 reference");
   check_cmd->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
   check_cmd->add_option("--docs", docs, "document lengths")->delimiter(',');
@@ -266,6 +268,7 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--n-docs", n_docs, "documents of about equal length");
   check_cmd->add_option("--seed", seed, "random seed (default: the time)");
   check_cmd->add_flag("--forward-only", forward_only, "skip the backward");
+  check_cmd->add_flag("--ckpt", ckpt, "run the checkpointed step: forward, recompute, backward on one workspace");
 
   try {
     app.parse(argc, argv);
@@ -292,7 +295,7 @@ int main(int argc, char** argv) {
       fmt::print("removed {} entries\n", removed.size());
       return kOk;
     }
-    if (*check_cmd) return cmd_check(spec_path, docs, tokens, n_docs, seed, forward_only);
+    if (*check_cmd) return cmd_check(spec_path, docs, tokens, n_docs, seed, forward_only, ckpt);
   } catch (const CLI::ValidationError& e) {
     fmt::print(stderr, "gdnc: {}\n", e.what());
     return kUsage;
