@@ -1,8 +1,9 @@
 /**
  * @file bench.cpp
- * @brief Times our forward and forward+backward on the seed's shapes N, M, G, A, both
- *        determinism variants: CUDA events, warm-ups, L2 flushed before every sample, arms
- *        interleaved, median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
+ * @brief Times our forward, forward+backward and checkpointed step on the seed's shapes N, M,
+ *        G, A, for three arms (the spec, an A/A copy, the spec without the tape hand-off): CUDA
+ *        events, warm-ups, L2 flushed before every sample, arms interleaved in mirrored order,
+ *        median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
  *
  * Usage: gdn_bench [--shapes N,M,G,A] [--samples 15] [--warmup 3]
  *        gdn_bench --host-only   host time per call of the LLVM stub and the interpreter, launches
@@ -29,19 +30,24 @@ const char* source_dir() {
   return e ? e : GDN_SOURCE_DIR;
 }
 
+/// FLA's H200 numbers and the floors of DEVICE.md, in ms, per operation (fwd, fwd+bwd, ckpt).
+/// The ckpt floor is a forward plus a forward+backward (the step runs 2 x fwd + bwd).
 struct Shape {
   const char* name;
   const char* example;
   std::vector<long long> docs;
-  double fla_fwd, fla_fwdbwd, floor_fwd, floor_fwdbwd;  // ms, DEVICE.md
+  double fla[3];
+  double floor[3];
 };
 
 const Shape kShapes[] = {
-    {"N", "n", {2049, 3001, 3142}, 0.626, 3.138, 0.011, 0.043},
-    {"M", "m", {12000, 9000, 6000, 3768, 2000}, 2.909, 11.363, 0.352, 1.36},
-    {"G", "g", {3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000}, 11.440, 45.777, 1.406, 5.45},
-    {"A", "a", {98304, 65536, 57344, 40960}, 23.182, 95.348, 2.812, 10.90},
+    {"N", "n", {2049, 3001, 3142}, {0.626, 3.138, 5.339}, {0.011, 0.043, 0.054}},
+    {"M", "m", {12000, 9000, 6000, 3768, 2000}, {2.909, 11.363, 14.378}, {0.352, 1.36, 1.712}},
+    {"G", "g", {3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000},
+     {11.440, 45.777, 57.577}, {1.406, 5.45, 6.856}},
+    {"A", "a", {98304, 65536, 57344, 40960}, {23.182, 95.348, 118.855}, {2.812, 10.90, 13.712}},
 };
+const char* const kOps[] = {"fwd", "fwd+bwd", "ckpt"};
 
 rt::DeviceBuffer random_buffer(size_t n_elems, int kind, uint64_t seed) {
   // kind 0: bf16 N(0,1); 1: fp32 logsigmoid gate; 2: fp32 sigmoid beta
@@ -134,7 +140,7 @@ int main(int argc, char** argv) {
   auto flush = rt::DeviceBuffer::create(256u << 20);  // > the H200's 60 MB L2
   rt::Event e0 = rt::Event::create(), e1 = rt::Event::create();
   fmt::print("device: {} ({} SMs)\n", ctx.name(), ctx.sm_count());
-  fmt::print("{:<5} {:<8} {:<9} {:>9} {:>13} {:>9} {:>9} {:>10}\n", "shape", "op", "variant", "ms", "spread(%)",
+  fmt::print("{:<5} {:<8} {:<12} {:>9} {:>10} {:>9} {:>9} {:>8}\n", "shape", "op", "arm", "ms", "spread %",
              "FLA ms", "FLA/ours", "floor x");
   for (const Shape& sh : kShapes) {
     if (shapes.find(sh.name) == std::string::npos) continue;
@@ -158,59 +164,68 @@ int main(int argc, char** argv) {
     auto dq = rt::DeviceBuffer::create(size_t(T) * H * 128 * 2), dk = rt::DeviceBuffer::create(size_t(T) * H * 128 * 2);
     auto dv = rt::DeviceBuffer::create(size_t(T) * HV * 128 * 2);
     auto dg = rt::DeviceBuffer::create(size_t(T) * HV * 4), db = rt::DeviceBuffer::create(size_t(T) * HV * 4);
+    // Arms: the spec as given (its hand-off rule applies to ckpt), an A/A copy of it (a second
+    // layer object on the same programs: the noise envelope), and the same spec without the
+    // hand-off (ckpt re-runs the prep program and the walk).
     struct Arm {
       std::string name;
       std::unique_ptr<Layer> layer;
       rt::DeviceBuffer saved, ws;
-      std::vector<double> fwd, fwdbwd;
+      std::vector<double> ms[3];
     };
     std::vector<Arm> arms;
-    for (Determinism d : {Determinism::deterministic, Determinism::nondeterministic}) {
+    const ProblemShape ps{T, N};
+    struct Variant {
+      const char* arm;
+      const char* suffix;
+      bool handoff_allowed;
+    };
+    for (const Variant& v : {Variant{"spec", "spec", true}, Variant{"spec A/A", "aa", true},
+                             Variant{"no hand-off", "nohandoff", false}}) {
       Spec s = base;
-      s.determinism = d;
-      s.name = std::string(sh.example) + (d == Determinism::deterministic ? "_det" : "_nondet");
-      Arm a{d == Determinism::deterministic ? "det" : "nondet", Layer::create(s, ctx, cache), {}, {}, {}, {}};
-      const ProblemShape ps{T, N};
+      s.name = std::string(sh.example) + "_" + v.suffix;
+      if (!v.handoff_allowed) s.reuse_recompute_tapes = ReuseTapes::no;
+      Arm a{v.arm, Layer::create(s, ctx, cache), {}, {}, {}};
       a.saved = rt::DeviceBuffer::create(a.layer->saved_bytes(ps));
       a.ws = rt::DeviceBuffer::create(std::max(a.layer->workspace_bytes(CallForm::forward, ps),
                                                a.layer->workspace_bytes(CallForm::backward, ps)));
       arms.push_back(std::move(a));
     }
-    const ProblemShape ps{T, N};
     // Uploads and memsets ran on the legacy stream, which does not order against ours.
     GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "setup");
     const LayerInputs in{q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32,
                          h0.get<float>(), 0};
     const LayerOutputs out{o.get(), ht.get<float>()};
+    const LayerOutputs no_output{nullptr, ht.get<float>()};
     const LayerGrads grads{d_o.get(), nullptr, dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dh0.get<float>()};
-    auto time_op = [&](Arm& a, bool with_bwd) {
+    auto time_op = [&](Arm& a, int op) {
+      Workspace ws(a.ws.get(), a.ws.bytes());
       GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
       e0.record(stream.handle());
-      a.layer->forward(ps, in, out, a.saved.get(), a.saved.bytes(), a.ws.get(), a.ws.bytes(), stream.handle());
-      if (with_bwd) a.layer->backward(ps, in, grads, a.saved.get(), a.saved.bytes(), a.ws.get(), a.ws.bytes(), stream.handle());
+      a.layer->forward(ps, in, out, a.saved.get(), a.saved.bytes(), ws, stream.handle());
+      if (op == 2)
+        a.layer->recompute(ps, in, no_output, OutputNeeded::no, a.saved.get(), a.saved.bytes(), ws, stream.handle());
+      if (op >= 1) a.layer->backward(ps, in, grads, a.saved.get(), a.saved.bytes(), ws, stream.handle());
       e1.record(stream.handle());
       return static_cast<double>(rt::Event::elapsed_ms(e0, e1));
     };
     for (auto& a : arms) {
-      for (int i = 0; i < warmup; ++i) time_op(a, true);
+      for (int i = 0; i < warmup; ++i) time_op(a, 2);
       a.layer->check_device_status(a.saved.get(), ps, stream.handle());
     }
     for (int i = 0; i < samples; ++i)
       for (size_t j = 0; j < arms.size(); ++j) {
         Arm& a = arms[(i % 2) ? arms.size() - 1 - j : j];  // mirrored order
-        a.fwd.push_back(time_op(a, false));
-        a.fwdbwd.push_back(time_op(a, true));
+        for (int op = 0; op < 3; ++op) a.ms[op].push_back(time_op(a, op));
       }
-    for (auto& a : arms) {
-      for (int op = 0; op < 2; ++op) {
-        const auto& xs = op == 0 ? a.fwd : a.fwdbwd;
+    for (int op = 0; op < 3; ++op)
+      for (auto& a : arms) {
+        const auto& xs = a.ms[op];
         const double med = median(xs);
         const double spread = (*std::max_element(xs.begin(), xs.end()) - *std::min_element(xs.begin(), xs.end())) / med * 100;
-        const double fla = op == 0 ? sh.fla_fwd : sh.fla_fwdbwd, floor = op == 0 ? sh.floor_fwd : sh.floor_fwdbwd;
-        fmt::print("{:<5} {:<8} {:<9} {:>9.3f} {:>13.1f} {:>9.3f} {:>9.2f} {:>10.1f}\n", sh.name, op == 0 ? "fwd" : "fwd+bwd",
-                   a.name, med, spread, fla, fla / med, med / floor);
+        fmt::print("{:<5} {:<8} {:<12} {:>9.3f} {:>10.1f} {:>9.3f} {:>9.2f} {:>8.1f}\n", sh.name, kOps[op], a.name, med,
+                   spread, sh.fla[op], sh.fla[op] / med, med / sh.floor[op]);
       }
-    }
     std::fflush(stdout);
   }
   return 0;

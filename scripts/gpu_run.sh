@@ -17,6 +17,11 @@ for suite in ${GPU_SUITES:-gpu_errors gpu_prep gpu_layer gpu_determinism gpu_ckp
   "$bin/gdn_gpu_tests" --test-suite="$suite" 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 done
+if [ "${RUN_PYTHON:-1}" = 1 ]; then
+  echo "=== python binding (torch of the device)"
+  GDNC_LIBRARY="$PWD/$bin/libgdn.so" python3 -m unittest discover -s python/tests -p "test_*.py" -v 2>&1 \
+    | tee -a "$OUT/python.log" | tail -20
+fi
 if [ "${RUN_BENCH:-1}" = 1 ]; then
   echo "=== bench"
   "$bin/gdn_bench" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
