@@ -140,8 +140,9 @@ void Layer::make_plans(HostPath path) {
     throw InputError(fmt::format("/graph: \"replay\" is not implemented by the runtime yet (layer '{}'); use \"off\"",
                                  ir_.spec.name));
   host_path_ = path;
-  static std::atomic<int> serial{0};
-  const int id = serial.fetch_add(1);
+  static std::atomic<uint64_t> serial{1};
+  serial_ = serial.fetch_add(1);
+  const int id = static_cast<int>(serial_);
   forward_ = compile_plan(plan_forward(ir_, OutputLaunch::yes), id);
   forward_without_output_ = compile_plan(plan_forward(ir_, OutputLaunch::no), id);
   backward_ = compile_plan(plan_backward(ir_, PrepRerun::yes), id);
@@ -300,7 +301,7 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;
-  ws.handoff_ = {this, ws.calls_, stream, s};
+  ws.handoff_ = {serial_, ws.calls_, stream, s};
   return HandOff::taken;
 }
 
@@ -308,7 +309,7 @@ HandOff Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads&
                         size_t saved_size, Workspace& ws, CUstream stream) const {
   const CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream);
   const Workspace::Stamp& st = ws.handoff_;
-  const bool fresh = ws.has_handoff_ && st.layer == this && st.call == ws.calls_ && st.stream == stream &&
+  const bool fresh = ws.has_handoff_ && st.layer == serial_ && st.call == ws.calls_ && st.stream == stream &&
                      st.shape.T == s.T && st.shape.N == s.N;
   ++ws.calls_;
   ws.has_handoff_ = false;

@@ -106,7 +106,7 @@ class Workspace {
  private:
   friend class Layer;
   struct Stamp {
-    const Layer* layer = nullptr;
+    uint64_t layer = 0;  ///< Layer::serial(): unlike an address, never reused by a later layer
     uint64_t call = 0;
     CUstream stream = nullptr;
     ProblemShape shape;
@@ -141,6 +141,8 @@ class Layer {
 
   const LayerIR& ir() const { return ir_; }
   HostPath host_path() const { return host_path_; }
+  /// Unique per layer object in this process (hand-off stamps name layers by it).
+  uint64_t serial() const { return serial_; }
   Target target() const { return target_; }
 
   RegionLayout saved_layout(ProblemShape) const;
@@ -192,6 +194,7 @@ class Layer {
   Target target_ = Target::sm_90a;
   std::shared_ptr<Launcher> launcher_;
   HostPath host_path_ = HostPath::interpreted;
+  uint64_t serial_ = 0;
   Compiled forward_;
   Compiled forward_without_output_;
   Compiled backward_;
