@@ -1,18 +1,17 @@
 /**
  * @file layer.cpp
- * @brief Layer creation, region layouts, argument checks and the launch sequences.
+ * @brief Layer creation, region layouts, argument checks, the checkpointed step's hand-off, and
+ *        running the call plans (stub or interpreter).
  */
 #include "runtime/layer.hpp"
 
-#include "bwd/geometry.hpp"
 #include "compiler/compiler.hpp"
 #include "params.cuh"
-#include "prep/geometry.hpp"
 
 #include <fmt/format.h>
 
-#include <cstdint>
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -41,6 +40,22 @@ class DeviceLauncher final : public Launcher {
   }
 };
 
+/// No silent fallback: a spec that asks for graph replay must not quietly run eagerly.
+void refuse_unimplemented(const Spec& spec) {
+  if (spec.graph == GraphMode::replay)
+    throw InputError(fmt::format("/graph: \"replay\" is not implemented by the runtime yet (layer '{}'); use \"off\"",
+                                 spec.name));
+}
+
+/// One JIT for the process: stubs of every layer live in it (they are a few hundred bytes each).
+StubCompiler& stub_compiler() {
+  static std::mutex m;
+  static std::unique_ptr<StubCompiler> compiler;
+  std::lock_guard<std::mutex> lock(m);
+  if (!compiler) compiler = StubCompiler::create();
+  return *compiler;
+}
+
 }  // namespace
 
 std::string_view to_string(HostPath p) { return p == HostPath::llvm_stub ? "llvm" : "interpreted"; }
@@ -58,20 +73,8 @@ HostPath default_host_path() {
   return stubs_available() ? HostPath::llvm_stub : HostPath::interpreted;
 }
 
-namespace {
-
-/// One JIT for the process: stubs of every layer live in it (they are a few hundred bytes each).
-StubCompiler& stub_compiler() {
-  static std::mutex m;
-  static std::unique_ptr<StubCompiler> compiler;
-  std::lock_guard<std::mutex> lock(m);
-  if (!compiler) compiler = StubCompiler::create();
-  return *compiler;
-}
-
-}  // namespace
-
 std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<Launcher> launcher, HostPath path) {
+  refuse_unimplemented(spec);
   std::unique_ptr<Layer> layer(new Layer());
   layer->ir_ = lower(spec);
   layer->target_ = spec.targets.front();
@@ -82,6 +85,7 @@ std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<La
 
 std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, cache::DiskCache& cache, int jobs,
                                      HostPath path) {
+  refuse_unimplemented(spec);
   std::unique_ptr<Layer> layer(new Layer());
   layer->ir_ = lower(spec);
   const int cc = ctx.compute_capability();
@@ -135,10 +139,6 @@ Layer::Compiled Layer::compile_plan(CallPlan plan, int id) const {
 }
 
 void Layer::make_plans(HostPath path) {
-  // No silent fallback: a spec that asks for graph replay must not quietly run eagerly.
-  if (ir_.spec.graph == GraphMode::replay)
-    throw InputError(fmt::format("/graph: \"replay\" is not implemented by the runtime yet (layer '{}'); use \"off\"",
-                                 ir_.spec.name));
   host_path_ = path;
   static std::atomic<uint64_t> serial{1};
   serial_ = serial.fetch_add(1);
