@@ -5,7 +5,7 @@
  *        events, warm-ups, L2 flushed before every sample, arms interleaved in mirrored order,
  *        median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
  *
- * Usage: gdn_bench [--shapes N,M,G,A] [--samples 15] [--warmup 3]
+ * Usage: gdn_bench [--shapes N,M,G,A] [--groups 5] [--samples 12] [--warmup 10]
  *        gdn_bench --host-only   host time per call of the LLVM stub and the interpreter, launches
  *                                 discarded (no GPU needed: what the host adds before the driver)
  */
@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -127,11 +128,12 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i)
     if (!std::strcmp(argv[i], "--host-only")) return host_only();
   std::string shapes = "N,M,G,A";
-  int samples = 15, warmup = 3;
+  int samples = 12, warmup = 10, groups = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--shapes")) shapes = argv[i + 1];
     else if (!std::strcmp(argv[i], "--samples")) samples = std::atoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--groups")) groups = std::atoi(argv[i + 1]);
     else { fmt::print(stderr, "unknown option {}\n", argv[i]); return 2; }
   }
   rt::Context ctx = rt::Context::create(0);
@@ -140,7 +142,7 @@ int main(int argc, char** argv) {
   auto flush = rt::DeviceBuffer::create(256u << 20);  // > the H200's 60 MB L2
   rt::Event e0 = rt::Event::create(), e1 = rt::Event::create();
   fmt::print("device: {} ({} SMs)\n", ctx.name(), ctx.sm_count());
-  fmt::print("{:<5} {:<8} {:<12} {:>9} {:>10} {:>9} {:>9} {:>8}\n", "shape", "op", "arm", "ms", "spread %",
+  fmt::print("{:<5} {:<8} {:<12} {:>9} {:>8} {:>9} {:>9} {:>8}\n", "shape", "op", "arm", "ms", "drift %",
              "FLA ms", "FLA/ours", "floor x");
   for (const Shape& sh : kShapes) {
     if (shapes.find(sh.name) == std::string::npos) continue;
@@ -171,7 +173,6 @@ int main(int argc, char** argv) {
       std::string name;
       std::unique_ptr<Layer> layer;
       rt::DeviceBuffer saved, ws;
-      std::vector<double> ms[3];
     };
     std::vector<Arm> arms;
     const ProblemShape ps{T, N};
@@ -185,7 +186,7 @@ int main(int argc, char** argv) {
       Spec s = base;
       s.name = std::string(sh.example) + "_" + v.suffix;
       if (!v.handoff_allowed) s.reuse_recompute_tapes = ReuseTapes::no;
-      Arm a{v.arm, Layer::create(s, ctx, cache), {}, {}, {}};
+      Arm a{v.arm, Layer::create(s, ctx, cache), {}, {}};
       a.saved = rt::DeviceBuffer::create(a.layer->saved_bytes(ps));
       a.ws = rt::DeviceBuffer::create(std::max(a.layer->workspace_bytes(CallForm::forward, ps),
                                                a.layer->workspace_bytes(CallForm::backward, ps)));
@@ -210,22 +211,33 @@ int main(int argc, char** argv) {
       return static_cast<double>(rt::Event::elapsed_ms(e0, e1));
     };
     for (auto& a : arms) {
-      for (int i = 0; i < warmup; ++i) time_op(a, 2);
+      time_op(a, 2);
       a.layer->check_device_status(a.saved.get(), ps, stream.handle());
     }
-    for (int i = 0; i < samples; ++i)
+    // The seed's protocol: per operation, `groups` groups; each group visits every arm twice in
+    // mirrored order (A B C C B A), each visit `warmup` untimed calls then `samples` timed ones.
+    // A cell is the median of all its samples; drift compares the first and last group medians.
+    for (int op = 0; op < 3; ++op) {
+      std::vector<std::vector<std::vector<double>>> by_group(arms.size());  // [arm][group][sample]
+      for (int grp = 0; grp < groups; ++grp) {
+        for (size_t visit = 0; visit < 2 * arms.size(); ++visit) {
+          const size_t j = visit < arms.size() ? visit : 2 * arms.size() - 1 - visit;
+          if (by_group[j].size() <= static_cast<size_t>(grp)) by_group[j].resize(static_cast<size_t>(grp) + 1);
+          for (int w = 0; w < warmup; ++w) time_op(arms[j], op);
+          for (int k = 0; k < samples; ++k) by_group[j][static_cast<size_t>(grp)].push_back(time_op(arms[j], op));
+        }
+      }
+      std::vector<double> cell(arms.size());
       for (size_t j = 0; j < arms.size(); ++j) {
-        Arm& a = arms[(i % 2) ? arms.size() - 1 - j : j];  // mirrored order
-        for (int op = 0; op < 3; ++op) a.ms[op].push_back(time_op(a, op));
+        std::vector<double> all;
+        for (const auto& g : by_group[j]) all.insert(all.end(), g.begin(), g.end());
+        cell[j] = median(all);
+        const double drift = std::abs(median(by_group[j].front()) - median(by_group[j].back())) / cell[j] * 100;
+        fmt::print("{:<5} {:<8} {:<12} {:>9.3f} {:>8.2f} {:>9.3f} {:>9.2f} {:>8.1f}\n", sh.name, kOps[op],
+                   arms[j].name, cell[j], drift, sh.fla[op], sh.fla[op] / cell[j], cell[j] / sh.floor[op]);
       }
-    for (int op = 0; op < 3; ++op)
-      for (auto& a : arms) {
-        const auto& xs = a.ms[op];
-        const double med = median(xs);
-        const double spread = (*std::max_element(xs.begin(), xs.end()) - *std::min_element(xs.begin(), xs.end())) / med * 100;
-        fmt::print("{:<5} {:<8} {:<12} {:>9.3f} {:>10.1f} {:>9.3f} {:>9.2f} {:>8.1f}\n", sh.name, kOps[op], a.name, med,
-                   spread, sh.fla[op], sh.fla[op] / med, med / sh.floor[op]);
-      }
+      fmt::print("{:<5} {:<8} A/A difference {:.2f} %\n", sh.name, kOps[op], std::abs(cell[0] - cell[1]) / cell[0] * 100);
+    }
     std::fflush(stdout);
   }
   return 0;
