@@ -124,9 +124,26 @@ int host_only() {
   return 0;
 }
 
+int run(int argc, char** argv);
+
 int main(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i)
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gdn_bench: {}\n", e.what());
+    return 1;
+  }
+}
+
+int run(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--host-only")) return host_only();
+    if (!std::strcmp(argv[i], "--help")) {
+      fmt::print("usage: gdn_bench [--shapes N,M,G,A] [--groups 5] [--samples 12] [--warmup 10]\n"
+                 "       gdn_bench --host-only\n");
+      return 0;
+    }
+  }
   std::string shapes = "N,M,G,A";
   int samples = 12, warmup = 10, groups = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
