@@ -44,7 +44,9 @@ class DriverError : public std::runtime_error {
   X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemcpyHtoD_v2)         \
   X(cuMemcpyDtoH_v2) X(cuMemcpyDtoHAsync_v2) X(cuMemsetD8Async) X(cuMemsetD8_v2) X(cuStreamCreate)    \
   X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) \
-  X(cuEventSynchronize) X(cuEventElapsedTime_v2) X(cuMemcpyDtoDAsync_v2) X(cuDriverGetVersion)
+  X(cuEventSynchronize) X(cuEventElapsedTime_v2) X(cuMemcpyDtoDAsync_v2) X(cuDriverGetVersion)              \
+  X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)         \
+  X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuGraphGetNodes)
 
 /// Function pointers into libcuda.so.1, resolved once.
 struct Driver {

@@ -40,13 +40,6 @@ class DeviceLauncher final : public Launcher {
   }
 };
 
-/// No silent fallback: a spec that asks for graph replay must not quietly run eagerly.
-void refuse_unimplemented(const Spec& spec) {
-  if (spec.graph == GraphMode::replay)
-    throw InputError(fmt::format("/graph: \"replay\" is not implemented by the runtime yet (layer '{}'); use \"off\"",
-                                 spec.name));
-}
-
 /// One JIT for the process: stubs of every layer live in it (they are a few hundred bytes each).
 StubCompiler& stub_compiler() {
   static std::mutex m;
@@ -73,9 +66,12 @@ HostPath default_host_path() {
   return stubs_available() ? HostPath::llvm_stub : HostPath::interpreted;
 }
 
-std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<Launcher> launcher, HostPath path) {
-  refuse_unimplemented(spec);
+std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<Launcher> launcher, HostPath path,
+                                            std::shared_ptr<GraphBackend> graphs) {
+  if (spec.graph == GraphMode::replay && !graphs)
+    throw InputError(fmt::format("/graph: \"replay\" needs a graph backend (layer '{}')", spec.name));
   std::unique_ptr<Layer> layer(new Layer());
+  if (spec.graph == GraphMode::replay) layer->graph_backend_ = std::move(graphs);
   layer->ir_ = lower(spec);
   layer->target_ = spec.targets.front();
   layer->launcher_ = std::move(launcher);
@@ -85,8 +81,8 @@ std::unique_ptr<Layer> Layer::with_launcher(const Spec& spec, std::shared_ptr<La
 
 std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, cache::DiskCache& cache, int jobs,
                                      HostPath path) {
-  refuse_unimplemented(spec);
   std::unique_ptr<Layer> layer(new Layer());
+  if (spec.graph == GraphMode::replay) layer->graph_backend_ = device_graph_backend();
   layer->ir_ = lower(spec);
   const int cc = ctx.compute_capability();
   Target target{};
@@ -130,8 +126,9 @@ bool decide_handoff(ReuseTapes r, Target t, long long rows) {
   return false;
 }
 
-Layer::Compiled Layer::compile_plan(CallPlan plan, int id) const {
+Layer::Compiled Layer::compile_plan(CallPlan plan, int id, int index) const {
   Compiled c;
+  c.graph_id = (serial_ << 3) | static_cast<uint64_t>(index);
   if (host_path_ == HostPath::llvm_stub)
     c.stub = stub_compiler().compile(plan, fmt::format("gdn_stub_{}_{}_{}", id, ir_.spec.name, plan.name));
   c.plan = std::move(plan);
@@ -143,11 +140,12 @@ void Layer::make_plans(HostPath path) {
   static std::atomic<uint64_t> serial{1};
   serial_ = serial.fetch_add(1);
   const int id = static_cast<int>(serial_);
-  forward_ = compile_plan(plan_forward(ir_, OutputLaunch::yes), id);
-  forward_without_output_ = compile_plan(plan_forward(ir_, OutputLaunch::no), id);
-  backward_ = compile_plan(plan_backward(ir_, PrepRerun::yes), id);
+  forward_ = compile_plan(plan_forward(ir_, OutputLaunch::yes), id, 0);
+  forward_without_output_ = compile_plan(plan_forward(ir_, OutputLaunch::no), id, 1);
+  backward_ = compile_plan(plan_backward(ir_, PrepRerun::yes), id, 2);
+  if (graph_backend_) graphs_ = std::make_unique<GraphCache>(GraphCache::Limits{});
   if (ir_.spec.save_mode == SaveMode::light) {
-    backward_with_handoff_ = compile_plan(plan_backward(ir_, PrepRerun::no), id);
+    backward_with_handoff_ = compile_plan(plan_backward(ir_, PrepRerun::no), id, 3);
     // A hand-off works because the recompute's tapes sit where the backward looks for them.
     const auto& f = forward_.plan.ws_slots;
     const auto& b = backward_.plan.ws_slots;
@@ -160,9 +158,36 @@ void Layer::make_plans(HostPath path) {
   }
 }
 
-void Layer::run(const Compiled& c, const CallFrame& f) const {
+void Layer::run_eager(const Compiled& c, const CallFrame& f) const {
   if (host_path_ == HostPath::llvm_stub) run_stub(c.stub, ir_, f, *launcher_);
   else run_plan(c.plan, ir_, f, *launcher_);
+}
+
+void Layer::run(const Compiled& c, const CallFrame& f) const {
+  if (!graph_backend_) return run_eager(c, f);
+  const CUstream stream = reinterpret_cast<CUstream>(f[Frame::stream]);
+  const GraphKey key{c.graph_id, f};
+  std::lock_guard<std::mutex> lock(graph_mutex_);
+  CapturedGraph* g = graphs_->find(key);
+  if (!g) {
+    // Capture records the launches without running them; the replay below runs them.
+    g = graphs_->insert(key, graph_backend_->capture(stream, [&] { run_eager(c, f); }));
+    ++captures_;
+  }
+  g->replay(stream);
+  ++replays_;
+}
+
+void Layer::set_graph_cache_limits(GraphCache::Limits limits) {
+  std::lock_guard<std::mutex> lock(graph_mutex_);
+  if (!graph_backend_) throw InputError(fmt::format("layer '{}' is not in graph mode (/graph)", ir_.spec.name));
+  graphs_ = std::make_unique<GraphCache>(limits);
+}
+
+Layer::GraphStats Layer::graph_stats() const {
+  std::lock_guard<std::mutex> lock(graph_mutex_);
+  if (!graphs_) return {0, 0, 0, 0, 0};
+  return {graphs_->entries(), graphs_->bytes(), captures_, replays_, graphs_->evictions()};
 }
 
 RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s) const {

@@ -15,10 +15,12 @@
 #include "cache/cache.hpp"
 #include "compiler/ir.hpp"
 #include "runtime/driver.hpp"
+#include "runtime/graph.hpp"
 #include "runtime/plan.hpp"
 #include "runtime/stub.hpp"
 
 #include <map>
+#include <mutex>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -137,7 +139,16 @@ class Layer {
   /// A layer whose launches go to `launcher` and that compiles and loads nothing: no GPU needed.
   /// For tests of launch sequences and for planning (sizes, IR).
   static std::unique_ptr<Layer> with_launcher(const Spec&, std::shared_ptr<Launcher> launcher,
-                                              HostPath = default_host_path());
+                                              HostPath = default_host_path(),
+                                              std::shared_ptr<GraphBackend> graphs = nullptr);
+
+  /// Graph mode (graph: "replay"): bounds of this layer's graph cache (resets it).
+  void set_graph_cache_limits(GraphCache::Limits);
+  struct GraphStats {
+    size_t entries, bytes;
+    uint64_t captures, replays, evictions;
+  };
+  GraphStats graph_stats() const;
 
   const LayerIR& ir() const { return ir_; }
   HostPath host_path() const { return host_path_; }
@@ -179,8 +190,10 @@ class Layer {
   struct Compiled {
     CallPlan plan;
     StubFn stub = nullptr;
+    uint64_t graph_id = 0;  ///< (layer serial, plan) for graph keys
   };
-  Compiled compile_plan(CallPlan plan, int id) const;
+  Compiled compile_plan(CallPlan plan, int id, int index) const;
+  void run_eager(const Compiled&, const CallFrame&) const;
   void run(const Compiled&, const CallFrame&) const;
   CallFrame forward_frame(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
                           void* ws, size_t ws_size, CUstream, OutputNeeded) const;
@@ -199,6 +212,10 @@ class Layer {
   Compiled forward_without_output_;
   Compiled backward_;
   Compiled backward_with_handoff_;  ///< light saves only
+  std::shared_ptr<GraphBackend> graph_backend_;  ///< set in graph mode
+  mutable std::mutex graph_mutex_;
+  mutable std::unique_ptr<GraphCache> graphs_;
+  mutable uint64_t captures_ = 0, replays_ = 0;
 };
 
 }  // namespace gdn

@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv | t
 git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/device.txt"
 "$bin/gdnc" compile examples/*.json --target sm_90a 2>&1 | tail -3
 rc=0
-for suite in ${GPU_SUITES:-gpu_errors gpu_prep gpu_layer gpu_determinism gpu_ckpt}; do
+for suite in ${GPU_SUITES:-gpu_errors gpu_prep gpu_layer gpu_determinism gpu_ckpt gpu_graph}; do
   echo "=== $suite"
   "$bin/gdn_gpu_tests" --test-suite="$suite" 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

@@ -57,9 +57,109 @@ const std::vector<std::string> kBackwardWithHandoff = {"dv_local", "state_walk_b
 const std::vector<std::string> kBackwardRerun = {"chunk_prep", "state_walk", "dv_local", "state_walk_bwd",
                                                  "chunk_bwd", "finalize"};
 
+/// Capture records the launches issued during capture; a replay re-issues them to `replayed`.
+class FakeGraphBackend final : public GraphBackend {
+ public:
+  explicit FakeGraphBackend(std::shared_ptr<testing::RecordingLauncher> rec, size_t bytes_per_graph = 1000)
+      : rec_(std::move(rec)), bytes_(bytes_per_graph) {}
+  std::vector<testing::LaunchRecord> replayed;
+
+  std::unique_ptr<CapturedGraph> capture(CUstream, const std::function<void()>& run) override {
+    const size_t mark = rec_->records.size();
+    run();
+    std::vector<testing::LaunchRecord> captured(rec_->records.begin() + static_cast<long>(mark), rec_->records.end());
+    return std::make_unique<Graph>(this, std::move(captured), bytes_);
+  }
+
+ private:
+  struct Graph final : CapturedGraph {
+    Graph(FakeGraphBackend* b, std::vector<testing::LaunchRecord> l, size_t bytes)
+        : backend(b), launches(std::move(l)), size(bytes) {}
+    void replay(CUstream) override {
+      backend->replayed.insert(backend->replayed.end(), launches.begin(), launches.end());
+    }
+    size_t bytes() const override { return size; }
+    FakeGraphBackend* backend;
+    std::vector<testing::LaunchRecord> launches;
+    size_t size;
+  };
+  std::shared_ptr<testing::RecordingLauncher> rec_;
+  size_t bytes_;
+};
+
+std::string render(const std::vector<testing::LaunchRecord>& r) { return testing::render(r, {}); }
+
 }  // namespace
 
 TEST_SUITE("runtime") {
+  TEST_CASE("graph mode: capture once, replay what the eager call launches, new addresses capture anew") {
+    Spec s = example("n");
+    s.graph = GraphMode::replay;
+    auto rec = std::make_shared<testing::RecordingLauncher>();
+    auto backend = std::make_shared<FakeGraphBackend>(rec);
+    Rig eager(example("n"));
+    auto layer = Layer::with_launcher(s, rec, default_host_path(), backend);
+    auto stream = reinterpret_cast<CUstream>(0x5);
+    for (int i = 0; i < 3; ++i)
+      layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
+                     eager.ws.bytes(), stream);
+    eager.layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
+                         eager.ws.bytes(), stream);
+    CHECK(layer->graph_stats().captures == 1);
+    CHECK(layer->graph_stats().replays == 3);
+    CHECK(render(rec->records) == render(eager.rec->records));  // captured = eager
+    CHECK(backend->replayed.size() == 3 * rec->records.size());
+    LayerInputs moved = eager.in;
+    moved.v = static_cast<const char*>(moved.v) + 256;
+    layer->forward(eager.shape, moved, eager.out, eager.saved, eager.saved_size, eager.ws.data(), eager.ws.bytes(),
+                   stream);
+    CHECK(layer->graph_stats().captures == 2);
+    layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
+                   eager.ws.bytes(), reinterpret_cast<CUstream>(0x6));  // another stream is another key
+    CHECK(layer->graph_stats().captures == 3);
+  }
+
+  TEST_CASE("graph mode: the cache stays within both bounds over 1000 distinct layouts") {
+    Spec s = example("n");
+    s.graph = GraphMode::replay;
+    auto rec = std::make_shared<testing::RecordingLauncher>();
+    auto layer = Layer::with_launcher(s, rec, default_host_path(), std::make_shared<FakeGraphBackend>(rec, 1000));
+    Rig r(example("n"));
+    for (auto [entries, bytes] : {std::pair<size_t, size_t>{256, size_t{1} << 30}, {1000000, 50 * 1000}}) {
+      layer->set_graph_cache_limits({entries, bytes});
+      size_t max_entries = 0, max_bytes = 0;
+      for (long long t = 1; t <= 1000; ++t) {
+        const ProblemShape shape{1000 + t, 3};
+        Workspace ws(r.ws.data(), size_t{1} << 40);
+        layer->forward(shape, r.in, r.out, r.saved, size_t{1} << 40, ws, reinterpret_cast<CUstream>(0x5));
+        max_entries = std::max(max_entries, layer->graph_stats().entries);
+        max_bytes = std::max(max_bytes, layer->graph_stats().bytes);
+      }
+      CAPTURE(entries);
+      CHECK(max_entries == std::min<size_t>(entries, bytes / 1000));
+      CHECK(max_bytes <= bytes);
+      CHECK(layer->graph_stats().evictions == 1000 - max_entries);
+    }
+  }
+
+  TEST_CASE("graph mode keeps the hand-off: the recompute and the bound backward are graphs of their own") {
+    Spec s = example("n");
+    s.graph = GraphMode::replay;
+    auto rec = std::make_shared<testing::RecordingLauncher>();
+    auto backend = std::make_shared<FakeGraphBackend>(rec);
+    Rig r(example("n"));
+    auto layer = Layer::with_launcher(s, rec, default_host_path(), backend);
+    auto stream = reinterpret_cast<CUstream>(0x5);
+    for (int step = 0; step < 2; ++step) {
+      layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, stream);
+      CHECK(layer->recompute(r.shape, r.in, r.out, OutputNeeded::no, r.saved, r.saved_size, r.ws, stream) ==
+            HandOff::taken);
+      CHECK(layer->backward(r.shape, r.in, r.grads, r.saved, r.saved_size, r.ws, stream) == HandOff::taken);
+    }
+    CHECK(layer->graph_stats().captures == 3);  // forward, recompute, backward with the hand-off
+    CHECK(layer->graph_stats().replays == 6);
+  }
+
   TEST_CASE("hand-off decision table and size rule per target") {
     CHECK(handoff_threshold_rows(Target::sm_90a) == 0);
     CHECK(handoff_threshold_rows(Target::sm_100a) == 61440);
@@ -159,12 +259,11 @@ TEST_SUITE("runtime") {
     CHECK(r.programs_since(mark) == kBackwardWithHandoff);
   }
 
-  TEST_CASE("graph replay is refused by the runtime, not run eagerly") {
+  TEST_CASE("graph mode without a backend is an error, not a silent eager run") {
     Spec s = example("n");
     s.graph = GraphMode::replay;
     CHECK_THROWS_WITH_AS(Layer::with_launcher(s, std::make_shared<testing::RecordingLauncher>()),
-                         R"(/graph: "replay" is not implemented by the runtime yet (layer 'shape_n'); use "off")",
-                         InputError);
+                         R"(/graph: "replay" needs a graph backend (layer 'shape_n'))", InputError);
   }
 
   TEST_CASE("a recompute that skips the output needs no o") {
