@@ -280,6 +280,62 @@ TEST_SUITE("gpu_graph") {
     CHECK(layer->graph_stats().captures == 2);  // forward and backward, captured once
     CHECK(layer->graph_stats().replays == 8);
   }
+
+  TEST_CASE("a replay sees operands updated in place") {
+    auto eager = make(spec_of("n"));
+    Spec gs = spec_of("n");
+    gs.graph = GraphMode::replay;
+    gs.name = "graph_inplace";
+    auto graph = make(gs);
+    const int T = 700, N = 2, H = 2, HV = 6, D = 128;
+    const ProblemShape shape{T, N};
+    auto buf = [](size_t n) { return rt::DeviceBuffer::create(n); };
+    auto q = buf(size_t(T) * H * D * 2), k = buf(size_t(T) * H * D * 2), v = buf(size_t(T) * HV * D * 2);
+    auto g = buf(size_t(T) * HV * 4), beta = buf(size_t(T) * HV * 4), h0 = buf(size_t(N) * HV * D * D * 4);
+    auto cu = buf(3 * 4), o_e = buf(size_t(T) * HV * D * 2), o_g = buf(size_t(T) * HV * D * 2);
+    auto ht_e = buf(size_t(N) * HV * D * D * 4), ht_g = buf(size_t(N) * HV * D * D * 4);
+    auto saved_e = buf(eager->saved_bytes(shape)), saved_g = buf(graph->saved_bytes(shape));
+    auto ws_e = buf(eager->workspace_bytes(CallForm::forward, shape));
+    auto ws_g = buf(graph->workspace_bytes(CallForm::forward, shape));
+    rt::Stream st = rt::Stream::create();
+    for (int round = 0; round < 3; ++round) {
+      ref::Problem p;
+      p.H = H; p.HV = HV; p.K = D; p.V = D; p.l2norm = true; p.has_h0 = true;
+      p.cu_seqlens = {0, 300, T};
+      p.T = T;
+      const ref::Inputs in = ref::random_inputs(p, 100 + static_cast<uint64_t>(round));
+      auto bf = [](const std::vector<double>& x) {
+        std::vector<uint16_t> out(x.size());
+        for (size_t i = 0; i < x.size(); ++i) {
+          float f = static_cast<float>(x[i]);
+          uint32_t u;
+          std::memcpy(&u, &f, 4);
+          out[i] = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        }
+        return out;
+      };
+      auto f32 = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };
+      auto up = [](const rt::DeviceBuffer& b, const auto& host) {
+        GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host.data(), host.size() * sizeof(host[0])), "upload");
+      };
+      up(q, bf(in.q)); up(k, bf(in.k)); up(v, bf(in.v)); up(g, f32(in.g)); up(beta, f32(in.beta)); up(h0, f32(in.h0));
+      up(cu, std::vector<int>{0, 300, T});
+      GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "upload");  // legacy stream vs the layers' stream
+      const LayerInputs li{q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), cu.get(), IndexType::int32,
+                           h0.get<float>(), 0};
+      eager->forward(shape, li, {o_e.get(), ht_e.get<float>()}, saved_e.get(), saved_e.bytes(), ws_e.get(),
+                     ws_e.bytes(), st.handle());
+      graph->forward(shape, li, {o_g.get(), ht_g.get<float>()}, saved_g.get(), saved_g.bytes(), ws_g.get(),
+                     ws_g.bytes(), st.handle());
+      st.synchronize();
+      std::string a(o_e.bytes(), '\0'), b(o_g.bytes(), '\0');
+      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(a.data(), o_e.handle(), a.size()), "download");
+      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(b.data(), o_g.handle(), b.size()), "download");
+      CHECK_MESSAGE(a == b, "round " << round);
+    }
+    CHECK(graph->graph_stats().captures == 1);
+    CHECK(graph->graph_stats().replays == 3);
+  }
 }
 
 TEST_SUITE("gpu_errors") {
