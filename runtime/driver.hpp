@@ -46,7 +46,7 @@ class DriverError : public std::runtime_error {
   X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) \
   X(cuEventSynchronize) X(cuEventElapsedTime_v2) X(cuMemcpyDtoDAsync_v2) X(cuDriverGetVersion)              \
   X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)         \
-  X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuGraphGetNodes)
+  X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuGraphGetNodes) X(cuStreamIsCapturing)
 
 /// Function pointers into libcuda.so.1, resolved once.
 struct Driver {

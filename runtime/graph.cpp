@@ -86,6 +86,12 @@ class DeviceGraphBackend final : public GraphBackend {
     GDN_CHECK_CU(rc, "cuGraphInstantiate ({} nodes)", nodes);
     return std::make_unique<DeviceGraph>(exec, nodes);
   }
+
+  bool capturing(CUstream stream) override {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    GDN_CHECK_CU(rt::drv().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
+    return status != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
 };
 
 }  // namespace

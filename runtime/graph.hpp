@@ -35,6 +35,9 @@ class GraphBackend {
  public:
   virtual ~GraphBackend() = default;
   virtual std::unique_ptr<CapturedGraph> capture(CUstream stream, const std::function<void()>& run) = 0;
+  /// Whether `stream` is being captured by someone else (e.g. torch.cuda.graph): then the layer
+  /// launches eagerly into that capture instead of nesting one of its own.
+  virtual bool capturing(CUstream stream) = 0;
 };
 
 /// The CUDA driver backend (stream capture, instantiate, launch).

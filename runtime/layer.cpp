@@ -166,6 +166,7 @@ void Layer::run_eager(const Compiled& c, const CallFrame& f) const {
 void Layer::run(const Compiled& c, const CallFrame& f) const {
   if (!graph_backend_) return run_eager(c, f);
   const CUstream stream = reinterpret_cast<CUstream>(f[Frame::stream]);
+  if (stream != nullptr && graph_backend_->capturing(stream)) return run_eager(c, f);  // the outer graph holds it
   const GraphKey key{c.graph_id, f};
   std::lock_guard<std::mutex> lock(graph_mutex_);
   CapturedGraph* g = graphs_->find(key);

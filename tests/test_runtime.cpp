@@ -63,6 +63,8 @@ class FakeGraphBackend final : public GraphBackend {
   explicit FakeGraphBackend(std::shared_ptr<testing::RecordingLauncher> rec, size_t bytes_per_graph = 1000)
       : rec_(std::move(rec)), bytes_(bytes_per_graph) {}
   std::vector<testing::LaunchRecord> replayed;
+  bool outer_capture = false;  ///< pretend someone else (torch.cuda.graph) is capturing the stream
+  bool capturing(CUstream) override { return outer_capture; }
 
   std::unique_ptr<CapturedGraph> capture(CUstream, const std::function<void()>& run) override {
     const size_t mark = rec_->records.size();
@@ -140,6 +142,19 @@ TEST_SUITE("runtime") {
       CHECK(max_bytes <= bytes);
       CHECK(layer->graph_stats().evictions == 1000 - max_entries);
     }
+  }
+
+  TEST_CASE("graph mode inside an outer capture launches eagerly into it") {
+    Spec s = example("n");
+    s.graph = GraphMode::replay;
+    auto rec = std::make_shared<testing::RecordingLauncher>();
+    auto backend = std::make_shared<FakeGraphBackend>(rec);
+    backend->outer_capture = true;
+    Rig r(example("n"));
+    auto layer = Layer::with_launcher(s, rec, default_host_path(), backend);
+    layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, reinterpret_cast<CUstream>(0x5));
+    CHECK(layer->graph_stats().captures == 0);
+    CHECK(rec->records.size() == 7);  // the forward's launches, issued into the outer capture
   }
 
   TEST_CASE("graph mode keeps the hand-off: the recompute and the bound backward are graphs of their own") {
