@@ -19,7 +19,7 @@ for suite in ${GPU_SUITES:-gpu_errors gpu_prep gpu_layer gpu_determinism gpu_ckp
 done
 if [ "${RUN_PYTHON:-1}" = 1 ]; then
   echo "=== python binding (torch of the device)"
-  GDNC_LIBRARY="$PWD/$bin/libgdn.so" python3 -m unittest discover -s python/tests -p "test_*.py" -v 2>&1 \
+  GDNC_LIBRARY="$PWD/$bin/libgdn.so" GDNC_REFERENCE_LIBRARY="$PWD/$bin/libgdn_reference.so" python3 -m unittest discover -s python/tests -p "test_*.py" -v 2>&1 \
     | tee -a "$OUT/python.log" | tail -20
 fi
 if [ "${RUN_BENCH:-1}" = 1 ]; then

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .scratch_device/bin
-for b in build/libgdn.so build/gdnc build/tests/gdn_gpu_tests build/bench/gdn_bench; do
+for b in build/libgdn.so build/libgdn_reference.so build/gdnc build/tests/gdn_gpu_tests build/bench/gdn_bench; do
   strip -o ".scratch_device/bin/$(basename "$b")" "$b"
 done
 du -sh .scratch_device/bin

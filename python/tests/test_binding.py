@@ -1,7 +1,9 @@
 """CPU tests of the Python binding: argument checking, spec building through libgdn, loading
 errors. They need libgdn.so (GDNC_LIBRARY or build/libgdn.so) but neither torch nor a GPU."""
 
+import math
 import os
+import random
 import subprocess
 import sys
 import unittest
@@ -120,3 +122,59 @@ class LoadingTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ReferenceTests(unittest.TestCase):
+    """The fp64 reference through its C entry point, against a pure-Python recurrence."""
+
+    @staticmethod
+    def naive(q, k, v, g, beta, cu, H, HV, K, V, scale):
+        G = HV // H
+        o = [0.0] * (cu[-1] * HV * V)
+        for n in range(len(cu) - 1):
+            for j in range(HV):
+                h = j // G
+                S = [[0.0] * V for _ in range(K)]
+                for t in range(cu[n], cu[n + 1]):
+                    a = math.exp(g[t * HV + j])
+                    kt = [k[(t * H + h) * K + i] for i in range(K)]
+                    qt = [q[(t * H + h) * K + i] for i in range(K)]
+                    S = [[a * S[i][c] for c in range(V)] for i in range(K)]
+                    r = [v[(t * HV + j) * V + c] - sum(S[i][c] * kt[i] for i in range(K)) for c in range(V)]
+                    b = beta[t * HV + j]
+                    S = [[S[i][c] + b * kt[i] * r[c] for c in range(V)] for i in range(K)]
+                    for c in range(V):
+                        o[(t * HV + j) * V + c] = scale * sum(S[i][c] * qt[i] for i in range(K))
+        return o
+
+    def test_forward_and_a_gradient_match(self):
+        from gdnc import reference
+        rng = random.Random(5)
+        H, HV, K, V, cu = 1, 2, 4, 3, [0, 7, 20]
+        T = cu[-1]
+        q = [rng.gauss(0, 1) for _ in range(T * H * K)]
+        k = [rng.gauss(0, 1) for _ in range(T * H * K)]
+        v = [rng.gauss(0, 1) for _ in range(T * HV * V)]
+        g = [-abs(rng.gauss(0, 1)) for _ in range(T * HV)]
+        beta = [rng.random() for _ in range(T * HV)]
+        out = reference.run(q, k, v, g, beta, cu, H, HV, K, V, scale=0.5)
+        want = self.naive(q, k, v, g, beta, cu, H, HV, K, V, 0.5)
+        self.assertLess(max(abs(a - b) for a, b in zip(out["o"], want)), 1e-12)
+        d_o = [rng.gauss(0, 1) for _ in range(T * HV * V)]
+        grads = reference.run(q, k, v, g, beta, cu, H, HV, K, V, scale=0.5, d_o=d_o)
+        eps, i = 1e-6, 11
+        loss = lambda vv: sum(a * b for a, b in zip(reference.run(q, k, vv, g, beta, cu, H, HV, K, V, 0.5)["o"], d_o))
+        vp, vm = list(v), list(v)
+        vp[i] += eps
+        vm[i] -= eps
+        self.assertAlmostEqual(grads["dv"][i], (loss(vp) - loss(vm)) / (2 * eps), places=6)
+
+    def test_errors_are_messages(self):
+        from gdnc import reference
+        with self.assertRaisesRegex(ValueError, "cu_seqlens"):
+            reference.run([0.0] * 8, [0.0] * 8, [0.0] * 6, [0.0] * 2, [0.0] * 2, [0, 3, 2], 1, 1, 4, 3)
+
+    def test_rel_rms_rejects_nan(self):
+        from gdnc import reference
+        self.assertEqual(reference.rel_rms([1.0, 2.0], [1.0, float("nan")]), float("inf"))
+        self.assertAlmostEqual(reference.rel_rms([1.0, -1.0], [1.1, -0.9]), 0.1)
