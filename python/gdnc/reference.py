@@ -76,4 +76,35 @@ def rel_rms(ref, got):
     return (num / n) ** 0.5 / ((den / n) ** 0.5 + 1e-8)
 
 
-__all__ = ["run", "rel_rms", "library"]
+__all__ = ["run", "run_tensors", "rel_rms", "library"]
+
+
+def run_tensors(q, k, v, g, beta, cu_seqlens, scale=0.0, l2norm=False, h0=None, d_o=None, dht=None):
+    """The same on torch tensors in FLA's layout ([1, T, H, K] etc.), zero-copy on the CPU side:
+    returns fp64 CPU tensors shaped like their inputs (o like v, dq like q, ...)."""
+    import torch
+
+    def host(t):
+        return None if t is None else t.detach().to("cpu", torch.float64).contiguous()
+
+    H, K = q.shape[-2], q.shape[-1]
+    HV, V = v.shape[-2], v.shape[-1]
+    cu = cu_seqlens.detach().to("cpu", torch.int64).contiguous()
+    T, N = int(cu[-1]), cu.numel() - 1
+    ins = [host(x) for x in (q, k, v, g, beta, h0, d_o, dht)]
+    out = {"o": torch.empty_like(ins[2]), "ht": torch.empty(N, HV, K, V, dtype=torch.float64),
+           "dq": torch.empty_like(ins[0]), "dk": torch.empty_like(ins[1]), "dv": torch.empty_like(ins[2]),
+           "dg": torch.empty_like(ins[3]), "dbeta": torch.empty_like(ins[4]),
+           "dh0": torch.empty(N, HV, K, V, dtype=torch.float64)}
+    ptr = lambda t: None if t is None else ctypes.cast(t.data_ptr(), ctypes.POINTER(ctypes.c_double))  # noqa: E731
+    err = ctypes.create_string_buffer(1024)
+    cu_ptr = ctypes.cast(cu.data_ptr(), ctypes.POINTER(ctypes.c_int64))
+    backward = d_o is not None
+    rc = library().gdn_ref_run(T, H, HV, K, V, cu_ptr, N, scale, int(l2norm), *[ptr(t) for t in ins[:6]],
+                               int(backward), ptr(ins[6]), ptr(ins[7]), ptr(out["o"]), ptr(out["ht"]),
+                               ptr(out["dq"]), ptr(out["dk"]), ptr(out["dv"]), ptr(out["dg"]), ptr(out["dbeta"]),
+                               ptr(out["dh0"]) if h0 is not None else None, err, len(err))
+    if rc != 0:
+        raise ValueError(err.value.decode())
+    keep = ["o", "ht"] + (["dq", "dk", "dv", "dg", "dbeta"] + (["dh0"] if h0 is not None else []) if backward else [])
+    return {name: out[name] for name in keep}

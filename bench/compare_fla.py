@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""gdnc side by side with FLA in one process, on the same inputs, with the seed's protocol.
+
+NOT YET RUN: written in a session without device time; the first run on the H200 is part of
+issue 5. Usage (on the device, FLA's fla-core wheel carried in .whl/ and installed):
+
+    PYTHONPATH=python GDNC_LIBRARY=... GDNC_REFERENCE_LIBRARY=... \\
+        python3 bench/compare_fla.py --shapes N,M,G,A --ops fwd,fwd+bwd,ckpt --out $OUT/compare.json
+
+Protocol (the seed's): per (shape, operation), every arm is visited twice per group in mirrored
+order (A B C D D C B A), 5 groups; a visit is 10 untimed calls then 12 timed samples, each
+preceded by an L2 flush and timed with CUDA events; a cell is the median of its 120 samples;
+drift is the spread between the first and last group medians; an A/A arm (a second copy of our
+arm) gives the noise envelope; a cell is published when both compared arms drift <= 2 %. Power
+and SM clock are read with nvidia-smi once per visit; a cell with >= 5 % of its samples in
+visits at the power limit is flagged. Before timing, every arm's o, dq, dk, dv, dg, dbeta are
+checked against the fp64 reference (rel-RMS <= 1e-2, max-abs <= 2e-2 max|ref|) on a pack of the
+shape's first --gate-tokens tokens; an arm that fails is reported and not timed.
+"""
+
+import argparse
+import itertools
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+import gdnc  # noqa: E402
+from gdnc import reference  # noqa: E402
+
+SHAPES = {
+    "N": ((2, 6), [2049, 3001, 3142]),
+    "M": ((16, 48), [12000, 9000, 6000, 3768, 2000]),
+    "G": ((16, 48), [3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000]),
+    "A": ((16, 48), [98304, 65536, 57344, 40960]),
+}
+# DEVICE.md: ms on this H200; the ckpt floor is a forward plus a forward+backward.
+FLOOR = {"N": (0.011, 0.043, 0.054), "M": (0.352, 1.36, 1.712), "G": (1.406, 5.45, 6.856), "A": (2.812, 10.90, 13.712)}
+OPS = ("fwd", "fwd+bwd", "ckpt")
+
+
+def inputs(shape, seed, tokens=None):
+    (H, HV), docs = SHAPES[shape]
+    if tokens is not None:  # a pack of the first documents, cut at `tokens`
+        cut, total = [], 0
+        for d in docs:
+            take = min(d, tokens - total)
+            if take <= 0:
+                break
+            cut.append(take)
+            total += take
+        docs = cut
+    T = sum(docs)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    cu = torch.tensor([0] + list(itertools.accumulate(docs)), dtype=torch.int64, device="cuda")
+    return {
+        "q": rnd(1, T, H, 128).bfloat16(), "k": rnd(1, T, H, 128).bfloat16(), "v": rnd(1, T, HV, 128).bfloat16(),
+        "g": torch.nn.functional.logsigmoid(rnd(1, T, HV)), "beta": torch.sigmoid(rnd(1, T, HV)),
+        "cu64": cu, "cu32": cu.int(), "do": rnd(1, T, HV, 128).bfloat16(),
+    }
+
+
+def our_arm(name, **spec):
+    spec = dict(spec, name=name)
+
+    def fn(q, k, v, g, beta, x):
+        return gdnc.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu32"],
+                                           spec=spec)[0]
+    return fn
+
+
+def fla_arm():
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla
+
+    def fn(q, k, v, g, beta, x):
+        return fla(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu64"])[0]
+    return fn
+
+
+def call(fn, op, x, leaves):
+    q, k, v, g, beta = leaves
+    if op == "fwd":
+        return fn(q, k, v, g, beta, x)
+    if op == "fwd+bwd":
+        o = fn(q, k, v, g, beta, x)
+    else:
+        o = torch.utils.checkpoint.checkpoint(lambda *a: fn(*a, x), q, k, v, g, beta, use_reentrant=False)
+    o.backward(x["do"])
+    return o
+
+
+def leaves_of(x):
+    return [x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")]
+
+
+def gate(fn, x, ref):
+    leaves = leaves_of(x)
+    o = call(fn, "fwd+bwd", x, leaves)
+    got = {"o": o, "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad, "dg": leaves[3].grad,
+           "dbeta": leaves[4].grad}
+    report = {}
+    for name, t in got.items():
+        r = ref[name].reshape(-1)
+        d = t.detach().double().cpu().reshape(-1)
+        rel = ((r - d).pow(2).mean().sqrt() / (r.pow(2).mean().sqrt() + 1e-8)).item()
+        mx = (r - d).abs().max().item() / max(r.abs().max().item(), 1e-30)
+        ok = bool(torch.isfinite(d).all()) and rel <= 1e-2 and mx <= 2e-2
+        report[name] = {"rel_rms": rel, "max_abs_rel": mx, "ok": ok}
+    return report
+
+
+def power_state():
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=power.draw,enforced.power.limit,clocks.sm",
+                              "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
+        draw, limit, clock = (float(x) for x in out.split(",")[:3])
+        return {"draw_w": draw, "limit_w": limit, "sm_mhz": clock, "at_limit": draw >= 0.98 * limit}
+    except Exception as e:  # reported, never silently dropped
+        return {"error": str(e), "at_limit": False}
+
+
+def measure(arms, op, x, groups, samples, warmup, flush):
+    names = list(arms)
+    times = {n: [[] for _ in range(groups)] for n in names}
+    limited = {n: 0 for n in names}
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for grp in range(groups):
+        for n in names + names[::-1]:
+            leaves = leaves_of(x)
+            for _ in range(warmup):
+                call(arms[n], op, x, leaves)
+            state = power_state()
+            for _ in range(samples):
+                flush.zero_()
+                e0.record()
+                call(arms[n], op, x, leaves)
+                e1.record()
+                e1.synchronize()
+                times[n][grp].append(e0.elapsed_time(e1))
+            limited[n] += samples if state["at_limit"] else 0
+    cells = {}
+    for n in names:
+        flat = [t for g in times[n] for t in g]
+        med = statistics.median(flat)
+        drift = abs(statistics.median(times[n][0]) - statistics.median(times[n][-1])) / med * 100
+        cells[n] = {"ms": med, "drift_pct": drift, "power_limited_pct": 100.0 * limited[n] / len(flat)}
+    return cells
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="N,M,G,A")
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--groups", type=int, default=5)
+    ap.add_argument("--samples", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--gate-tokens", type=int, default=8192)
+    ap.add_argument("--out", default="compare.json")
+    args = ap.parse_args()
+    stream = torch.cuda.Stream()  # graph mode cannot capture the legacy default stream
+    torch.cuda.set_stream(stream)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    arms = {"gdnc": our_arm("bench_gdnc", deterministic=True),
+            "gdnc A/A": our_arm("bench_gdnc_aa", deterministic=True),
+            "gdnc graph": our_arm("bench_gdnc_graph", deterministic=True, graph="replay")}
+    try:
+        arms["fla"] = fla_arm()
+    except Exception as e:
+        print(f"FLA not available, not timed: {e}")
+    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
+    for shape in args.shapes.split(","):
+        small = inputs(shape, seed=7, tokens=args.gate_tokens)
+        ref = reference.run_tensors(small["q"], small["k"], small["v"], small["g"], small["beta"], small["cu64"],
+                                    l2norm=True, d_o=small["do"])
+        ref = {"o": ref["o"], "dq": ref["dq"], "dk": ref["dk"], "dv": ref["dv"], "dg": ref["dg"],
+               "dbeta": ref["dbeta"]}
+        timed, entry = {}, {"gate": {}, "ops": {}}
+        for name, fn in arms.items():
+            try:
+                rep = gate(fn, small, ref)
+            except Exception as e:
+                rep = {"error": {"message": str(e), "ok": False}}
+            entry["gate"][name] = rep
+            status = "ok" if all(r["ok"] for r in rep.values()) else "FAILED (not timed)"
+            print(f"{shape} gate {name}: {status} " + " ".join(
+                f"{k}={v.get('rel_rms', float('nan')):.2e}" for k, v in rep.items() if "rel_rms" in v))
+            if status == "ok":
+                timed[name] = fn
+        x = inputs(shape, seed=11)
+        for op in args.ops.split(","):
+            i = OPS.index(op)
+            cells = measure(timed, op, x, args.groups, args.samples, args.warmup, flush)
+            entry["ops"][op] = cells
+            aa = abs(cells["gdnc"]["ms"] - cells["gdnc A/A"]["ms"]) / cells["gdnc"]["ms"] * 100 \
+                if "gdnc" in cells and "gdnc A/A" in cells else float("nan")
+            for name, c in cells.items():
+                fla = cells.get("fla", {}).get("ms")
+                publish = c["drift_pct"] <= 2 and (fla is None or cells["fla"]["drift_pct"] <= 2)
+                print(f"{shape:<2} {op:<8} {name:<11} {c['ms']:9.3f} ms  drift {c['drift_pct']:5.2f} %  "
+                      f"FLA/this {fla / c['ms'] if fla else float('nan'):5.2f}  floor x {c['ms'] / FLOOR[shape][i]:6.1f}"
+                      f"{'' if publish else '  (drift > 2 %: not published)'}"
+                      f"{'  POWER-LIMITED' if c['power_limited_pct'] >= 5 else ''}")
+            print(f"{shape:<2} {op:<8} A/A difference {aa:.2f} %")
+        results["shapes"][shape] = entry
+        Path(args.out).write_text(json.dumps(results, indent=2))
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, axes = plt.subplots(1, len(OPS), figsize=(15, 4))
+        for ax, op in zip(axes, OPS):
+            shapes = [s for s in results["shapes"] if op in results["shapes"][s]["ops"]]
+            for arm in ("gdnc", "gdnc graph", "fla"):
+                ys = [results["shapes"][s]["ops"][op].get(arm, {}).get("ms", float("nan")) for s in shapes]
+                ax.plot(shapes, ys, marker="o", label=arm)
+            ax.plot(shapes, [FLOOR[s][OPS.index(op)] for s in shapes], "k--", label="floor")
+            ax.set_yscale("log")
+            ax.set_title(op)
+            ax.set_ylabel("ms")
+            ax.legend()
+        fig.tight_layout()
+        fig.savefig(str(Path(args.out).with_suffix(".png")))
+    except ImportError as e:
+        print(f"no plot: {e}")
+
+
+if __name__ == "__main__":
+    main()
