@@ -2,7 +2,13 @@
 """gdnc side by side with FLA in one process, on the same inputs, with the seed's protocol.
 
 NOT YET RUN: written in a session without device time; the first run on the H200 is part of
-issue 5. Usage (on the device, FLA's fla-core wheel carried in .whl/ and installed):
+issue 5. FLA 0.6.0's kernels are the pure-Python fla-core==0.6.0 wheel, which needs einops (the
+meta package flash-linear-attention also pulls transformers, not needed here). Here:
+    echo /.whl/ >> .git/info/exclude
+    python3 -m pip download --no-deps -d .whl fla-core==0.6.0 einops
+and on the device, carrying .whl and .scratch_device:
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+Usage there:
 
     PYTHONPATH=python GDNC_LIBRARY=... GDNC_REFERENCE_LIBRARY=... \\
         python3 bench/compare_fla.py --shapes N,M,G,A --ops fwd,fwd+bwd,ckpt --out $OUT/compare.json
