@@ -10,6 +10,7 @@
 #include "compiler/compiler.hpp"
 #include "compiler/nvrtc.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/plan.hpp"
 #include "tests/reference/layer_check.hpp"
 
 #include <CLI/CLI.hpp>
@@ -181,6 +182,26 @@ int cmd_cache_verify(bool as_json) {
   return bad ? kCache : kOk;
 }
 
+int cmd_sizes(const std::string& path, long long tokens, int docs, bool as_json) {
+  const LayerIR ir = lower(spec_from_file(path));
+  if (tokens < 1 || docs < 1) throw CLI::ValidationError("--tokens/--docs", "both must be at least 1");
+  const size_t saved = region_bytes(ir, BufferRole::saved, CallForm::forward, tokens, docs);
+  const size_t fwd = region_bytes(ir, BufferRole::workspace, CallForm::forward, tokens, docs);
+  const size_t bwd = region_bytes(ir, BufferRole::workspace, CallForm::backward, tokens, docs);
+  if (as_json) {
+    fmt::print("{}\n", json{{"layer", ir.spec.name}, {"tokens", tokens}, {"docs", docs}, {"saved", saved},
+                             {"workspace_forward", fwd}, {"workspace_backward", bwd},
+                             {"workspace_step", std::max(fwd, bwd)}}.dump(2));
+    return kOk;
+  }
+  fmt::print("layer {} at T={} N={}:\n", ir.spec.name, tokens, docs);
+  fmt::print("  saved (forward -> backward)   {:>14} bytes\n", saved);
+  fmt::print("  workspace, forward/recompute  {:>14} bytes\n", fwd);
+  fmt::print("  workspace, backward           {:>14} bytes\n", bwd);
+  fmt::print("  workspace, checkpointed step  {:>14} bytes (one workspace for the whole step)\n", std::max(fwd, bwd));
+  return kOk;
+}
+
 int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs,
               uint64_t seed, bool forward_only, bool ckpt) {
   Spec spec = spec_from_file(path);
@@ -258,6 +279,12 @@ int main(int argc, char** argv) {
 
   std::vector<long long> docs;
   long long tokens = 0;
+  int size_docs = 1;
+  auto* sizes = app.add_subcommand("sizes", "Print the saved and workspace bytes a layer needs (no GPU)");
+  sizes->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
+  sizes->add_option("--tokens", tokens, "total tokens T")->required();
+  sizes->add_option("--docs", size_docs, "documents N")->required();
+  sizes->add_flag("--json", as_json, "machine-readable output");
   int n_docs = 0;
   uint64_t seed = static_cast<uint64_t>(std::time(nullptr));
   bool forward_only = false, ckpt = false;
@@ -295,6 +322,7 @@ int main(int argc, char** argv) {
       fmt::print("removed {} entries\n", removed.size());
       return kOk;
     }
+    if (*sizes) return cmd_sizes(spec_path, tokens, size_docs, as_json);
     if (*check_cmd) return cmd_check(spec_path, docs, tokens, n_docs, seed, forward_only, ckpt);
   } catch (const CLI::ValidationError& e) {
     fmt::print(stderr, "gdnc: {}\n", e.what());

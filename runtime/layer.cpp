@@ -205,7 +205,7 @@ RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s
 namespace {
 
 /// A region's size without building its name map: the per-call argument check uses it.
-size_t region_bytes(const std::vector<ByteFormula>& slots, ProblemShape s, int chunk) {
+size_t total_bytes(const std::vector<ByteFormula>& slots, ProblemShape s, int chunk) {
   size_t total = 0;
   for (const ByteFormula& b : slots) total += (static_cast<size_t>(b.eval(s.T, s.N, chunk)) + 255) / 256 * 256;
   return total;
@@ -214,12 +214,12 @@ size_t region_bytes(const std::vector<ByteFormula>& slots, ProblemShape s, int c
 }  // namespace
 
 size_t Layer::saved_bytes(ProblemShape s) const {
-  return region_bytes(forward_.plan.saved_slots, s, ir_.spec.chunk);
+  return total_bytes(forward_.plan.saved_slots, s, ir_.spec.chunk);
 }
 
 size_t Layer::workspace_bytes(CallForm f, ProblemShape s) const {
   const CallPlan& plan = f == CallForm::backward ? backward_.plan : forward_.plan;
-  return region_bytes(plan.ws_slots, s, ir_.spec.chunk);
+  return total_bytes(plan.ws_slots, s, ir_.spec.chunk);
 }
 
 RegionLayout Layer::saved_layout(ProblemShape s) const {

@@ -45,6 +45,12 @@ std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR& ir,
   return out;
 }
 
+size_t region_bytes(const LayerIR& ir, BufferRole role, CallForm form, int64_t T, int64_t N) {
+  std::vector<ByteFormula> formulas;
+  for (const auto& slot : region_slots(ir, role, form)) formulas.push_back(slot.second);
+  return slot_offsets(formulas, T, N, ir.spec.chunk).back();
+}
+
 namespace {
 
 std::vector<std::string> slot_names(const LayerIR& ir, BufferRole role, CallForm form, std::vector<ByteFormula>& out) {

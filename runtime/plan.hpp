@@ -83,6 +83,10 @@ CallPlan plan_backward(const LayerIR&, PrepRerun);
 /// The slots of the saved region, or of the workspace of one call form, in region order.
 std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR&, BufferRole, CallForm);
 
+/// Bytes of the saved region, or of the workspace of one call form, for a problem size; no GPU
+/// needed. A checkpointed step on one workspace needs max(forward, backward).
+size_t region_bytes(const LayerIR&, BufferRole, CallForm, int64_t T, int64_t N);
+
 /// Byte offsets of the slots of one region for this problem size, then the region's total size.
 std::vector<uint64_t> slot_offsets(const std::vector<ByteFormula>& slots, int64_t T, int64_t N, int chunk);
 

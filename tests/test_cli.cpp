@@ -3,6 +3,7 @@
  * @brief The gdnc executable: documented exit codes, messages, and compile-through-cache.
  */
 #include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
 
 #include <array>
 #include <cstdlib>
@@ -114,6 +115,16 @@ TEST_SUITE("cli") {
     }
     CHECK(built == 10);  // every key compiled exactly once across the 8 processes
     fs::remove_all(root);
+  }
+
+  TEST_CASE("sizes prints the region bytes without a GPU") {
+    const Run r = gdnc("sizes " + src("examples/m.json") + " --tokens 32768 --docs 5 --json");
+    REQUIRE(r.code == 0);
+    const auto j = nlohmann::json::parse(r.out);
+    // h_tape alone is NT * HV * K * V * 2 bytes with NT = T/64 + N: the backward holds two tapes.
+    CHECK(j["workspace_backward"].get<long long>() > 2LL * (32768 / 64 + 5) * 48 * 128 * 128 * 2);
+    CHECK(j["workspace_step"] == j["workspace_backward"]);
+    CHECK(gdnc("sizes " + src("examples/m.json") + " --tokens 0 --docs 5").code == 2);
   }
 
   TEST_CASE("check without a GPU exits 6 with the driver message") {
