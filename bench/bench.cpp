@@ -9,6 +9,7 @@
  *        gdn_bench --host-only   host time per call of the LLVM stub and the interpreter, launches
  *                                 discarded (no GPU needed: what the host adds before the driver)
  */
+#include "runtime/bf16.hpp"
 #include "runtime/layer.hpp"
 
 #include <fmt/format.h>
@@ -58,10 +59,7 @@ rt::DeviceBuffer random_buffer(size_t n_elems, int kind, uint64_t seed) {
   if (kind == 0) {
     host.resize(n_elems * 2);
     for (size_t i = 0; i < n_elems; ++i) {
-      float f = nd(rng);
-      uint32_t u;
-      std::memcpy(&u, &f, 4);
-      uint16_t b = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+      const uint16_t b = to_bf16(nd(rng));
       std::memcpy(host.data() + 2 * i, &b, 2);
     }
   } else {

@@ -4,6 +4,7 @@
  *        programs against a CPU reference, the whole layer against the fp64 reference over the
  *        case matrix of the kernels issue, determinism bit for bit, and device-side input errors.
  */
+#include "runtime/bf16.hpp"
 #include "tests/reference/gdn_reference.hpp"
 #include "tests/reference/layer_check.hpp"
 
@@ -78,8 +79,8 @@ TEST_SUITE("gpu_prep") {
     p.T = 393;
     ref::Inputs in = ref::random_inputs(p, 11);
     std::vector<uint16_t> q16(in.q.size()), k16(in.k.size()), v16(in.v.size());
-    auto bf = [](double x) { float f = float(x); uint32_t u; std::memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return uint16_t(u >> 16); };
-    auto unbf = [](uint16_t b) { uint32_t u = uint32_t(b) << 16; float f; std::memcpy(&f, &u, 4); return f; };
+    auto bf = [](double x) { return to_bf16(static_cast<float>(x)); };
+    auto unbf = [](uint16_t b) { return from_bf16(b); };
     for (size_t i = 0; i < q16.size(); ++i) { q16[i] = bf(in.q[i]); k16[i] = bf(in.k[i]); }
     for (size_t i = 0; i < v16.size(); ++i) v16[i] = bf(in.v[i]);
     std::vector<float> g(in.g.begin(), in.g.end()), beta(in.beta.begin(), in.beta.end()), h0(in.h0.begin(), in.h0.end());
@@ -306,12 +307,7 @@ TEST_SUITE("gpu_graph") {
       const ref::Inputs in = ref::random_inputs(p, 100 + static_cast<uint64_t>(round));
       auto bf = [](const std::vector<double>& x) {
         std::vector<uint16_t> out(x.size());
-        for (size_t i = 0; i < x.size(); ++i) {
-          float f = static_cast<float>(x[i]);
-          uint32_t u;
-          std::memcpy(&u, &f, 4);
-          out[i] = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-        }
+        for (size_t i = 0; i < x.size(); ++i) out[i] = to_bf16(static_cast<float>(x[i]));
         return out;
       };
       auto f32 = [](const std::vector<double>& x) { return std::vector<float>(x.begin(), x.end()); };

@@ -4,6 +4,7 @@
  */
 #include "tests/reference/layer_check.hpp"
 
+#include "runtime/bf16.hpp"
 #include "tests/reference/gdn_reference.hpp"
 
 #include <cmath>
@@ -13,27 +14,11 @@ namespace gdn::check {
 
 namespace {
 
-uint16_t to_bf16(double x) {
-  float f = static_cast<float>(x);
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffff) > 0x7f800000) return 0x7fc0;
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-double from_bf16(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 /// Rounds `x` to bf16 in place and returns the bits.
 std::vector<uint16_t> round_bf16(std::vector<double>& x) {
   std::vector<uint16_t> out(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
-    out[i] = to_bf16(x[i]);
+    out[i] = to_bf16(static_cast<float>(x[i]));
     x[i] = from_bf16(out[i]);
   }
   return out;
