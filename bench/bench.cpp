@@ -5,13 +5,17 @@
  *        events, warm-ups, L2 flushed before every sample, arms interleaved in mirrored order,
  *        median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
  *
- * Usage: gdn_bench [--shapes N,M,G,A] [--groups 5] [--samples 12] [--warmup 10]
- *        gdn_bench --host-only   host time per call of the LLVM stub and the interpreter, launches
- *                                 discarded (no GPU needed: what the host adds before the driver)
+ * Modes (gdn_bench --help lists the options):
+ *   (default)     the timing table: arms spec, spec A/A, no hand-off, graph, graph no hand-off
+ *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
+ *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
+ *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
+ *   --host-only   host time per call with launches discarded (no GPU needed)
  */
 #include "runtime/bf16.hpp"
 #include "runtime/layer.hpp"
 
+#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <random>
 
 using namespace gdn;
@@ -122,138 +127,312 @@ int host_only() {
   return 0;
 }
 
-int run(int argc, char** argv);
+namespace {
+
+/// The inputs, outputs and gradients of one problem on the device.
+struct Problem {
+  ProblemShape shape;
+  rt::DeviceBuffer q, k, v, d_o, g, beta, cu, h0, ht, dh0, o, dq, dk, dv, dg, db;
+  LayerInputs in() const {
+    return {q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), cu.get(), IndexType::int32,
+            h0.get<float>(), 0};
+  }
+  LayerOutputs out() const { return {o.get(), ht.get<float>()}; }
+  LayerOutputs no_output() const { return {nullptr, ht.get<float>()}; }
+  LayerGrads grads() const {
+    return {d_o.get(), nullptr, dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dh0.get<float>()};
+  }
+};
+
+Problem make_problem(const std::vector<long long>& docs, int H, int HV) {
+  long long T = 0;
+  for (auto d : docs) T += d;
+  const int N = static_cast<int>(docs.size());
+  Problem p{{T, N}, random_buffer(size_t(T) * H * 128, 0, 1), random_buffer(size_t(T) * H * 128, 0, 2),
+            random_buffer(size_t(T) * HV * 128, 0, 3), random_buffer(size_t(T) * HV * 128, 0, 4),
+            random_buffer(size_t(T) * HV, 1, 5), random_buffer(size_t(T) * HV, 2, 6)};
+  std::vector<int> cu = {0};
+  for (auto d : docs) cu.push_back(cu.back() + static_cast<int>(d));
+  p.cu = rt::DeviceBuffer::create(cu.size() * 4);
+  GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(p.cu.handle(), cu.data(), cu.size() * 4), "upload");
+  const size_t state = size_t(N) * HV * 128 * 128 * 4;
+  p.h0 = rt::DeviceBuffer::create(state);
+  p.ht = rt::DeviceBuffer::create(state);
+  p.dh0 = rt::DeviceBuffer::create(state);
+  GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(p.h0.handle(), 0, state), "zero h0");
+  p.o = rt::DeviceBuffer::create(size_t(T) * HV * 128 * 2);
+  p.dq = rt::DeviceBuffer::create(size_t(T) * H * 128 * 2);
+  p.dk = rt::DeviceBuffer::create(size_t(T) * H * 128 * 2);
+  p.dv = rt::DeviceBuffer::create(size_t(T) * HV * 128 * 2);
+  p.dg = rt::DeviceBuffer::create(size_t(T) * HV * 4);
+  p.db = rt::DeviceBuffer::create(size_t(T) * HV * 4);
+  // Uploads and memsets ran on the legacy stream, which does not order against ours.
+  GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "setup");
+  return p;
+}
+
+/// One layer with its own saved region and workspace (sized for every call form).
+struct Arm {
+  std::string name;
+  std::unique_ptr<Layer> layer;
+  rt::DeviceBuffer saved, ws;
+  std::unique_ptr<Workspace> stamp;
+};
+
+Arm make_arm(std::string name, const Spec& spec, const ProblemShape& ps, const rt::Context& ctx,
+             cache::DiskCache& cache) {
+  Arm a{std::move(name), Layer::create(spec, ctx, cache), {}, {}, nullptr};
+  a.saved = rt::DeviceBuffer::create(a.layer->saved_bytes(ps));
+  a.ws = rt::DeviceBuffer::create(std::max({a.layer->workspace_bytes(CallForm::forward, ps),
+                                            a.layer->workspace_bytes(CallForm::recompute, ps),
+                                            a.layer->workspace_bytes(CallForm::backward, ps)}));
+  a.stamp = std::make_unique<Workspace>(a.ws.get(), a.ws.bytes());
+  return a;
+}
+
+/// One operation (0 fwd, 1 fwd+bwd, 2 ckpt) on an arm, enqueued on `stream`.
+void enqueue_op(Arm& a, const Problem& p, int op, CUstream stream) {
+  a.layer->forward(p.shape, p.in(), p.out(), a.saved.get(), a.saved.bytes(), *a.stamp, stream);
+  if (op == 2)
+    a.layer->recompute(p.shape, p.in(), p.no_output(), OutputNeeded::no, a.saved.get(), a.saved.bytes(), *a.stamp,
+                       stream);
+  if (op >= 1) a.layer->backward(p.shape, p.in(), p.grads(), a.saved.get(), a.saved.bytes(), *a.stamp, stream);
+}
+
+struct Bench {
+  rt::Context ctx;
+  cache::DiskCache cache;
+  rt::Stream stream;
+  rt::DeviceBuffer flush;
+  rt::Event e0, e1;
+  int groups, samples, warmup;
+
+  void flush_l2() {
+    GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
+  }
+  double time_op(Arm& a, const Problem& p, int op) {
+    flush_l2();
+    e0.record(stream.handle());
+    enqueue_op(a, p, op, stream.handle());
+    e1.record(stream.handle());
+    return static_cast<double>(rt::Event::elapsed_ms(e0, e1));
+  }
+  /// The seed's protocol: `groups` groups; each visits every arm twice in mirrored order
+  /// (A B C C B A), each visit `warmup` untimed calls then `samples` timed ones. Returns per arm
+  /// the median of all samples and the drift (first vs last group median, % of the median).
+  std::vector<std::pair<double, double>> protocol(std::vector<Arm>& arms, const Problem& p, int op) {
+    std::vector<std::vector<std::vector<double>>> by_group(arms.size(), std::vector<std::vector<double>>(groups));
+    for (int grp = 0; grp < groups; ++grp)
+      for (size_t visit = 0; visit < 2 * arms.size(); ++visit) {
+        const size_t j = visit < arms.size() ? visit : 2 * arms.size() - 1 - visit;
+        for (int w = 0; w < warmup; ++w) time_op(arms[j], p, op);
+        for (int k = 0; k < samples; ++k) by_group[j][size_t(grp)].push_back(time_op(arms[j], p, op));
+      }
+    std::vector<std::pair<double, double>> cells;
+    for (auto& groups_of_arm : by_group) {
+      std::vector<double> all;
+      for (const auto& g : groups_of_arm) all.insert(all.end(), g.begin(), g.end());
+      const double med = median(all);
+      cells.emplace_back(med, std::abs(median(groups_of_arm.front()) - median(groups_of_arm.back())) / med * 100);
+    }
+    return cells;
+  }
+  Spec example(const Shape& sh) const {
+    Spec s = spec_from_file(
+        (std::filesystem::path(source_dir()) / "examples" / (std::string(sh.example) + ".json")).string());
+    s.targets = {Target::sm_90a};
+    return s;
+  }
+};
+
+const std::map<std::string, std::pair<bool, bool>> kArms = {
+    // name -> (graph replay, hand-off allowed)
+    {"spec", {false, true}},       {"spec A/A", {false, true}},        {"no hand-off", {false, false}},
+    {"graph", {true, true}},       {"graph no hand-off", {true, false}},
+};
+
+void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
+  fmt::print("{:<5} {:<8} {:<18} {:>9} {:>8} {:>9} {:>9} {:>8}\n", "shape", "op", "arm", "ms", "drift %", "FLA ms",
+             "FLA/ours", "floor x");
+  for (const Shape& sh : kShapes) {
+    if (shapes.find(sh.name) == std::string::npos) continue;
+    const Spec base = b.example(sh);
+    Problem p = make_problem(sh.docs, base.heads_qk, base.heads_v);
+    std::vector<Arm> arms;
+    for (const auto& name : arm_names) {
+      Spec s = base;
+      s.name = fmt::format("{}_bench_{}", sh.example, arms.size());
+      if (kArms.at(name).first) s.graph = GraphMode::replay;
+      if (!kArms.at(name).second) s.reuse_recompute_tapes = ReuseTapes::no;
+      arms.push_back(make_arm(name, s, p.shape, b.ctx, b.cache));
+    }
+    for (auto& a : arms) {
+      b.time_op(a, p, 2);
+      a.layer->check_device_status(a.saved.get(), p.shape, b.stream.handle());
+    }
+    for (int op = 0; op < 3; ++op) {
+      const auto cells = b.protocol(arms, p, op);
+      for (size_t j = 0; j < arms.size(); ++j)
+        fmt::print("{:<5} {:<8} {:<18} {:>9.3f} {:>8.2f} {:>9.3f} {:>9.2f} {:>8.1f}\n", sh.name, kOps[op], arms[j].name,
+                   cells[j].first, cells[j].second, sh.fla[op], sh.fla[op] / cells[j].first,
+                   cells[j].first / sh.floor[op]);
+      for (size_t j = 1; j < arms.size(); ++j)
+        if (arms[j].name == "spec A/A")
+          fmt::print("{:<5} {:<8} A/A difference {:.2f} %\n", sh.name, kOps[op],
+                     std::abs(cells[0].first - cells[j].first) / cells[0].first * 100);
+    }
+    std::fflush(stdout);
+  }
+}
+
+/// GPU time per program of an eager fwd+bwd (light saves: the backward re-runs the prep and the
+/// walk, which show as separate rows), events around every launch, L2 flushed before the call.
+void program_breakdown(Bench& b, const std::string& shapes) {
+  for (const Shape& sh : kShapes) {
+    if (shapes.find(sh.name) == std::string::npos) continue;
+    Spec s = b.example(sh);
+    s.name = fmt::format("{}_programs", sh.example);
+    Problem p = make_problem(sh.docs, s.heads_qk, s.heads_v);
+    Arm a = make_arm("programs", s, p.shape, b.ctx, b.cache);
+    std::vector<std::pair<std::string, rt::Event>> marks;  // (label, event) in launch order
+    size_t next = 0;
+    bool recording = false;
+    a.layer->observe_launches([&](const Program& prog, CUstream st, bool after) {
+      if (!recording) return;
+      if (next == marks.size()) marks.emplace_back(std::string(), rt::Event::create());
+      marks[next].first = after ? std::string() : prog.name;
+      marks[next].second.record(st);
+      ++next;
+    });
+    std::map<std::string, std::vector<double>> per;  // "index name" -> samples
+    std::vector<std::string> order;
+    for (int rep = 0; rep < b.warmup + b.samples; ++rep) {
+      b.flush_l2();
+      next = 0;
+      recording = true;
+      b.e0.record(b.stream.handle());
+      enqueue_op(a, p, 1, b.stream.handle());
+      b.e1.record(b.stream.handle());
+      recording = false;
+      const double total = rt::Event::elapsed_ms(b.e0, b.e1);
+      if (rep < b.warmup) continue;
+      for (size_t i = 0; i + 1 < next; i += 2) {
+        const std::string key = fmt::format("{:02} {}", i / 2, marks[i].first);
+        if (rep == b.warmup) order.push_back(key);
+        per[key].push_back(rt::Event::elapsed_ms(marks[i].second, marks[i + 1].second));
+      }
+      per["total"].push_back(total);
+    }
+    a.layer->check_device_status(a.saved.get(), p.shape, b.stream.handle());
+    fmt::print("shape {} fwd+bwd, eager, per program (median of {} calls, L2 flushed per call)\n", sh.name, b.samples);
+    double sum = 0;
+    for (const auto& key : order) sum += median(per[key]);
+    for (const auto& key : order)
+      fmt::print("  {:<28} {:>8.3f} ms {:>6.1f} %\n", key, median(per[key]), median(per[key]) / sum * 100);
+    fmt::print("  {:<28} {:>8.3f} ms (call; sum of programs {:.3f})\n", "total", median(per["total"]), sum);
+    std::fflush(stdout);
+  }
+}
+
+/// Host time per layer call with the real driver: each call timed alone on the wall clock, the
+/// stream drained every 8 calls so the launch queue never blocks the host.
+void host_time(Bench& b) {
+  fmt::print("host time per call on the GPU machine (median of 800 calls, us)\n");
+  fmt::print("{:<6} {:<12} {:<7} {:>9} {:>9}\n", "shape", "path", "mode", "fwd us", "bwd us");
+  for (const Shape& sh : kShapes) {
+    if (std::string(sh.name) != "N" && std::string(sh.name) != "M") continue;
+    const Spec base = b.example(sh);
+    Problem p = make_problem(sh.docs, base.heads_qk, base.heads_v);
+    for (HostPath path : {HostPath::llvm_stub, HostPath::interpreted}) {
+      if (path == HostPath::llvm_stub && !stubs_available()) continue;
+      for (bool replay : {false, true}) {
+        Spec s = base;
+        s.name = fmt::format("{}_host_{}_{}", sh.example, to_string(path), replay ? "replay" : "eager");
+        if (replay) s.graph = GraphMode::replay;
+        Arm a{s.name, Layer::create(s, b.ctx, b.cache, 0, path), {}, {}, nullptr};
+        a.saved = rt::DeviceBuffer::create(a.layer->saved_bytes(p.shape));
+        a.ws = rt::DeviceBuffer::create(a.layer->workspace_bytes(CallForm::backward, p.shape));
+        std::vector<double> fwd, bwd;
+        for (int i = 0; i < 816; ++i) {
+          auto t0 = std::chrono::steady_clock::now();
+          a.layer->forward(p.shape, p.in(), p.out(), a.saved.get(), a.saved.bytes(), a.ws.get(), a.ws.bytes(),
+                           b.stream.handle());
+          auto t1 = std::chrono::steady_clock::now();
+          a.layer->backward(p.shape, p.in(), p.grads(), a.saved.get(), a.saved.bytes(), a.ws.get(), a.ws.bytes(),
+                            b.stream.handle());
+          auto t2 = std::chrono::steady_clock::now();
+          if (i >= 16) {  // the first calls capture graphs and load modules
+            fwd.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
+            bwd.push_back(std::chrono::duration<double, std::micro>(t2 - t1).count());
+          }
+          if (i % 8 == 7) b.stream.synchronize();
+        }
+        b.stream.synchronize();
+        fmt::print("{:<6} {:<12} {:<7} {:>9.2f} {:>9.2f}\n", sh.name, to_string(path), replay ? "replay" : "eager",
+                   median(fwd), median(bwd));
+      }
+    }
+  }
+}
+
+/// ckpt with and without the tape hand-off at M's heads over growing single documents:
+/// rows = tokens x value heads; the crossover (if any) is the sm_90a threshold.
+void handoff_sweep(Bench& b) {
+  const Shape& m = kShapes[1];
+  const Spec base = b.example(m);
+  fmt::print("ckpt hand-off sweep (heads {}/{}, one document per row of the table)\n", base.heads_qk, base.heads_v);
+  fmt::print("{:>8} {:>10} {:>12} {:>12} {:>8} {:>8}\n", "tokens", "rows", "hand-off ms", "re-run ms", "gain %",
+             "drift %");
+  for (long long T : {64LL, 256LL, 1024LL, 2048LL, 4096LL, 8192LL, 16384LL, 32768LL}) {
+    Problem p = make_problem({T}, base.heads_qk, base.heads_v);
+    std::vector<Arm> arms;
+    for (bool handoff : {true, false}) {
+      Spec s = base;
+      s.name = fmt::format("m_sweep_{}", handoff ? "handoff" : "rerun");
+      s.reuse_recompute_tapes = handoff ? ReuseTapes::yes : ReuseTapes::no;
+      arms.push_back(make_arm(s.name, s, p.shape, b.ctx, b.cache));
+    }
+    const auto cells = b.protocol(arms, p, 2);
+    fmt::print("{:>8} {:>10} {:>12.4f} {:>12.4f} {:>8.2f} {:>8.2f}\n", T, T * base.heads_v, cells[0].first,
+               cells[1].first, (cells[1].first - cells[0].first) / cells[1].first * 100,
+               std::max(cells[0].second, cells[1].second));
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app{"gdn_bench: times gdnc's layer calls on the GPU (the seed's protocol)"};
+  std::string shapes = "N,M,G,A";
+  std::vector<std::string> arm_names = {"spec", "spec A/A", "no hand-off", "graph"};
+  int groups = 5, samples = 12, warmup = 10;
+  bool programs = false, host = false, sweep = false, host_only_mode = false;
+  app.add_option("--shapes", shapes, "comma-separated subset of N,M,G,A");
+  app.add_option("--arms", arm_names, "arms of the timing table")
+      ->check(CLI::IsMember({"spec", "spec A/A", "no hand-off", "graph", "graph no hand-off"}))
+      ->delimiter(',');
+  app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
+  app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup, "untimed calls per visit")->check(CLI::NonNegativeNumber);
+  app.add_flag("--programs", programs, "per-program GPU time of an eager fwd+bwd");
+  app.add_flag("--host-time", host, "host time per call on the GPU (eager and replay, both host paths)");
+  app.add_flag("--sweep", sweep, "ckpt with and without the tape hand-off over token counts");
+  app.add_flag("--host-only", host_only_mode, "host time per call with launches discarded (no GPU)");
+  CLI11_PARSE(app, argc, argv);
   try {
-    return run(argc, argv);
+    if (host_only_mode) return host_only();
+    Bench b{rt::Context::create(0), cache::DiskCache(), rt::Stream::create(),
+            rt::DeviceBuffer::create(256u << 20),  // > the H200's 60 MB L2
+            rt::Event::create(), rt::Event::create(), groups, samples, warmup};
+    fmt::print("device: {} ({} SMs)\n", b.ctx.name(), b.ctx.sm_count());
+    if (programs) program_breakdown(b, shapes);
+    if (host) host_time(b);
+    if (sweep) handoff_sweep(b);
+    if (!programs && !host && !sweep) timing_table(b, shapes, arm_names);
+    return 0;
   } catch (const std::exception& e) {
     fmt::print(stderr, "gdn_bench: {}\n", e.what());
     return 1;
   }
-}
-
-int run(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
-    if (!std::strcmp(argv[i], "--host-only")) return host_only();
-    if (!std::strcmp(argv[i], "--help")) {
-      fmt::print("usage: gdn_bench [--shapes N,M,G,A] [--groups 5] [--samples 12] [--warmup 10]\n"
-                 "       gdn_bench --host-only\n");
-      return 0;
-    }
-  }
-  std::string shapes = "N,M,G,A";
-  int samples = 12, warmup = 10, groups = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    if (!std::strcmp(argv[i], "--shapes")) shapes = argv[i + 1];
-    else if (!std::strcmp(argv[i], "--samples")) samples = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--warmup")) warmup = std::atoi(argv[i + 1]);
-    else if (!std::strcmp(argv[i], "--groups")) groups = std::atoi(argv[i + 1]);
-    else { fmt::print(stderr, "unknown option {}\n", argv[i]); return 2; }
-  }
-  rt::Context ctx = rt::Context::create(0);
-  cache::DiskCache cache;
-  rt::Stream stream = rt::Stream::create();
-  auto flush = rt::DeviceBuffer::create(256u << 20);  // > the H200's 60 MB L2
-  rt::Event e0 = rt::Event::create(), e1 = rt::Event::create();
-  fmt::print("device: {} ({} SMs)\n", ctx.name(), ctx.sm_count());
-  fmt::print("{:<5} {:<8} {:<12} {:>9} {:>8} {:>9} {:>9} {:>8}\n", "shape", "op", "arm", "ms", "drift %",
-             "FLA ms", "FLA/ours", "floor x");
-  for (const Shape& sh : kShapes) {
-    if (shapes.find(sh.name) == std::string::npos) continue;
-    Spec base = spec_from_file((std::filesystem::path(source_dir()) / "examples" / (std::string(sh.example) + ".json")).string());
-    base.targets = {Target::sm_90a};
-    long long T = 0;
-    for (auto d : sh.docs) T += d;
-    const int N = static_cast<int>(sh.docs.size());
-    const int H = base.heads_qk, HV = base.heads_v;
-    auto q = random_buffer(size_t(T) * H * 128, 0, 1), k = random_buffer(size_t(T) * H * 128, 0, 2);
-    auto v = random_buffer(size_t(T) * HV * 128, 0, 3), d_o = random_buffer(size_t(T) * HV * 128, 0, 4);
-    auto g = random_buffer(size_t(T) * HV, 1, 5), beta = random_buffer(size_t(T) * HV, 2, 6);
-    std::vector<int> cu = {0};
-    for (auto d : sh.docs) cu.push_back(cu.back() + static_cast<int>(d));
-    auto dcu = rt::DeviceBuffer::create(cu.size() * 4);
-    GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(dcu.handle(), cu.data(), cu.size() * 4), "upload");
-    const size_t state = size_t(N) * HV * 128 * 128 * 4;
-    auto h0 = rt::DeviceBuffer::create(state), ht = rt::DeviceBuffer::create(state), dh0 = rt::DeviceBuffer::create(state);
-    GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(h0.handle(), 0, state), "zero h0");
-    auto o = rt::DeviceBuffer::create(size_t(T) * HV * 128 * 2);
-    auto dq = rt::DeviceBuffer::create(size_t(T) * H * 128 * 2), dk = rt::DeviceBuffer::create(size_t(T) * H * 128 * 2);
-    auto dv = rt::DeviceBuffer::create(size_t(T) * HV * 128 * 2);
-    auto dg = rt::DeviceBuffer::create(size_t(T) * HV * 4), db = rt::DeviceBuffer::create(size_t(T) * HV * 4);
-    // Arms: the spec as given (its hand-off rule applies to ckpt), an A/A copy of it (a second
-    // layer object on the same programs: the noise envelope), and the same spec without the
-    // hand-off (ckpt re-runs the prep program and the walk).
-    struct Arm {
-      std::string name;
-      std::unique_ptr<Layer> layer;
-      rt::DeviceBuffer saved, ws;
-    };
-    std::vector<Arm> arms;
-    const ProblemShape ps{T, N};
-    struct Variant {
-      const char* arm;
-      const char* suffix;
-      bool handoff_allowed;
-    };
-    for (const Variant& v : {Variant{"spec", "spec", true}, Variant{"spec A/A", "aa", true},
-                             Variant{"no hand-off", "nohandoff", false}}) {
-      Spec s = base;
-      s.name = std::string(sh.example) + "_" + v.suffix;
-      if (!v.handoff_allowed) s.reuse_recompute_tapes = ReuseTapes::no;
-      Arm a{v.arm, Layer::create(s, ctx, cache), {}, {}};
-      a.saved = rt::DeviceBuffer::create(a.layer->saved_bytes(ps));
-      a.ws = rt::DeviceBuffer::create(std::max(a.layer->workspace_bytes(CallForm::forward, ps),
-                                               a.layer->workspace_bytes(CallForm::backward, ps)));
-      arms.push_back(std::move(a));
-    }
-    // Uploads and memsets ran on the legacy stream, which does not order against ours.
-    GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "setup");
-    const LayerInputs in{q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32,
-                         h0.get<float>(), 0};
-    const LayerOutputs out{o.get(), ht.get<float>()};
-    const LayerOutputs no_output{nullptr, ht.get<float>()};
-    const LayerGrads grads{d_o.get(), nullptr, dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dh0.get<float>()};
-    auto time_op = [&](Arm& a, int op) {
-      Workspace ws(a.ws.get(), a.ws.bytes());
-      GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
-      e0.record(stream.handle());
-      a.layer->forward(ps, in, out, a.saved.get(), a.saved.bytes(), ws, stream.handle());
-      if (op == 2)
-        a.layer->recompute(ps, in, no_output, OutputNeeded::no, a.saved.get(), a.saved.bytes(), ws, stream.handle());
-      if (op >= 1) a.layer->backward(ps, in, grads, a.saved.get(), a.saved.bytes(), ws, stream.handle());
-      e1.record(stream.handle());
-      return static_cast<double>(rt::Event::elapsed_ms(e0, e1));
-    };
-    for (auto& a : arms) {
-      time_op(a, 2);
-      a.layer->check_device_status(a.saved.get(), ps, stream.handle());
-    }
-    // The seed's protocol: per operation, `groups` groups; each group visits every arm twice in
-    // mirrored order (A B C C B A), each visit `warmup` untimed calls then `samples` timed ones.
-    // A cell is the median of all its samples; drift compares the first and last group medians.
-    for (int op = 0; op < 3; ++op) {
-      std::vector<std::vector<std::vector<double>>> by_group(arms.size());  // [arm][group][sample]
-      for (int grp = 0; grp < groups; ++grp) {
-        for (size_t visit = 0; visit < 2 * arms.size(); ++visit) {
-          const size_t j = visit < arms.size() ? visit : 2 * arms.size() - 1 - visit;
-          if (by_group[j].size() <= static_cast<size_t>(grp)) by_group[j].resize(static_cast<size_t>(grp) + 1);
-          for (int w = 0; w < warmup; ++w) time_op(arms[j], op);
-          for (int k = 0; k < samples; ++k) by_group[j][static_cast<size_t>(grp)].push_back(time_op(arms[j], op));
-        }
-      }
-      std::vector<double> cell(arms.size());
-      for (size_t j = 0; j < arms.size(); ++j) {
-        std::vector<double> all;
-        for (const auto& g : by_group[j]) all.insert(all.end(), g.begin(), g.end());
-        cell[j] = median(all);
-        const double drift = std::abs(median(by_group[j].front()) - median(by_group[j].back())) / cell[j] * 100;
-        fmt::print("{:<5} {:<8} {:<12} {:>9.3f} {:>8.2f} {:>9.3f} {:>9.2f} {:>8.1f}\n", sh.name, kOps[op],
-                   arms[j].name, cell[j], drift, sh.fla[op], sh.fla[op] / cell[j], cell[j] / sh.floor[op]);
-      }
-      fmt::print("{:<5} {:<8} A/A difference {:.2f} %\n", sh.name, kOps[op], std::abs(cell[0] - cell[1]) / cell[0] * 100);
-    }
-    std::fflush(stdout);
-  }
-  return 0;
 }

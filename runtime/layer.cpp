@@ -40,6 +40,22 @@ class DeviceLauncher final : public Launcher {
   }
 };
 
+/// Wraps a launcher and reports each launch to an observer before and after it.
+class ObservedLauncher final : public Launcher {
+ public:
+  ObservedLauncher(std::shared_ptr<Launcher> inner, Layer::LaunchObserver observer)
+      : inner_(std::move(inner)), observer_(std::move(observer)) {}
+  void launch(const Program& program, rt::dim3_t grid, const void* params, size_t size, CUstream stream) override {
+    observer_(program, stream, false);
+    inner_->launch(program, grid, params, size, stream);
+    observer_(program, stream, true);
+  }
+
+ private:
+  std::shared_ptr<Launcher> inner_;
+  Layer::LaunchObserver observer_;
+};
+
 /// One JIT for the process: stubs of every layer live in it (they are a few hundred bytes each).
 StubCompiler& stub_compiler() {
   static std::mutex m;
@@ -156,6 +172,11 @@ void Layer::make_plans(HostPath path) {
         throw std::logic_error(fmt::format("layer '{}': workspace slot {} of the forward ({}) is not the backward's",
                                            ir_.spec.name, i, fwd_names[i].first));
   }
+}
+
+void Layer::observe_launches(LaunchObserver observer) {
+  if (!observer) throw std::invalid_argument("Layer::observe_launches: empty observer");
+  launcher_ = std::make_shared<ObservedLauncher>(std::move(launcher_), std::move(observer));
 }
 
 void Layer::run_eager(const Compiled& c, const CallFrame& f) const {

@@ -19,9 +19,10 @@
 #include "runtime/plan.hpp"
 #include "runtime/stub.hpp"
 
+#include <functional>
 #include <map>
-#include <mutex>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -149,6 +150,12 @@ class Layer {
     uint64_t captures, replays, evictions;
   };
   GraphStats graph_stats() const;
+
+  /// Calls `observer(program, stream, after)` around every launch this layer makes from now on
+  /// (eager launches only; replays of captured graphs are not observed). For per-program timing
+  /// in the benchmark; not for production use: it adds host work to every launch.
+  using LaunchObserver = std::function<void(const Program&, CUstream, bool after)>;
+  void observe_launches(LaunchObserver observer);
 
   const LayerIR& ir() const { return ir_; }
   HostPath host_path() const { return host_path_; }

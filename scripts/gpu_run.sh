@@ -1,30 +1,61 @@
 #!/usr/bin/env bash
-# Runs the whole GPU test set and the benchmark on a machine with a GPU, from binaries built
-# elsewhere and carried in .scratch_device/bin (see scripts/pack_device.sh). Logs go to $OUT.
+# Runs the GPU test set and the benchmarks on a machine with a GPU, from binaries built elsewhere
+# and carried in .scratch_device/bin (see scripts/pack_device.sh). Logs go to $OUT.
+#
+# STEPS picks what runs, in this order (default: all but compare):
+#   tests     the GPU doctest suites (GPU_SUITES), GDN_DETERMINISM_REPEATS applies
+#   python    the binding's unittest files (torch of the machine; FLA if .whl is carried)
+#   programs  gdn_bench --programs (per-program GPU time, PROGRAM_SHAPES, default N,M)
+#   host      gdn_bench --host-time
+#   sweep     gdn_bench --sweep (the sm_90a hand-off threshold)
+#   bench     gdn_bench timing table (BENCH_ARGS)
+#   compare   bench/compare_fla.py side by side with FLA 0.6.0 (COMPARE_ARGS; needs .whl carried)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
-export GDN_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}"
+export GDN_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}" PYTHONUNBUFFERED=1
 bin=.scratch_device/bin
+chmod +x "$bin"/* 2>/dev/null
 export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export GDNC_LIBRARY="$PWD/$bin/libgdn.so" GDNC_REFERENCE_LIBRARY="$PWD/$bin/libgdn_reference.so"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+steps=" ${STEPS:-tests python programs host sweep bench} "
+has() { [[ "$steps" == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv | tee "$OUT/device.txt"
-git log -1 --format='commit %H' 2>/dev/null | tee -a "$OUT/device.txt"
+echo "tree: ${GDN_COMMIT:-unknown commit} (the device copy has no .git)" | tee -a "$OUT/device.txt"
+t0=$SECONDS
 "$bin/gdnc" compile examples/*.json --target sm_90a 2>&1 | tail -3
+echo "compile-ahead: $((SECONDS - t0)) s"
 rc=0
-for suite in ${GPU_SUITES:-gpu_errors gpu_prep gpu_layer gpu_determinism gpu_ckpt gpu_graph}; do
-  echo "=== $suite"
-  "$bin/gdn_gpu_tests" --test-suite="$suite" 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -40
+if has tests; then
+  for suite in ${GPU_SUITES:-gpu_errors gpu_prep gpu_layer gpu_determinism gpu_ckpt gpu_graph}; do
+    echo "=== $suite ($((SECONDS - t0)) s)"
+    "$bin/gdn_gpu_tests" --test-suite="$suite" 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -25
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
+fi
+if has python; then
+  echo "=== python binding ($((SECONDS - t0)) s)"
+  python3 -m unittest discover -s python/tests -p "test_*.py" -v 2>&1 | tee -a "$OUT/python.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
-done
-if [ "${RUN_PYTHON:-1}" = 1 ]; then
-  echo "=== python binding (torch of the device)"
-  GDNC_LIBRARY="$PWD/$bin/libgdn.so" GDNC_REFERENCE_LIBRARY="$PWD/$bin/libgdn_reference.so" python3 -m unittest discover -s python/tests -p "test_*.py" -v 2>&1 \
-    | tee -a "$OUT/python.log" | tail -20
 fi
-if [ "${RUN_BENCH:-1}" = 1 ]; then
-  echo "=== bench"
+bench() { "$bin/gdn_bench" "$@" 2>&1; }
+has programs && { echo "=== programs ($((SECONDS - t0)) s)"; bench --programs --shapes "${PROGRAM_SHAPES:-N,M}" --warmup 3 --samples 9 | tee "$OUT/programs.log"; }
+has host && { echo "=== host time ($((SECONDS - t0)) s)"; bench --host-time | tee "$OUT/host.log"; }
+has sweep && { echo "=== sweep ($((SECONDS - t0)) s)"; bench --sweep --groups 3 --samples 6 --warmup 4 | tee "$OUT/sweep.log"; }
+if has bench; then
+  echo "=== bench ($((SECONDS - t0)) s)"
   # A shortened protocol by default so tests and benchmark fit one 10-minute call.
-  "$bin/gdn_bench" ${BENCH_ARGS:---shapes N,M,G,A --groups 3 --samples 6 --warmup 4} 2>&1 | tee "$OUT/bench.log"
+  bench ${BENCH_ARGS:---shapes N,M,G,A --groups 3 --samples 6 --warmup 4} | tee "$OUT/bench.log"
 fi
+if has compare; then
+  echo "=== compare with FLA ($((SECONDS - t0)) s)"
+  python3 bench/compare_fla.py ${COMPARE_ARGS:---shapes N,M,G,A --groups 2 --samples 5 --warmup 3} \
+    --out "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
+fi
+echo "=== done ($((SECONDS - t0)) s), tests rc=$rc"
 exit $rc
