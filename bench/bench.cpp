@@ -171,32 +171,52 @@ Problem make_problem(const std::vector<long long>& docs, int H, int HV) {
   return p;
 }
 
-/// One layer with its own saved region and workspace (sized for every call form).
+/// One layer; its saved region and workspace are views of buffers that all arms of a table
+/// share (arms run one after another on one stream, and every operation starts with a forward,
+/// so no arm reads what another wrote: the 35 GB workspace of shape A exists once, not per arm).
 struct Arm {
   std::string name;
   std::unique_ptr<Layer> layer;
-  rt::DeviceBuffer saved, ws;
+  void* saved = nullptr;
+  size_t saved_bytes = 0;
   std::unique_ptr<Workspace> stamp;
 };
 
-Arm make_arm(std::string name, const Spec& spec, const ProblemShape& ps, const rt::Context& ctx,
-             cache::DiskCache& cache) {
-  Arm a{std::move(name), Layer::create(spec, ctx, cache), {}, {}, nullptr};
-  a.saved = rt::DeviceBuffer::create(a.layer->saved_bytes(ps));
-  a.ws = rt::DeviceBuffer::create(std::max({a.layer->workspace_bytes(CallForm::forward, ps),
-                                            a.layer->workspace_bytes(CallForm::recompute, ps),
-                                            a.layer->workspace_bytes(CallForm::backward, ps)}));
-  a.stamp = std::make_unique<Workspace>(a.ws.get(), a.ws.bytes());
-  return a;
+/// The buffers shared by a table's arms, sized for the largest arm.
+struct SharedRegions {
+  rt::DeviceBuffer saved, ws;
+};
+
+size_t workspace_for_all_forms(const Layer& layer, const ProblemShape& ps) {
+  return std::max({layer.workspace_bytes(CallForm::forward, ps), layer.workspace_bytes(CallForm::recompute, ps),
+                   layer.workspace_bytes(CallForm::backward, ps)});
+}
+
+std::vector<Arm> make_arms(const std::vector<std::pair<std::string, Spec>>& specs, const ProblemShape& ps,
+                           const rt::Context& ctx, cache::DiskCache& cache, SharedRegions& regions) {
+  std::vector<Arm> arms;
+  size_t saved = 0, ws = 0;
+  for (const auto& [name, spec] : specs) {
+    arms.push_back(Arm{name, Layer::create(spec, ctx, cache), nullptr, 0, nullptr});
+    saved = std::max(saved, arms.back().layer->saved_bytes(ps));
+    ws = std::max(ws, workspace_for_all_forms(*arms.back().layer, ps));
+  }
+  regions.saved = rt::DeviceBuffer::create(saved);
+  regions.ws = rt::DeviceBuffer::create(ws);
+  for (auto& a : arms) {
+    a.saved = regions.saved.get();
+    a.saved_bytes = a.layer->saved_bytes(ps);
+    a.stamp = std::make_unique<Workspace>(regions.ws.get(), workspace_for_all_forms(*a.layer, ps));
+  }
+  return arms;
 }
 
 /// One operation (0 fwd, 1 fwd+bwd, 2 ckpt) on an arm, enqueued on `stream`.
 void enqueue_op(Arm& a, const Problem& p, int op, CUstream stream) {
-  a.layer->forward(p.shape, p.in(), p.out(), a.saved.get(), a.saved.bytes(), *a.stamp, stream);
+  a.layer->forward(p.shape, p.in(), p.out(), a.saved, a.saved_bytes, *a.stamp, stream);
   if (op == 2)
-    a.layer->recompute(p.shape, p.in(), p.no_output(), OutputNeeded::no, a.saved.get(), a.saved.bytes(), *a.stamp,
-                       stream);
-  if (op >= 1) a.layer->backward(p.shape, p.in(), p.grads(), a.saved.get(), a.saved.bytes(), *a.stamp, stream);
+    a.layer->recompute(p.shape, p.in(), p.no_output(), OutputNeeded::no, a.saved, a.saved_bytes, *a.stamp, stream);
+  if (op >= 1) a.layer->backward(p.shape, p.in(), p.grads(), a.saved, a.saved_bytes, *a.stamp, stream);
 }
 
 struct Bench {
@@ -258,17 +278,19 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
     if (shapes.find(sh.name) == std::string::npos) continue;
     const Spec base = b.example(sh);
     Problem p = make_problem(sh.docs, base.heads_qk, base.heads_v);
-    std::vector<Arm> arms;
+    std::vector<std::pair<std::string, Spec>> specs;
     for (const auto& name : arm_names) {
       Spec s = base;
-      s.name = fmt::format("{}_bench_{}", sh.example, arms.size());
+      s.name = fmt::format("{}_bench_{}", sh.example, specs.size());
       if (kArms.at(name).first) s.graph = GraphMode::replay;
       if (!kArms.at(name).second) s.reuse_recompute_tapes = ReuseTapes::no;
-      arms.push_back(make_arm(name, s, p.shape, b.ctx, b.cache));
+      specs.emplace_back(name, s);
     }
+    SharedRegions regions;
+    std::vector<Arm> arms = make_arms(specs, p.shape, b.ctx, b.cache, regions);
     for (auto& a : arms) {
       b.time_op(a, p, 2);
-      a.layer->check_device_status(a.saved.get(), p.shape, b.stream.handle());
+      a.layer->check_device_status(a.saved, p.shape, b.stream.handle());
     }
     for (int op = 0; op < 3; ++op) {
       const auto cells = b.protocol(arms, p, op);
@@ -293,7 +315,9 @@ void program_breakdown(Bench& b, const std::string& shapes) {
     Spec s = b.example(sh);
     s.name = fmt::format("{}_programs", sh.example);
     Problem p = make_problem(sh.docs, s.heads_qk, s.heads_v);
-    Arm a = make_arm("programs", s, p.shape, b.ctx, b.cache);
+    SharedRegions regions;
+    std::vector<Arm> one = make_arms({{"programs", s}}, p.shape, b.ctx, b.cache, regions);
+    Arm& a = one.front();
     std::vector<std::pair<std::string, rt::Event>> marks;  // (label, event) in launch order
     size_t next = 0;
     bool recording = false;
@@ -323,7 +347,7 @@ void program_breakdown(Bench& b, const std::string& shapes) {
       }
       per["total"].push_back(total);
     }
-    a.layer->check_device_status(a.saved.get(), p.shape, b.stream.handle());
+    a.layer->check_device_status(a.saved, p.shape, b.stream.handle());
     fmt::print("shape {} fwd+bwd, eager, per program (median of {} calls, L2 flushed per call)\n", sh.name, b.samples);
     double sum = 0;
     for (const auto& key : order) sum += median(per[key]);
@@ -349,17 +373,16 @@ void host_time(Bench& b) {
         Spec s = base;
         s.name = fmt::format("{}_host_{}_{}", sh.example, to_string(path), replay ? "replay" : "eager");
         if (replay) s.graph = GraphMode::replay;
-        Arm a{s.name, Layer::create(s, b.ctx, b.cache, 0, path), {}, {}, nullptr};
-        a.saved = rt::DeviceBuffer::create(a.layer->saved_bytes(p.shape));
-        a.ws = rt::DeviceBuffer::create(a.layer->workspace_bytes(CallForm::backward, p.shape));
+        auto layer = Layer::create(s, b.ctx, b.cache, 0, path);
+        auto saved = rt::DeviceBuffer::create(layer->saved_bytes(p.shape));
+        auto ws = rt::DeviceBuffer::create(layer->workspace_bytes(CallForm::backward, p.shape));
         std::vector<double> fwd, bwd;
         for (int i = 0; i < 816; ++i) {
           auto t0 = std::chrono::steady_clock::now();
-          a.layer->forward(p.shape, p.in(), p.out(), a.saved.get(), a.saved.bytes(), a.ws.get(), a.ws.bytes(),
-                           b.stream.handle());
+          layer->forward(p.shape, p.in(), p.out(), saved.get(), saved.bytes(), ws.get(), ws.bytes(), b.stream.handle());
           auto t1 = std::chrono::steady_clock::now();
-          a.layer->backward(p.shape, p.in(), p.grads(), a.saved.get(), a.saved.bytes(), a.ws.get(), a.ws.bytes(),
-                            b.stream.handle());
+          layer->backward(p.shape, p.in(), p.grads(), saved.get(), saved.bytes(), ws.get(), ws.bytes(),
+                          b.stream.handle());
           auto t2 = std::chrono::steady_clock::now();
           if (i >= 16) {  // the first calls capture graphs and load modules
             fwd.push_back(std::chrono::duration<double, std::micro>(t1 - t0).count());
@@ -385,13 +408,15 @@ void handoff_sweep(Bench& b) {
              "drift %");
   for (long long T : {64LL, 256LL, 1024LL, 2048LL, 4096LL, 8192LL, 16384LL, 32768LL}) {
     Problem p = make_problem({T}, base.heads_qk, base.heads_v);
-    std::vector<Arm> arms;
+    std::vector<std::pair<std::string, Spec>> specs;
     for (bool handoff : {true, false}) {
       Spec s = base;
       s.name = fmt::format("m_sweep_{}", handoff ? "handoff" : "rerun");
       s.reuse_recompute_tapes = handoff ? ReuseTapes::yes : ReuseTapes::no;
-      arms.push_back(make_arm(s.name, s, p.shape, b.ctx, b.cache));
+      specs.emplace_back(s.name, s);
     }
+    SharedRegions regions;
+    std::vector<Arm> arms = make_arms(specs, p.shape, b.ctx, b.cache, regions);
     const auto cells = b.protocol(arms, p, 2);
     fmt::print("{:>8} {:>10} {:>12.4f} {:>12.4f} {:>8.2f} {:>8.2f}\n", T, T * base.heads_v, cells[0].first,
                cells[1].first, (cells[1].first - cells[0].first) / cells[1].first * 100,
