@@ -200,8 +200,7 @@ struct ChunkBwd {
       // Element-wise combine: every Acc of one shape maps elements to threads identically.
 #pragma unroll
       for (int q = 0; q < AccCK::kSlots; ++q) {
-        const int t = tid / 32 + q * kWarps;
-        const int r0 = (t / AccCK::kTilesN) * 16 + (tid % 32) / 4;
+        const int r0 = AccCK::tile_row(tid / 32, q) * 16 + (tid % 32) / 4;
         const float f0 = r0 < m ? sb[r0] * exp2f(fminf(sg[r0], 0.f)) : 0.f;
         const float f1 = r0 + 8 < m ? sb[r0 + 8] * exp2f(fminf(sg[r0 + 8], 0.f)) : 0.f;
         dk.c[q][0] += f0 * x.c[q][0];
@@ -236,9 +235,8 @@ struct ChunkBwd {
       bwd::mma(t2, MatRef{sDV, PV, 1}, transposed(MatRef{sV, PV, 1}), V);
 #pragma unroll
       for (int q = 0; q < AccCC::kSlots; ++q) {
-        const int t = tid / 32 + q * kWarps;
-        const int r0 = (t / AccCC::kTilesN) * 16 + (tid % 32) / 4;
-        const int c0 = (t % AccCC::kTilesN) * 8 + (tid % 4) * 2;
+        const int r0 = AccCC::tile_row(tid / 32, q) * 16 + (tid % 32) / 4;
+        const int c0 = AccCC::tile_col(tid / 32, q) * 8 + (tid % 4) * 2;
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = r0 + (e >= 2 ? 8 : 0), c = c0 + (e & 1);

@@ -52,11 +52,10 @@ template <class AccT, class F>
 __device__ __forceinline__ void for_pairs(AccT& a, F f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = lane / 4, tq = (lane % 4) * 2;
-  constexpr int W = AccT::kTiles / AccT::kSlots;
 #pragma unroll
   for (int s = 0; s < AccT::kSlots; ++s) {
-    const int t = warp + s * W;
-    const int r0 = (t / AccT::kTilesN) * 16, c0 = (t % AccT::kTilesN) * 8;
+    const int tr = AccT::tile_row(warp, s), tc = AccT::tile_col(warp, s);
+    const int r0 = tr * 16, c0 = tc * 8;
     f(r0 + gr, c0 + tq, a.c[s][0], a.c[s][1]);
     f(r0 + gr + 8, c0 + tq, a.c[s][2], a.c[s][3]);
   }
@@ -69,11 +68,10 @@ template <class AccT, class F>
 __device__ __forceinline__ void row_partials(AccT& a, F f, float* part) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = lane / 4, tq = (lane % 4) * 2;
-  constexpr int W = AccT::kTiles / AccT::kSlots;
 #pragma unroll
   for (int s = 0; s < AccT::kSlots; ++s) {
-    const int t = warp + s * W;
-    const int r0 = (t / AccT::kTilesN) * 16, c0 = (t % AccT::kTilesN) * 8;
+    const int tr = AccT::tile_row(warp, s), tc = AccT::tile_col(warp, s);
+    const int r0 = tr * 16, c0 = tc * 8;
     float lo = f(r0 + gr, c0 + tq, a.c[s][0]) + f(r0 + gr, c0 + tq + 1, a.c[s][1]);
     float hi = f(r0 + gr + 8, c0 + tq, a.c[s][2]) + f(r0 + gr + 8, c0 + tq + 1, a.c[s][3]);
     lo += __shfl_xor_sync(0xffffffffu, lo, 1);
@@ -81,8 +79,8 @@ __device__ __forceinline__ void row_partials(AccT& a, F f, float* part) {
     lo += __shfl_xor_sync(0xffffffffu, lo, 2);
     hi += __shfl_xor_sync(0xffffffffu, hi, 2);
     if (tq == 0) {
-      part[(r0 + gr) * AccT::kTilesN + t % AccT::kTilesN] = lo;
-      part[(r0 + gr + 8) * AccT::kTilesN + t % AccT::kTilesN] = hi;
+      part[(r0 + gr) * AccT::kTilesN + tc] = lo;
+      part[(r0 + gr + 8) * AccT::kTilesN + tc] = hi;
     }
   }
 }
@@ -92,11 +90,10 @@ template <class AccT, class F>
 __device__ __forceinline__ void col_partials(AccT& a, F f, float* part) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = lane / 4, tq = (lane % 4) * 2;
-  constexpr int W = AccT::kTiles / AccT::kSlots;
 #pragma unroll
   for (int s = 0; s < AccT::kSlots; ++s) {
-    const int t = warp + s * W;
-    const int r0 = (t / AccT::kTilesN) * 16, c0 = (t % AccT::kTilesN) * 8;
+    const int tr = AccT::tile_row(warp, s), tc = AccT::tile_col(warp, s);
+    const int r0 = tr * 16, c0 = tc * 8;
     float x0 = f(r0 + gr, c0 + tq, a.c[s][0]) + f(r0 + gr + 8, c0 + tq, a.c[s][2]);
     float x1 = f(r0 + gr, c0 + tq + 1, a.c[s][1]) + f(r0 + gr + 8, c0 + tq + 1, a.c[s][3]);
 #pragma unroll
@@ -105,8 +102,8 @@ __device__ __forceinline__ void col_partials(AccT& a, F f, float* part) {
       x1 += __shfl_xor_sync(0xffffffffu, x1, o);
     }
     if (gr == 0) {
-      part[(c0 + tq) * AccT::kTilesM + t / AccT::kTilesN] = x0;
-      part[(c0 + tq + 1) * AccT::kTilesM + t / AccT::kTilesN] = x1;
+      part[(c0 + tq) * AccT::kTilesM + tr] = x0;
+      part[(c0 + tq + 1) * AccT::kTilesM + tr] = x1;
     }
   }
 }
@@ -164,21 +161,20 @@ __device__ __forceinline__ void ldb(u32 (&b)[2], const Transposed<MatRef>& B, in
   ldsm_x2(b, B.a.p + (c0 + lane % 8) * B.a.rs + k0 + ((lane / 8) % 2) * 8);
 }
 
-/// acc += A[M x kd] * B[kd x N] with ldmatrix operands; same element mapping as Acc::mma.
+/// acc += A[M x kd] * B[kd x N] with ldmatrix operands; same element mapping and the same
+/// per-element k order as Acc::mma. Each k step loads the warp's kWM A and kWN B fragments once.
 template <class AccT, class A, class B>
 __device__ __forceinline__ void mma(AccT& acc, const A& a, const B& b, int kd) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  constexpr int W = AccT::kTiles / AccT::kSlots;
+  constexpr int WM = AccT::kWM, WN = AccT::kWN;
+  for (int k0 = 0; k0 < kd; k0 += 16) {
+    u32 af[WM][4], bf[WN][2];
 #pragma unroll
-  for (int s = 0; s < AccT::kSlots; ++s) {
-    const int t = warp + s * W;
-    const int r0 = (t / AccT::kTilesN) * 16, c0 = (t % AccT::kTilesN) * 8;
-    for (int k0 = 0; k0 < kd; k0 += 16) {
-      u32 af[4], bf[2];
-      lda(af, a, r0, k0, lane);
-      ldb(bf, b, k0, c0, lane);
-      mma_16816(acc.c[s], af, bf);
-    }
+    for (int i = 0; i < WM; ++i) lda(af[i], a, AccT::tile_row(warp, i * WN) * 16, k0, lane);
+#pragma unroll
+    for (int jn = 0; jn < WN; ++jn) ldb(bf[jn], b, k0, AccT::tile_col(warp, jn) * 8, lane);
+#pragma unroll
+    for (int s = 0; s < AccT::kSlots; ++s) mma_16816(acc.c[s], af[s / WN], bf[s % WN]);
   }
 }
 

@@ -44,7 +44,30 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const u32 (&a)[4], cons
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-/// M x N fp32 accumulator owned by WARPS warps; tile t = warp + slot * WARPS of the 16 x 8 tiles.
+/// How an Acc's 16 x 8 tiles are dealt to warps: each warp owns a rectangle of WM x WN tiles,
+/// so a product step loads WM A fragments and WN B fragments for WM * WN mma instructions. The
+/// rectangle minimizes shared-memory bytes per mma, (WM * 512 + WN * 256) / (WM * WN); the
+/// products are bound by shared-memory bandwidth when every tile loads its own fragments.
+template <int TILES_M, int TILES_N, int SLOTS>
+struct WarpRect {
+  static constexpr bool fits(int wm) {
+    return wm > 0 && SLOTS % wm == 0 && TILES_M % wm == 0 && TILES_N % (SLOTS / wm) == 0;
+  }
+  /// bytes per mma x 256 x SLOTS, compared as integers
+  static constexpr int cost(int wm) { return wm * 2 + SLOTS / wm; }
+  static constexpr int pick() {
+    int best = 0;
+    for (int wm = 1; wm <= SLOTS; ++wm)
+      if (fits(wm) && (best == 0 || cost(wm) < cost(best))) best = wm;
+    return best;
+  }
+  static constexpr int kWM = pick();
+  static_assert(kWM > 0, "WarpRect: the tiles cannot be dealt to the warps as equal rectangles");
+  static constexpr int kWN = SLOTS / kWM;
+};
+
+/// M x N fp32 accumulator owned by WARPS warps. Slot s of warp w is the tile at
+/// origin(w, s); every Acc of the same shape maps elements to threads the same way.
 template <int M, int N, int WARPS>
 struct Acc {
   static_assert(M % 16 == 0, "Acc: M must be a multiple of 16 (the mma tile height)");
@@ -54,6 +77,14 @@ struct Acc {
   static constexpr int kTiles = kTilesM * kTilesN;
   static_assert(kTiles % WARPS == 0, "Acc: the 16x8 tiles must divide evenly over the warps");
   static constexpr int kSlots = kTiles / WARPS;
+  static constexpr int kWarps = WARPS;
+  using Rect = WarpRect<kTilesM, kTilesN, kSlots>;
+  static constexpr int kWM = Rect::kWM, kWN = Rect::kWN;
+  static constexpr int kWarpCols = kTilesN / kWN;  ///< warps across the tile columns
+
+  /// Tile row and column (in tiles) of slot s of warp w.
+  __device__ __forceinline__ static int tile_row(int w, int s) { return (w / kWarpCols) * kWM + s / kWN; }
+  __device__ __forceinline__ static int tile_col(int w, int s) { return (w % kWarpCols) * kWN + s % kWN; }
 
   float c[kSlots][4];
 
@@ -65,24 +96,29 @@ struct Acc {
   }
 
   /// this += A[M x kd] * B[kd x N]; kd a multiple of 16. Call from every thread of the block.
+  /// Every element accumulates its k steps in ascending order, whatever the warp rectangle.
   template <class A, class B>
   __device__ __forceinline__ void mma(const A& a, const B& b, int kd) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int gr = lane / 4, tq = (lane % 4) * 2;
+    for (int k0 = 0; k0 < kd; k0 += 16) {
+      u32 af[kWM][4], bf[kWN][2];
 #pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int t = warp + s * WARPS;
-      const int r0 = (t / kTilesN) * 16, c0 = (t % kTilesN) * 8;
-      for (int k0 = 0; k0 < kd; k0 += 16) {
-        u32 af[4], bf[2];
-        af[0] = pack_bf16x2(a(r0 + gr, k0 + tq), a(r0 + gr, k0 + tq + 1));
-        af[1] = pack_bf16x2(a(r0 + gr + 8, k0 + tq), a(r0 + gr + 8, k0 + tq + 1));
-        af[2] = pack_bf16x2(a(r0 + gr, k0 + tq + 8), a(r0 + gr, k0 + tq + 9));
-        af[3] = pack_bf16x2(a(r0 + gr + 8, k0 + tq + 8), a(r0 + gr + 8, k0 + tq + 9));
-        bf[0] = pack_bf16x2(b(k0 + tq, c0 + gr), b(k0 + tq + 1, c0 + gr));
-        bf[1] = pack_bf16x2(b(k0 + tq + 8, c0 + gr), b(k0 + tq + 9, c0 + gr));
-        mma_16816(c[s], af, bf);
+      for (int i = 0; i < kWM; ++i) {
+        const int r0 = tile_row(warp, i * kWN) * 16;
+        af[i][0] = pack_bf16x2(a(r0 + gr, k0 + tq), a(r0 + gr, k0 + tq + 1));
+        af[i][1] = pack_bf16x2(a(r0 + gr + 8, k0 + tq), a(r0 + gr + 8, k0 + tq + 1));
+        af[i][2] = pack_bf16x2(a(r0 + gr, k0 + tq + 8), a(r0 + gr, k0 + tq + 9));
+        af[i][3] = pack_bf16x2(a(r0 + gr + 8, k0 + tq + 8), a(r0 + gr + 8, k0 + tq + 9));
       }
+#pragma unroll
+      for (int jn = 0; jn < kWN; ++jn) {
+        const int c0 = tile_col(warp, jn) * 8;
+        bf[jn][0] = pack_bf16x2(b(k0 + tq, c0 + gr), b(k0 + tq + 1, c0 + gr));
+        bf[jn][1] = pack_bf16x2(b(k0 + tq + 8, c0 + gr), b(k0 + tq + 9, c0 + gr));
+      }
+#pragma unroll
+      for (int s = 0; s < kSlots; ++s) mma_16816(c[s], af[s / kWN], bf[s % kWN]);
     }
   }
 
@@ -93,8 +129,7 @@ struct Acc {
     const int gr = lane / 4, tq = (lane % 4) * 2;
 #pragma unroll
     for (int s = 0; s < kSlots; ++s) {
-      const int t = warp + s * WARPS;
-      const int r0 = (t / kTilesN) * 16, c0 = (t % kTilesN) * 8;
+      const int r0 = tile_row(warp, s) * 16, c0 = tile_col(warp, s) * 8;
       f(r0 + gr, c0 + tq, c[s][0]);
       f(r0 + gr, c0 + tq + 1, c[s][1]);
       f(r0 + gr + 8, c0 + tq, c[s][2]);
