@@ -94,17 +94,29 @@ class _Layer:
         check(library().gdn_layer_create(json.dumps(canonical).encode(), device_index, None, ctypes.byref(handle)))
         self.handle = handle
         self.spec = canonical
+        self._sizes = {}  # (T, N) -> (saved, workspace): asked once per shape, not per call
 
     def __del__(self):
         if getattr(self, "handle", None):
             library().gdn_layer_destroy(self.handle)
 
     def saved_bytes(self, T, N):
+        return self._sizes_of(T, N)[0]
+
+    def workspace_bytes(self, T, N):
+        return self._sizes_of(T, N)[1]
+
+    def _sizes_of(self, T, N):
+        if (T, N) not in self._sizes:
+            self._sizes[(T, N)] = (self._saved_bytes(T, N), self._workspace_bytes(T, N))
+        return self._sizes[(T, N)]
+
+    def _saved_bytes(self, T, N):
         out = ctypes.c_size_t()
         check(library().gdn_layer_saved_bytes(self.handle, T, N, ctypes.byref(out)))
         return out.value
 
-    def workspace_bytes(self, T, N):
+    def _workspace_bytes(self, T, N):
         sizes = []
         for form in (0, 2):  # forward, backward: one workspace serves a whole checkpointed step
             out = ctypes.c_size_t()
@@ -114,6 +126,9 @@ class _Layer:
 
 
 _layers = {}
+# (caller's options as JSON, the call's shapes and flags, device) -> layer: building and
+# validating the spec costs about 100 us, too much to pay on every call.
+_call_layers = {}
 
 
 def _layer(canonical, device_index):
@@ -137,10 +152,16 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     import torch  # only here: the module imports without torch
     from ._autograd import apply
 
-    canonical = _spec.build(kwargs.get("spec"), heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
-                            l2norm=use_qk_l2norm_in_kernel, initial_state=initial_state is not None,
-                            final_state=output_final_state)
-    layer = _layer(canonical, q.device.index if q.device.index is not None else torch.cuda.current_device())
+    options = kwargs.get("spec")
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    call_key = (json.dumps(options, sort_keys=True), H, HV, K, V, bool(use_qk_l2norm_in_kernel),
+                initial_state is not None, bool(output_final_state), device_index)
+    layer = _call_layers.get(call_key)
+    if layer is None:
+        canonical = _spec.build(options, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
+                                l2norm=use_qk_l2norm_in_kernel, initial_state=initial_state is not None,
+                                final_state=output_final_state)
+        layer = _call_layers[call_key] = _layer(canonical, device_index)
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
     o, ht = apply(layer, q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
