@@ -237,6 +237,11 @@ struct ChunkPrep {
                               lane, 32);
   }
 
+  /// s + l * t per component, each as one fmaf (l first, as the scalar merge wrote it).
+  __device__ __forceinline__ static float4 fma4(float l, float4 t, float4 s) {
+    return make_float4(fmaf(l, t.x, s.x), fmaf(l, t.y, s.y), fmaf(l, t.z, s.z), fmaf(l, t.w, s.w));
+  }
+
   /// L in fp32 from the tensor cores, then Tm = (I + L)^-1 by the 16x16 block method (ALGORITHM F2):
   /// forward substitution inside the diagonal blocks, then the block merge, all in fp32.
   __device__ static void solve(const bf16_t* sK, float* sL, float* sT, bf16_t* sTb, float* sP, const float* sg,
@@ -267,7 +272,8 @@ struct ChunkPrep {
           sL[r * LDF + c] = ok ? acc[n][e] * gate_exp2(sg[r] - sg[c], true) * sb[r] : 0.f;
         }
     }
-    for (int i = tid; i < C * C; i += kThreads) sT[(i / C) * LDF + (i % C)] = 0.f;
+    for (int i = tid; i < C * C / 4; i += kThreads)
+      *reinterpret_cast<float4*>(sT + (i / (C / 4)) * LDF + (i % (C / 4)) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 
     // Diagonal block `warp`: lane c (and its mirror c + 16) solves column c by forward substitution.
@@ -291,24 +297,35 @@ struct ChunkPrep {
     __syncthreads();
 
     // Block merge: Tm_ab = -Tm_aa * sum_{m=b}^{a-1} L_am Tm_mb, one sub-diagonal at a time.
+    // A thread owns four adjacent columns of one row: the L (then Tm) element it reads serves all
+    // four, and the Tm (then P) row piece is one 16-byte load. The merge is bound by shared-memory
+    // wavefronts, which this cuts by four. Each output keeps its own FMA chain in ascending m, x
+    // order, so the bits are those of one output per thread.
 #pragma unroll
     for (int d = 1; d < C / 16; ++d) {
       const int nb = C / 16 - d;
-      for (int e = tid; e < nb * 256; e += kThreads) {
-        const int b = e >> 8, a = b + d, r = (e >> 4) & 15, col = e & 15;
-        float s = 0.f;
+      for (int e = tid; e < nb * 64; e += kThreads) {
+        const int b = e >> 6, a = b + d, r = (e >> 2) & 15, c4 = (e & 3) * 4;
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
         for (int m = b; m < a; ++m)
 #pragma unroll
-          for (int x = 0; x < 16; ++x) s = fmaf(sL[(16 * a + r) * LDF + 16 * m + x], sT[(16 * m + x) * LDF + 16 * b + col], s);
-        sP[e] = s;
+          for (int x = 0; x < 16; ++x) {
+            const float l = sL[(16 * a + r) * LDF + 16 * m + x];
+            const float4 t = *reinterpret_cast<const float4*>(sT + (16 * m + x) * LDF + 16 * b + c4);
+            s = fma4(l, t, s);
+          }
+        *reinterpret_cast<float4*>(sP + (b << 8) + r * 16 + c4) = s;
       }
       __syncthreads();
-      for (int e = tid; e < nb * 256; e += kThreads) {
-        const int b = e >> 8, a = b + d, r = (e >> 4) & 15, col = e & 15;
-        float s = 0.f;
+      for (int e = tid; e < nb * 64; e += kThreads) {
+        const int b = e >> 6, a = b + d, r = (e >> 2) & 15, c4 = (e & 3) * 4;
+        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
-        for (int x = 0; x < 16; ++x) s = fmaf(sT[(16 * a + r) * LDF + 16 * a + x], sP[(b << 8) + x * 16 + col], s);
-        sT[(16 * a + r) * LDF + 16 * b + col] = -s;
+        for (int x = 0; x < 16; ++x) {
+          const float l = sT[(16 * a + r) * LDF + 16 * a + x];
+          s = fma4(l, *reinterpret_cast<const float4*>(sP + (b << 8) + x * 16 + c4), s);
+        }
+        *reinterpret_cast<float4*>(sT + (16 * a + r) * LDF + 16 * b + c4) = make_float4(-s.x, -s.y, -s.z, -s.w);
       }
       __syncthreads();
     }
