@@ -28,8 +28,10 @@ import argparse
 import itertools
 import json
 import statistics
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -181,7 +183,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--gate-tokens", type=int, default=8192)
     ap.add_argument("--out", default="compare.json")
+    ap.add_argument("--commit", default=os.environ.get("GDN_COMMIT", "unknown"),
+                    help="the commit measured, recorded per shape (default: $GDN_COMMIT)")
+    ap.add_argument("--merge", help="an earlier output JSON: its shapes are kept (with their commits) unless "
+                                    "measured again, so a table can be completed across device runs")
     args = ap.parse_args()
+    started = time.monotonic()
     stream = torch.cuda.Stream()  # graph mode cannot capture the legacy default stream
     torch.cuda.set_stream(stream)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
@@ -193,13 +200,19 @@ def main():
     except Exception as e:
         print(f"FLA not available, not timed: {e}")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
+    if args.merge:
+        earlier = json.loads(Path(args.merge).read_text())
+        for name, entry in earlier["shapes"].items():
+            entry.setdefault("commit", earlier.get("commit", "unknown"))
+            results["shapes"][name] = entry
     for shape in args.shapes.split(","):
         small = inputs(shape, seed=7, tokens=args.gate_tokens)
         ref = reference.run_tensors(small["q"], small["k"], small["v"], small["g"], small["beta"], small["cu64"],
                                     l2norm=True, d_o=small["do"])
         ref = {"o": ref["o"], "dq": ref["dq"], "dk": ref["dk"], "dv": ref["dv"], "dg": ref["dg"],
                "dbeta": ref["dbeta"]}
-        timed, entry = {}, {"gate": {}, "ops": {}}
+        print(f"{shape}: reference done at {time.monotonic() - started:.0f} s")
+        timed, entry = {}, {"gate": {}, "ops": {}, "commit": args.commit}
         for name, fn in arms.items():
             try:
                 rep = gate(fn, small, ref)
@@ -211,6 +224,7 @@ def main():
                 f"{k}={v.get('rel_rms', float('nan')):.2e}" for k, v in rep.items() if "rel_rms" in v))
             if status == "ok":
                 timed[name] = fn
+        print(f"{shape}: gates done at {time.monotonic() - started:.0f} s")
         x = inputs(shape, seed=11)
         for op in args.ops.split(","):
             i = OPS.index(op)
@@ -227,14 +241,23 @@ def main():
                       f"{'  POWER-LIMITED' if c['power_limited_pct'] >= 5 else ''}")
             print(f"{shape:<2} {op:<8} A/A difference {aa:.2f} %")
         results["shapes"][shape] = entry
+        print(f"{shape}: timed at {time.monotonic() - started:.0f} s")
         Path(args.out).write_text(json.dumps(results, indent=2))
+    print("\nsummary (ms; FLA / ours; ours / floor), per shape with the commit it was measured at")
+    for shape in (s for s in SHAPES if s in results["shapes"]):
+        entry = results["shapes"][shape]
+        for op, cells in entry["ops"].items():
+            fla = cells.get("fla", {}).get("ms")
+            row = "  ".join(f"{arm} {c['ms']:.3f}" + (f" ({fla / c['ms']:.2f}x)" if fla and arm != "fla" else "")
+                            for arm, c in cells.items())
+            print(f"{shape:<2} {op:<8} {row}  [{entry.get('commit', 'unknown')}]")
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, axes = plt.subplots(1, len(OPS), figsize=(15, 4))
         for ax, op in zip(axes, OPS):
-            shapes = [s for s in results["shapes"] if op in results["shapes"][s]["ops"]]
+            shapes = [s for s in SHAPES if s in results["shapes"] and op in results["shapes"][s]["ops"]]
             for arm in ("gdnc", "gdnc graph", "fla"):
                 ys = [results["shapes"][s]["ops"][op].get(arm, {}).get("ms", float("nan")) for s in shapes]
                 ax.plot(shapes, ys, marker="o", label=arm)
