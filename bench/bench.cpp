@@ -1,12 +1,12 @@
 /**
  * @file bench.cpp
  * @brief Times our forward, forward+backward and checkpointed step on the seed's shapes N, M,
- *        G, A, for three arms (the spec, an A/A copy, the spec without the tape hand-off): CUDA
+ *        G, A, for up to five arms (the spec, an A/A copy, without the hand-off, graph replay): CUDA
  *        events, warm-ups, L2 flushed before every sample, arms interleaved in mirrored order,
  *        median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
  *
  * Modes (gdn_bench --help lists the options):
- *   (default)     the timing table: arms spec, spec A/A, no hand-off, graph, graph no hand-off
+ *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -267,8 +267,8 @@ struct Bench {
 
 const std::map<std::string, std::pair<bool, bool>> kArms = {
     // name -> (graph replay, hand-off allowed)
-    {"spec", {false, true}},       {"spec A/A", {false, true}},        {"no hand-off", {false, false}},
-    {"graph", {true, true}},       {"graph no hand-off", {true, false}},
+    {"spec", {false, true}},  {"spec-aa", {false, true}},          {"no-handoff", {false, false}},
+    {"graph", {true, true}},  {"graph-no-handoff", {true, false}},
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -299,7 +299,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
                    cells[j].first, cells[j].second, sh.fla[op], sh.fla[op] / cells[j].first,
                    cells[j].first / sh.floor[op]);
       for (size_t j = 1; j < arms.size(); ++j)
-        if (arms[j].name == "spec A/A")
+        if (arms[j].name == "spec-aa")
           fmt::print("{:<5} {:<8} A/A difference {:.2f} %\n", sh.name, kOps[op],
                      std::abs(cells[0].first - cells[j].first) / cells[0].first * 100);
     }
@@ -430,12 +430,14 @@ void handoff_sweep(Bench& b) {
 int main(int argc, char** argv) {
   CLI::App app{"gdn_bench: times gdnc's layer calls on the GPU (the seed's protocol)"};
   std::string shapes = "N,M,G,A";
-  std::vector<std::string> arm_names = {"spec", "spec A/A", "no hand-off", "graph"};
+  std::vector<std::string> arm_names = {"spec", "spec-aa", "no-handoff", "graph"};
   int groups = 5, samples = 12, warmup = 10;
   bool programs = false, host = false, sweep = false, host_only_mode = false;
   app.add_option("--shapes", shapes, "comma-separated subset of N,M,G,A");
-  app.add_option("--arms", arm_names, "arms of the timing table")
-      ->check(CLI::IsMember({"spec", "spec A/A", "no hand-off", "graph", "graph no hand-off"}))
+  app.add_option("--arms", arm_names,
+                 "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
+                 "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff")
+      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);

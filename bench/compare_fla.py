@@ -243,6 +243,10 @@ def main():
         results["shapes"][shape] = entry
         print(f"{shape}: timed at {time.monotonic() - started:.0f} s")
         Path(args.out).write_text(json.dumps(results, indent=2))
+    report(results, Path(args.out))
+
+def report(results, out):
+    """Prints the table of every shape in `results` and plots it next to `out` (PNG)."""
     print("\nsummary (ms; FLA / ours; ours / floor), per shape with the commit it was measured at")
     for shape in (s for s in SHAPES if s in results["shapes"]):
         entry = results["shapes"][shape]
@@ -267,9 +271,10 @@ def main():
             ax.set_ylabel("ms")
             ax.legend()
         fig.tight_layout()
-        fig.savefig(str(Path(args.out).with_suffix(".png")))
+        fig.savefig(str(out.with_suffix(".png")))
     except ImportError as e:
         print(f"no plot: {e}")
+
 
 
 if __name__ == "__main__":

@@ -25,6 +25,16 @@ class _Workspace:
             library().gdn_workspace_destroy(self.handle)
 
 
+# A recompute's stamped workspace, by the address of the saved region it wrote. Under
+# torch.utils.checkpoint(use_reentrant=False) the recompute runs our forward again with a new ctx,
+# and autograd hands its saved tensors (our `saved` region among them) to the ORIGINAL ctx's
+# backward; this map is how that backward finds the workspace holding the recompute's tapes.
+_recompute_workspaces = {}
+# Counters for tests and curious users: forwards run as a recompute, and backwards that bound the
+# recompute's tapes (the hand-off) instead of re-running the prep program and the walk.
+stats = {"recomputes": 0, "handoffs": 0}
+
+
 def _in_backward_pass():
     # During torch.utils.checkpoint's recompute an autograd graph task is running.
     return torch._C._current_graph_task_id() != -1
@@ -49,13 +59,17 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
             handoff = ctypes.c_int(0)
             check(library().gdn_layer_recompute(*args, 1, _ptr(o), _ptr(ht), _ptr(saved), saved.numel(), ws.handle,
                                                 stream, ctypes.byref(handoff)))
+            stats["recomputes"] += 1
+            if handoff.value:
+                while len(_recompute_workspaces) >= 64:  # a backward that never came: drop the oldest
+                    _recompute_workspaces.pop(next(iter(_recompute_workspaces)))
+                _recompute_workspaces[saved.data_ptr()] = ws
         else:
             check(library().gdn_layer_forward_ws(*args, _ptr(o), _ptr(ht), _ptr(saved), saved.numel(), ws.handle,
                                                  stream))
         ctx.layer, ctx.scale, ctx.cu64 = layer, scale, cu64
-        # A recompute's workspace carries the hand-off to the backward that follows at once; a
-        # plain forward's is scratch, released now so training memory stays at light saves.
-        ctx.ws = ws if recompute else None
+        # A plain forward's workspace is scratch, released now so training memory stays at light
+        # saves; a recompute's waits in _recompute_workspaces for the backward that follows.
         ctx.has_h0 = initial_state is not None
         ctx.save_for_backward(q, k, v, g, beta, cu_seqlens, initial_state, saved)
         return o, ht
@@ -71,14 +85,16 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         dg, dbeta = torch.empty_like(g), torch.empty_like(beta)
         dh0 = torch.empty_like(initial_state) if ctx.has_h0 else None
-        ws = ctx.ws if ctx.ws is not None else _Workspace(layer.workspace_bytes(T, N), dev)
+        ws = _recompute_workspaces.pop(saved.data_ptr(), None)
+        if ws is None:
+            ws = _Workspace(layer.workspace_bytes(T, N), dev)
         handoff = ctypes.c_int(0)
         check(library().gdn_layer_backward_ws(
             layer.handle, T, N, _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(cu_seqlens), ctx.cu64,
             _ptr(initial_state), ctx.scale, _ptr(do), _ptr(dht.contiguous() if dht is not None else None), _ptr(dq),
             _ptr(dk), _ptr(dv), _ptr(dg), _ptr(dbeta), _ptr(dh0), _ptr(saved), saved.numel(), ws.handle, stream,
             ctypes.byref(handoff)))
-        ctx.ws = None
+        stats["handoffs"] += handoff.value
         return None, dq, dk, dv, dg, dbeta, None, dh0, None, None
 
 
