@@ -263,6 +263,103 @@ TEST_SUITE("gpu_ckpt") {
   }
 }
 
+TEST_SUITE("gpu_ckpt") {
+  TEST_CASE("a stale hand-off is re-run with the same bits: intervening call, other stream, eager and replay") {
+    for (GraphMode graph : {GraphMode::off, GraphMode::replay}) {
+      Spec s = spec_of("n");
+      s.save_mode = SaveMode::light;
+      s.reuse_recompute_tapes = ReuseTapes::yes;
+      s.graph = graph;
+      s.name = std::string("stale_") + std::string(to_string(graph));
+      auto layer = make(s);
+      check::Case c;
+      c.doc_lens = {2049, 3001, 3142};
+      c.seed = 29;
+      c.with_reference = false;
+      c.repeats = graph == GraphMode::replay ? 3 : 1;  // capture, then replays
+      const check::Report reference = check::run(*layer, c);  // fwd+bwd
+      for (auto step : {check::Case::Step::ckpt, check::Case::Step::ckpt_intervening,
+                        check::Case::Step::ckpt_other_stream}) {
+        c.step = step;
+        const check::Report r = check::run(*layer, c);
+        const std::string label = s.name + " step " + std::to_string(static_cast<int>(step));
+        CHECK_MESSAGE((r.handoff == HandOff::taken) == (step == check::Case::Step::ckpt), label);
+        for (const auto& m : r.mismatches) FAIL_CHECK(label << " repeat differs: " << m);
+        for (const auto& [name, bytes] : reference.bytes) CHECK_MESSAGE(r.bytes.at(name) == bytes, label << " " << name);
+      }
+    }
+  }
+}
+
+TEST_SUITE("gpu_ckpt") {
+  TEST_CASE("workspace_bytes equals the highest workspace byte a call writes") {
+    // Documents with partial chunks only, so the chunk count reaches its bound T/64 + N and every
+    // slot is written to its end; every slot size here is a multiple of the 256-byte alignment.
+    Spec s = spec_of("n");
+    s.name = "ws_peak";
+    auto layer = make(s);
+    const int T = 196, N = 3, H = s.heads_qk, HV = s.heads_v, D = 128;
+    const ProblemShape shape{T, N};
+    auto buf = [](size_t n) { return rt::DeviceBuffer::create(n); };
+    auto up = [](const rt::DeviceBuffer& b, const void* host, size_t n) {
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host, n), "upload");
+    };
+    ref::Problem p;
+    p.H = H; p.HV = HV; p.K = D; p.V = D; p.l2norm = true; p.has_h0 = true;
+    p.cu_seqlens = {0, 65, 195, T};
+    p.T = T;
+    const ref::Inputs in = ref::random_inputs(p, 31);
+    std::vector<uint16_t> q(in.q.size()), k(in.k.size()), v(in.v.size()), d_o(in.v.size());
+    for (size_t i = 0; i < q.size(); ++i) q[i] = to_bf16(static_cast<float>(in.q[i]));
+    for (size_t i = 0; i < k.size(); ++i) k[i] = to_bf16(static_cast<float>(in.k[i]));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = to_bf16(static_cast<float>(in.v[i])), d_o[i] = v[i];
+    std::vector<float> g(in.g.begin(), in.g.end()), beta(in.beta.begin(), in.beta.end());
+    std::vector<float> h0(in.h0.begin(), in.h0.end());
+    const std::vector<int> cu = {0, 65, 195, T};
+    auto dq = buf(q.size() * 2), dk = buf(k.size() * 2), dv = buf(v.size() * 2), dg = buf(g.size() * 4),
+         db = buf(g.size() * 4), dh0 = buf(h0.size() * 4), o = buf(v.size() * 2), ht = buf(h0.size() * 4);
+    auto dq_in = buf(q.size() * 2), dk_in = buf(k.size() * 2), dv_in = buf(v.size() * 2), do_in = buf(v.size() * 2);
+    auto g_in = buf(g.size() * 4), b_in = buf(g.size() * 4), h0_in = buf(h0.size() * 4), cu_in = buf(cu.size() * 4);
+    up(dq_in, q.data(), q.size() * 2); up(dk_in, k.data(), k.size() * 2); up(dv_in, v.data(), v.size() * 2);
+    up(do_in, d_o.data(), d_o.size() * 2); up(g_in, g.data(), g.size() * 4); up(b_in, beta.data(), beta.size() * 4);
+    up(h0_in, h0.data(), h0.size() * 4); up(cu_in, cu.data(), cu.size() * 4);
+    const LayerInputs li{dq_in.get(), dk_in.get(), dv_in.get(), g_in.get<float>(), b_in.get<float>(), cu_in.get(),
+                         IndexType::int32, h0_in.get<float>(), 0};
+    const LayerGrads lg{do_in.get(), nullptr, dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(),
+                        dh0.get<float>()};
+    auto saved = buf(layer->saved_bytes(shape));
+    const size_t extra = 1 << 20;  // room past the figure: a write beyond it would show
+    for (CallForm form : {CallForm::forward, CallForm::backward}) {
+      const size_t figure = layer->workspace_bytes(form, shape);
+      size_t peak = 0;
+      for (unsigned char pattern : {0x00, 0xFF}) {  // two poisons: a written byte equal to one differs from the other
+        auto ws = buf(figure + extra);
+        GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(ws.handle(), pattern, ws.bytes()), "poison");
+        GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "poison");
+        rt::Stream st = rt::Stream::create();
+        if (form == CallForm::forward) {
+          layer->forward(shape, li, {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), figure,
+                         st.handle());
+        } else {
+          // The backward's own workspace use: the saved region comes from a forward on another workspace.
+          auto fwd_ws = buf(layer->workspace_bytes(CallForm::forward, shape));
+          layer->forward(shape, li, {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), fwd_ws.get(),
+                         fwd_ws.bytes(), st.handle());
+          layer->backward(shape, li, lg, saved.get(), saved.bytes(), ws.get(), figure, st.handle());
+        }
+        st.synchronize();
+        std::string host(ws.bytes(), '\0');
+        GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(host.data(), ws.handle(), host.size()), "download");
+        size_t last = host.size();
+        while (last > 0 && static_cast<unsigned char>(host[last - 1]) == pattern) --last;
+        peak = std::max(peak, last);
+      }
+      INFO("call form " << to_string(form) << ": figure " << figure << " bytes, measured peak " << peak);
+      CHECK(peak == figure);
+    }
+  }
+}
+
 TEST_SUITE("gpu_graph") {
   TEST_CASE("graph replays are bitwise equal to eager runs and rewrite poisoned outputs") {
     check::Case c;

@@ -130,7 +130,7 @@ Report run(const Layer& layer, const Case& c) {
   LayerInputs li{q.get(), k.get(), v.get(), static_cast<const float*>(g.get()), static_cast<const float*>(beta.get()),
                  cu.get(), c.cu_type, p.has_h0 ? static_cast<const float*>(h0.get()) : nullptr, 0.f};
   LayerOutputs lo{o.get(), has_ht ? static_cast<float*>(ht.get()) : nullptr};
-  rt::Stream stream = rt::Stream::create();
+  rt::Stream stream = rt::Stream::create(), other_stream = rt::Stream::create();
   const size_t grad_state = p.has_h0 ? state * 4 : 0;
   Dev dq = Dev::poisoned(tqk * 2), dk = Dev::poisoned(tqk * 2), dv = Dev::poisoned(tv * p.V * 2);
   Dev dg = Dev::poisoned(tv * 4), db = Dev::poisoned(tv * 4), dh0 = Dev::poisoned(state * 4);
@@ -148,12 +148,20 @@ Report run(const Layer& layer, const Case& c) {
       LayerGrads lg{dod.get(), has_ht ? static_cast<const float*>(dhtd.get()) : nullptr, dq.get(), dk.get(), dv.get(),
                     static_cast<float*>(dg.get()), static_cast<float*>(db.get()),
                     p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
-      if (c.step == Case::Step::ckpt) {
+      CUstream backward_stream = stream.handle();
+      if (c.step != Case::Step::fwd_bwd) {
         const LayerOutputs no_output{nullptr, lo.ht};
         layer.recompute(shape, li, no_output, OutputNeeded::no, saved.get(), saved.buf.bytes(), stamped,
                         stream.handle());
       }
-      r.handoff = layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), stamped, stream.handle());
+      if (c.step == Case::Step::ckpt_intervening)
+        layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, stream.handle());
+      if (c.step == Case::Step::ckpt_other_stream) {
+        stream.synchronize();
+        backward_stream = other_stream.handle();
+      }
+      r.handoff = layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), stamped, backward_stream);
+      GDN_CHECK_CU(rt::drv().cuStreamSynchronize(backward_stream), "backward");
       stream.synchronize();
       got["dq"] = dq.download(tqk * 2);
       got["dk"] = dk.download(tqk * 2);

@@ -26,8 +26,11 @@ struct Case {
   IndexType cu_type = IndexType::int32;
   int repeats = 1;                       ///< run the whole call sequence this many times on the same inputs
   /// fwd_bwd: forward then backward. ckpt: a forward, then the recompute (output skipped) and the
-  /// backward on one stamped Workspace, as a checkpointed step runs them.
-  enum class Step { fwd_bwd, ckpt } step = Step::fwd_bwd;
+  /// backward on one stamped Workspace, as a checkpointed step runs them. The stale variants make
+  /// the hand-off stale on purpose: ckpt_intervening runs another forward (same inputs) on the
+  /// workspace between the recompute and the backward; ckpt_other_stream runs the backward on a
+  /// second stream (after the first is drained).
+  enum class Step { fwd_bwd, ckpt, ckpt_intervening, ckpt_other_stream } step = Step::fwd_bwd;
 };
 
 struct Report {
