@@ -194,7 +194,10 @@ def main():
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
     arms = {"gdnc": our_arm("bench_gdnc", deterministic=True),
             "gdnc A/A": our_arm("bench_gdnc_aa", deterministic=True),
-            "gdnc graph": our_arm("bench_gdnc_graph", deterministic=True, graph="replay")}
+            "gdnc graph": our_arm("bench_gdnc_graph", deterministic=True, graph="replay"),
+            # deterministic: false runs the same fixed-order kernels today (atomics measured slower,
+            # docs/PERF.md); the arm is here so a future atomic variant is timed side by side.
+            "gdnc nondet": our_arm("bench_gdnc_nondet", deterministic=False)}
     try:
         arms["fla"] = fla_arm()
     except Exception as e:

@@ -70,6 +70,56 @@ class GpuBindingTests(unittest.TestCase):
         for a, b in zip(*grads):
             self.assertTrue(torch.equal(a, b))
 
+    def test_inside_torch_cuda_graph_capture(self):
+        """Forward captured in torch.cuda.graph, and forward + backward through
+        torch.cuda.make_graphed_callables, replayed on inputs updated in place: bitwise equal to
+        eager calls on the same values, with graph "off" (launches go into torch's capture) and
+        "replay" (the layer sees the capture and launches into it instead of its own graphs)."""
+        T, H, HV, D = 300, 1, 2, 128
+        cu = torch.tensor([0, 100, T], dtype=torch.int32, device="cuda")
+
+        def fresh(seed):
+            gen = torch.Generator(device="cuda").manual_seed(seed)
+            rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=gen)  # noqa: E731
+            return (rnd(1, T, H, D).bfloat16(), rnd(1, T, H, D).bfloat16(), rnd(1, T, HV, D).bfloat16(),
+                    torch.nn.functional.logsigmoid(rnd(1, T, HV)), torch.sigmoid(rnd(1, T, HV)))
+
+        for mode in ("off", "replay"):
+            spec = {"deterministic": True, "graph": mode}
+
+            def layer(q, k, v, g, beta):
+                return gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                                   spec=spec)[0]
+
+            static = [t.clone() for t in fresh(1)]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up outside the capture: compiles and loads the layer
+                layer(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                o_static = layer(*static)
+            for seed in (2, 3):
+                for dst, src in zip(static, fresh(seed)):
+                    dst.copy_(src)
+                graph.replay()
+                self.assertTrue(torch.equal(o_static, layer(*static)), f"graph {mode}: forward replay, seed {seed}")
+
+            leaves = [t.clone().requires_grad_(t.is_floating_point()) for t in fresh(4)]
+            graphed = torch.cuda.make_graphed_callables(layer, tuple(leaves))
+            d_o = torch.randn(1, T, HV, D, device="cuda").bfloat16()
+            for seed in (5, 6):
+                values = fresh(seed)
+                ins_g = [v.clone().requires_grad_(True) for v in values]
+                ins_e = [v.clone().requires_grad_(True) for v in values]
+                out_g, out_e = graphed(*ins_g), layer(*ins_e)
+                out_g.backward(d_o)
+                out_e.backward(d_o)
+                self.assertTrue(torch.equal(out_g, out_e), f"graph {mode}: graphed forward, seed {seed}")
+                for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), ins_g, ins_e):
+                    self.assertTrue(torch.equal(a.grad, b.grad), f"graph {mode}: graphed {name}, seed {seed}")
+
     @unittest.skipUnless(HAVE_FLA, "needs FLA (fla-core 0.6.0 carried as a wheel)")
     def test_tiny_model_matches_fla(self):
         ours = train_tiny_model(gdnc_layer, ckpt=False)
