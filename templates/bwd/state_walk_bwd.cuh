@@ -36,26 +36,18 @@ struct StateWalkBwd {
   static constexpr int kStageBytes = StateWalkBwdGeometry::stage_bytes(K, V, C);
   static_assert(kStageBytes % 16 == 0, "StateWalkBwd: stages must stay 16-byte aligned");
 
-  /// K, Q, dO and dv_local of chunk ci: consumed before the W^T product, so they are refilled
-  /// under it.
-  __device__ static void load_inputs(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j,
-                                     int v0) {
+  __device__ static void load_stage(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j,
+                                    int v0) {
     bf16_t* b = reinterpret_cast<bf16_t*>(st);
     const long long t0 = ci.start;
     const int h = j / Cfg::G, m = ci.len;
     bwd::load_tile_async<C, K, kThreads>(b + kOffK, PK, p.k + (t0 * Cfg::H + h) * K, (long long)Cfg::H * K, m);
     bwd::load_tile_async<C, K, kThreads>(b + kOffQ, PK, p.q + (t0 * Cfg::H + h) * K, (long long)Cfg::H * K, m);
+    bwd::load_tile_async<C, K, kThreads>(b + kOffW, PK, p.w + (t0 * Cfg::HV + j) * K, (long long)Cfg::HV * K, m);
     bwd::load_tile_async<C, BV, kThreads>(b + kOffO, PB, p.d_o + (t0 * Cfg::HV + j) * V + v0,
                                           (long long)Cfg::HV * V, m);
     bwd::load_tile_async<C, BV, kThreads>(b + kOffL, PB, p.dv_local + (t0 * Cfg::HV + j) * V + v0,
                                           (long long)Cfg::HV * V, m);
-  }
-  /// W and gc of chunk ci, after the W^T product of the chunk before.
-  __device__ static void load_w_gate(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j) {
-    bf16_t* b = reinterpret_cast<bf16_t*>(st);
-    const long long t0 = ci.start;
-    const int m = ci.len;
-    bwd::load_tile_async<C, K, kThreads>(b + kOffW, PK, p.w + (t0 * Cfg::HV + j) * K, (long long)Cfg::HV * K, m);
     float* g = reinterpret_cast<float*>(b + kOffG);
     for (int i = threadIdx.x; i < C; i += kThreads) g[i] = i < m ? p.gc[(t0 + i) * Cfg::HV + j] : 0.f;
   }
@@ -84,10 +76,7 @@ struct StateWalkBwd {
     // blocks share an SM, and the other block's work hides this block's loads (the walk is
     // latency-bound: a few small dependent products per chunk).
     unsigned char* cur = smem;
-    if (c_last >= c_first) {
-      load_inputs(cur, p, p.chunks[c_last], j, v0);
-      load_w_gate(cur, p, p.chunks[c_last], j);
-    }
+    if (c_last >= c_first) load_stage(cur, p, p.chunks[c_last], j, v0);
     bwd::cp_async_commit();
 
     const float scale = p.scale;
@@ -144,13 +133,9 @@ struct StateWalkBwd {
       bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOh, PB, 1}, C);
       bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
       __syncthreads();
-      // K, Q, dO, dv_local and gc of this chunk are consumed: the previous chunk's load under
-      // the W^T product.
-      if (c > c_first) load_inputs(cur, p, p.chunks[c - 1], j, v0);
-      bwd::cp_async_commit();
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
-      __syncthreads();  // W is consumed
-      if (c > c_first) load_w_gate(cur, p, p.chunks[c - 1], j);
+      __syncthreads();  // the stage is free: load the previous chunk into it
+      if (c > c_first) load_stage(cur, p, p.chunks[c - 1], j, v0);
       bwd::cp_async_commit();
     }
     bwd::cp_async_wait<0>();

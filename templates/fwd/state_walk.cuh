@@ -4,8 +4,7 @@
  *
  * The walk is the serial critical path of the forward, so the K x BV fp32 state never leaves
  * registers (warp w owns state rows 32w..32w+31), both products run on the tensor cores, and the
- * next chunk's W, U and gc are fetched with cp.async as soon as V' is formed (under the state
- * update), its K once the update is done; the stage is single, so three blocks share an SM.
+ * next chunk's W, K, U and gc are fetched with cp.async while the current chunk is processed.
  * Per chunk:  h_tape[c] = bf16(S);  V' = U - W bf16(S);  v_new = bf16(V');
  *             Vg = bf16(V' .* exp2(gcL - gc_i));  S = exp2(gcL) S + K^T Vg.
  */
@@ -127,9 +126,6 @@ struct StateWalk {
         }
       }
       __syncthreads();
-      // W, U and gc of this chunk are consumed: the next chunk's load under the K^T Vg product.
-      if (c + 1 < c_end) issue_wug(p, c + 1, stage, j, v0);
-      fwd::cp_async_commit();
 
       fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len);
 
@@ -155,8 +151,8 @@ struct StateWalk {
           for (int np = 0; np < NT / 2; ++np) fwd::mma_pair(S[mi][2 * np], S[mi][2 * np + 1], a, bq[np]);
         }
       }
-      __syncthreads();  // K, sS, sVg and sVn are free: the rest of the next chunk
-      if (c + 1 < c_end) issue_k(p, c + 1, stage, hq);
+      __syncthreads();  // the stage, sS, sVg and sVn are free: load the next chunk
+      if (c + 1 < c_end) issue(p, c + 1, stage, j, hq, v0);
       fwd::cp_async_commit();
     }
     fwd::cp_async_wait<0>();
@@ -178,28 +174,19 @@ struct StateWalk {
  private:
   /// Starts the asynchronous loads of chunk c into one pipeline stage (rows past len zero-filled).
   __device__ static void issue(const StateWalkParams& p, int c, unsigned char* stage, int j, int hq, int v0) {
-    issue_wug(p, c, stage, j, v0);
-    issue_k(p, c, stage, hq);
-  }
-  /// W, the U slab and gc: consumed by V' = U - W bf16(S), so they can be refilled before the
-  /// state update that still reads K.
-  __device__ static void issue_wug(const StateWalkParams& p, int c, unsigned char* stage, int j, int v0) {
     const ChunkInfo ci = p.chunks[c];
     const long long t0 = ci.start;
     bf16_t* sW = reinterpret_cast<bf16_t*>(stage + kOff_w);
+    bf16_t* sKc = reinterpret_cast<bf16_t*>(stage + kOff_k);
     bf16_t* sU = reinterpret_cast<bf16_t*>(stage + kOff_u);
     float* sg = reinterpret_cast<float*>(stage + kOff_g);
     fwd::tile_to_smem_async<kThreads>(sW, LDK, p.w + (t0 * HV + j) * K, (long long)HV * K, C, K, ci.len);
+    fwd::tile_to_smem_async<kThreads>(sKc, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, ci.len);
     fwd::tile_to_smem_async<kThreads>(sU, LDS, p.u + (t0 * HV + j) * V + v0, (long long)HV * V, C, BV, ci.len);
     if (threadIdx.x < C) {
       const bool ok = threadIdx.x < ci.len;
       fwd::cp_async4(sg + threadIdx.x, ok ? p.gc + (t0 + threadIdx.x) * HV + j : p.gc, ok);
     }
-  }
-  __device__ static void issue_k(const StateWalkParams& p, int c, unsigned char* stage, int hq) {
-    const ChunkInfo ci = p.chunks[c];
-    bf16_t* sKc = reinterpret_cast<bf16_t*>(stage + kOff_k);
-    fwd::tile_to_smem_async<kThreads>(sKc, LDK, p.k + (ci.start * H + hq) * K, (long long)H * K, C, K, ci.len);
   }
 };
 
