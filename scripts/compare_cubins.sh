@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Which programs' cubins differ between a commit and the working tree, for every example spec and
-# target (no GPU needed). A kernel change whose cubins are byte-identical to a GPU-tested commit's
-# carries that commit's GPU results; the programs listed as DIFF need a GPU run.
+# Which programs' machine code differs between a commit and the working tree, for every example
+# spec and target (no GPU needed). Per program: "same" (code, kernel attributes and constants
+# byte-identical; line tables are ignored, they move with any header edit), "same code, other
+# sections differ" (the .text is identical, attribute or constant sections are not), "DIFF code".
+# A program whose code is identical to a GPU-tested commit's carries that commit's GPU results.
 #
 #   scripts/compare_cubins.sh 7ec4ba3      # builds gdnc at 7ec4ba3 in a temporary worktree
 set -euo pipefail
@@ -15,19 +17,45 @@ cmake --build build -j"$(nproc)" --target gdnc >/dev/null
 GDNC_CACHE_DIR="$work/new" build/gdnc compile examples/*.json >/dev/null
 GDNC_CACHE_DIR="$work/old" "$work/tree/build/gdnc" compile examples/*.json >/dev/null
 python3 - "$work/old" "$work/new" "$rev" <<'EOF'
-import json, sys, pathlib
+import json, struct, sys, pathlib
+
+def code_sections(elf):
+    """The machine code and kernel attributes of a cubin (ELF64): sections .text.*, .nv.info*,
+    .nv.constant*, .nv.shared*; the line tables (--generate-line-info) shift with any header
+    edit and are left out."""
+    shoff, = struct.unpack_from("<Q", elf, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
+    def header(i):
+        return struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * shentsize)
+    names = header(shstrndx)
+    out = []
+    for i in range(shnum):
+        name_off, _, _, _, off, size = header(i)[:6]
+        start = names[4] + name_off
+        name = elf[start:elf.index(b"\0", start)].decode()
+        if name.startswith((".text.", ".nv.info", ".nv.constant", ".nv.shared")):
+            out.append((name, elf[off:off + size]))
+    return sorted(out)
+
 def index(root):
     out = {}
     for entry in pathlib.Path(root, "entries").iterdir():
         info = json.loads((entry / "manifest.json").read_text())["info"]
         program, target = entry.name.split(".")[1:3]
-        out[(info["layer"], program, target)] = (entry / "program.cubin").read_bytes()
+        out[(info["layer"], program, target)] = code_sections((entry / "program.cubin").read_bytes())
     return out
 old, new, rev = index(sys.argv[1]), index(sys.argv[2]), sys.argv[3]
-differ = 0
+code_differ = 0
 for key in sorted(set(old) | set(new)):
-    state = "same" if old.get(key) == new.get(key) else "DIFF" if key in old and key in new else "only in one"
-    differ += state != "same"
-    print(f"{state:<11} {key[0]:<10} {key[1]:<15} {key[2]}")
-print(f"{differ} of {len(set(old) | set(new))} cubins differ from {rev}")
+    if key not in old or key not in new:
+        state = "only in " + ("new" if key in new else rev)
+    else:
+        a, b = dict(old[key]), dict(new[key])
+        changed = sorted(n for n in set(a) | set(b) if a.get(n) != b.get(n))
+        text = [n for n in changed if n.startswith(".text.")]
+        state = ("DIFF code" if text else "same code, other sections differ" if changed else "same") + \
+                (f" ({', '.join(changed)})" if changed else "")
+    code_differ += not state.startswith("same")
+    print(f"{key[0]:<10} {key[1]:<15} {key[2]:<8} {state}")
+print(f"{code_differ} of {len(set(old) | set(new))} programs differ in machine code (or exist on one side only) from {rev}")
 EOF
