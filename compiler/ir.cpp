@@ -188,6 +188,23 @@ LayerIR lower(const Spec& s) {
   buf("dv_new", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
   buf("dq_v", BufferRole::workspace, "bf16", "[T, HV, K]", {hv * K * 2}, bwd_only);
   buf("dk_v", BufferRole::workspace, "bf16", "[T, HV, K]", {hv * K * 2}, bwd_only);
+  // Reuse of dead workspace bytes in the backward (same byte formulas, K == V checked by the
+  // spec): U is dead once the walk has formed V' (with a hand-off, the backward never reads
+  // it), dv_local once the backward walk has run, W after the backward walk too. With full
+  // saves W, h_tape and v_new are saved and U is not in the backward's workspace.
+  auto share = [&](const char* name, const char* host) {
+    for (Buffer& b : ir.buffers)
+      if (b.name == name) b.lives_in = host;
+  };
+  if (K == V) {
+    if (full) {
+      share("dq_v", "dv_local");
+    } else {
+      share("dv_local", "u");
+      share("dq_v", "w");
+      share("dk_v", "u");
+    }
+  }
 
   // Call forms. The recompute is the forward a checkpointed step runs in its backward phase: it
   // may skip the output, and with light saves it may hand its tapes to the backward, which then
@@ -248,8 +265,8 @@ std::string to_text(const LayerIR& ir) {
   for (const auto& b : ir.buffers) {
     std::string forms;
     for (CallForm f : b.forms) forms += (forms.empty() ? " forms=" : ",") + std::string(to_string(f));
-    line(fmt::format("  {:<9} {:<16} {:<12} {:<16} bytes={}{}", to_string(b.role), b.name, b.dtype, b.shape,
-                     b.bytes.text(), forms));
+    line(fmt::format("  {:<9} {:<16} {:<12} {:<16} bytes={}{}{}", to_string(b.role), b.name, b.dtype, b.shape,
+                     b.bytes.text(), forms, b.lives_in.empty() ? "" : " lives_in=" + b.lives_in));
   }
   for (const auto& cf : ir.call_forms) {
     line(fmt::format("call {}:", to_string(cf.form)));
@@ -279,6 +296,7 @@ json to_json(const LayerIR& ir) {
                                {"per_chunk", b.bytes.per_chunk}, {"constant", b.bytes.constant},
                                {"text", b.bytes.text()}}},
                     {"forms", forms}});
+    if (!b.lives_in.empty()) bufs.back()["lives_in"] = b.lives_in;
   }
   json forms = json::array();
   for (const auto& cf : ir.call_forms) {

@@ -50,6 +50,10 @@ struct Buffer {
   std::string shape;  ///< symbolic, e.g. "[T, HV, V]"
   ByteFormula bytes;
   std::vector<CallForm> forms;  ///< call forms that use it (workspace slots only)
+  /// Workspace only: the earlier slot whose bytes this buffer reuses, because every access to
+  /// that slot's value comes before this buffer's first access in every call sequence (empty:
+  /// its own slot). tests/test_runtime.cpp proves it from the plans' launches.
+  std::string lives_in;
 };
 
 struct Program {

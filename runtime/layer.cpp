@@ -219,6 +219,14 @@ RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s
   for (const auto& sl : slots) formulas.push_back(sl.second);
   const auto offsets = slot_offsets(formulas, s.T, s.N, ir_.spec.chunk);
   for (size_t i = 0; i < slots.size(); ++i) l.offset[slots[i].first] = offsets[i];
+  // Buffers living in another slot's bytes are listed at their host's offset.
+  for (const Buffer& b : ir_.buffers) {
+    if (b.role != role || b.lives_in.empty()) continue;
+    if (std::find(b.forms.begin(), b.forms.end(), form) == b.forms.end()) continue;
+    std::string host = b.lives_in;
+    while (!ir_.buffer(host).lives_in.empty()) host = ir_.buffer(host).lives_in;
+    l.offset[b.name] = l.offset.at(host);
+  }
   l.bytes = offsets.back();
   return l;
 }

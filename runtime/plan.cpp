@@ -40,6 +40,7 @@ std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR& ir,
   for (const Buffer& b : ir.buffers) {
     if (b.role != role) continue;
     if (role == BufferRole::workspace && std::find(b.forms.begin(), b.forms.end(), form) == b.forms.end()) continue;
+    if (!b.lives_in.empty()) continue;  // its bytes are its host's
     out.emplace_back(b.name, b.bytes);
   }
   return out;
@@ -52,6 +53,15 @@ size_t region_bytes(const LayerIR& ir, BufferRole role, CallForm form, int64_t T
 }
 
 namespace {
+
+std::string home_of(const LayerIR& ir, std::string name) {
+  for (int hops = 0; hops < 8; ++hops) {
+    const Buffer& b = ir.buffer(name);
+    if (b.lives_in.empty()) return name;
+    name = b.lives_in;
+  }
+  throw std::logic_error(fmt::format("layer '{}': lives_in chain of '{}' does not end", ir.spec.name, name));
+}
 
 std::vector<std::string> slot_names(const LayerIR& ir, BufferRole role, CallForm form, std::vector<ByteFormula>& out) {
   std::vector<std::string> names;
@@ -98,6 +108,11 @@ class Builder {
     ws_ = slot_names(ir, BufferRole::workspace, form, plan.ws_slots);
   }
   ValueSource slot(const std::string& name) const {
+    ValueSource v = home_slot(home_of(ir_, name));
+    v.buffer = name;
+    return v;
+  }
+  ValueSource home_slot(const std::string& name) const {
     for (size_t i = 0; i < saved_.size(); ++i)
       if (saved_[i] == name) return {ValueSource::from_slot, Frame::T, RegionKind::saved, static_cast<int>(i), {}, 0};
     for (size_t i = 0; i < ws_.size(); ++i)

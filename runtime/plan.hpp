@@ -50,6 +50,7 @@ struct ValueSource {
   int slot = 0;
   Lin formula;
   int64_t value = 0;
+  std::string buffer;  ///< from_slot: the buffer bound (its slot may be another buffer's home)
 };
 
 struct Field {

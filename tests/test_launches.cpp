@@ -56,8 +56,11 @@ FakeCall fake_call(const Layer& layer, ProblemShape s) {
   // Slots are printed by name: one region per slot of each layout.
   for (const auto& [name, off] : layer.saved_layout(s).offset)
     f.regions.push_back({"saved." + name, f.saved + off, 1});
+  // Buffers that share bytes (IR lives_in) share a name: "ws.dk_v/dv_local/u".
+  std::map<size_t, std::string> ws_names;
   for (const auto& [name, off] : layer.workspace_layout(CallForm::backward, s).offset)
-    f.regions.push_back({"ws." + name, f.ws + off, 1});
+    ws_names[off] += (ws_names[off].empty() ? "" : "/") + name;
+  for (const auto& [off, names] : ws_names) f.regions.push_back({"ws." + names, f.ws + off, 1});
   f.regions.push_back({"saved", f.saved, f.saved_size});
   f.regions.push_back({"ws", f.ws, f.ws_size});
   return f;
