@@ -294,7 +294,7 @@ TEST_SUITE("gpu_ckpt") {
 TEST_SUITE("gpu_ckpt") {
   TEST_CASE("workspace_bytes equals the highest workspace byte a call writes") {
     // Documents with partial chunks only, so the chunk count reaches its bound T/64 + N and every
-    // slot is written to its end; every slot size here is a multiple of the 256-byte alignment.
+    // slot is written to its end: the highest byte written is the end of the region's last slot.
     Spec s = spec_of("n");
     s.name = "ws_peak";
     auto layer = make(s);
@@ -354,8 +354,17 @@ TEST_SUITE("gpu_ckpt") {
         while (last > 0 && static_cast<unsigned char>(host[last - 1]) == pattern) --last;
         peak = std::max(peak, last);
       }
-      INFO("call form " << to_string(form) << ": figure " << figure << " bytes, measured peak " << peak);
-      CHECK(peak == figure);
+      // The last slot ends where the figure's final 256-byte alignment padding begins.
+      const auto slots = region_slots(layer->ir(), BufferRole::workspace, form);
+      std::vector<ByteFormula> formulas;
+      for (const auto& sl : slots) formulas.push_back(sl.second);
+      const auto offsets = slot_offsets(formulas, T, N, s.chunk);
+      const size_t last_end = offsets[offsets.size() - 2] + static_cast<size_t>(formulas.back().eval(T, N, s.chunk));
+      INFO("call form " << to_string(form) << ": figure " << figure << " bytes, last slot (" << slots.back().first
+                        << ") ends at " << last_end << ", measured peak " << peak);
+      CHECK(figure == offsets.back());
+      CHECK(figure == (last_end + 255) / 256 * 256);
+      CHECK(peak == last_end);
     }
   }
 }
