@@ -388,6 +388,51 @@ TEST_SUITE("gpu_graph") {
     CHECK(layer->graph_stats().replays == 8);
   }
 
+  TEST_CASE("the graph cache stays within both bounds over 1000 distinct layouts") {
+    Spec gs = spec_of("n");
+    gs.graph = GraphMode::replay;
+    gs.name = "graph_bounds";
+    auto layer = make(gs);
+    const int H = gs.heads_qk, HV = gs.heads_v, D = 128, T_max = 64 + 1000;
+    auto buf = [](size_t n) {
+      auto b = rt::DeviceBuffer::create(n);
+      GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(b.handle(), 0, n), "zero");
+      return b;
+    };
+    auto q = buf(size_t(T_max) * H * D * 2), k = buf(size_t(T_max) * H * D * 2), v = buf(size_t(T_max) * HV * D * 2);
+    auto g = buf(size_t(T_max) * HV * 4), beta = buf(size_t(T_max) * HV * 4), h0 = buf(size_t(HV) * D * D * 4);
+    auto o = buf(size_t(T_max) * HV * D * 2), ht = buf(size_t(HV) * D * D * 4), cu = buf(2 * 4);
+    const ProblemShape biggest{T_max, 1};
+    auto saved = buf(layer->saved_bytes(biggest)), ws = buf(layer->workspace_bytes(CallForm::forward, biggest));
+    const LayerInputs li{q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), cu.get(), IndexType::int32,
+                         h0.get<float>(), 0};
+    rt::Stream st = rt::Stream::create();
+    for (auto [entries, bytes] : {std::pair<size_t, size_t>{64, size_t{1} << 30}, {1000000, size_t{0}}}) {
+      // The second pair leaves the entry bound loose; the byte bound is set to a few graphs' bytes below.
+      if (bytes == 0) bytes = 8 * std::max<size_t>(layer->graph_stats().bytes / std::max<size_t>(1, layer->graph_stats().entries), 1);
+      layer->set_graph_cache_limits({entries, bytes});
+      size_t max_entries = 0, max_bytes = 0;
+      for (int t = 1; t <= 1000; ++t) {
+        const int T = 64 + t;
+        const std::vector<int> host_cu = {0, T};
+        st.synchronize();
+        GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(cu.handle(), host_cu.data(), 8), "cu_seqlens");
+        layer->forward({T, 1}, li, {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), ws.bytes(),
+                       st.handle());
+        max_entries = std::max(max_entries, layer->graph_stats().entries);
+        max_bytes = std::max(max_bytes, layer->graph_stats().bytes);
+      }
+      st.synchronize();
+      INFO("limits: " << entries << " entries, " << bytes << " bytes; seen " << max_entries << " entries, "
+                      << max_bytes << " bytes");
+      CHECK(max_entries <= entries);
+      CHECK(max_bytes <= bytes);
+      CHECK(max_entries > 1);
+      CHECK(layer->graph_stats().evictions >= 1000 - max_entries);
+      layer->check_device_status(saved.get(), {64 + 1000, 1}, st.handle());
+    }
+  }
+
   TEST_CASE("a replay sees operands updated in place") {
     auto eager = make(spec_of("n"));
     Spec gs = spec_of("n");

@@ -62,8 +62,8 @@ struct OutputGeometry {
   static constexpr int ld_bf(int d) { return d + 8; }
   // Q, K (bf16 [chunk][K]), v_new (bf16 [chunk][V]), h (bf16 [K][V]), gc.
   static constexpr int off_q(int, int, int) { return 0; }
-  static constexpr int off_k(int K, int V, int chunk) { return chunk * ld_bf(K) * 2; }
-  static constexpr int off_vn(int K, int V, int chunk) { return 2 * chunk * ld_bf(K) * 2; }
+  static constexpr int off_k(int K, int /*V*/, int chunk) { return chunk * ld_bf(K) * 2; }
+  static constexpr int off_vn(int K, int /*V*/, int chunk) { return 2 * chunk * ld_bf(K) * 2; }
   static constexpr int off_h(int K, int V, int chunk) { return off_vn(K, V, chunk) + chunk * ld_bf(V) * 2; }
   static constexpr int off_g(int K, int V, int chunk) { return off_h(K, V, chunk) + K * ld_bf(V) * 2; }
   static constexpr int smem_bytes(int K, int V, int chunk) { return off_g(K, V, chunk) + chunk * 4; }
