@@ -34,7 +34,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+try:
+    import torch
+except ImportError:  # the report and merge helpers below work without torch (CPU tests)
+    torch = None
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
@@ -204,10 +207,7 @@ def main():
         print(f"FLA not available, not timed: {e}")
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
     if args.merge:
-        earlier = json.loads(Path(args.merge).read_text())
-        for name, entry in earlier["shapes"].items():
-            entry.setdefault("commit", earlier.get("commit", "unknown"))
-            results["shapes"][name] = entry
+        merge_earlier(results, json.loads(Path(args.merge).read_text()))
     for shape in args.shapes.split(","):
         small = inputs(shape, seed=7, tokens=args.gate_tokens)
         ref = reference.run_tensors(small["q"], small["k"], small["v"], small["g"], small["beta"], small["cu64"],
@@ -247,6 +247,16 @@ def main():
         print(f"{shape}: timed at {time.monotonic() - started:.0f} s")
         Path(args.out).write_text(json.dumps(results, indent=2))
     report(results, Path(args.out))
+
+def merge_earlier(results, earlier):
+    """Copies the shapes of an earlier run into `results`, each tagged with its commit (the
+    entry's own, else the earlier file's top-level one); shapes measured now replace them."""
+    for name, entry in earlier["shapes"].items():
+        entry = dict(entry)
+        entry.setdefault("commit", earlier.get("commit", "unknown"))
+        results["shapes"][name] = entry
+    return results
+
 
 def report(results, out):
     """Prints the table of every shape in `results` and plots it next to `out` (PNG)."""
