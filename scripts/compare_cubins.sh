@@ -30,11 +30,12 @@ def code_sections(elf):
     names = header(shstrndx)
     out = []
     for i in range(shnum):
-        name_off, _, _, _, off, size = header(i)[:6]
+        name_off, kind, _, _, off, size = header(i)[:6]
         start = names[4] + name_off
         name = elf[start:elf.index(b"\0", start)].decode()
         if name.startswith((".text.", ".nv.info", ".nv.constant", ".nv.shared")):
-            out.append((name, elf[off:off + size]))
+            # SHT_NOBITS (8) sections occupy no file bytes: only their size is theirs.
+            out.append((name, str(size).encode() if kind == 8 else elf[off:off + size]))
     return sorted(out)
 
 def index(root):

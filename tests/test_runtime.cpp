@@ -57,6 +57,15 @@ const std::vector<std::string> kBackwardWithHandoff = {"dv_local", "state_walk_b
 const std::vector<std::string> kBackwardRerun = {"chunk_prep", "state_walk", "dv_local", "state_walk_bwd",
                                                  "chunk_bwd", "finalize"};
 
+/// A recompute then a backward of `spec`, neither taking a hand-off; the backward's programs.
+std::vector<std::string> backward_after_recompute_without_handoff(const Spec& spec) {
+  Rig r(spec);
+  CHECK(r.recompute() == HandOff::not_taken);
+  const size_t mark = r.rec->records.size();
+  CHECK(r.backward() == HandOff::not_taken);
+  return r.programs_since(mark);
+}
+
 /// Capture records the launches issued during capture; a replay re-issues them to `replayed`.
 class FakeGraphBackend final : public GraphBackend {
  public:
@@ -256,22 +265,14 @@ TEST_SUITE("runtime") {
     SUBCASE("reuse_recompute_tapes: false") {
       Spec s = example("n");
       s.reuse_recompute_tapes = ReuseTapes::no;
-      Rig r(s);
-      CHECK(r.recompute() == HandOff::not_taken);
-      const size_t mark = r.rec->records.size();
-      CHECK(r.backward() == HandOff::not_taken);
-      CHECK(r.programs_since(mark) == kBackwardRerun);
+      CHECK(backward_after_recompute_without_handoff(s) == kBackwardRerun);
     }
   }
 
   TEST_CASE("full saves never re-run and need no hand-off") {
     Spec s = example("n");
     s.save_mode = SaveMode::full;
-    Rig r(s);
-    CHECK(r.recompute() == HandOff::not_taken);
-    const size_t mark = r.rec->records.size();
-    CHECK(r.backward() == HandOff::not_taken);
-    CHECK(r.programs_since(mark) == kBackwardWithHandoff);
+    CHECK(backward_after_recompute_without_handoff(s) == kBackwardWithHandoff);
   }
 
   TEST_CASE("graph mode without a backend is an error, not a silent eager run") {

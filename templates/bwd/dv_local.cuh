@@ -9,6 +9,7 @@
  */
 #pragma once
 
+#include "common/async_copy.cuh"
 #include "common/mma.cuh"
 #include "bwd/geometry.hpp"
 
@@ -28,9 +29,8 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                "r"(valid ? 16 : 0)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+using gdn::cp_async_commit;
+using gdn::cp_async_wait;
 
 /// Starts the copy of a ROWS x COLS bf16 tile (global row stride gstride elements) into shared
 /// memory with row pitch spitch; rows >= valid_rows become zeros.

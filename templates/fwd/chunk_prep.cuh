@@ -10,6 +10,7 @@
  */
 #pragma once
 
+#include "common/async_copy.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
 #include "fwd/geometry.hpp"
@@ -72,9 +73,8 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool src_v
                "r"(src_valid ? 4 : 0)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+using gdn::cp_async_commit;
+using gdn::cp_async_wait;
 
 /// Copies `rows` rows of `cols` bf16 (cols % 8 == 0) into a padded shared tile; rows >= valid
 /// become zero so later products never read stale (possibly NaN) shared memory.
