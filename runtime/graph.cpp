@@ -63,14 +63,21 @@ class DeviceGraph final : public CapturedGraph {
 
 class DeviceGraphBackend final : public GraphBackend {
  public:
-  std::unique_ptr<CapturedGraph> capture(CUstream stream, const std::function<void()>& run) override {
-    if (stream == nullptr)
-      throw std::invalid_argument("graph replay needs a stream of its own: the legacy default stream cannot be captured");
+  ~DeviceGraphBackend() override {
+    if (stream_) {
+      const CUresult rc = rt::drv().cuStreamDestroy_v2(stream_);
+      (void)rc;  // a destructor must not throw; a deinitialized driver at exit is expected
+    }
+  }
+
+  std::unique_ptr<CapturedGraph> capture(const std::function<void(CUstream)>& run) override {
     const auto& d = rt::drv();
+    if (!stream_) GDN_CHECK_CU(d.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate (capture stream)");
+    const CUstream stream = stream_;
     GDN_CHECK_CU(d.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), "cuStreamBeginCapture");
     CUgraph graph = nullptr;
     try {
-      run();
+      run(stream);
     } catch (...) {
       d.cuStreamEndCapture(stream, &graph);  // leave the stream usable; the partial graph is dropped
       if (graph) d.cuGraphDestroy(graph);
@@ -92,6 +99,9 @@ class DeviceGraphBackend final : public GraphBackend {
     GDN_CHECK_CU(rt::drv().cuStreamIsCapturing(stream, &status), "cuStreamIsCapturing");
     return status != CU_STREAM_CAPTURE_STATUS_NONE;
   }
+
+ private:
+  CUstream stream_ = nullptr;  ///< created in the context current at the first capture; the layer's device
 };
 
 }  // namespace

@@ -30,11 +30,14 @@ class CapturedGraph {
   virtual size_t bytes() const = 0;
 };
 
-/// Captures the launches `run` issues on `stream` into a graph (the device, or a fake in tests).
+/// Captures into a graph the launches `run` issues on the stream it is given (the device, or a fake
+/// in tests). The device backend captures on a stream of its own, so that a graph can be made for
+/// any caller stream, the legacy default stream included (which cannot be captured); the graph is
+/// then replayed on the caller's stream.
 class GraphBackend {
  public:
   virtual ~GraphBackend() = default;
-  virtual std::unique_ptr<CapturedGraph> capture(CUstream stream, const std::function<void()>& run) = 0;
+  virtual std::unique_ptr<CapturedGraph> capture(const std::function<void(CUstream capture_stream)>& run) = 0;
   /// Whether `stream` is being captured by someone else (e.g. torch.cuda.graph): then the layer
   /// launches eagerly into that capture instead of nesting one of its own.
   virtual bool capturing(CUstream stream) = 0;

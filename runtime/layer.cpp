@@ -192,8 +192,12 @@ void Layer::run(const Compiled& c, const CallFrame& f) const {
   std::lock_guard<std::mutex> lock(graph_mutex_);
   CapturedGraph* g = graphs_->find(key);
   if (!g) {
-    // Capture records the launches without running them; the replay below runs them.
-    g = graphs_->insert(key, graph_backend_->capture(stream, [&] { run_eager(c, f); }));
+    // Capture records the launches without running them; the replay below runs them on `stream`.
+    g = graphs_->insert(key, graph_backend_->capture([&](CUstream capture_stream) {
+      CallFrame on_capture_stream = f;
+      on_capture_stream[Frame::stream] = reinterpret_cast<uint64_t>(capture_stream);
+      run_eager(c, on_capture_stream);
+    }));
     ++captures_;
   }
   g->replay(stream);

@@ -21,13 +21,15 @@ struct LaunchRecord {
   int threads;
   int smem;
   std::string params;  ///< the parameter block's bytes
+  CUstream stream;
 };
 
 class RecordingLauncher final : public Launcher {
  public:
   std::vector<LaunchRecord> records;
-  void launch(const Program& p, rt::dim3_t grid, const void* params, size_t size, CUstream) override {
-    records.push_back({p.name, grid, p.threads, p.smem_bytes, std::string(static_cast<const char*>(params), size)});
+  void launch(const Program& p, rt::dim3_t grid, const void* params, size_t size, CUstream stream) override {
+    records.push_back(
+        {p.name, grid, p.threads, p.smem_bytes, std::string(static_cast<const char*>(params), size), stream});
   }
 };
 

@@ -388,6 +388,25 @@ TEST_SUITE("gpu_graph") {
     CHECK(layer->graph_stats().replays == 8);
   }
 
+  TEST_CASE("graph mode on the legacy default stream: captured on the layer's own stream, replayed bitwise") {
+    check::Case c;
+    c.doc_lens = {1500, 2700};
+    c.seed = 29;
+    c.with_reference = false;
+    const check::Report eager = check::run(*make(spec_of("n")), c);
+    Spec s = spec_of("n");
+    s.graph = GraphMode::replay;
+    s.name = "graph_legacy_n";
+    auto layer = make(s);
+    c.legacy_stream = true;
+    c.repeats = 3;
+    const check::Report replayed = check::run(*layer, c);
+    for (const auto& m : replayed.mismatches) FAIL_CHECK("replay differs: " << m);
+    for (const auto& [name, bytes] : eager.bytes) CHECK_MESSAGE(replayed.bytes.at(name) == bytes, name);
+    CHECK(layer->graph_stats().captures == 2);
+    CHECK(layer->graph_stats().replays == 6);
+  }
+
   TEST_CASE("the graph cache stays within both bounds over 1000 distinct layouts") {
     Spec gs = spec_of("n");
     gs.graph = GraphMode::replay;

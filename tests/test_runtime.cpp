@@ -71,13 +71,15 @@ class FakeGraphBackend final : public GraphBackend {
  public:
   explicit FakeGraphBackend(std::shared_ptr<testing::RecordingLauncher> rec, size_t bytes_per_graph = 1000)
       : rec_(std::move(rec)), bytes_(bytes_per_graph) {}
+  static inline const auto kCaptureStream = reinterpret_cast<CUstream>(0xca97);
   std::vector<testing::LaunchRecord> replayed;
+  std::vector<CUstream> replay_streams;
   bool outer_capture = false;  ///< pretend someone else (torch.cuda.graph) is capturing the stream
   bool capturing(CUstream) override { return outer_capture; }
 
-  std::unique_ptr<CapturedGraph> capture(CUstream, const std::function<void()>& run) override {
+  std::unique_ptr<CapturedGraph> capture(const std::function<void(CUstream)>& run) override {
     const size_t mark = rec_->records.size();
-    run();
+    run(kCaptureStream);
     std::vector<testing::LaunchRecord> captured(rec_->records.begin() + static_cast<long>(mark), rec_->records.end());
     return std::make_unique<Graph>(this, std::move(captured), bytes_);
   }
@@ -86,7 +88,8 @@ class FakeGraphBackend final : public GraphBackend {
   struct Graph final : CapturedGraph {
     Graph(FakeGraphBackend* b, std::vector<testing::LaunchRecord> l, size_t bytes)
         : backend(b), launches(std::move(l)), size(bytes) {}
-    void replay(CUstream) override {
+    void replay(CUstream stream) override {
+      backend->replay_streams.push_back(stream);
       backend->replayed.insert(backend->replayed.end(), launches.begin(), launches.end());
     }
     size_t bytes() const override { return size; }
@@ -120,6 +123,8 @@ TEST_SUITE("runtime") {
     CHECK(layer->graph_stats().replays == 3);
     CHECK(render(rec->records) == render(eager.rec->records));  // captured = eager
     CHECK(backend->replayed.size() == 3 * rec->records.size());
+    for (const auto& r : rec->records) CHECK(r.stream == FakeGraphBackend::kCaptureStream);
+    CHECK(backend->replay_streams == std::vector<CUstream>(3, stream));
     LayerInputs moved = eager.in;
     moved.v = static_cast<const char*>(moved.v) + 256;
     layer->forward(eager.shape, moved, eager.out, eager.saved, eager.saved_size, eager.ws.data(), eager.ws.bytes(),
@@ -128,6 +133,13 @@ TEST_SUITE("runtime") {
     layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
                    eager.ws.bytes(), reinterpret_cast<CUstream>(0x6));  // another stream is another key
     CHECK(layer->graph_stats().captures == 3);
+    // The legacy default stream cannot be captured; the capture runs on the backend's own stream
+    // and the replay on the caller's.
+    layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
+                   eager.ws.bytes(), nullptr);
+    CHECK(layer->graph_stats().captures == 4);
+    CHECK(backend->replay_streams.back() == nullptr);
+    CHECK(rec->records.back().stream == FakeGraphBackend::kCaptureStream);
   }
 
   TEST_CASE("graph mode: the cache stays within both bounds over 1000 distinct layouts") {

@@ -135,12 +135,14 @@ Report run(const Layer& layer, const Case& c) {
   Dev dq = Dev::poisoned(tqk * 2), dk = Dev::poisoned(tqk * 2), dv = Dev::poisoned(tv * p.V * 2);
   Dev dg = Dev::poisoned(tv * 4), db = Dev::poisoned(tv * 4), dh0 = Dev::poisoned(state * 4);
   Report r;
+  const CUstream run_on = c.legacy_stream ? nullptr : stream.handle();
+  const auto sync = [](CUstream s) { GDN_CHECK_CU(rt::drv().cuStreamSynchronize(s), "synchronize"); };
   for (int run = 0; run < std::max(1, c.repeats); ++run) {
     for (Dev* d : {&o, &ht, &dq, &dk, &dv, &dg, &db, &dh0})
-      GDN_CHECK_CU(rt::drv().cuMemsetD8Async(d->buf.handle(), 0xFF, d->buf.bytes(), stream.handle()), "poison");
+      GDN_CHECK_CU(rt::drv().cuMemsetD8Async(d->buf.handle(), 0xFF, d->buf.bytes(), run_on), "poison");
     Workspace stamped(ws.get(), ws.buf.bytes());
-    layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, stream.handle());
-    layer.check_device_status(saved.get(), shape, stream.handle());
+    layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, run_on);
+    layer.check_device_status(saved.get(), shape, run_on);
     std::map<std::string, std::string> got;
     got["o"] = o.download(tv * p.V * 2);
     if (has_ht) got["ht"] = ht.download(state * 4);
@@ -148,21 +150,21 @@ Report run(const Layer& layer, const Case& c) {
       LayerGrads lg{dod.get(), has_ht ? static_cast<const float*>(dhtd.get()) : nullptr, dq.get(), dk.get(), dv.get(),
                     static_cast<float*>(dg.get()), static_cast<float*>(db.get()),
                     p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
-      CUstream backward_stream = stream.handle();
+      CUstream backward_stream = run_on;
       if (c.step != Case::Step::fwd_bwd) {
         const LayerOutputs no_output{nullptr, lo.ht};
         layer.recompute(shape, li, no_output, OutputNeeded::no, saved.get(), saved.buf.bytes(), stamped,
-                        stream.handle());
+                        run_on);
       }
       if (c.step == Case::Step::ckpt_intervening)
-        layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, stream.handle());
+        layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, run_on);
       if (c.step == Case::Step::ckpt_other_stream) {
-        stream.synchronize();
+        sync(run_on);
         backward_stream = other_stream.handle();
       }
       r.handoff = layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), stamped, backward_stream);
       GDN_CHECK_CU(rt::drv().cuStreamSynchronize(backward_stream), "backward");
-      stream.synchronize();
+      sync(run_on);
       got["dq"] = dq.download(tqk * 2);
       got["dk"] = dk.download(tqk * 2);
       got["dv"] = dv.download(tv * p.V * 2);
@@ -170,7 +172,7 @@ Report run(const Layer& layer, const Case& c) {
       got["dbeta"] = db.download(tv * 4);
       if (grad_state) got["dh0"] = dh0.download(grad_state);
     }
-    stream.synchronize();
+    sync(run_on);
     if (run == 0) {
       r.bytes = std::move(got);
       continue;

@@ -25,6 +25,7 @@ struct Case {
   bool with_reference = true;            ///< false: run the GPU only (determinism, timing)
   IndexType cu_type = IndexType::int32;
   int repeats = 1;                       ///< run the whole call sequence this many times on the same inputs
+  bool legacy_stream = false;            ///< run on the legacy default stream (what torch uses by default)
   /// fwd_bwd: forward then backward. ckpt: a forward, then the recompute (output skipped) and the
   /// backward on one stamped Workspace, as a checkpointed step runs them. The stale variants make
   /// the hand-off stale on purpose: ckpt_intervening runs another forward (same inputs) on the
