@@ -121,7 +121,7 @@ LayerIR lower(const Spec& s) {
   add("gate_cumsum", "prep/gate_cumsum.cuh", "GateCumsum", "GateCumsumParams", GateCumsumGeometry::kThreads,
       GateCumsumGeometry::smem_bytes(), GridKind::chunk_head_groups);
   add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
-      ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+      ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, ChunkPrepGeometry::kMinBlocks);
   add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
       StateWalkGeometry::smem_bytes(K, V, C), GridKind::walk, StateWalkGeometry::bv(V));
   add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,

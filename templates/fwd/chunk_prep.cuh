@@ -11,6 +11,7 @@
 #pragma once
 
 #include "common/async_copy.cuh"
+#include "common/grid.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
 #include "fwd/geometry.hpp"
@@ -109,11 +110,15 @@ template <class Cfg>
 struct ChunkPrep {
   static_assert(Cfg::K == 128, "ChunkPrep supports K == 128 only (the tiles below are sized for it)");
   static_assert(Cfg::V == 128, "ChunkPrep supports V == 128 only (the tiles below are sized for it)");
-  static_assert(Cfg::CHUNK == 64, "ChunkPrep supports CHUNK == 64 only (four 16-row sub-blocks, one per warp)");
+  static_assert(Cfg::CHUNK == 64, "ChunkPrep supports CHUNK == 64 only (four 16-row sub-blocks, two warps each)");
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "Cfg::G must equal HV / H");
-  static_assert(ChunkPrepGeometry::kThreads == 128, "ChunkPrep assumes 4 warps: warp w owns chunk rows 16w..16w+15");
+  static_assert(ChunkPrepGeometry::kThreads == 256,
+                "ChunkPrep assumes 8 warps: warp w owns chunk rows 16 (w % 4) .. +15 and half w / 4 of the columns");
   static_assert(ChunkPrepGeometry::ld_bf(Cfg::CHUNK) * 2 <= ChunkPrepGeometry::ld_f(Cfg::CHUNK) * 4,
                 "the bf16 Tm tile must fit in the bytes of the fp32 L tile it reuses");
+  static_assert(ChunkPrepGeometry::off_p(Cfg::K, Cfg::V, Cfg::CHUNK) - ChunkPrepGeometry::off_v(Cfg::K, Cfg::V, Cfg::CHUNK) >=
+                    Cfg::CHUNK * ChunkPrepGeometry::ld_bf(Cfg::V) * 2,
+                "the V tile must fit in the bytes it shares with the fp32 Tm");
 
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G;
   static constexpr int kThreads = ChunkPrepGeometry::kThreads;
@@ -131,9 +136,10 @@ struct ChunkPrep {
 
   __device__ static void run(const ChunkPrepParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const ChunkInfo ci = p.chunks[blockIdx.x];
+    const ChunkHead at = chunk_head_of_block();
+    const ChunkInfo ci = p.chunks[at.chunk];
     if (ci.len == 0) return;
-    const int len = ci.len, j = blockIdx.y, hq = j / G;
+    const int len = ci.len, j = at.head, hq = j / G;
     const long long t0 = ci.start;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gr = lane >> 2, tq = (lane & 3) * 2;
@@ -147,8 +153,10 @@ struct ChunkPrep {
     float* sg = reinterpret_cast<float*>(smem + kOff_g);
     float* sb = reinterpret_cast<float*>(smem + kOff_beta);
 
+    const bf16_t* v_src = p.v + (t0 * HV + j) * V;
     fwd::tile_to_smem_async<kThreads>(sK, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, len);
-    fwd::tile_to_smem_async<kThreads>(sV, LDV, p.v + (t0 * HV + j) * V, (long long)HV * V, C, V, len);
+    // Without the solve, V's bytes (the fp32 Tm's) are free from the start.
+    if (p.tm_is_input) fwd::tile_to_smem_async<kThreads>(sV, LDV, v_src, (long long)HV * V, C, V, len);
     fwd::cp_async_commit();
     if (tid < C) {
       const bool ok = tid < len;
@@ -160,6 +168,9 @@ struct ChunkPrep {
 
     if (!p.tm_is_input) {
       solve(sK, sL, sT, sTb, sP, sg, sb, len, warp, lane, gr, tq);
+      // The fp32 Tm is dead after the barrier that ends the solve: V streams in during the W product.
+      fwd::tile_to_smem_async<kThreads>(sV, LDV, v_src, (long long)HV * V, C, V, len);
+      fwd::cp_async_commit();
     } else {
       // Tm comes back as bf16; mask like the solver's output so W and U see identical operands.
       const bf16_t* src = p.tm + (t0 * HV + j) * C;
@@ -178,16 +189,20 @@ struct ChunkPrep {
 
     // Row-scale the operands in place (FLA rounds them to bf16 before the W/U products).
     scale_rows<K, LDK>(sK, [&](int r) { return r < len ? sb[r] * exp2f(sg[r]) : 0.f; });
-    scale_rows<V, LDV>(sV, [&](int r) { return sb[r]; });
     __syncthreads();
 
     if (!p.tm_is_input)
       fwd::tile_to_global<kThreads>(p.tm + (t0 * HV + j) * C, (long long)HV * C, sTb, LDT, C, len);
 
-    // U then W; warp w owns output rows 16w..16w+15 and, Tm being lower triangular, needs only
-    // the k-blocks 0..w. Results are staged in the warp's own rows of the consumed operand tile.
-    wu_product<V, LDV>(sTb, sV, p.u + (t0 * HV + j) * V, (long long)HV * V, len, warp, lane, gr, tq);
+    // W then U; warp w owns output rows 16 (w % 4) .. +15 and column half w / 4 and, Tm being
+    // lower triangular, needs only the k-blocks 0..w % 4. Results are staged in the warp's own
+    // part of the consumed operand tile.
     wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq);
+    fwd::cp_async_wait<0>();
+    __syncthreads();
+    scale_rows<V, LDV>(sV, [&](int r) { return sb[r]; });
+    __syncthreads();
+    wu_product<V, LDV>(sTb, sV, p.u + (t0 * HV + j) * V, (long long)HV * V, len, warp, lane, gr, tq);
   }
 
  private:
@@ -208,33 +223,35 @@ struct ChunkPrep {
   template <int D, int LD>
   __device__ static void wu_product(const bf16_t* sTb, bf16_t* sX, bf16_t* dst, long long dst_stride, int len,
                                     int warp, int lane, int gr, int tq) {
-    float acc[D / 8][4];
+    constexpr int kHalf = D / 2;
+    const int rb = warp & 3, c0 = (warp >> 2) * kHalf;
+    float acc[kHalf / 8][4];
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+    for (int n = 0; n < kHalf / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
     for (int kk = 0; kk < C / 16; ++kk) {
-      if (kk > warp) break;
+      if (kk > rb) break;
       u32 a[4];
-      fwd::load_a(a, sTb, LDT, warp * 16, kk * 16);
+      fwd::load_a(a, sTb, LDT, rb * 16, kk * 16);
 #pragma unroll
-      for (int np = 0; np < D / 16; ++np) {
+      for (int np = 0; np < kHalf / 16; ++np) {
         u32 b[4];
-        fwd::load_b_kn(b, sX, LD, kk * 16, np * 16);
+        fwd::load_b_kn(b, sX, LD, kk * 16, c0 + np * 16);
         fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
       }
     }
     __syncthreads();  // every warp is done reading sX
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      const int r = warp * 16 + gr, c = n * 8 + tq;
+    for (int n = 0; n < kHalf / 8; ++n) {
+      const int r = rb * 16 + gr, c = c0 + n * 8 + tq;
       *reinterpret_cast<u32*>(sX + r * LD + c) = fwd::pack_f2bf(acc[n][0], acc[n][1]);
       *reinterpret_cast<u32*>(sX + (r + 8) * LD + c) = fwd::pack_f2bf(acc[n][2], acc[n][3]);
     }
     __syncwarp();
-    const int rows = min(16, len - warp * 16);
+    const int rows = min(16, len - rb * 16);
     if (rows > 0)
-      fwd::tile_to_global<32>(dst + (long long)warp * 16 * dst_stride, dst_stride, sX + warp * 16 * LD, LD, D, rows,
-                              lane, 32);
+      fwd::tile_to_global<32>(dst + (long long)rb * 16 * dst_stride + c0, dst_stride, sX + rb * 16 * LD + c0, LD,
+                              kHalf, rows, lane, 32);
   }
 
   /// s + l * t per component, each as one fmaf (l first, as the scalar merge wrote it).
@@ -246,38 +263,45 @@ struct ChunkPrep {
   /// forward substitution inside the diagonal blocks, then the block merge, all in fp32.
   __device__ static void solve(const bf16_t* sK, float* sL, float* sT, bf16_t* sTb, float* sP, const float* sg,
                                const float* sb, int len, int warp, int lane, int gr, int tq) {
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, rb = warp & 3, half = warp >> 2;
     {
-      float acc[C / 8][4];
+      // Warp w: row block w % 4, column blocks np = 2 i + w / 4 (the two halves interleave so
+      // both have work in every row block but the first).
+      constexpr int kPerWarp = C / 32;
+      float acc[2 * kPerWarp][4];
 #pragma unroll
-      for (int n = 0; n < C / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+      for (int n = 0; n < 2 * kPerWarp; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
       for (int k0 = 0; k0 < K; k0 += 16) {
         u32 a[4];
-        fwd::load_a(a, sK, LDK, warp * 16, k0);
+        fwd::load_a(a, sK, LDK, rb * 16, k0);
 #pragma unroll
-        for (int np = 0; np < C / 16; ++np) {
-          if (np > warp) break;  // only the lower block triangle is needed
+        for (int i = 0; i < kPerWarp; ++i) {
+          const int np = 2 * i + half;
+          if (np > rb) break;  // only the lower block triangle is needed
           u32 b[4];
           fwd::load_b_nk(b, sK, LDK, np * 16, k0);
-          fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
+          fwd::mma_pair(acc[2 * i], acc[2 * i + 1], a, b);
         }
       }
 #pragma unroll
-      for (int n = 0; n < C / 8; ++n)
+      for (int i = 0; i < kPerWarp; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = warp * 16 + gr + (e >> 1) * 8, c = n * 8 + tq + (e & 1);
-          const bool ok = c < r && r < len;  // strict lower part inside the chunk (c < r < len)
-          sL[r * LDF + c] = ok ? acc[n][e] * gate_exp2(sg[r] - sg[c], true) * sb[r] : 0.f;
-        }
+        for (int sub = 0; sub < 2; ++sub)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int r = rb * 16 + gr + (e >> 1) * 8, c = (2 * (2 * i + half) + sub) * 8 + tq + (e & 1);
+            const bool ok = c < r && r < len;  // strict lower part inside the chunk (c < r < len)
+            sL[r * LDF + c] = ok ? acc[2 * i + sub][e] * gate_exp2(sg[r] - sg[c], true) * sb[r] : 0.f;
+          }
     }
     for (int i = tid; i < C * C / 4; i += kThreads)
       *reinterpret_cast<float4*>(sT + (i / (C / 4)) * LDF + (i % (C / 4)) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
     __syncthreads();
 
-    // Diagonal block `warp`: lane c (and its mirror c + 16) solves column c by forward substitution.
-    {
+    // Diagonal block `warp` (warps 0..3): lane c (and its mirror c + 16) solves column c by
+    // forward substitution.
+    if (warp < C / 16) {
       const int c = lane & 15, base = warp * 16;
       float x[16];
 #pragma unroll

@@ -15,17 +15,24 @@ namespace gdn {
 
 /// Chunk-local prep (F1 to F3): one block per (chunk, value head).
 struct ChunkPrepGeometry {
-  static constexpr int kThreads = 128;
+  /// 8 warps: the solve and the products are latency chains, so the more warps an SM holds the
+  /// better; with the layout below 4 blocks (32 warps) fit on an SM.
+  static constexpr int kThreads = 256;
+  static constexpr int kMinBlocks = 4;  ///< __launch_bounds__: 64 registers, so the registers allow 4 too
   static constexpr int ld_bf(int d) { return d + 8; }       ///< bf16 row stride (elements)
   static constexpr int ld_f(int chunk) { return chunk + 4; }  ///< fp32 row stride of L and Tm
-  // Layout: K tile, V tile (bf16 [chunk][ld_bf]), L (fp32), Tm (fp32), merge scratch, gc, beta.
-  // Tm in bf16 reuses L's bytes (L is dead once the merge is done): 3 blocks fit on an SM.
+  // Layout: K tile (bf16 [chunk][ld_bf]), L (fp32), Tm (fp32), merge scratch, gc, beta. Tm in
+  // bf16 reuses L's bytes (L is dead once the merge is done) and the V tile reuses the fp32 Tm's
+  // (loaded once Tm is in bf16; it is first needed after the W product).
   static constexpr int off_k(int, int, int) { return 0; }
-  static constexpr int off_v(int K, int V, int chunk) { return off_k(K, V, chunk) + chunk * ld_bf(K) * 2; }
-  static constexpr int off_l(int K, int V, int chunk) { return off_v(K, V, chunk) + chunk * ld_bf(V) * 2; }
+  static constexpr int off_l(int K, int V, int chunk) { return off_k(K, V, chunk) + chunk * ld_bf(K) * 2; }
   static constexpr int off_tb(int K, int V, int chunk) { return off_l(K, V, chunk); }
   static constexpr int off_t(int K, int V, int chunk) { return off_l(K, V, chunk) + chunk * ld_f(chunk) * 4; }
-  static constexpr int off_p(int K, int V, int chunk) { return off_t(K, V, chunk) + chunk * ld_f(chunk) * 4; }
+  static constexpr int off_v(int K, int V, int chunk) { return off_t(K, V, chunk); }
+  static constexpr int t_or_v_bytes(int V, int chunk) {
+    return chunk * ld_f(chunk) * 4 > chunk * ld_bf(V) * 2 ? chunk * ld_f(chunk) * 4 : chunk * ld_bf(V) * 2;
+  }
+  static constexpr int off_p(int K, int V, int chunk) { return off_t(K, V, chunk) + t_or_v_bytes(V, chunk); }
   /// The block merge of the 16x16 inverse needs at most 3 off-diagonal 16x16 fp32 products at once.
   static constexpr int off_g(int K, int V, int chunk) { return off_p(K, V, chunk) + 3 * 16 * 16 * 4; }
   static constexpr int off_beta(int K, int V, int chunk) { return off_g(K, V, chunk) + chunk * 4; }

@@ -9,6 +9,7 @@
  */
 #pragma once
 
+#include "common/grid.cuh"
 #include "fwd/chunk_prep.cuh"
 
 namespace gdn {
@@ -33,10 +34,11 @@ struct Output {
 
   __device__ static void run(const OutputParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const ChunkInfo ci = p.chunks[blockIdx.x];
+    const ChunkHead at = chunk_head_of_block();
+    const ChunkInfo ci = p.chunks[at.chunk];
     if (ci.len == 0) return;
-    const int len = ci.len, j = blockIdx.y, hq = j / G;
-    const long long t0 = ci.start, c = blockIdx.x;
+    const int len = ci.len, j = at.head, hq = j / G;
+    const long long t0 = ci.start, c = at.chunk;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gr = lane >> 2, tq = (lane & 3) * 2;
 
