@@ -191,6 +191,7 @@ def main():
     ap.add_argument("--merge", help="an earlier output JSON: its shapes are kept (with their commits) unless "
                                     "measured again, so a table can be completed across device runs")
     args = ap.parse_args()
+    from gdnc._autograd import stats as binding_stats  # imports torch, as the arms do
     started = time.monotonic()
     stream = torch.cuda.Stream()  # graph mode cannot capture the legacy default stream
     torch.cuda.set_stream(stream)
@@ -231,8 +232,14 @@ def main():
         x = inputs(shape, seed=11)
         for op in args.ops.split(","):
             i = OPS.index(op)
+            before = dict(binding_stats)
             cells = measure(timed, op, x, args.groups, args.samples, args.warmup, flush)
             entry["ops"][op] = cells
+            if op == "ckpt":  # every gdnc arm's recompute should hand its tapes to the backward
+                seen = {k: binding_stats[k] - before[k] for k in before}
+                entry["ckpt_binding_stats"] = seen
+                print(f"{shape:<2} ckpt     the binding saw {seen['recomputes']} recomputes and took "
+                      f"{seen['handoffs']} hand-offs")
             aa = abs(cells["gdnc"]["ms"] - cells["gdnc A/A"]["ms"]) / cells["gdnc"]["ms"] * 100 \
                 if "gdnc" in cells and "gdnc A/A" in cells else float("nan")
             for name, c in cells.items():
