@@ -370,41 +370,39 @@ TEST_SUITE("gpu_ckpt") {
 }
 
 TEST_SUITE("gpu_graph") {
+  /// Runs shape n eagerly once, then in graph mode `repeats` times (outputs poisoned before each
+  /// repeat, so a replay that did not run would show) and checks every replay's bits.
+  void check_replays_match_eager(check::Case c, const std::string& name, int repeats) {
+    c.with_reference = false;
+    const bool legacy_stream = c.legacy_stream;
+    c.legacy_stream = false;
+    const check::Report eager = check::run(*make(spec_of("n")), c);
+    Spec s = spec_of("n");
+    s.graph = GraphMode::replay;
+    s.name = name;
+    auto layer = make(s);
+    c.legacy_stream = legacy_stream;
+    c.repeats = repeats;
+    const check::Report replayed = check::run(*layer, c);
+    for (const auto& m : replayed.mismatches) FAIL_CHECK("replay differs: " << m);
+    for (const auto& [tensor, bytes] : eager.bytes) CHECK_MESSAGE(replayed.bytes.at(tensor) == bytes, tensor);
+    CHECK(layer->graph_stats().captures == 2);  // forward and backward, captured once
+    CHECK(layer->graph_stats().replays == 2u * repeats);
+  }
+
   TEST_CASE("graph replays are bitwise equal to eager runs and rewrite poisoned outputs") {
     check::Case c;
     c.doc_lens = {2049, 3001, 3142};
     c.seed = 23;
-    c.with_reference = false;
-    const check::Report eager = check::run(*make(spec_of("n")), c);
-    Spec s = spec_of("n");
-    s.graph = GraphMode::replay;
-    s.name = "graph_n";
-    auto layer = make(s);
-    c.repeats = 4;  // outputs are poisoned before each repeat: a replay that did not run would show
-    const check::Report replayed = check::run(*layer, c);
-    for (const auto& m : replayed.mismatches) FAIL_CHECK("replay differs: " << m);
-    for (const auto& [name, bytes] : eager.bytes) CHECK_MESSAGE(replayed.bytes.at(name) == bytes, name);
-    CHECK(layer->graph_stats().captures == 2);  // forward and backward, captured once
-    CHECK(layer->graph_stats().replays == 8);
+    check_replays_match_eager(c, "graph_n", 4);
   }
 
   TEST_CASE("graph mode on the legacy default stream: captured on the layer's own stream, replayed bitwise") {
     check::Case c;
     c.doc_lens = {1500, 2700};
     c.seed = 29;
-    c.with_reference = false;
-    const check::Report eager = check::run(*make(spec_of("n")), c);
-    Spec s = spec_of("n");
-    s.graph = GraphMode::replay;
-    s.name = "graph_legacy_n";
-    auto layer = make(s);
     c.legacy_stream = true;
-    c.repeats = 3;
-    const check::Report replayed = check::run(*layer, c);
-    for (const auto& m : replayed.mismatches) FAIL_CHECK("replay differs: " << m);
-    for (const auto& [name, bytes] : eager.bytes) CHECK_MESSAGE(replayed.bytes.at(name) == bytes, name);
-    CHECK(layer->graph_stats().captures == 2);
-    CHECK(layer->graph_stats().replays == 6);
+    check_replays_match_eager(c, "graph_legacy_n", 3);
   }
 
   TEST_CASE("the graph cache stays within both bounds over 1000 distinct layouts") {

@@ -103,16 +103,28 @@ class FakeGraphBackend final : public GraphBackend {
 
 std::string render(const std::vector<testing::LaunchRecord>& r) { return testing::render(r, {}); }
 
+/// Shape n in graph mode over a recording launcher and a fake capture backend.
+struct GraphRig {
+  explicit GraphRig(size_t bytes_per_graph = 1000, bool outer_capture = false)
+      : rec(std::make_shared<testing::RecordingLauncher>()),
+        backend(std::make_shared<FakeGraphBackend>(rec, bytes_per_graph)) {
+    backend->outer_capture = outer_capture;
+    Spec s = example("n");
+    s.graph = GraphMode::replay;
+    layer = Layer::with_launcher(s, rec, default_host_path(), backend);
+  }
+  std::shared_ptr<testing::RecordingLauncher> rec;
+  std::shared_ptr<FakeGraphBackend> backend;
+  std::unique_ptr<Layer> layer;
+};
+
 }  // namespace
 
 TEST_SUITE("runtime") {
   TEST_CASE("graph mode: capture once, replay what the eager call launches, new addresses capture anew") {
-    Spec s = example("n");
-    s.graph = GraphMode::replay;
-    auto rec = std::make_shared<testing::RecordingLauncher>();
-    auto backend = std::make_shared<FakeGraphBackend>(rec);
+    GraphRig g;
+    auto& [rec, backend, layer] = g;
     Rig eager(example("n"));
-    auto layer = Layer::with_launcher(s, rec, default_host_path(), backend);
     auto stream = reinterpret_cast<CUstream>(0x5);
     for (int i = 0; i < 3; ++i)
       layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
@@ -143,10 +155,8 @@ TEST_SUITE("runtime") {
   }
 
   TEST_CASE("graph mode: the cache stays within both bounds over 1000 distinct layouts") {
-    Spec s = example("n");
-    s.graph = GraphMode::replay;
-    auto rec = std::make_shared<testing::RecordingLauncher>();
-    auto layer = Layer::with_launcher(s, rec, default_host_path(), std::make_shared<FakeGraphBackend>(rec, 1000));
+    GraphRig g(1000);
+    auto& layer = g.layer;
     Rig r(example("n"));
     for (auto [entries, bytes] : {std::pair<size_t, size_t>{256, size_t{1} << 30}, {1000000, 50 * 1000}}) {
       layer->set_graph_cache_limits({entries, bytes});
@@ -166,25 +176,18 @@ TEST_SUITE("runtime") {
   }
 
   TEST_CASE("graph mode inside an outer capture launches eagerly into it") {
-    Spec s = example("n");
-    s.graph = GraphMode::replay;
-    auto rec = std::make_shared<testing::RecordingLauncher>();
-    auto backend = std::make_shared<FakeGraphBackend>(rec);
-    backend->outer_capture = true;
+    GraphRig g(1000, true);
+    auto& [rec, backend, layer] = g;
     Rig r(example("n"));
-    auto layer = Layer::with_launcher(s, rec, default_host_path(), backend);
     layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, reinterpret_cast<CUstream>(0x5));
     CHECK(layer->graph_stats().captures == 0);
     CHECK(rec->records.size() == 7);  // the forward's launches, issued into the outer capture
   }
 
   TEST_CASE("graph mode keeps the hand-off: the recompute and the bound backward are graphs of their own") {
-    Spec s = example("n");
-    s.graph = GraphMode::replay;
-    auto rec = std::make_shared<testing::RecordingLauncher>();
-    auto backend = std::make_shared<FakeGraphBackend>(rec);
+    GraphRig g;
+    auto& layer = g.layer;
     Rig r(example("n"));
-    auto layer = Layer::with_launcher(s, rec, default_host_path(), backend);
     auto stream = reinterpret_cast<CUstream>(0x5);
     for (int step = 0; step < 2; ++step) {
       layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, stream);
