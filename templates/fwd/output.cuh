@@ -145,9 +145,8 @@ struct Output {
       }
     }
 
-    // Stage the warp's part in sQ for 16 B stores, once no warp reads Q any more (the two warps
-    // of a row block share its rows of Q).
-    __syncthreads();
+    // Stage the warp's part in sQ for 16 B stores: the two warps of a row block share its rows of
+    // Q, and the barrier before the P V' product already follows every read of Q.
     const float scale = p.scale;
 #pragma unroll
     for (int n = 0; n < kHalf / 8; ++n) {
