@@ -10,6 +10,8 @@
 #   sweep     gdn_bench --sweep (the sm_90a hand-off threshold)
 #   bench     gdn_bench timing table (BENCH_ARGS)
 #   compare   bench/compare_fla.py side by side with FLA 0.6.0 (COMPARE_ARGS; needs .whl carried)
+#   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3): SHA-256 of every
+#             result; diff two runs' $OUT/digests.txt to show a change kept every bit
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
@@ -51,6 +53,17 @@ if has bench; then
   echo "=== bench ($((SECONDS - t0)) s)"
   # A shortened protocol by default so tests and benchmark fit one 10-minute call.
   bench ${BENCH_ARGS:---shapes N,M,G,A --groups 3 --samples 6 --warmup 4} | tee "$OUT/bench.log"
+fi
+if has digests; then
+  echo "=== digests ($((SECONDS - t0)) s)"
+  : > "$OUT/digests.txt"
+  for args in "examples/n.json --docs 2049,3001,3142 --seed 1" "examples/n.json --docs 1,15,63,64,65,700,2000 --seed 2" \
+              "examples/n.json --docs 1500,2700 --seed 3 --ckpt" "examples/m.json --docs 1097,64,33 --seed 4"; do
+    echo "--- gdnc check $args --digests" | tee -a "$OUT/digests.txt"
+    # shellcheck disable=SC2086  # the arguments are meant to split
+    "$bin/gdnc" check $args --digests 2>&1 | tee -a "$OUT/digests.txt"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
 fi
 if has compare; then
   echo "=== compare with FLA ($((SECONDS - t0)) s)"
