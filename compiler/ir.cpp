@@ -125,7 +125,7 @@ LayerIR lower(const Spec& s) {
   add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
       StateWalkGeometry::smem_bytes(K, V, C), GridKind::walk, StateWalkGeometry::bv(V));
   add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
-      OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+      OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
   add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
       DvLocalGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",

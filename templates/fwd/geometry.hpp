@@ -65,13 +65,19 @@ struct StateWalkGeometry {
 
 /// Forward output (F5): one block per (chunk, value head).
 struct OutputGeometry {
-  static constexpr int kThreads = 128;
+  /// 8 warps (4 row blocks x 2 column halves of V) and 3 blocks per SM: 24 warps to hide the
+  /// latency chains of the three products, where 4 warps and 2 blocks (87 KB each) gave 8.
+  static constexpr int kThreads = 256;
+  static constexpr int kMinBlocks = 3;
   static constexpr int ld_bf(int d) { return d + 8; }
-  // Q, K (bf16 [chunk][K]), v_new (bf16 [chunk][V]), h (bf16 [K][V]), gc.
+  // Q, K (bf16 [chunk][K]; v_new [chunk][V] takes K's bytes after Q K^T), h (bf16 [K][V]), gc.
   static constexpr int off_q(int, int, int) { return 0; }
   static constexpr int off_k(int K, int /*V*/, int chunk) { return chunk * ld_bf(K) * 2; }
-  static constexpr int off_vn(int K, int /*V*/, int chunk) { return 2 * chunk * ld_bf(K) * 2; }
-  static constexpr int off_h(int K, int V, int chunk) { return off_vn(K, V, chunk) + chunk * ld_bf(V) * 2; }
+  static constexpr int off_vn(int K, int V, int chunk) { return off_k(K, V, chunk); }
+  static constexpr int k_or_vn_bytes(int K, int V, int chunk) {
+    return chunk * ld_bf(K) * 2 > chunk * ld_bf(V) * 2 ? chunk * ld_bf(K) * 2 : chunk * ld_bf(V) * 2;
+  }
+  static constexpr int off_h(int K, int V, int chunk) { return off_k(K, V, chunk) + k_or_vn_bytes(K, V, chunk); }
   static constexpr int off_g(int K, int V, int chunk) { return off_h(K, V, chunk) + K * ld_bf(V) * 2; }
   static constexpr int smem_bytes(int K, int V, int chunk) { return off_g(K, V, chunk) + chunk * 4; }
 };
