@@ -81,11 +81,13 @@ struct ChunkBwd {
 
     {
       const long long qs = (long long)H * K, vs = (long long)HV * V;
-      // Two groups: what dS~, dQ and the attention part of the gate need first; the rest (Z,
-      // dV', Tm, V) keeps loading while those run.
+      // Three groups, in the order of use: what dS~ needs (dO, V'); what dQ and the attention
+      // part of the gate add (Q, K, S); the rest (Z, dV', Tm, V), each still loading while the
+      // products before it run.
       const long long st = (cg * HV + j) * K * V;
       bwd::load_tile_async<C, V, kThreads>(sO, PV, p.d_o + (t0 * HV + j) * V, vs, m);
       bwd::load_tile_async<C, V, kThreads>(sVn, PV, p.v_new + (t0 * HV + j) * V, vs, m);
+      bwd::cp_async_commit();
       bwd::load_tile_async<C, K, kThreads>(sQ, PK, p.q + (t0 * H + h) * K, qs, m);
       bwd::load_tile_async<C, K, kThreads>(sK, PK, p.k + (t0 * H + h) * K, qs, m);
       bwd::load_tile_async<K, V, kThreads>(sS, PV, p.h_tape + st, V, K);
@@ -102,7 +104,7 @@ struct ChunkBwd {
       sgam[i] = 0.f;
       sdb[i] = 0.f;
     }
-    bwd::cp_async_wait<1>();
+    bwd::cp_async_wait<2>();  // dO and V'
     __syncthreads();
 
     const float scale = p.scale;
@@ -120,6 +122,7 @@ struct ChunkBwd {
         bwd::store_bf16x2(sDS + r * PC + c, v0, v1);
       });
     }
+    bwd::cp_async_wait<1>();  // Q, K and S
     __syncthreads();
 
     {  // dQ = scale diag(exp2(gc)) dO S^T + dS~ Kc. The gate sees the state part here:

@@ -23,14 +23,16 @@ struct DvLocalGeometry {
 };
 
 /// B3: one block per (V slab of bv(V) columns, value head, document). One stage of chunk
-/// inputs; two blocks per SM hide each other's loads.
+/// inputs, refilled piece by piece as each piece is consumed (the next chunk's loads overlap
+/// this chunk's products); two blocks per SM hide what remains.
 struct StateWalkBwdGeometry {
   static constexpr int kThreads = 256;
   static constexpr int kMinBlocksPerSm = 2;  ///< caps registers at 128 so two blocks fit
   static constexpr int bv(int V) { return V >= 32 ? 32 : V; }
-  /// One pipeline stage: K, Q, W tiles, the dO and dv_local slabs, and gc.
+  /// One pipeline stage: K, Q, W tiles, the dO and dv_local slabs, and gc twice (gc is still
+  /// read while the next chunk's gc arrives).
   static constexpr int stage_bytes(int K, int V, int chunk) {
-    return 2 * (3 * chunk * bwd_pitch(K) + 2 * chunk * bwd_pitch(bv(V))) + 4 * chunk;
+    return 2 * (3 * chunk * bwd_pitch(K) + 2 * chunk * bwd_pitch(bv(V))) + 2 * 4 * chunk;
   }
   static constexpr int smem_bytes(int K, int V, int chunk) {
     return stage_bytes(K, V, chunk)

@@ -30,36 +30,61 @@ struct StateWalkBwd {
   static_assert(K % 16 == 0 && K <= 256, "StateWalkBwd: K must be a multiple of 16 and at most 256");
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "StateWalkBwd: HV must equal H * G");
 
-  /// Element offsets of one pipeline stage (bf16 units; gc follows as floats).
+  /// Element offsets of one pipeline stage (bf16 units; the two gc buffers follow as floats).
   static constexpr int kOffK = 0, kOffQ = C * PK, kOffW = 2 * C * PK, kOffO = 3 * C * PK;
   static constexpr int kOffL = kOffO + C * PB, kOffG = kOffL + C * PB;
   static constexpr int kStageBytes = StateWalkBwdGeometry::stage_bytes(K, V, C);
   static_assert(kStageBytes % 16 == 0, "StateWalkBwd: stages must stay 16-byte aligned");
 
-  __device__ static void load_stage(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j,
-                                    int v0) {
+  // The stage is refilled in three cp.async groups, each issued as soon as this chunk has read
+  // what it replaces, in the order the next chunk needs them:
+  //   OG: the dO slab and gc (into the gc buffer this chunk does not read),
+  //   KL: the K tile and the dv_local slab,
+  //   QW: the Q and W tiles.
+  __device__ static void load_og(unsigned char* st, float* g, const StateWalkBwdParams& p, const ChunkInfo& ci,
+                                 int j, int v0) {
+    bf16_t* b = reinterpret_cast<bf16_t*>(st);
+    const long long t0 = ci.start;
+    const int m = ci.len;
+    bwd::load_tile_async<C, BV, kThreads>(b + kOffO, PB, p.d_o + (t0 * Cfg::HV + j) * V + v0,
+                                          (long long)Cfg::HV * V, m);
+    if (threadIdx.x < C) {
+      const bool ok = threadIdx.x < m;
+      bwd::cp_async4(g + threadIdx.x, ok ? p.gc + (t0 + threadIdx.x) * Cfg::HV + j : p.gc, ok);
+    }
+  }
+  __device__ static void load_kl(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j,
+                                 int v0) {
     bf16_t* b = reinterpret_cast<bf16_t*>(st);
     const long long t0 = ci.start;
     const int h = j / Cfg::G, m = ci.len;
     bwd::load_tile_async<C, K, kThreads>(b + kOffK, PK, p.k + (t0 * Cfg::H + h) * K, (long long)Cfg::H * K, m);
-    bwd::load_tile_async<C, K, kThreads>(b + kOffQ, PK, p.q + (t0 * Cfg::H + h) * K, (long long)Cfg::H * K, m);
-    bwd::load_tile_async<C, K, kThreads>(b + kOffW, PK, p.w + (t0 * Cfg::HV + j) * K, (long long)Cfg::HV * K, m);
-    bwd::load_tile_async<C, BV, kThreads>(b + kOffO, PB, p.d_o + (t0 * Cfg::HV + j) * V + v0,
-                                          (long long)Cfg::HV * V, m);
     bwd::load_tile_async<C, BV, kThreads>(b + kOffL, PB, p.dv_local + (t0 * Cfg::HV + j) * V + v0,
                                           (long long)Cfg::HV * V, m);
-    float* g = reinterpret_cast<float*>(b + kOffG);
-    for (int i = threadIdx.x; i < C; i += kThreads) g[i] = i < m ? p.gc[(t0 + i) * Cfg::HV + j] : 0.f;
+  }
+  __device__ static void load_qw(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j) {
+    bf16_t* b = reinterpret_cast<bf16_t*>(st);
+    const long long t0 = ci.start;
+    const int h = j / Cfg::G, m = ci.len;
+    bwd::load_tile_async<C, K, kThreads>(b + kOffQ, PK, p.q + (t0 * Cfg::H + h) * K, (long long)Cfg::H * K, m);
+    bwd::load_tile_async<C, K, kThreads>(b + kOffW, PK, p.w + (t0 * Cfg::HV + j) * K, (long long)Cfg::HV * K, m);
   }
 
   __device__ static void run(const StateWalkBwdParams& p) {
     const int v0 = blockIdx.x * BV, j = blockIdx.y, n = blockIdx.z;
     const int c_first = p.doc_chunk_offset[n], c_last = p.doc_chunk_offset[n + 1] - 1;
     extern __shared__ __align__(16) unsigned char smem[];
+    unsigned char* const stage = smem;
+    float* const gbuf = reinterpret_cast<float*>(reinterpret_cast<bf16_t*>(stage) + kOffG);
     bf16_t* sOh = reinterpret_cast<bf16_t*>(smem + kStageBytes);
     bf16_t* sOl = sOh + C * PB;
     bf16_t* sZ = sOl + C * PB;
     bf16_t* sD = sZ + K * PB;  // holds -bf16(dV') so the W^T product subtracts through an add
+    const bf16_t* sK = reinterpret_cast<const bf16_t*>(stage) + kOffK;
+    const bf16_t* sQ = reinterpret_cast<const bf16_t*>(stage) + kOffQ;
+    const bf16_t* sW = reinterpret_cast<const bf16_t*>(stage) + kOffW;
+    const bf16_t* sO = reinterpret_cast<const bf16_t*>(stage) + kOffO;
+    const bf16_t* sL = reinterpret_cast<const bf16_t*>(stage) + kOffL;
 
     Acc<K, BV, kWarps> z;
     z.zero();
@@ -72,33 +97,33 @@ struct StateWalkBwd {
       });
     }
 
-    // One stage, not two: with the smaller footprint and at most 128 registers per thread two
-    // blocks share an SM, and the other block's work hides this block's loads (the walk is
-    // latency-bound: a few small dependent products per chunk).
-    unsigned char* cur = smem;
-    if (c_last >= c_first) load_stage(cur, p, p.chunks[c_last], j, v0);
-    bwd::cp_async_commit();
+    // Prologue: all three groups of the last chunk. Every iteration then commits exactly three
+    // groups (empty ones on the first chunk), so the wait counts below stay fixed.
+    if (c_last >= c_first) {
+      const ChunkInfo ci = p.chunks[c_last];
+      load_og(stage, gbuf, p, ci, j, v0);
+      bwd::cp_async_commit();
+      load_kl(stage, p, ci, j, v0);
+      bwd::cp_async_commit();
+      load_qw(stage, p, ci, j);
+      bwd::cp_async_commit();
+    }
 
     const float scale = p.scale;
-    for (int c = c_last; c >= c_first; --c) {
-      bwd::cp_async_wait<0>();
-      __syncthreads();
-
+    constexpr int kSlabPieces = BV / 8;  // 16-byte pieces per slab row
+    for (int c = c_last, parity = 0; c >= c_first; --c, parity ^= 1) {
+      const bool has_prev = c > c_first;
       const ChunkInfo ci = p.chunks[c];
+      const ChunkInfo prev = p.chunks[has_prev ? c - 1 : c];
       const int m = ci.len;
-      const bf16_t* sK = reinterpret_cast<const bf16_t*>(cur) + kOffK;
-      const bf16_t* sQ = reinterpret_cast<const bf16_t*>(cur) + kOffQ;
-      const bf16_t* sW = reinterpret_cast<const bf16_t*>(cur) + kOffW;
-      const bf16_t* sO = reinterpret_cast<const bf16_t*>(cur) + kOffO;
-      const bf16_t* sL = reinterpret_cast<const bf16_t*>(cur) + kOffL;
-      const float* sg = reinterpret_cast<const float*>(reinterpret_cast<const bf16_t*>(cur) + kOffG);
+      const float* sg = gbuf + parity * C;
+
+      bwd::cp_async_wait<2>();  // OG of this chunk
+      __syncthreads();          // B0: OG visible; the previous chunk is done with sZ, sOh/sOl, sD
       const float gL = sg[m - 1];
 
-      bf16_t* tape = p.dh_tape + (((long long)c * Cfg::HV + j) * K) * V + v0;
       bwd::for_pairs(z, [&](int r, int cc, float& a, float& b) {
-        const u32 x = pack_bf16x2(f2bf(a), f2bf(b));
-        *reinterpret_cast<u32*>(tape + (long long)r * V + cc) = x;
-        *reinterpret_cast<u32*>(sZ + r * PB + cc) = x;
+        *reinterpret_cast<u32*>(sZ + r * PB + cc) = pack_bf16x2(f2bf(a), f2bf(b));
       });
       for (int i = threadIdx.x; i < C * BV; i += kThreads) {
         const int r = i / BV, cc = i % BV;
@@ -109,12 +134,21 @@ struct StateWalkBwd {
         sOh[r * PB + cc] = hi;
         sOl[r * PB + cc] = lo;
       }
-      __syncthreads();
+      bwd::cp_async_wait<1>();  // KL of this chunk
+      __syncthreads();          // B1: sZ, sOh/sOl, K and dv_local visible; the dO slab is free
+      if (has_prev) load_og(stage, gbuf + (parity ^ 1) * C, p, prev, j, v0);
+      bwd::cp_async_commit();
 
+      {  // dh_tape[c] = bf16(Z), from sZ in 16-byte row pieces (coalesced).
+        bf16_t* tape = p.dh_tape + (((long long)c * Cfg::HV + j) * K) * V + v0;
+        for (int i = threadIdx.x; i < K * kSlabPieces; i += kThreads) {
+          const int r = i / kSlabPieces, cc = (i % kSlabPieces) * 8;
+          *reinterpret_cast<uint4*>(tape + (long long)r * V + cc) = *reinterpret_cast<const uint4*>(sZ + r * PB + cc);
+        }
+      }
       Acc<C, BV, kWarps> d;
       d.zero();
       bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZ, PB, 1}, K);
-      bf16_t* dvn = p.dv_new + ((long long)ci.start * Cfg::HV + j) * V + v0;
       bwd::for_pairs(d, [&](int r, int cc, float& a, float& b) {
         float x0 = 0.f, x1 = 0.f;
         if (r < m) {
@@ -122,20 +156,33 @@ struct StateWalkBwd {
           x0 = e * a + bf2f(sL[r * PB + cc]);
           x1 = e * b + bf2f(sL[r * PB + cc + 1]);
         }
-        const bf16_t b0 = f2bf(x0), b1 = f2bf(x1);
-        if (r < m) *reinterpret_cast<u32*>(dvn + (long long)r * Cfg::HV * V + cc) = pack_bf16x2(b0, b1);
         // Negating a bf16 is exact: flip the sign bit.
-        *reinterpret_cast<u32*>(sD + r * PB + cc) = pack_bf16x2(b0 ^ 0x8000u, b1 ^ 0x8000u);
+        *reinterpret_cast<u32*>(sD + r * PB + cc) = pack_bf16x2(f2bf(x0) ^ 0x8000u, f2bf(x1) ^ 0x8000u);
       });
-      // The Q-side update does not need dV', so it fills the wait at the barrier.
+      bwd::cp_async_wait<1>();  // QW of this chunk
+      __syncthreads();          // B2: -bf16(dV'), Q and W visible; K and dv_local are free
+      if (has_prev) load_kl(stage, p, prev, j, v0);
+      bwd::cp_async_commit();
+
+      {  // dv_new = bf16(dV') from sD (sign flipped back), valid rows, 16-byte row pieces.
+        bf16_t* dvn = p.dv_new + ((long long)ci.start * Cfg::HV + j) * V + v0;
+        for (int i = threadIdx.x; i < m * kSlabPieces; i += kThreads) {
+          const int r = i / kSlabPieces, cc = (i % kSlabPieces) * 8;
+          uint4 x = *reinterpret_cast<const uint4*>(sD + r * PB + cc);
+          x.x ^= 0x80008000u;
+          x.y ^= 0x80008000u;
+          x.z ^= 0x80008000u;
+          x.w ^= 0x80008000u;
+          *reinterpret_cast<uint4*>(dvn + (long long)r * Cfg::HV * V + cc) = x;
+        }
+      }
       const float eL = gate_exp2(gL, true);
       z.for_each([&](int, int, float& v) { v *= eL; });
       bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOh, PB, 1}, C);
       bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
-      __syncthreads();
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
-      __syncthreads();  // the stage is free: load the previous chunk into it
-      if (c > c_first) load_stage(cur, p, p.chunks[c - 1], j, v0);
+      __syncthreads();  // B3: Q, W, sZ, sOh/sOl and sD are free
+      if (has_prev) load_qw(stage, p, prev, j);
       bwd::cp_async_commit();
     }
     bwd::cp_async_wait<0>();

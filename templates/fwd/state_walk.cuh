@@ -4,7 +4,8 @@
  *
  * The walk is the serial critical path of the forward, so the K x BV fp32 state never leaves
  * registers (warp w owns state rows 32w..32w+31), both products run on the tensor cores, and the
- * next chunk's W, K, U and gc are fetched with cp.async while the current chunk is processed.
+ * next chunk's W, U and gc (after V') and K (after the state update) are fetched with cp.async
+ * while the current chunk is still being processed.
  * Per chunk:  h_tape[c] = bf16(S);  V' = U - W bf16(S);  v_new = bf16(V');
  *             Vg = bf16(V' .* exp2(gcL - gc_i));  S = exp2(gcL) S + K^T Vg.
  */
@@ -68,7 +69,12 @@ struct StateWalk {
           S[mi][nt][2 * hh + 1] = x.y;
         }
 
-    if (c_begin < c_end) issue(p, c_begin, smem, j, hq, v0);
+    // The stage is refilled in two cp.async groups, each issued once this chunk has read what it
+    // replaces: W, U and gc after V' (mid-chunk), K after the state update (end of chunk). Every
+    // iteration commits both (empty on the last chunk), so the wait counts stay fixed.
+    if (c_begin < c_end) issue_wug(p, c_begin, smem, j, v0);
+    fwd::cp_async_commit();
+    if (c_begin < c_end) issue_k(p, c_begin, smem, hq);
     fwd::cp_async_commit();
 
     unsigned char* stage = smem;
@@ -82,7 +88,7 @@ struct StateWalk {
           *reinterpret_cast<u32*>(sS + r * LDS + col) = fwd::pack_f2bf(S[mi][nt][0], S[mi][nt][1]);
           *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = fwd::pack_f2bf(S[mi][nt][2], S[mi][nt][3]);
         }
-      fwd::cp_async_wait<0>();
+      fwd::cp_async_wait<1>();  // W, U and gc of this chunk
       __syncthreads();
 
       const ChunkInfo ci = p.chunks[c];
@@ -125,7 +131,10 @@ struct StateWalk {
           *reinterpret_cast<u32*>(sVg + r * LDS + col) = fwd::pack_f2bf(x0 * gate, x1 * gate);
         }
       }
-      __syncthreads();
+      fwd::cp_async_wait<0>();  // K of this chunk
+      __syncthreads();          // sVn, sVg and K visible; W, U and gc are free
+      if (c + 1 < c_end) issue_wug(p, c + 1, stage, j, v0);
+      fwd::cp_async_commit();
 
       fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len);
 
@@ -151,8 +160,8 @@ struct StateWalk {
           for (int np = 0; np < NT / 2; ++np) fwd::mma_pair(S[mi][2 * np], S[mi][2 * np + 1], a, bq[np]);
         }
       }
-      __syncthreads();  // the stage, sS, sVg and sVn are free: load the next chunk
-      if (c + 1 < c_end) issue(p, c + 1, stage, j, hq, v0);
+      __syncthreads();  // K, sS, sVg and sVn are free
+      if (c + 1 < c_end) issue_k(p, c + 1, stage, hq);
       fwd::cp_async_commit();
     }
     fwd::cp_async_wait<0>();
@@ -172,21 +181,26 @@ struct StateWalk {
   }
 
  private:
-  /// Starts the asynchronous loads of chunk c into one pipeline stage (rows past len zero-filled).
-  __device__ static void issue(const StateWalkParams& p, int c, unsigned char* stage, int j, int hq, int v0) {
+  /// Starts the asynchronous loads of chunk c's W, U slab and gc into the stage (rows past len
+  /// zero-filled).
+  __device__ static void issue_wug(const StateWalkParams& p, int c, unsigned char* stage, int j, int v0) {
     const ChunkInfo ci = p.chunks[c];
     const long long t0 = ci.start;
     bf16_t* sW = reinterpret_cast<bf16_t*>(stage + kOff_w);
-    bf16_t* sKc = reinterpret_cast<bf16_t*>(stage + kOff_k);
     bf16_t* sU = reinterpret_cast<bf16_t*>(stage + kOff_u);
     float* sg = reinterpret_cast<float*>(stage + kOff_g);
     fwd::tile_to_smem_async<kThreads>(sW, LDK, p.w + (t0 * HV + j) * K, (long long)HV * K, C, K, ci.len);
-    fwd::tile_to_smem_async<kThreads>(sKc, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, ci.len);
     fwd::tile_to_smem_async<kThreads>(sU, LDS, p.u + (t0 * HV + j) * V + v0, (long long)HV * V, C, BV, ci.len);
     if (threadIdx.x < C) {
       const bool ok = threadIdx.x < ci.len;
       fwd::cp_async4(sg + threadIdx.x, ok ? p.gc + (t0 + threadIdx.x) * HV + j : p.gc, ok);
     }
+  }
+  /// Starts the asynchronous load of chunk c's K tile into the stage (rows past len zero-filled).
+  __device__ static void issue_k(const StateWalkParams& p, int c, unsigned char* stage, int hq) {
+    const ChunkInfo ci = p.chunks[c];
+    bf16_t* sKc = reinterpret_cast<bf16_t*>(stage + kOff_k);
+    fwd::tile_to_smem_async<kThreads>(sKc, LDK, p.k + (ci.start * H + hq) * K, (long long)H * K, C, K, ci.len);
   }
 };
 
