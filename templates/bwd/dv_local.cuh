@@ -34,6 +34,12 @@ __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0)
                : "memory");
 }
+/// One 16-byte global store, written as such: the compiler split a plain uint4 store of
+/// computed values into four 4-byte stores (seen in the SASS of state_walk_bwd).
+__device__ __forceinline__ void st_global_v4(void* p, uint4 v) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
 using gdn::cp_async_commit;
 using gdn::cp_async_wait;
 

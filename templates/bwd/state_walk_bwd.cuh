@@ -173,7 +173,7 @@ struct StateWalkBwd {
           x.y ^= 0x80008000u;
           x.z ^= 0x80008000u;
           x.w ^= 0x80008000u;
-          *reinterpret_cast<uint4*>(dvn + (long long)r * Cfg::HV * V + cc) = x;
+          bwd::st_global_v4(dvn + (long long)r * Cfg::HV * V + cc, x);
         }
       }
       const float eL = gate_exp2(gL, true);
