@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """gdnc side by side with FLA in one process, on the same inputs, with the seed's protocol.
 
-NOT YET RUN: written in a session without device time; the first run on the H200 is part of
-issue 5. FLA 0.6.0's kernels are the pure-Python fla-core==0.6.0 wheel, which needs einops (the
-meta package flash-linear-attention also pulls transformers, not needed here). Here:
+First run on the H200 in session 3 (docs/results/compare_f2d39ce.*). FLA 0.6.0's kernels are the
+pure-Python fla-core==0.6.0 wheel, which needs einops (the meta package flash-linear-attention
+also pulls transformers, not needed here). Here:
     echo /.whl/ >> .git/info/exclude
     python3 -m pip download --no-deps -d .whl fla-core==0.6.0 einops
 and on the device, carrying .whl and .scratch_device:
@@ -17,14 +17,18 @@ Protocol (the seed's): per (shape, operation), every arm is visited twice per gr
 order (A B C D D C B A), 5 groups; a visit is 10 untimed calls then 12 timed samples, each
 preceded by an L2 flush and timed with CUDA events; a cell is the median of its 120 samples;
 drift is the spread between the first and last group medians; an A/A arm (a second copy of our
-arm) gives the noise envelope; a cell is published when both compared arms drift <= 2 %. Power
-and SM clock are read with nvidia-smi once per visit; a cell with >= 5 % of its samples in
-visits at the power limit is flagged. Before timing, every arm's o, dq, dk, dv, dg, dbeta are
+arm) gives the noise envelope; a cell is published when both compared arms drift <= 2 %. Power,
+the enforced limit, the SM clock and the clock-event reasons are read through NVML (ctypes over
+libnvidia-ml) after every sample, outside the timed region; a sample is at the power limit when
+NVML reports a software power cap or hardware power brake, or draws >= 98 % of the limit; a cell
+with >= 5 % of its samples there is flagged. Without NVML the script says so and reads
+nvidia-smi once per visit instead. Before timing, every arm's o, dq, dk, dv, dg, dbeta are
 checked against the fp64 reference (rel-RMS <= 1e-2, max-abs <= 2e-2 max|ref|) on a pack of the
 shape's first --gate-tokens tokens; an arm that fails is reported and not timed.
 """
 
 import argparse
+import ctypes
 import itertools
 import json
 import statistics
@@ -139,7 +143,60 @@ def gate(fn, x, ref):
     return report
 
 
-def power_state():
+class Nvml:
+    """Power draw, enforced limit, SM clock and clock-event reasons of one GPU through NVML
+    (libnvidia-ml via ctypes, no extra package): microseconds per read, so every sample gets one."""
+    SW_POWER_CAP, HW_POWER_BRAKE = 0x4, 0x80  # nvmlClocksEventReason* bits
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, pci_bus_id=None, index=0, lib_name="libnvidia-ml.so.1"):
+        try:
+            self.lib = ctypes.CDLL(lib_name)
+        except OSError as e:
+            raise RuntimeError(f"NVML: cannot load {lib_name}: {e}") from None
+        self._check("nvmlInit_v2", self.lib.nvmlInit_v2())
+        self.handle = ctypes.c_void_p()
+        if pci_bus_id:
+            self._check("nvmlDeviceGetHandleByPciBusId_v2",
+                        self.lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(self.handle)))
+        else:
+            self._check("nvmlDeviceGetHandleByIndex_v2",
+                        self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.handle)))
+        # Newer drivers name it ClocksEventReasons; the older name is the same call.
+        self._reasons = getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            self.lib.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    def _check(self, what, rc):
+        if rc != 0:
+            raise RuntimeError(f"NVML: {what} returned {rc}")
+
+    def read(self):
+        mw, limit_mw, mhz, reasons = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
+        self._check("nvmlDeviceGetPowerUsage", self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(mw)))
+        self._check("nvmlDeviceGetEnforcedPowerLimit",
+                    self.lib.nvmlDeviceGetEnforcedPowerLimit(self.handle, ctypes.byref(limit_mw)))
+        self._check("nvmlDeviceGetClockInfo",
+                    self.lib.nvmlDeviceGetClockInfo(self.handle, self.NVML_CLOCK_SM, ctypes.byref(mhz)))
+        self._check("clock-event reasons", self._reasons(self.handle, ctypes.byref(reasons)))
+        draw, limit = mw.value / 1000.0, limit_mw.value / 1000.0
+        capped = bool(reasons.value & (self.SW_POWER_CAP | self.HW_POWER_BRAKE))
+        return {"draw_w": draw, "limit_w": limit, "sm_mhz": mhz.value, "reasons": reasons.value,
+                "at_limit": capped or draw >= 0.98 * limit}
+
+
+def torch_pci_bus_id():
+    """The NVML bus id of torch's current device (NVML numbers GPUs without CUDA_VISIBLE_DEVICES)."""
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+        return f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    if torch.cuda.device_count() == 1 and not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return None  # NVML index 0 is then the one GPU
+    raise RuntimeError("NVML: this torch does not expose the PCI bus id, and with several GPUs the NVML "
+                       "index of the current one is unknown")
+
+
+def smi_power_state():
+    """The nvidia-smi reading (also NVML underneath, but a process per call: once per visit)."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=power.draw,enforced.power.limit,clocks.sm",
                               "--format=csv,noheader,nounits"], capture_output=True, text=True, timeout=10).stdout
@@ -149,17 +206,18 @@ def power_state():
         return {"error": str(e), "at_limit": False}
 
 
-def measure(arms, op, x, groups, samples, warmup, flush):
+def measure(arms, op, x, groups, samples, warmup, flush, nvml):
     names = list(arms)
     times = {n: [[] for _ in range(groups)] for n in names}
     limited = {n: 0 for n in names}
+    clocks = {n: [] for n in names}
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for grp in range(groups):
         for n in names + names[::-1]:
             leaves = leaves_of(x)
             for _ in range(warmup):
                 call(arms[n], op, x, leaves)
-            state = power_state()
+            visit_state = None if nvml else smi_power_state()
             for _ in range(samples):
                 flush.zero_()
                 e0.record()
@@ -167,13 +225,17 @@ def measure(arms, op, x, groups, samples, warmup, flush):
                 e1.record()
                 e1.synchronize()
                 times[n][grp].append(e0.elapsed_time(e1))
-            limited[n] += samples if state["at_limit"] else 0
+                state = nvml.read() if nvml else visit_state
+                limited[n] += 1 if state["at_limit"] else 0
+                if "sm_mhz" in state:
+                    clocks[n].append(state["sm_mhz"])
     cells = {}
     for n in names:
         flat = [t for g in times[n] for t in g]
         med = statistics.median(flat)
         drift = abs(statistics.median(times[n][0]) - statistics.median(times[n][-1])) / med * 100
-        cells[n] = {"ms": med, "drift_pct": drift, "power_limited_pct": 100.0 * limited[n] / len(flat)}
+        cells[n] = {"ms": med, "drift_pct": drift, "power_limited_pct": 100.0 * limited[n] / len(flat),
+                    "sm_mhz_median": statistics.median(clocks[n]) if clocks[n] else None}
     return cells
 
 
@@ -196,6 +258,12 @@ def main():
     stream = torch.cuda.Stream()  # graph mode cannot capture the legacy default stream
     torch.cuda.set_stream(stream)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    try:
+        nvml = Nvml(torch_pci_bus_id())
+        print(f"NVML: {nvml.read()}")
+    except RuntimeError as e:
+        nvml = None
+        print(f"{e}; power read with nvidia-smi once per visit instead")
     arms = {"gdnc": our_arm("bench_gdnc", deterministic=True),
             "gdnc A/A": our_arm("bench_gdnc_aa", deterministic=True),
             "gdnc graph": our_arm("bench_gdnc_graph", deterministic=True, graph="replay"),
@@ -233,7 +301,7 @@ def main():
         for op in args.ops.split(","):
             i = OPS.index(op)
             before = dict(binding_stats)
-            cells = measure(timed, op, x, args.groups, args.samples, args.warmup, flush)
+            cells = measure(timed, op, x, args.groups, args.samples, args.warmup, flush, nvml)
             entry["ops"][op] = cells
             if op == "ckpt":  # every gdnc arm's recompute should hand its tapes to the backward
                 seen = {k: binding_stats[k] - before[k] for k in before}
@@ -245,9 +313,10 @@ def main():
             for name, c in cells.items():
                 fla = cells.get("fla", {}).get("ms")
                 publish = c["drift_pct"] <= 2 and (fla is None or cells["fla"]["drift_pct"] <= 2)
+                clock = f"  sm {c['sm_mhz_median']:.0f} MHz" if c.get("sm_mhz_median") else ""
                 print(f"{shape:<2} {op:<8} {name:<11} {c['ms']:9.3f} ms  drift {c['drift_pct']:5.2f} %  "
                       f"FLA/this {fla / c['ms'] if fla else float('nan'):5.2f}  floor x {c['ms'] / FLOOR[shape][i]:6.1f}"
-                      f"{'' if publish else '  (drift > 2 %: not published)'}"
+                      f"{clock}{'' if publish else '  (drift > 2 %: not published)'}"
                       f"{'  POWER-LIMITED' if c['power_limited_pct'] >= 5 else ''}")
             print(f"{shape:<2} {op:<8} A/A difference {aa:.2f} %")
         results["shapes"][shape] = entry

@@ -67,8 +67,15 @@ if has digests; then
 fi
 if has compare; then
   echo "=== compare with FLA ($((SECONDS - t0)) s)"
+  # FLA's Triton kernels compile (and autotune) for about 140 s per head layout on a fresh
+  # machine: a cache brought back from an earlier run ($OUT/triton-cache.tar.gz, carried as
+  # .scratch_device/triton-cache.tar.gz) saves that.
+  export TRITON_CACHE_DIR=/tmp/triton-cache
+  mkdir -p "$TRITON_CACHE_DIR"
+  [ -f .scratch_device/triton-cache.tar.gz ] && tar xzf .scratch_device/triton-cache.tar.gz -C "$TRITON_CACHE_DIR"
   python3 bench/compare_fla.py ${COMPARE_ARGS:---shapes N,M,G,A --groups 2 --samples 5 --warmup 3} \
     --out "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
+  tar czf "$OUT/triton-cache.tar.gz" -C "$TRITON_CACHE_DIR" .
 fi
 echo "=== done ($((SECONDS - t0)) s), tests rc=$rc"
 exit $rc

@@ -43,6 +43,12 @@ class ReportTests(unittest.TestCase):
         self.assertIn("[aaaa]", lines[1])
         self.assertTrue(made_plot or "no plot:" in out.getvalue())
 
+class NvmlTests(unittest.TestCase):
+    def test_a_missing_nvml_library_is_an_error_that_names_it(self):
+        with self.assertRaises(RuntimeError) as cm:
+            compare_fla.Nvml(lib_name="libnvidia-ml-not-here.so.1")
+        self.assertIn("libnvidia-ml-not-here.so.1", str(cm.exception))
+
 
 if __name__ == "__main__":
     unittest.main()
