@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Profiles chosen programs of one eager fwd+bwd call with Nsight Compute on the device machine
 # (binaries carried in .scratch_device/bin, as for scripts/gpu_run.sh). Writes the report and its
-# text pages (details, and per-SASS-line stall samples for the source view) to $OUT.
+# text pages (details, and stall samples per SASS instruction and per template line) to $OUT.
 #
 #   KERNELS='chunk_bwd|state_walk_bwd' SHAPE=M ./scripts/ncu_profile.sh
 #
@@ -26,4 +26,6 @@ count="${COUNT:-$(($(tr -cd '|' <<<"$kernels" | wc -c) + 1))}"
   > "$OUT/ncu_run.log" 2>&1 || { tail -30 "$OUT/ncu_run.log"; exit 1; }
 "$ncu_bin" --import "$OUT/profile.ncu-rep" --page details > "$OUT/profile_details.txt"
 "$ncu_bin" --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass > "$OUT/profile_sass.csv" 2>&1 || true
+# The same samples per line of the templates (line info is compiled in).
+"$ncu_bin" --import "$OUT/profile.ncu-rep" --page source --csv --print-source cuda > "$OUT/profile_cuda.csv" 2>&1 || true
 ls -la "$OUT"
