@@ -34,7 +34,7 @@ t0=$SECONDS
 echo "compile-ahead: $((SECONDS - t0)) s"
 rc=0
 if has tests; then
-  for suite in ${GPU_SUITES:-gpu_errors gpu_prep gpu_layer gpu_determinism gpu_ckpt gpu_graph}; do
+  for suite in ${GPU_SUITES:-gpu_errors gpu_wgmma gpu_prep gpu_layer gpu_determinism gpu_ckpt gpu_graph}; do
     echo "=== $suite ($((SECONDS - t0)) s)"
     "$bin/gdn_gpu_tests" --test-suite="$suite" 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -25
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

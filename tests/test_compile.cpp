@@ -6,6 +6,7 @@
 #include "compiler/compiler.hpp"
 #include "compiler/nvrtc.hpp"
 #include "compiler/templates.hpp"
+#include "tests/wgmma_probe.hpp"
 
 #include <doctest/doctest.h>
 
@@ -87,6 +88,26 @@ TEST_SUITE("compile") {
       CHECK(fs::exists(e.source_path()));
       CHECK(std::string(e.what()).find(e.source_path()) != std::string::npos);
       fs::remove(e.source_path());
+    }
+  }
+
+  TEST_CASE("the wgmma probe compiles for sm_90a in every operand form, and is refused elsewhere") {
+    for (const auto& probe : gdn::test::all_wgmma_probes()) {
+      if (probe.kd != 128) continue;  // the depth only changes a loop count; the GPU test runs both
+      INFO(probe.label());
+      const gdn::CompiledProgram c = gdn::nvrtc_compile(probe.program(), gdn::Target::sm_90a, probe.source());
+      CHECK(!c.cubin.empty());
+      CHECK(c.spill_store_bytes == 0);
+    }
+    const gdn::test::WgmmaProbe probe;
+    for (gdn::Target t : {gdn::Target::sm_100a, gdn::Target::sm_103a}) {
+      try {
+        gdn::nvrtc_compile(probe.program(), t, probe.source());
+        FAIL("expected the sm_90a-only guard to fire");
+      } catch (const gdn::CompileError& e) {
+        CHECK(e.log().find("the wgmma probe needs sm_90a") != std::string::npos);
+        fs::remove(e.source_path());
+      }
     }
   }
 

@@ -7,6 +7,8 @@
 #include "runtime/bf16.hpp"
 #include "tests/reference/gdn_reference.hpp"
 #include "tests/reference/layer_check.hpp"
+#include "tests/wgmma_probe.hpp"
+#include "compiler/nvrtc.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <random>
 
 namespace fs = std::filesystem;
 using namespace gdn;
@@ -548,3 +551,57 @@ TEST_SUITE("gpu_errors") {
                          doctest::Contains("q: address"), InputError);
   }
 }
+
+TEST_SUITE("gpu_wgmma") {
+  // The Hopper warpgroup MMA of templates/common/wgmma.cuh (SW128 tiles, descriptors, both major
+  // orders of A and B) against a CPU product of the same bf16 values: layout or descriptor errors
+  // move whole rows or columns, far above fp32 accumulation noise.
+  TEST_CASE("wgmma products match a CPU product in every operand form") {
+    context();
+    for (const auto& probe : test::all_wgmma_probes()) {
+      INFO(probe.label());
+      const CompiledProgram c = nvrtc_compile(probe.program(), Target::sm_90a, probe.source());
+      const rt::Module mod = rt::Module::load(c.cubin, probe.program().entry(), 128, probe.smem_bytes());
+      std::mt19937 rng(1234 + probe.n + probe.kd + 2 * probe.a_m_major + probe.b_n_major);
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      std::vector<uint16_t> a(64 * probe.kd), b(probe.kd * probe.n);
+      for (auto& x : a) x = to_bf16(u(rng));
+      for (auto& x : b) x = to_bf16(u(rng));
+      auto da = rt::DeviceBuffer::create(a.size() * 2), db = rt::DeviceBuffer::create(b.size() * 2);
+      auto dd = rt::DeviceBuffer::create(64 * probe.n * 4), derr = rt::DeviceBuffer::create(4);
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(da.handle(), a.data(), a.size() * 2), "upload a");
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(db.handle(), b.data(), b.size() * 2), "upload b");
+      GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(dd.handle(), 0xFF, dd.bytes()), "poison d");  // NaN
+      GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(derr.handle(), 0, 4), "clear err");
+      struct Args {
+        CUdeviceptr a, b, d, err;
+      };
+      CUfunction fn = mod.function();
+      Args args{da.handle(), db.handle(), dd.handle(), derr.handle()};
+      void* params[] = {&args.a, &args.b, &args.d, &args.err};
+      GDN_CHECK_CU(rt::drv().cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, probe.smem_bytes(), nullptr, params, nullptr),
+                   "launch {}", probe.label());
+      GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "wgmma probe {}", probe.label());
+      std::vector<float> d(64 * probe.n);
+      int err = -1;
+      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(d.data(), dd.handle(), d.size() * 4), "download d");
+      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(&err, derr.handle(), 4), "download err");
+      REQUIRE_MESSAGE(err == 0, "dynamic shared memory is not 1024-byte aligned");
+      int bad = 0;
+      std::string first;
+      for (int m = 0; m < 64; ++m)
+        for (int n = 0; n < probe.n; ++n) {
+          double want = 0;
+          for (int k = 0; k < probe.kd; ++k)
+            want += double(from_bf16(a[m * probe.kd + k])) * double(from_bf16(b[k * probe.n + n]));
+          const double got = d[m * probe.n + n];
+          if (!(std::fabs(got - want) <= 1e-4 * (1.0 + std::fabs(want)))) {
+            if (bad++ == 0) first = fmt::format("d[{}][{}] = {} (want {})", m, n, got, want);
+          }
+        }
+      INFO("first mismatch: " << first);
+      CHECK(bad == 0);
+    }
+  }
+}
+

@@ -1,0 +1,120 @@
+/**
+ * @file wgmma.cuh
+ * @brief Hopper warpgroup MMA (wgmma.mma_async, bf16 operands from shared memory, fp32
+ *        accumulators in registers) and the 128-byte-swizzled tile layout it reads. sm_90a only
+ *        (GDN_HAS_WGMMA); the other targets keep the mma.sync tiles of mma.cuh.
+ *
+ * Status: groundwork for a Hopper chunk_bwd (docs/PERF.md, session 4: chunk_bwd is bound by the
+ * shared-memory traffic of its mma.sync operands). Not used by any program yet; the GPU test
+ * gpu_wgmma checks every operand form against a CPU product.
+ *
+ * Layout ("SW128"): a bf16 tile of R rows x C columns (C a multiple of 64) is stored as C / 64
+ * column blocks, each R rows x 128 bytes, contiguous; inside a block, the 16-byte chunk c of row
+ * r sits at chunk position c ^ (r % 8). Each block must start 1024-byte aligned: the hardware
+ * applies the same XOR to address bits 4-6 from bits 7-9.
+ *  - A K-major operand (rows = M or N, columns = K) is read 16 columns per k-step: the start
+ *    address moves 32 bytes inside a 128-byte row, and to the next column block every 4 steps;
+ *    8-row groups are 1024 bytes apart (SBO), LBO is unused.
+ *  - An M/N-major operand (rows = K, columns = M or N) is read 16 rows per k-step: the start
+ *    moves 16 x 128 bytes; 8-row (K) groups are 1024 bytes apart (SBO), and the 64-column blocks
+ *    are LBO = R x 128 bytes apart.
+ * Accumulator fragment of m64nNk16 (f32): warp w of the warpgroup owns rows 16w..16w+15; lane l
+ * holds rows 16w + l/4 (+8) and columns 8i + 2(l%4) (+1): d[4i + 0..1] the upper row, d[4i + 2..3]
+ * the lower one, i = 0..N/8-1 (the mma.sync m16n8 accumulator, N/8 times).
+ */
+#pragma once
+
+#include "arch.cuh"
+#include "common/numeric.cuh"
+
+#if GDN_HAS_WGMMA
+
+namespace gdn {
+namespace wg {
+
+typedef unsigned long long u64;
+
+/// Byte offset of element (row, col) in an SW128 tile of `rows` rows (see the file comment).
+__device__ __forceinline__ constexpr u32 sw128_offset(int row, int col, int rows) {
+  return static_cast<u32>((col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2);
+}
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+/// Shared-memory matrix descriptor with 128-byte swizzling: start address, LBO and SBO in bytes
+/// (all multiples of 16), base offset 0 (the swizzle atoms are 1024-byte aligned).
+__device__ __forceinline__ u64 desc_sw128(u32 smem_byte_addr, u32 lbo_bytes, u32 sbo_bytes) {
+  return static_cast<u64>((smem_byte_addr & 0x3FFFFu) >> 4) | (static_cast<u64>(lbo_bytes >> 4) << 16) |
+         (static_cast<u64>(sbo_bytes >> 4) << 32) | (1ull << 62);
+}
+
+/// Descriptor of k-step `ks` (16 deep) of a K-major SW128 operand whose tile has `rows` rows.
+__device__ __forceinline__ u64 desc_k_major(u32 tile, int rows, int ks) {
+  return desc_sw128(tile + (ks / 4) * rows * 128 + (ks % 4) * 32, 16, 1024);
+}
+
+/// Descriptor of k-step `ks` of an M/N-major SW128 operand whose tile has `rows` (= K) rows.
+__device__ __forceinline__ u64 desc_mn_major(u32 tile, int rows, int ks) {
+  return desc_sw128(tile + ks * 16 * 128, rows * 128, 1024);
+}
+
+/// Orders earlier generic-proxy shared-memory writes (st.shared, cp.async) before wgmma reads.
+__device__ __forceinline__ void fence_smem_for_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+/// Before the first wgmma of a batch: the accumulator registers and operands are ready.
+__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+/// Keeps the compiler from moving accumulator reads or writes across the asynchronous MMA.
+template <int R>
+__device__ __forceinline__ void fence_acc(float (&d)[R]) {
+#pragma unroll
+  for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/// d (+)= A[64 x 16] B[16 x 64]; scale_d = 0 overwrites d. TA / TB: 1 = the operand is M- / N-major.
+template <int TA, int TB>
+__device__ __forceinline__ void mma_m64n64k16(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, %35, %36;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+/// d (+)= A[64 x 16] B[16 x 128]; scale_d = 0 overwrites d. TA / TB: 1 = the operand is M- / N-major.
+template <int TA, int TB>
+__device__ __forceinline__ void mma_m64n128k16(float (&d)[64], u64 desc_a, u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, %67, %68;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+/// m64nNk16 for N in {64, 128}, chosen at compile time.
+template <int N, int TA, int TB>
+__device__ __forceinline__ void mma_k16(float (&d)[N / 2], u64 desc_a, u64 desc_b, int scale_d) {
+  static_assert(N == 64 || N == 128, "wg::mma_k16: N must be 64 or 128");
+  if constexpr (N == 64)
+    mma_m64n64k16<TA, TB>(d, desc_a, desc_b, scale_d);
+  else
+    mma_m64n128k16<TA, TB>(d, desc_a, desc_b, scale_d);
+}
+
+}  // namespace wg
+}  // namespace gdn
+
+#endif  // GDN_HAS_WGMMA
