@@ -199,8 +199,9 @@ struct StateWalk {
   /// Starts the asynchronous load of chunk c's K tile into the stage (rows past len zero-filled).
   __device__ static void issue_k(const StateWalkParams& p, int c, unsigned char* stage, int hq) {
     const ChunkInfo ci = p.chunks[c];
+    const long long t0 = ci.start;  // token offsets times heads times K outgrow int
     bf16_t* sKc = reinterpret_cast<bf16_t*>(stage + kOff_k);
-    fwd::tile_to_smem_async<kThreads>(sKc, LDK, p.k + (ci.start * H + hq) * K, (long long)H * K, C, K, ci.len);
+    fwd::tile_to_smem_async<kThreads>(sKc, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, ci.len);
   }
 };
 
