@@ -35,6 +35,8 @@ namespace wg {
 typedef unsigned long long u64;
 
 /// Byte offset of element (row, col) in an SW128 tile of `rows` rows (see the file comment).
+/// `rows` must be a multiple of 8 so that every 64-column block stays 1024-byte aligned, and
+/// rows x 128 must stay below 256 KB (the descriptors' 14-bit byte-offset fields).
 __device__ __forceinline__ constexpr u32 sw128_offset(int row, int col, int rows) {
   return static_cast<u32>((col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2);
 }
@@ -44,8 +46,8 @@ __device__ __forceinline__ u32 smem_u32(const void* p) { return static_cast<u32>
 /// Shared-memory matrix descriptor with 128-byte swizzling: start address, LBO and SBO in bytes
 /// (all multiples of 16), base offset 0 (the swizzle atoms are 1024-byte aligned).
 __device__ __forceinline__ u64 desc_sw128(u32 smem_byte_addr, u32 lbo_bytes, u32 sbo_bytes) {
-  return static_cast<u64>((smem_byte_addr & 0x3FFFFu) >> 4) | (static_cast<u64>(lbo_bytes >> 4) << 16) |
-         (static_cast<u64>(sbo_bytes >> 4) << 32) | (1ull << 62);
+  return static_cast<u64>((smem_byte_addr & 0x3FFFFu) >> 4) | (static_cast<u64>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
+         (static_cast<u64>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
 
 /// Descriptor of k-step `ks` (16 deep) of a K-major SW128 operand whose tile has `rows` rows.
