@@ -561,8 +561,8 @@ TEST_SUITE("gpu_wgmma") {
     for (const auto& probe : test::all_wgmma_probes()) {
       INFO(probe.label());
       const CompiledProgram c = nvrtc_compile(probe.program(), Target::sm_90a, probe.source());
-      const rt::Module mod = rt::Module::load(c.cubin, probe.program().entry(), 128, probe.smem_bytes());
-      std::mt19937 rng(1234 + probe.n + probe.kd + 2 * probe.a_m_major + probe.b_n_major);
+      const rt::Module mod = rt::Module::load(c.cubin, probe.program().entry(), probe.threads(), probe.smem_bytes());
+      std::mt19937 rng(1234 + probe.n + probe.kd + 4 * probe.a_m_major + 2 * probe.b_n_major + probe.split);
       std::uniform_real_distribution<float> u(-1.f, 1.f);
       std::vector<uint16_t> a(64 * probe.kd), b(probe.kd * probe.n);
       for (auto& x : a) x = to_bf16(u(rng));
@@ -579,7 +579,8 @@ TEST_SUITE("gpu_wgmma") {
       CUfunction fn = mod.function();
       Args args{da.handle(), db.handle(), dd.handle(), derr.handle()};
       void* params[] = {&args.a, &args.b, &args.d, &args.err};
-      GDN_CHECK_CU(rt::drv().cuLaunchKernel(fn, 1, 1, 1, 128, 1, 1, probe.smem_bytes(), nullptr, params, nullptr),
+      GDN_CHECK_CU(rt::drv().cuLaunchKernel(fn, 1, 1, 1, probe.threads(), 1, 1, probe.smem_bytes(), nullptr, params,
+                                            nullptr),
                    "launch {}", probe.label());
       GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "wgmma probe {}", probe.label());
       std::vector<float> d(64 * probe.n);

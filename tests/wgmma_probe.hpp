@@ -22,14 +22,17 @@ struct WgmmaProbe {
   int kd = 128;   ///< depth, a multiple of 64
   bool a_m_major = false;  ///< A stored K x M (transposed) instead of M x K
   bool b_n_major = false;  ///< B stored K x N instead of N x K
+  bool split = false;  ///< 4 warpgroups, each the N/4 columns of its slice (chunk_bwd's use)
+  int threads() const { return split ? 512 : 128; }
   int smem_bytes() const { return 64 * kd * 2 + kd * n * 2; }
   std::string label() const {
-    return fmt::format("m64n{}k{} A {} B {}", n, kd, a_m_major ? "M-major" : "K-major", b_n_major ? "N-major" : "K-major");
+    return fmt::format("m64n{}k{} A {} B {}{}", n, kd, a_m_major ? "M-major" : "K-major",
+                       b_n_major ? "N-major" : "K-major", split ? ", split over 4 warpgroups" : "");
   }
   Program program() const {
     Program p;
     p.name = "wgmma_probe";
-    p.threads = 128;
+    p.threads = threads();
     p.smem_bytes = smem_bytes();
     return p;
   }
@@ -40,42 +43,44 @@ struct WgmmaProbe {
 #error "the wgmma probe needs sm_90a"
 #endif
 
-constexpr int N = {n}, KD = {kd}, TA = {ta}, TB = {tb};
+constexpr int N = {n}, KD = {kd}, TA = {ta}, TB = {tb}, SPLIT = {split}, THREADS = SPLIT ? 512 : 128;
+constexpr int NW = SPLIT ? N / 4 : N;  // columns per warpgroup
 
-extern "C" __global__ void __launch_bounds__(128) gdn_wgmma_probe(const gdn::bf16_t* a, const gdn::bf16_t* b, float* d,
-                                                                 int* err) {{
+extern "C" __global__ void __launch_bounds__(THREADS) gdn_wgmma_probe(const gdn::bf16_t* a, const gdn::bf16_t* b,
+                                                                     float* d, int* err) {{
   using namespace gdn;
   extern __shared__ __align__(1024) unsigned char smem[];
   const u32 base = wg::smem_u32(smem), tile_a = base, tile_b = base + 64 * KD * 2;
   if (threadIdx.x == 0 && base % 1024 != 0) err[0] = 1;
-  for (int i = threadIdx.x; i < 64 * KD; i += 128) {{
+  for (int i = threadIdx.x; i < 64 * KD; i += THREADS) {{
     const int m = i / KD, k = i % KD;
     *reinterpret_cast<bf16_t*>(smem + (TA ? wg::sw128_offset(k, m, KD) : wg::sw128_offset(m, k, 64))) = a[i];
   }}
-  for (int i = threadIdx.x; i < KD * N; i += 128) {{
+  for (int i = threadIdx.x; i < KD * N; i += THREADS) {{
     const int k = i / N, c = i % N;
     *reinterpret_cast<bf16_t*>(smem + 64 * KD * 2 + (TB ? wg::sw128_offset(k, c, KD) : wg::sw128_offset(c, k, N))) = b[i];
   }}
   wg::fence_smem_for_async();
   __syncthreads();
-  float acc[N / 2];
+  const int g = threadIdx.x / 128, col0 = g * NW;  // this warpgroup's columns
+  float acc[NW / 2];
 #pragma unroll
-  for (int i = 0; i < N / 2; ++i) acc[i] = 0.f;
+  for (int i = 0; i < NW / 2; ++i) acc[i] = 0.f;
   wg::fence_acc(acc);
   wg::fence();
 #pragma unroll
   for (int ks = 0; ks < KD / 16; ++ks) {{
     const wg::u64 da = TA ? wg::desc_mn_major(tile_a, KD, ks) : wg::desc_k_major(tile_a, 64, ks);
-    const wg::u64 db = TB ? wg::desc_mn_major(tile_b, KD, ks) : wg::desc_k_major(tile_b, N, ks);
-    wg::mma_k16<N, TA, TB>(acc, da, db, 1);
+    const wg::u64 db = TB ? wg::desc_mn_major_cols(tile_b, KD, col0, ks) : wg::desc_k_major_rows(tile_b, N, col0, ks);
+    wg::mma_k16<NW, TA, TB>(acc, da, db, 1);
   }}
   wg::commit();
   wg::wait<0>();
   wg::fence_acc(acc);
-  const int w = threadIdx.x / 32, l = threadIdx.x % 32;
+  const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32;
 #pragma unroll
-  for (int i = 0; i < N / 8; ++i) {{
-    const int r = 16 * w + l / 4, c = 8 * i + 2 * (l % 4);
+  for (int i = 0; i < NW / 8; ++i) {{
+    const int r = 16 * w + l / 4, c = col0 + 8 * i + 2 * (l % 4);
     d[r * N + c] = acc[4 * i];
     d[r * N + c + 1] = acc[4 * i + 1];
     d[(r + 8) * N + c] = acc[4 * i + 2];
@@ -84,17 +89,20 @@ extern "C" __global__ void __launch_bounds__(128) gdn_wgmma_probe(const gdn::bf1
 }}
 )",
                        fmt::arg("label", label()), fmt::arg("n", n), fmt::arg("kd", kd),
-                       fmt::arg("ta", a_m_major ? 1 : 0), fmt::arg("tb", b_n_major ? 1 : 0));
+                       fmt::arg("ta", a_m_major ? 1 : 0), fmt::arg("tb", b_n_major ? 1 : 0),
+                       fmt::arg("split", split ? 1 : 0));
   }
 };
 
-/// Every operand form the chunk backward would use, at both widths and depths.
+/// Every operand form the chunk backward would use, at both widths and depths, one warpgroup
+/// or four splitting the columns.
 inline std::vector<WgmmaProbe> all_wgmma_probes() {
   std::vector<WgmmaProbe> out;
   for (int n : {64, 128})
     for (int kd : {64, 128})
       for (bool ta : {false, true})
-        for (bool tb : {false, true}) out.push_back(WgmmaProbe{n, kd, ta, tb});
+        for (bool tb : {false, true})
+          for (bool split : {false, true}) out.push_back(WgmmaProbe{n, kd, ta, tb, split});
   return out;
 }
 

@@ -60,6 +60,18 @@ __device__ __forceinline__ u64 desc_mn_major(u32 tile, int rows, int ks) {
   return desc_sw128(tile + ks * 16 * 128, rows * 128, 1024);
 }
 
+/// K-major operand, rows row0.. of a tile of `rows` rows (row0 a multiple of 8): one warpgroup's
+/// slice of N when the block's warpgroups split a product by columns.
+__device__ __forceinline__ u64 desc_k_major_rows(u32 tile, int rows, int row0, int ks) {
+  return desc_k_major(tile + row0 * 128, rows, ks);
+}
+
+/// M/N-major operand, columns col0.. (col0 a multiple of 8; a slice stays inside one 64-column
+/// block): the start moves to the block, then col0 % 64 elements into its 128-byte rows.
+__device__ __forceinline__ u64 desc_mn_major_cols(u32 tile, int rows, int col0, int ks) {
+  return desc_mn_major(tile + (col0 / 64) * rows * 128 + (col0 % 64) * 2, rows, ks);
+}
+
 /// Orders earlier generic-proxy shared-memory writes (st.shared, cp.async) before wgmma reads.
 __device__ __forceinline__ void fence_smem_for_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 /// Before the first wgmma of a batch: the accumulator registers and operands are ready.
@@ -74,6 +86,27 @@ template <int R>
 __device__ __forceinline__ void fence_acc(float (&d)[R]) {
 #pragma unroll
   for (int i = 0; i < R; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+/// d (+)= A[64 x 16] B[16 x 16]; scale_d = 0 overwrites d. TA / TB: 1 = the operand is M- / N-major.
+template <int TA, int TB>
+__device__ __forceinline__ void mma_m64n16k16(float (&d)[8], u64 desc_a, u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+
+/// d (+)= A[64 x 16] B[16 x 32]; scale_d = 0 overwrites d. TA / TB: 1 = the operand is M- / N-major.
+template <int TA, int TB>
+__device__ __forceinline__ void mma_m64n32k16(float (&d)[16], u64 desc_a, u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, %19, %20;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
 /// d (+)= A[64 x 16] B[16 x 64]; scale_d = 0 overwrites d. TA / TB: 1 = the operand is M- / N-major.
@@ -106,11 +139,15 @@ __device__ __forceinline__ void mma_m64n128k16(float (&d)[64], u64 desc_a, u64 d
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
-/// m64nNk16 for N in {64, 128}, chosen at compile time.
+/// m64nNk16 for N in {16, 32, 64, 128}, chosen at compile time.
 template <int N, int TA, int TB>
 __device__ __forceinline__ void mma_k16(float (&d)[N / 2], u64 desc_a, u64 desc_b, int scale_d) {
-  static_assert(N == 64 || N == 128, "wg::mma_k16: N must be 64 or 128");
-  if constexpr (N == 64)
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "wg::mma_k16: N must be 16, 32, 64 or 128");
+  if constexpr (N == 16)
+    mma_m64n16k16<TA, TB>(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 32)
+    mma_m64n32k16<TA, TB>(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 64)
     mma_m64n64k16<TA, TB>(d, desc_a, desc_b, scale_d);
   else
     mma_m64n128k16<TA, TB>(d, desc_a, desc_b, scale_d);
