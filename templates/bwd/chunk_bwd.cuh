@@ -18,12 +18,13 @@
 #pragma once
 
 #include "bwd/dv_local.cuh"
+#include "bwd/chunk_bwd_sm90.cuh"
 
 namespace gdn {
 
 
 template <class Cfg>
-struct ChunkBwd {
+struct ChunkBwdMmaSync {
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV;
   static constexpr int kThreads = ChunkBwdGeometry::kThreads, kWarps = kThreads / 32;
   static constexpr int PK = bwd_pitch(K), PV = bwd_pitch(V), PC = bwd_pitch(C);
@@ -350,5 +351,15 @@ struct ChunkBwd {
     });
   }
 };
+
+/// The program's class: the warpgroup-MMA version on sm_90a (chunk_bwd_sm90.cuh), the mma.sync
+/// one elsewhere.
+#if GDN_HAS_WGMMA
+template <class Cfg>
+using ChunkBwd = ChunkBwdSm90<Cfg>;
+#else
+template <class Cfg>
+using ChunkBwd = ChunkBwdMmaSync<Cfg>;
+#endif
 
 }  // namespace gdn
