@@ -156,7 +156,9 @@ struct ChunkBwdSm90 {
     // The swizzle is applied by the hardware on address bits: a misaligned base would silently
     // permute operands. Dynamic shared memory starts 1024-aligned when there is no static
     // shared memory; stop loudly if that ever changes.
-    if ((wg::smem_u32(smem) & 1023u) != 0) __trap();
+    // (The address comes through inline asm: from the __align__ declaration alone the compiler
+    // folds the test away.)
+    if ((bwd::smem_addr(smem) & 1023u) != 0) __trap();
     bf16_t* base = reinterpret_cast<bf16_t*>(smem);
     const sm90::SwTile sQ{base, C}, sK{base + kTok, C}, sV{base + 2 * kTok, C}, sDV{base + 3 * kTok, C},
         sT{base + 4 * kTok, C};
@@ -241,9 +243,12 @@ struct ChunkBwdSm90 {
       sgam[tid] += bwd::partials_sum<C / 8>(spart, tid) - bwd::partials_sum<C / 16>(spart + C * (C / 8), tid);
     bwd::cp_async_wait<0>();  // Z, dV', Tm and V
     sm90::sync_for_wgmma();
-    {  // <S, Z>: per-warp sums over the tiles' (identical) physical layout, added in warp order.
+    {  // <S, Z>: per-warp sums, each thread over the same elements as the mma.sync kernel.
       float sz = 0.f;
-      for (int i = tid; i < K * V; i += kThreads) sz += bf2f(sS.p[i]) * bf2f(sZ.p[i]);
+      for (int i = tid; i < K * V; i += kThreads) {
+        const int r = i / V, c = i % V;
+        sz += bf2f(sS.at(r, c)) * bf2f(sZ.at(r, c));
+      }
       sz = warp_sum(sz);
       if (tid % 32 == 0) sred[tid / 32] = sz;
     }
