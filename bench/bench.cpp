@@ -6,7 +6,7 @@
  *        median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
  *
  * Modes (gdn_bench --help lists the options):
- *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff
+ *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -265,10 +265,13 @@ struct Bench {
   }
 };
 
-const std::map<std::string, std::pair<bool, bool>> kArms = {
-    // name -> (graph replay, hand-off allowed)
-    {"spec", {false, true}},  {"spec-aa", {false, true}},          {"no-handoff", {false, false}},
-    {"graph", {true, true}},  {"graph-no-handoff", {true, false}},
+struct ArmKind {
+  bool graph_replay, handoff, mma_sync;
+};
+const std::map<std::string, ArmKind> kArms = {
+    {"spec", {false, true, false}},   {"spec-aa", {false, true, false}},          {"no-handoff", {false, false, false}},
+    {"graph", {true, true, false}},   {"graph-no-handoff", {true, false, false}},
+    {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -282,8 +285,9 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
     for (const auto& name : arm_names) {
       Spec s = base;
       s.name = fmt::format("{}_bench_{}", sh.example, specs.size());
-      if (kArms.at(name).first) s.graph = GraphMode::replay;
-      if (!kArms.at(name).second) s.reuse_recompute_tapes = ReuseTapes::no;
+      if (kArms.at(name).graph_replay) s.graph = GraphMode::replay;
+      if (!kArms.at(name).handoff) s.reuse_recompute_tapes = ReuseTapes::no;
+      if (kArms.at(name).mma_sync) s.tensor_cores = TensorCores::mma_sync;
       specs.emplace_back(name, s);
     }
     SharedRegions regions;
@@ -436,8 +440,9 @@ int main(int argc, char** argv) {
   app.add_option("--shapes", shapes, "comma-separated subset of N,M,G,A");
   app.add_option("--arms", arm_names,
                  "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
-                 "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff")
-      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff"}))
+                 "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
+                 "\"mma_sync\")")
+      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);

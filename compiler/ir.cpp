@@ -133,6 +133,8 @@ LayerIR lower(const Spec& s) {
       StateWalkBwdGeometry::bv(V), StateWalkBwdGeometry::kMinBlocksPerSm);
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
       ChunkBwdGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+  // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
+  ir.programs.back().constants.emplace_back("WGMMA", s.tensor_cores == TensorCores::automatic ? "true" : "false");
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
 

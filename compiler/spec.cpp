@@ -31,6 +31,7 @@ std::string_view to_string(ReuseTapes v) {
   return "?";
 }
 std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
+std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ? "auto" : "mma_sync"; }
 std::string_view to_string(Target v) {
   switch (v) {
     case Target::sm_90a: return "sm_90a";
@@ -188,7 +189,7 @@ Spec spec_from_json(const json& j) {
   Spec s;
   Reader r(j, "");
   r.known({"name", "heads", "head_dim", "dtypes", "norm", "scale", "chunk", "save_mode",
-           "reuse_recompute_tapes", "deterministic", "graph", "initial_state", "final_state",
+           "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "initial_state", "final_state",
            "targets", "cp"});
   r.string("name", s.name, true);
   {
@@ -229,6 +230,7 @@ Spec spec_from_json(const json& j) {
   r.boolean("deterministic", det);
   s.determinism = det ? Determinism::deterministic : Determinism::nondeterministic;
   r.choice("graph", s.graph, {{"off", GraphMode::off}, {"replay", GraphMode::replay}});
+  r.choice("tensor_cores", s.tensor_cores, {{"auto", TensorCores::automatic}, {"mma_sync", TensorCores::mma_sync}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);
@@ -295,6 +297,7 @@ json to_json(const Spec& s) {
       {"reuse_recompute_tapes", reuse},
       {"deterministic", s.determinism == Determinism::deterministic},
       {"graph", to_string(s.graph)},
+      {"tensor_cores", to_string(s.tensor_cores)},
       {"initial_state", s.initial_state == StateFlag::present},
       {"final_state", s.final_state == StateFlag::present},
       {"targets", targets},

@@ -22,6 +22,9 @@ enum class Norm { l2_in_kernel, none };
 enum class SaveMode { light, full };
 enum class ReuseTapes { yes, no, automatic };
 enum class GraphMode { off, replay };
+/// Which tensor-core instructions the programs that have a choice use: "auto" picks the fastest
+/// per target (today: chunk_bwd on wgmma on sm_90a), "mma_sync" keeps mma.sync everywhere.
+enum class TensorCores { automatic, mma_sync };
 enum class Determinism { deterministic, nondeterministic };
 enum class Target { sm_90a, sm_100a, sm_103a };
 enum class StateFlag { absent, present };
@@ -30,6 +33,7 @@ std::string_view to_string(Norm);
 std::string_view to_string(SaveMode);
 std::string_view to_string(ReuseTapes);
 std::string_view to_string(GraphMode);
+std::string_view to_string(TensorCores);
 std::string_view to_string(Target);
 /// Parses "sm_90a" etc.; returns nullopt for anything gdnc does not support.
 std::optional<Target> parse_target(std::string_view);
@@ -69,6 +73,7 @@ struct Spec {
   ReuseTapes reuse_recompute_tapes = ReuseTapes::automatic;
   Determinism determinism = Determinism::deterministic;
   GraphMode graph = GraphMode::off;
+  TensorCores tensor_cores = TensorCores::automatic;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};

@@ -91,6 +91,23 @@ TEST_SUITE("compile") {
     }
   }
 
+  TEST_CASE("chunk_bwd on sm_90a: wgmma by default, the mma.sync kernel with tensor_cores mma_sync") {
+    auto spec = example("n");
+    const gdn::Program wg = gdn::lower(spec).program("chunk_bwd");
+    spec.tensor_cores = gdn::TensorCores::mma_sync;
+    const gdn::Program ms = gdn::lower(spec).program("chunk_bwd");
+    const auto a = gdn::nvrtc_compile(wg, gdn::Target::sm_90a, gdn::generate_source(wg));
+    const auto b = gdn::nvrtc_compile(ms, gdn::Target::sm_90a, gdn::generate_source(ms));
+    CHECK(a.cubin != b.cubin);
+    CHECK(a.spill_store_bytes == 0);
+    // Elsewhere the choice does not exist: both specs build the same mma.sync machine code
+    // (the cubins differ only in the constant's name in the source, not in .text).
+    const auto c = gdn::nvrtc_compile(wg, gdn::Target::sm_100a, gdn::generate_source(wg));
+    const auto d = gdn::nvrtc_compile(ms, gdn::Target::sm_100a, gdn::generate_source(ms));
+    CHECK(c.registers == d.registers);
+    CHECK(c.spill_store_bytes == d.spill_store_bytes);
+  }
+
   TEST_CASE("the wgmma probe compiles for sm_90a in every operand form, and is refused elsewhere") {
     for (const auto& probe : gdn::test::all_wgmma_probes()) {
       if (probe.kd != 128) continue;  // the depth only changes a loop count; the GPU test runs both

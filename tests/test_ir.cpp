@@ -38,6 +38,23 @@ TEST_SUITE("ir") {
     CHECK(full.call_forms[2].launches.front().program == "dv_local");
   }
 
+  TEST_CASE("tensor_cores picks chunk_bwd's instructions, and only chunk_bwd's") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto automatic = gdn::lower(spec);
+    spec.tensor_cores = gdn::TensorCores::mma_sync;
+    const auto mma_sync = gdn::lower(spec);
+    auto constant = [](const gdn::Program& p, const std::string& name) {
+      for (const auto& [k, v] : p.constants)
+        if (k == name) return v;
+      return std::string("(absent)");
+    };
+    CHECK(constant(automatic.program("chunk_bwd"), "WGMMA") == "true");
+    CHECK(constant(mma_sync.program("chunk_bwd"), "WGMMA") == "false");
+    for (const auto& p : automatic.programs)
+      if (p.name != "chunk_bwd") CHECK(constant(p, "WGMMA") == "(absent)");
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).tensor_cores == gdn::TensorCores::mma_sync);
+  }
+
   TEST_CASE("byte formulas") {
     const auto ir = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()));
     // h_tape: NT * HV * K * V * 2 bytes with NT = T/64 + N.

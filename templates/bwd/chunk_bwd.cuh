@@ -352,14 +352,19 @@ struct ChunkBwdMmaSync {
   }
 };
 
-/// The program's class: the warpgroup-MMA version on sm_90a (chunk_bwd_sm90.cuh), the mma.sync
-/// one elsewhere.
+/// The program's class: the warpgroup-MMA version (chunk_bwd_sm90.cuh) on sm_90a when the spec's
+/// tensor_cores is "auto" (Cfg::WGMMA), the mma.sync one otherwise and on every other target.
+template <class Cfg, bool kWgmma>
+struct ChunkBwdPick {
+  using type = ChunkBwdMmaSync<Cfg>;
+};
 #if GDN_HAS_WGMMA
 template <class Cfg>
-using ChunkBwd = ChunkBwdSm90<Cfg>;
-#else
-template <class Cfg>
-using ChunkBwd = ChunkBwdMmaSync<Cfg>;
+struct ChunkBwdPick<Cfg, true> {
+  using type = ChunkBwdSm90<Cfg>;
+};
 #endif
+template <class Cfg>
+using ChunkBwd = typename ChunkBwdPick<Cfg, Cfg::WGMMA>::type;
 
 }  // namespace gdn
