@@ -217,6 +217,17 @@ TEST_SUITE("gpu_layer") {
     c.doc_lens = {700, 333, 64};
     expect_within_bounds(check::run(*layer, c), "shape M heads, 1097 tokens");
   }
+
+  TEST_CASE("tensor_cores mma_sync (chunk_bwd without wgmma on sm_90a) against the fp64 reference") {
+    Spec s = spec_of("m");
+    s.name = "m_mma_sync";
+    s.tensor_cores = TensorCores::mma_sync;
+    auto layer = make(s);
+    check::Case c;
+    c.seed = static_cast<uint64_t>(std::time(nullptr)) + 13;
+    c.doc_lens = {1, 63, 700, 65, 64};
+    expect_within_bounds(check::run(*layer, c), "shape M heads, mma_sync");
+  }
 }
 
 TEST_SUITE("gpu_determinism") {
