@@ -226,6 +226,7 @@ struct Bench {
   rt::DeviceBuffer flush;
   rt::Event e0, e1;
   int groups, samples, warmup;
+  TensorCores tensor_cores = TensorCores::automatic;  ///< --tensor-cores: the base spec of every mode
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -261,6 +262,7 @@ struct Bench {
     Spec s = spec_from_file(
         (std::filesystem::path(source_dir()) / "examples" / (std::string(sh.example) + ".json")).string());
     s.targets = {Target::sm_90a};
+    s.tensor_cores = tensor_cores;
     return s;
   }
 };
@@ -451,13 +453,17 @@ int main(int argc, char** argv) {
   app.add_flag("--host-time", host, "host time per call on the GPU (eager and replay, both host paths)");
   app.add_flag("--sweep", sweep, "ckpt with and without the tape hand-off over token counts");
   app.add_flag("--host-only", host_only_mode, "host time per call with launches discarded (no GPU)");
+  std::string tensor_cores = "auto";
+  app.add_option("--tensor-cores", tensor_cores, "the specs' tensor_cores (auto: wgmma where a program has it)")
+      ->check(CLI::IsMember({"auto", "mma_sync"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
     Bench b{rt::Context::create(0), cache::DiskCache(), rt::Stream::create(),
             rt::DeviceBuffer::create(256u << 20),  // > the H200's 60 MB L2
             rt::Event::create(), rt::Event::create(), groups, samples, warmup};
-    fmt::print("device: {} ({} SMs)\n", b.ctx.name(), b.ctx.sm_count());
+    b.tensor_cores = tensor_cores == "auto" ? TensorCores::automatic : TensorCores::mma_sync;
+    fmt::print("device: {} ({} SMs), tensor_cores {}\n", b.ctx.name(), b.ctx.sm_count(), tensor_cores);
     if (programs) program_breakdown(b, shapes);
     if (host) host_time(b);
     if (sweep) handoff_sweep(b);
