@@ -26,6 +26,7 @@
 
 #include "arch.cuh"
 #include "common/numeric.cuh"
+#include "common/sw128.hpp"
 
 #if GDN_HAS_WGMMA
 
@@ -37,9 +38,7 @@ typedef unsigned long long u64;
 /// Byte offset of element (row, col) in an SW128 tile of `rows` rows (see the file comment).
 /// `rows` must be a multiple of 8 so that every 64-column block stays 1024-byte aligned, and
 /// rows x 128 must stay below 256 KB (the descriptors' 14-bit byte-offset fields).
-__device__ __forceinline__ constexpr u32 sw128_offset(int row, int col, int rows) {
-  return static_cast<u32>((col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) + (col % 8) * 2);
-}
+__device__ __forceinline__ constexpr u32 sw128_offset(int row, int col, int rows) { return sw128::offset(row, col, rows); }
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
 
@@ -49,27 +48,19 @@ __device__ __forceinline__ u64 desc_sw128(u32 smem_byte_addr, u32 lbo_bytes, u32
   return static_cast<u64>((smem_byte_addr & 0x3FFFFu) >> 4) | (static_cast<u64>((lbo_bytes >> 4) & 0x3FFFu) << 16) |
          (static_cast<u64>((sbo_bytes >> 4) & 0x3FFFu) << 32) | (1ull << 62);
 }
+__device__ __forceinline__ u64 desc_sw128(const sw128::DescFields& f) { return desc_sw128(f.start, f.lbo, f.sbo); }
 
-/// Descriptor of k-step `ks` (16 deep) of a K-major SW128 operand whose tile has `rows` rows.
-__device__ __forceinline__ u64 desc_k_major(u32 tile, int rows, int ks) {
-  return desc_sw128(tile + (ks / 4) * rows * 128 + (ks % 4) * 32, 16, 1024);
-}
-
-/// Descriptor of k-step `ks` of an M/N-major SW128 operand whose tile has `rows` (= K) rows.
+/// Descriptors of k-step `ks` (16 deep); the byte fields and their meaning: common/sw128.hpp,
+/// checked against a model of the hardware's address generation by tests/test_sw128.cpp.
+__device__ __forceinline__ u64 desc_k_major(u32 tile, int rows, int ks) { return desc_sw128(sw128::k_major(tile, rows, ks)); }
 __device__ __forceinline__ u64 desc_mn_major(u32 tile, int rows, int ks) {
-  return desc_sw128(tile + ks * 16 * 128, rows * 128, 1024);
+  return desc_sw128(sw128::mn_major(tile, rows, ks));
 }
-
-/// K-major operand, rows row0.. of a tile of `rows` rows (row0 a multiple of 8): one warpgroup's
-/// slice of N when the block's warpgroups split a product by columns.
 __device__ __forceinline__ u64 desc_k_major_rows(u32 tile, int rows, int row0, int ks) {
-  return desc_k_major(tile + row0 * 128, rows, ks);
+  return desc_sw128(sw128::k_major_rows(tile, rows, row0, ks));
 }
-
-/// M/N-major operand, columns col0.. (col0 a multiple of 8; a slice stays inside one 64-column
-/// block): the start moves to the block, then col0 % 64 elements into its 128-byte rows.
 __device__ __forceinline__ u64 desc_mn_major_cols(u32 tile, int rows, int col0, int ks) {
-  return desc_mn_major(tile + (col0 / 64) * rows * 128 + (col0 % 64) * 2, rows, ks);
+  return desc_sw128(sw128::mn_major_cols(tile, rows, col0, ks));
 }
 
 /// Orders earlier generic-proxy shared-memory writes (st.shared, cp.async) before wgmma reads.
