@@ -28,7 +28,7 @@ fi
 steps=" ${STEPS:-tests python programs host sweep bench} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv | tee "$OUT/device.txt"
-echo "tree: ${GDN_COMMIT:-unknown commit} (the device copy has no .git)" | tee -a "$OUT/device.txt"
+echo "tree: ${GDN_COMMIT:-$(cat TREE 2>/dev/null || echo unknown commit)} (the device copy has no .git)" | tee -a "$OUT/device.txt"
 t0=$SECONDS
 "$bin/gdnc" compile examples/*.json --target sm_90a 2>&1 | tail -3
 echo "compile-ahead: $((SECONDS - t0)) s"

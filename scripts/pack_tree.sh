@@ -16,6 +16,6 @@ for b in build/libgdn.so build/libgdn_reference.so build/gdnc build/tests/gdn_gp
   strip -o "$work/.scratch_device/bin/$(basename "$b")" "$b"
 done
 tar c templates examples scripts python bench | tar x -C "$work"
-echo "tree: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')" > "$work/TREE"
+echo "$(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')" > "$work/TREE"
 tar cJf ".scratch_device/$name.tar.xz" -C "$work" .
 du -h ".scratch_device/$name.tar.xz"
