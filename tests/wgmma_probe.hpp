@@ -54,11 +54,11 @@ extern "C" __global__ void __launch_bounds__(THREADS) gdn_wgmma_probe(const gdn:
   if (threadIdx.x == 0 && base % 1024 != 0) err[0] = 1;
   for (int i = threadIdx.x; i < 64 * KD; i += THREADS) {{
     const int m = i / KD, k = i % KD;
-    *reinterpret_cast<bf16_t*>(smem + (TA ? wg::sw128_offset(k, m, KD) : wg::sw128_offset(m, k, 64))) = a[i];
+    *reinterpret_cast<bf16_t*>(smem + (TA ? sw128::offset(k, m, KD) : sw128::offset(m, k, 64))) = a[i];
   }}
   for (int i = threadIdx.x; i < KD * N; i += THREADS) {{
     const int k = i / N, c = i % N;
-    *reinterpret_cast<bf16_t*>(smem + 64 * KD * 2 + (TB ? wg::sw128_offset(k, c, KD) : wg::sw128_offset(c, k, N))) = b[i];
+    *reinterpret_cast<bf16_t*>(smem + 64 * KD * 2 + (TB ? sw128::offset(k, c, KD) : sw128::offset(c, k, N))) = b[i];
   }}
   wg::fence_smem_for_async();
   __syncthreads();

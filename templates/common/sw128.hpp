@@ -14,7 +14,9 @@
 namespace gdn {
 namespace sw128 {
 
-/// Byte offset of element (row, col) of a bf16 SW128 tile with `rows` rows.
+/// Byte offset of element (row, col) of a bf16 SW128 tile with `rows` rows. `rows` must be a
+/// multiple of 8 (every 64-column block stays 1024-byte aligned), and rows x 128 below 256 KB
+/// (the descriptors' 14-bit byte-offset fields).
 constexpr unsigned offset(int row, int col, int rows) {
   return static_cast<unsigned>((col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) +
                                (col % 8) * 2);

@@ -8,16 +8,10 @@
  * shared-memory traffic of its mma.sync operands). Not used by any program yet; the GPU test
  * gpu_wgmma checks every operand form against a CPU product.
  *
- * Layout ("SW128"): a bf16 tile of R rows x C columns (C a multiple of 64) is stored as C / 64
- * column blocks, each R rows x 128 bytes, contiguous; inside a block, the 16-byte chunk c of row
- * r sits at chunk position c ^ (r % 8). Each block must start 1024-byte aligned: the hardware
- * applies the same XOR to address bits 4-6 from bits 7-9.
- *  - A K-major operand (rows = M or N, columns = K) is read 16 columns per k-step: the start
- *    address moves 32 bytes inside a 128-byte row, and to the next column block every 4 steps;
- *    8-row groups are 1024 bytes apart (SBO), LBO is unused.
- *  - An M/N-major operand (rows = K, columns = M or N) is read 16 rows per k-step: the start
- *    moves 16 x 128 bytes; 8-row (K) groups are 1024 bytes apart (SBO), and the 64-column blocks
- *    are LBO = R x 128 bytes apart.
+ * The shared tiles use the 128-byte-swizzled layout of common/sw128.hpp, where the layout and
+ * the descriptors' byte fields are defined (shared with the host's model test, test_sw128.cpp).
+ * The four m64nNk16 wrappers spell out their operand lists: inline PTX needs one operand per
+ * accumulator register.
  * Accumulator fragment of m64nNk16 (f32): warp w of the warpgroup owns rows 16w..16w+15; lane l
  * holds rows 16w + l/4 (+8) and columns 8i + 2(l%4) (+1): d[4i + 0..1] the upper row, d[4i + 2..3]
  * the lower one, i = 0..N/8-1 (the mma.sync m16n8 accumulator, N/8 times).
@@ -34,11 +28,6 @@ namespace gdn {
 namespace wg {
 
 typedef unsigned long long u64;
-
-/// Byte offset of element (row, col) in an SW128 tile of `rows` rows (see the file comment).
-/// `rows` must be a multiple of 8 so that every 64-column block stays 1024-byte aligned, and
-/// rows x 128 must stay below 256 KB (the descriptors' 14-bit byte-offset fields).
-__device__ __forceinline__ constexpr u32 sw128_offset(int row, int col, int rows) { return sw128::offset(row, col, rows); }
 
 __device__ __forceinline__ u32 smem_u32(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
 
