@@ -26,10 +26,8 @@
 namespace gdn {
 namespace sm90 {
 
-/// Element index of (r, c) in an SW128 tile of `rows` rows (wg::sw128_offset / 2).
-__device__ __forceinline__ int swz(int r, int c, int rows) {
-  return (c >> 6) * rows * 64 + r * 64 + ((((c >> 3) & 7) ^ (r & 7)) << 3) + (c & 7);
-}
+/// Element index of (r, c) in an SW128 tile of `rows` rows (common/sw128.hpp).
+__device__ __forceinline__ int swz(int r, int c, int rows) { return static_cast<int>(sw128::offset(r, c, rows) / 2); }
 
 /// A bf16 SW128 tile in shared memory.
 struct SwTile {
@@ -50,8 +48,7 @@ __device__ __forceinline__ void load_sw_async(bf16_t* dst, const bf16_t* src, lo
   for (int i = threadIdx.x; i < ROWS * kPieces; i += THREADS) {
     const int r = i / kPieces, ch = i % kPieces;
     const bool ok = r < valid_rows;
-    bwd::cp_async16(dst + (ch >> 3) * ROWS * 64 + r * 64 + (((ch & 7) ^ (r & 7)) << 3), src + (ok ? r * gstride : 0) + ch * 8,
-                    ok);
+    bwd::cp_async16(dst + swz(r, ch * 8, ROWS), src + (ok ? r * gstride : 0) + ch * 8, ok);
   }
 }
 
