@@ -250,6 +250,23 @@ TEST_SUITE("gpu_determinism") {
     const check::Report f = check::run(*make(full), c);
     for (const auto& [name, bytes] : first.bytes) CHECK_MESSAGE(f.bytes.at(name) == bytes, "light vs full: " << name);
   }
+
+  // Measured on the H200 (20b8e3f): the wgmma chunk_bwd accumulates every product in the same k order
+  // as the mma.sync kernel and gives the same bits, so tensor_cores is a speed choice only. A change
+  // to either kernel that breaks this must say so here and in docs/spec.md.
+  TEST_CASE("tensor_cores auto (wgmma chunk_bwd) and mma_sync give the same bits") {
+    check::Case c;
+    c.doc_lens = {1, 63, 64, 65, 3000, 700};
+    c.with_reference = false;
+    c.seed = 41;
+    const check::Report wgmma = check::run(*make(spec_of("m")), c);
+    Spec s = spec_of("m");
+    s.name = "m_mma_sync_bits";
+    s.tensor_cores = TensorCores::mma_sync;
+    const check::Report mma = check::run(*make(s), c);
+    CHECK(wgmma.bytes.size() == 8);
+    for (const auto& [name, bytes] : wgmma.bytes) CHECK_MESSAGE(mma.bytes.at(name) == bytes, "auto vs mma_sync: " << name);
+  }
 }
 
 TEST_SUITE("gpu_ckpt") {
