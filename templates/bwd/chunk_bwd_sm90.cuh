@@ -9,12 +9,11 @@
  *    warpgroup computes all 64 rows of N/4 columns), so an accumulator keeps the element-to-
  *    thread mapping that for_pairs / row_partials / col_partials expect (WgAcc below);
  *  - a proxy fence before each barrier that precedes a product reading freshly written tiles.
- * Products accumulate their depth in wgmma's order, not mma.sync's: results round differently
- * from the mma.sync ChunkBwd (both are checked against the fp64 reference).
- *
- * Status: written in session 4 without a GPU; NOT run. The design and the measurements that
- * motivate it: docs/design_chunk_bwd_sm90.md. Run gpu_wgmma first (it checks the operand forms
- * used here), then the GPU suites.
+ * Independent products are issued back to back and waited for once (wmma_issue / wmma_wait).
+ * Measured on the H200 (session 5): the results have the same bits as the mma.sync ChunkBwd's
+ * (a wgmma k16 step rounds like the mma.sync steps it replaces, and every k loop keeps its
+ * order); gpu_determinism holds the two to that. Why this kernel looks the way it does:
+ * docs/design_chunk_bwd_sm90.md; gpu_wgmma checks every operand form used here.
  */
 #pragma once
 
@@ -40,15 +39,25 @@ struct SwTile {
 };
 
 /// Starts the copy of a ROWS x COLS bf16 tile (global row stride gstride) into an SW128 tile;
-/// rows >= valid_rows become zeros.
+/// rows >= valid_rows become zeros. Each thread copies one fixed 16-byte column piece of every
+/// kRowStep-th row: kRowStep is a multiple of 8, so the swizzle phase of its pieces never changes
+/// and the shared and global addresses advance by constants (no per-piece index arithmetic).
 template <int ROWS, int COLS, int THREADS>
 __device__ __forceinline__ void load_sw_async(bf16_t* dst, const bf16_t* src, long long gstride, int valid_rows) {
   static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "load_sw_async: SW128 tiles are 64-column blocks of 8-row groups");
   constexpr int kPieces = COLS / 8;
-  for (int i = threadIdx.x; i < ROWS * kPieces; i += THREADS) {
-    const int r = i / kPieces, ch = i % kPieces;
-    const bool ok = r < valid_rows;
-    bwd::cp_async16(dst + swz(r, ch * 8, ROWS), src + (ok ? r * gstride : 0) + ch * 8, ok);
+  static_assert(THREADS % kPieces == 0, "load_sw_async: every thread keeps one column piece");
+  constexpr int kRowStep = THREADS / kPieces;
+  static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_sw_async: rows must advance by whole swizzle periods");
+  const int r0 = static_cast<int>(threadIdx.x) / kPieces, col = (static_cast<int>(threadIdx.x) % kPieces) * 8;
+  const u32 d0 = wg::smem_u32(dst) + sw128::offset(r0, col, ROWS);
+  const bf16_t* s0 = src + r0 * gstride + col;
+#pragma unroll
+  for (int it = 0; it < ROWS / kRowStep; ++it) {
+    const bool ok = r0 + it * kRowStep < valid_rows;
+    const u32 d = d0 + static_cast<u32>(it * kRowStep * 128);
+    const bf16_t* g = ok ? s0 + it * kRowStep * gstride : src + col;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(g), "r"(ok ? 16 : 0) : "memory");
   }
 }
 
@@ -89,12 +98,14 @@ struct WgAcc {
   __device__ __forceinline__ float (&regs())[kSlots * 4] { return *reinterpret_cast<float(*)[kSlots * 4]>(&c[0][0]); }
 };
 
-/// acc += A B over `depth` (a multiple of 16), A 64 x depth, B depth x N, on the tensor cores.
+/// Issues acc += A B over `depth` (a multiple of 16), A 64 x depth, B depth x N, on the tensor
+/// cores, without waiting: chain several (into one accumulator or several), then wmma_wait.
 /// TA = 0: A is K-major, its tile 64 x depth; TA = 1: A is M-major, its tile depth x 64 (A^T
 /// stored). TB = 0: B is K-major, its tile N x depth (B^T stored); TB = 1: N-major, depth x N.
-/// Every warp of the block calls it; the product is complete in registers on return.
+/// Every warp of the block calls it. A chain keeps each product's k order, so the bits do not
+/// depend on how products are grouped.
 template <int TA, int TB, int N>
-__device__ __forceinline__ void wmma(WgAcc<N>& acc, const SwTile& a, const SwTile& b, int depth) {
+__device__ __forceinline__ void wmma_issue(WgAcc<N>& acc, const SwTile& a, const SwTile& b, int depth) {
   constexpr int NW = WgAcc<N>::kNW;
   const int col0 = (threadIdx.x / 128) * NW;
   float(&d)[WgAcc<N>::kSlots * 4] = acc.regs();
@@ -106,9 +117,21 @@ __device__ __forceinline__ void wmma(WgAcc<N>& acc, const SwTile& a, const SwTil
                           : wg::desc_k_major_rows(b.addr(), b.rows, col0, ks);
     wg::mma_k16<NW, TA, TB>(d, da, db, 1);
   }
+}
+
+/// Waits for every product issued since the last wait; the accumulators are complete on return.
+template <class... Accs>
+__device__ __forceinline__ void wmma_wait(Accs&... accs) {
   wg::commit();
   wg::wait<0>();
-  wg::fence_acc(d);
+  (wg::fence_acc(accs.regs()), ...);
+}
+
+/// acc += A B, complete in registers on return.
+template <int TA, int TB, int N>
+__device__ __forceinline__ void wmma(WgAcc<N>& acc, const SwTile& a, const SwTile& b, int depth) {
+  wmma_issue<TA, TB>(acc, a, b, depth);
+  wmma_wait(acc);
 }
 
 /// The generic-proxy writes of this thread (cp.async, st.shared) become visible to the
@@ -239,22 +262,27 @@ struct ChunkBwdSm90 {
       sgam[tid] += bwd::partials_sum<C / 8>(spart, tid) - bwd::partials_sum<C / 16>(spart + C * (C / 8), tid);
     bwd::cp_async_wait<0>();  // Z, dV', Tm and V
     sm90::sync_for_wgmma();
+    // dKst = diag(exp2(gcL - gc)) V' Z^T; the last row's own term cancels and is left out.
+    AccCK dk;
+    dk.zero();
+    sm90::wmma_issue<0, 0>(dk, sVn, sZ, V);  // runs under the <S, Z> sums
     {  // <S, Z>: per-warp sums, each thread over the same elements as the mma.sync kernel.
       float sz = 0.f;
       // Thread tid's elements (i / V, i % V) for i = tid, tid + kThreads, ...: column tid % V,
-      // every (kThreads / V)-th row.
-      const int c = tid % V;
-      for (int r = tid / V; r < K; r += kThreads / V) {
-        const int e = sm90::swz(r, c, K);
-        sz += bf2f(sS.p[e]) * bf2f(sZ.p[e]);
+      // every (kThreads / V)-th row, in that order. The rows step by 4, so the swizzle phase
+      // alternates between two values: two base offsets and constant steps.
+      static_assert(kThreads / V == 4 && K % 8 == 0, "ChunkBwdSm90: <S, Z> walks rows in steps of 4");
+      const int c = tid % V, r0 = tid / V;
+      const int e0 = sm90::swz(r0, c, K), e1 = sm90::swz(r0 + 4, c, K);
+#pragma unroll
+      for (int r8 = 0; r8 < K; r8 += 8) {
+        sz += bf2f(sS.p[e0 + r8 * 64]) * bf2f(sZ.p[e0 + r8 * 64]);
+        sz += bf2f(sS.p[e1 + r8 * 64]) * bf2f(sZ.p[e1 + r8 * 64]);
       }
       sz = warp_sum(sz);
       if (tid % 32 == 0) sred[tid / 32] = sz;
     }
-    // dKst = diag(exp2(gcL - gc)) V' Z^T; the last row's own term cancels and is left out.
-    AccCK dk;
-    dk.zero();
-    sm90::wmma<0, 0>(dk, sVn, sZ, V);
+    sm90::wmma_wait(dk);
     dk.for_each([&](int r, int, float& x) { x *= r < m ? gate_exp2(gL - sg[r], true) : 0.f; });
     bwd::row_partials(dk, [&](int r, int c, float x) { return x * bf2f(sK.at(r, c)); }, spart);
     __syncthreads();
@@ -319,8 +347,9 @@ struct ChunkBwdSm90 {
       AccCC t1, t2;
       t1.zero();
       t2.zero();
-      sm90::wmma<0, 0>(t1, sDW, sK, K);
-      sm90::wmma<0, 0>(t2, sDV, sV, V);
+      sm90::wmma_issue<0, 0>(t1, sDW, sK, K);
+      sm90::wmma_issue<0, 0>(t2, sDV, sV, V);
+      sm90::wmma_wait(t1, t2);
 #pragma unroll
       for (int q = 0; q < AccCC::kSlots; ++q) {
         const int r0 = AccCC::tile_row(tid / 32, q) * 16 + (tid % 32) / 4;
@@ -342,8 +371,9 @@ struct ChunkBwdSm90 {
     {  // Y = dTm Tm^T (hi + lo operands, fp32 accumulate), split again.
       AccCC y;
       y.zero();
-      sm90::wmma<0, 0>(y, sDTh, sT, C);
-      sm90::wmma<0, 0>(y, sDTl, sT, C);
+      sm90::wmma_issue<0, 0>(y, sDTh, sT, C);
+      sm90::wmma_issue<0, 0>(y, sDTl, sT, C);
+      sm90::wmma_wait(y);
       bwd::for_pairs(y, [&](int r, int c, float& a, float& b) {
         bf16_t h0, l0, h1, l1;
         bwd::split_bf16(a, h0, l0);
@@ -357,9 +387,10 @@ struct ChunkBwdSm90 {
       AccCC x, kk;
       x.zero();
       kk.zero();
-      sm90::wmma<1, 1>(x, sT, sYh, C);
-      sm90::wmma<1, 1>(x, sT, sYl, C);
-      sm90::wmma<0, 0>(kk, sK, sK, K);
+      sm90::wmma_issue<1, 1>(x, sT, sYh, C);
+      sm90::wmma_issue<1, 1>(x, sT, sYl, C);
+      sm90::wmma_issue<0, 0>(kk, sK, sK, K);
+      sm90::wmma_wait(x, kk);
       x.for_each([&](int r, int c, float& v) {
         const bool ok = r > c && r < m;
         v = ok ? -v * gate_exp2(sg[r] - sg[c], true) : 0.f;  // v is now E
@@ -389,8 +420,9 @@ struct ChunkBwdSm90 {
       sgam[tid] += sb[tid] * r2 - cs;
     }
     // dK += (Eb + Eb^T) Kc.
-    sm90::wmma<0, 1>(dk, sEh, sK, C);
-    sm90::wmma<0, 1>(dk, sEl, sK, C);
+    sm90::wmma_issue<0, 1>(dk, sEh, sK, C);
+    sm90::wmma_issue<0, 1>(dk, sEl, sK, C);
+    sm90::wmma_wait(dk);
     store_group_grad(p.dk_v, dk, t0, j, m);
     __syncthreads();
 

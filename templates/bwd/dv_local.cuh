@@ -50,11 +50,23 @@ __device__ __forceinline__ void load_tile_async(bf16_t* dst, int spitch, const b
                                                 int valid_rows) {
   static_assert(COLS % 8 == 0, "load_tile_async: rows must be whole 16-byte pieces");
   constexpr int kPieces = COLS / 8;
-  for (int i = threadIdx.x; i < ROWS * kPieces; i += THREADS) {
-    const int r = i / kPieces, c = (i % kPieces) * 8;
-    const bool ok = r < valid_rows;
-    // A masked row still needs a legal address; row 0 of the tile always exists.
-    cp_async16(dst + r * spitch + c, src + (ok ? r * gstride : 0) + c, ok);
+  if constexpr (THREADS % kPieces == 0) {
+    // Each thread keeps one column piece and walks every kRowStep-th row: the addresses advance
+    // by constants instead of being rebuilt from a piece index (the same copies either way).
+    constexpr int kRowStep = THREADS / kPieces;
+    const int r0 = static_cast<int>(threadIdx.x / kPieces), c = static_cast<int>(threadIdx.x % kPieces) * 8;
+#pragma unroll
+    for (int r = r0; r < ROWS; r += kRowStep) {
+      const bool ok = r < valid_rows;
+      // A masked row still needs a legal address; row 0 of the tile always exists.
+      cp_async16(dst + r * spitch + c, src + (ok ? r * gstride : 0) + c, ok);
+    }
+  } else {
+    for (int i = threadIdx.x; i < ROWS * kPieces; i += THREADS) {
+      const int r = i / kPieces, c = (i % kPieces) * 8;
+      const bool ok = r < valid_rows;
+      cp_async16(dst + r * spitch + c, src + (ok ? r * gstride : 0) + c, ok);
+    }
   }
 }
 

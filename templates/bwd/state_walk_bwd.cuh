@@ -125,8 +125,8 @@ struct StateWalkBwd {
       bwd::for_pairs(z, [&](int r, int cc, float& a, float& b) {
         *reinterpret_cast<u32*>(sZ + r * PB + cc) = pack_bf16x2(f2bf(a), f2bf(b));
       });
-      for (int i = threadIdx.x; i < C * BV; i += kThreads) {
-        const int r = i / BV, cc = i % BV;
+      for (unsigned i = threadIdx.x; i < C * BV; i += kThreads) {
+        const int r = static_cast<int>(i / BV), cc = static_cast<int>(i % BV);
         // Rows >= m hold dO = 0 (zero-filled), so the gate value there is irrelevant.
         const float x = scale * exp2f(fminf(sg[r], 0.f)) * bf2f(sO[r * PB + cc]);
         bf16_t hi, lo;
@@ -141,8 +141,8 @@ struct StateWalkBwd {
 
       {  // dh_tape[c] = bf16(Z), from sZ in 16-byte row pieces (coalesced).
         bf16_t* tape = p.dh_tape + (((long long)c * Cfg::HV + j) * K) * V + v0;
-        for (int i = threadIdx.x; i < K * kSlabPieces; i += kThreads) {
-          const int r = i / kSlabPieces, cc = (i % kSlabPieces) * 8;
+        for (unsigned i = threadIdx.x; i < K * kSlabPieces; i += kThreads) {
+          const int r = static_cast<int>(i / kSlabPieces), cc = static_cast<int>(i % kSlabPieces) * 8;
           *reinterpret_cast<uint4*>(tape + (long long)r * V + cc) = *reinterpret_cast<const uint4*>(sZ + r * PB + cc);
         }
       }
@@ -166,8 +166,8 @@ struct StateWalkBwd {
 
       {  // dv_new = bf16(dV') from sD (sign flipped back), valid rows, 16-byte row pieces.
         bf16_t* dvn = p.dv_new + ((long long)ci.start * Cfg::HV + j) * V + v0;
-        for (int i = threadIdx.x; i < m * kSlabPieces; i += kThreads) {
-          const int r = i / kSlabPieces, cc = (i % kSlabPieces) * 8;
+        for (unsigned i = threadIdx.x; i < static_cast<unsigned>(m * kSlabPieces); i += kThreads) {
+          const int r = static_cast<int>(i / kSlabPieces), cc = static_cast<int>(i % kSlabPieces) * 8;
           uint4 x = *reinterpret_cast<const uint4*>(sD + r * PB + cc);
           x.x ^= 0x80008000u;
           x.y ^= 0x80008000u;

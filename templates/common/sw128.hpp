@@ -18,8 +18,11 @@ namespace sw128 {
 /// multiple of 8 (every 64-column block stays 1024-byte aligned), and rows x 128 below 256 KB
 /// (the descriptors' 14-bit byte-offset fields).
 constexpr unsigned offset(int row, int col, int rows) {
-  return static_cast<unsigned>((col / 64) * rows * 128 + row * 128 + ((((col % 64) / 8) ^ (row % 8)) * 16) +
-                               (col % 8) * 2);
+  // Unsigned shifts and masks: with signed / and % the compiler adds sign fix-ups to every
+  // element access of the epilogues (chunk_bwd_sm90 spent most of its instructions on them).
+  const unsigned r = static_cast<unsigned>(row), c = static_cast<unsigned>(col);
+  return (c >> 6) * static_cast<unsigned>(rows) * 128u + r * 128u + ((((c >> 3) & 7u) ^ (r & 7u)) << 4) +
+         ((c & 7u) << 1);
 }
 
 /// Start address, leading and stride byte offsets of one wgmma k-step (16 deep) operand.
