@@ -55,6 +55,8 @@ SHAPES = {
     "A": ((16, 48), [98304, 65536, 57344, 40960]),
 }
 # DEVICE.md: ms on this H200; the ckpt floor is a forward plus a forward+backward.
+# --arms names -> the arms' labels in the tables and the JSON.
+ARM_NAMES = {"gdnc": "gdnc", "aa": "gdnc A/A", "graph": "gdnc graph", "nondet": "gdnc nondet", "fla": "fla"}
 FLOOR = {"N": (0.011, 0.043, 0.054), "M": (0.352, 1.36, 1.712), "G": (1.406, 5.45, 6.856), "A": (2.812, 10.90, 13.712)}
 OPS = ("fwd", "fwd+bwd", "ckpt")
 
@@ -247,12 +249,20 @@ def main():
     ap.add_argument("--samples", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--gate-tokens", type=int, default=8192)
+    ap.add_argument("--arms", default=",".join(ARM_NAMES),
+                    help="comma-separated arms to gate and time, of " + ",".join(ARM_NAMES) + " (gdnc, aa and "
+                         "fla are what a published cell needs; fewer arms fit more shapes in one device call)")
     ap.add_argument("--out", default="compare.json")
     ap.add_argument("--commit", default=os.environ.get("GDN_COMMIT", "unknown"),
                     help="the commit measured, recorded per shape (default: $GDN_COMMIT)")
     ap.add_argument("--merge", help="an earlier output JSON: its shapes are kept (with their commits) unless "
                                     "measured again, so a table can be completed across device runs")
     args = ap.parse_args()
+    wanted = set()
+    for a in (a.strip() for a in args.arms.split(",") if a.strip()):
+        if a not in ARM_NAMES:
+            sys.exit(f"compare_fla: --arms: unknown arm '{a}'; known: {','.join(ARM_NAMES)}")
+        wanted.add(ARM_NAMES[a])
     from gdnc._autograd import stats as binding_stats  # imports torch, as the arms do
     started = time.monotonic()
     stream = torch.cuda.Stream()  # graph mode cannot capture the legacy default stream
@@ -274,6 +284,7 @@ def main():
         arms["fla"] = fla_arm()
     except Exception as e:
         print(f"FLA not available, not timed: {e}")
+    arms = {n: fn for n, fn in arms.items() if n in wanted}
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "shapes": {}}
     if args.merge:
         merge_earlier(results, json.loads(Path(args.merge).read_text()))
