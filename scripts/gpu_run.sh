@@ -40,6 +40,14 @@ if has tests; then
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
 fi
+if has python || has compare; then
+  # FLA's Triton kernels compile (and autotune) for about 140 s per head layout on a fresh
+  # machine: a cache brought back from an earlier run ($OUT/triton-cache.tar.gz, carried as
+  # .scratch_device/triton-cache.tar.gz) saves that, for the binding's tests and compare_fla alike.
+  export TRITON_CACHE_DIR=/tmp/triton-cache
+  mkdir -p "$TRITON_CACHE_DIR"
+  [ -f .scratch_device/triton-cache.tar.gz ] && tar xzf .scratch_device/triton-cache.tar.gz -C "$TRITON_CACHE_DIR"
+fi
 if has python; then
   echo "=== python binding ($((SECONDS - t0)) s)"
   python3 -m unittest discover -s python/tests -p "test_*.py" -v 2>&1 | tee -a "$OUT/python.log" | tail -25
@@ -67,14 +75,10 @@ if has digests; then
 fi
 if has compare; then
   echo "=== compare with FLA ($((SECONDS - t0)) s)"
-  # FLA's Triton kernels compile (and autotune) for about 140 s per head layout on a fresh
-  # machine: a cache brought back from an earlier run ($OUT/triton-cache.tar.gz, carried as
-  # .scratch_device/triton-cache.tar.gz) saves that.
-  export TRITON_CACHE_DIR=/tmp/triton-cache
-  mkdir -p "$TRITON_CACHE_DIR"
-  [ -f .scratch_device/triton-cache.tar.gz ] && tar xzf .scratch_device/triton-cache.tar.gz -C "$TRITON_CACHE_DIR"
   python3 bench/compare_fla.py ${COMPARE_ARGS:---shapes N,M,G,A --groups 2 --samples 5 --warmup 3} \
     --out "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
+fi
+if has python || has compare; then
   tar czf "$OUT/triton-cache.tar.gz" -C "$TRITON_CACHE_DIR" .
 fi
 echo "=== done ($((SECONDS - t0)) s), tests rc=$rc"
