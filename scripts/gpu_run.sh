@@ -42,11 +42,13 @@ if has tests; then
 fi
 if has python || has compare; then
   # FLA's Triton kernels compile (and autotune) for about 140 s per head layout on a fresh
-  # machine: a cache brought back from an earlier run ($OUT/triton-cache.tar.gz, carried as
-  # .scratch_device/triton-cache.tar.gz) saves that, for the binding's tests and compare_fla alike.
+  # machine: a cache brought back from an earlier run ($OUT/triton-cache.tar.xz, carried as
+  # .scratch_device/triton-cache.tar.xz) saves that, for the binding's tests and compare_fla alike.
+  # xz, not gzip: three head layouts' kernels came to 16 MB gzipped, the limit on a file brought
+  # back, and to a third of that in xz.
   export TRITON_CACHE_DIR=/tmp/triton-cache
   mkdir -p "$TRITON_CACHE_DIR"
-  [ -f .scratch_device/triton-cache.tar.gz ] && tar xzf .scratch_device/triton-cache.tar.gz -C "$TRITON_CACHE_DIR"
+  [ -f .scratch_device/triton-cache.tar.xz ] && tar xJf .scratch_device/triton-cache.tar.xz -C "$TRITON_CACHE_DIR"
 fi
 if has python; then
   echo "=== python binding ($((SECONDS - t0)) s)"
@@ -79,7 +81,7 @@ if has compare; then
     --out "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
 fi
 if has python || has compare; then
-  tar czf "$OUT/triton-cache.tar.gz" -C "$TRITON_CACHE_DIR" .
+  tar -I "xz -T0" -cf "$OUT/triton-cache.tar.xz" -C "$TRITON_CACHE_DIR" .
 fi
 echo "=== done ($((SECONDS - t0)) s), tests rc=$rc"
 exit $rc
