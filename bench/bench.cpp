@@ -6,7 +6,8 @@
  *        median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
  *
  * Modes (gdn_bench --help lists the options):
- *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync
+ *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
+ *                 walk32, walk64
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -227,6 +228,7 @@ struct Bench {
   rt::Event e0, e1;
   int groups, samples, warmup;
   TensorCores tensor_cores = TensorCores::automatic;  ///< --tensor-cores: the base spec of every mode
+  int walk_slab = 0;                                  ///< --walk-slab: the base spec of every mode (0: auto)
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -263,17 +265,20 @@ struct Bench {
         (std::filesystem::path(source_dir()) / "examples" / (std::string(sh.example) + ".json")).string());
     s.targets = {Target::sm_90a};
     s.tensor_cores = tensor_cores;
+    s.walk_slab = walk_slab;
     return s;
   }
 };
 
 struct ArmKind {
   bool graph_replay, handoff, mma_sync;
+  int walk_slab = 0;  ///< the spec's walk_slab (0: the base spec's)
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},   {"spec-aa", {false, true, false}},          {"no-handoff", {false, false, false}},
     {"graph", {true, true, false}},   {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
+    {"walk32", {false, true, false, 32}}, {"walk64", {false, true, false, 64}},  // the forward walk's slab width
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -290,6 +295,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).graph_replay) s.graph = GraphMode::replay;
       if (!kArms.at(name).handoff) s.reuse_recompute_tapes = ReuseTapes::no;
       if (kArms.at(name).mma_sync) s.tensor_cores = TensorCores::mma_sync;
+      if (kArms.at(name).walk_slab != 0) s.walk_slab = kArms.at(name).walk_slab;
       specs.emplace_back(name, s);
     }
     SharedRegions regions;
@@ -443,8 +449,8 @@ int main(int argc, char** argv) {
   app.add_option("--arms", arm_names,
                  "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
                  "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
-                 "\"mma_sync\")")
-      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync"}))
+                 "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64)")
+      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32", "walk64"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
@@ -456,6 +462,9 @@ int main(int argc, char** argv) {
   std::string tensor_cores = "auto";
   app.add_option("--tensor-cores", tensor_cores, "the specs' tensor_cores (auto: wgmma where a program has it)")
       ->check(CLI::IsMember({"auto", "mma_sync"}));
+  std::string walk_slab = "auto";
+  app.add_option("--walk-slab", walk_slab, "the specs' walk_slab (the forward walk's V-slab width)")
+      ->check(CLI::IsMember({"auto", "32", "64"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
@@ -463,7 +472,9 @@ int main(int argc, char** argv) {
             rt::DeviceBuffer::create(256u << 20),  // > the H200's 60 MB L2
             rt::Event::create(), rt::Event::create(), groups, samples, warmup};
     b.tensor_cores = tensor_cores == "auto" ? TensorCores::automatic : TensorCores::mma_sync;
-    fmt::print("device: {} ({} SMs), tensor_cores {}\n", b.ctx.name(), b.ctx.sm_count(), tensor_cores);
+    b.walk_slab = walk_slab == "auto" ? 0 : std::stoi(walk_slab);
+    fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}\n", b.ctx.name(), b.ctx.sm_count(), tensor_cores,
+               walk_slab);
     if (programs) program_breakdown(b, shapes);
     if (host) host_time(b);
     if (sweep) handoff_sweep(b);

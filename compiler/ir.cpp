@@ -106,7 +106,7 @@ LayerIR lower(const Spec& s) {
                   s.save_mode == SaveMode::light};
   const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;
   const bool norm = s.norm == Norm::l2_in_kernel;
-  ir.walk_bv = StateWalkGeometry::bv(V);
+  ir.walk_bv = s.walk_slab != 0 ? s.walk_slab : StateWalkGeometry::bv(V);
 
   auto add = [&](std::string name, std::string path, std::string cls, std::string params, int threads, int smem,
                  GridKind grid, int bv = 0, int min_blocks = 1) {
@@ -123,7 +123,7 @@ LayerIR lower(const Spec& s) {
   add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
       ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, ChunkPrepGeometry::kMinBlocks);
   add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
-      StateWalkGeometry::smem_bytes(K, V, C), GridKind::walk, StateWalkGeometry::bv(V));
+      StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk, ir.walk_bv);
   add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
       OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
   add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,

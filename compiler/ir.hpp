@@ -91,7 +91,7 @@ struct Decisions {
 struct LayerIR {
   Spec spec;
   Decisions decisions;
-  int walk_bv = 0;  ///< V-slab width of the state walks
+  int walk_bv = 0;  ///< V-slab width of the forward state walk (the backward walk's is its own)
   std::vector<Program> programs;
   std::vector<Buffer> buffers;
   std::vector<CallFormIR> call_forms;

@@ -74,6 +74,10 @@ struct Spec {
   Determinism determinism = Determinism::deterministic;
   GraphMode graph = GraphMode::off;
   TensorCores tensor_cores = TensorCores::automatic;
+  /// V-slab width of the forward state walk (one block per slab): 0 = "auto" (the measured default,
+  /// StateWalkGeometry::bv(V)), else 32 or 64. Same bits either way; wider slabs re-read W and K
+  /// less, narrower ones give more independent walks.
+  int walk_slab = 0;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};

@@ -108,6 +108,20 @@ TEST_SUITE("compile") {
     CHECK(c.spill_store_bytes == d.spill_store_bytes);
   }
 
+  TEST_CASE("the forward walk compiles with 64-wide slabs for every target, without spills") {
+    auto spec = example("m");
+    spec.walk_slab = 64;
+    const gdn::Program p = gdn::lower(spec).program("state_walk");
+    for (gdn::Target t : gdn::supported_targets()) {
+      INFO(gdn::to_string(t));
+      const auto c = gdn::nvrtc_compile(p, t, gdn::generate_source(p));
+      CHECK(c.spill_store_bytes == 0);
+      // Two blocks per SM must fit the registers (128 threads each) and shared memory.
+      CHECK(c.registers <= 255);
+      CHECK(2 * p.smem_bytes <= 227 * 1024);
+    }
+  }
+
   TEST_CASE("the wgmma probe compiles for sm_90a in every operand form, and is refused elsewhere") {
     for (const auto& probe : gdn::test::all_wgmma_probes()) {
       if (probe.kd != 128) continue;  // the depth only changes a loop count; the GPU test runs both

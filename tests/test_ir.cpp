@@ -4,6 +4,7 @@
  *        UPDATE_GOLDENS=1 rewrites them (then review the diff and commit).
  */
 #include "compiler/ir.hpp"
+#include "fwd/geometry.hpp"
 
 #include "tests/golden.hpp"
 
@@ -53,6 +54,35 @@ TEST_SUITE("ir") {
     for (const auto& p : automatic.programs)
       if (p.name != "chunk_bwd") CHECK(constant(p, "WGMMA") == "(absent)");
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).tensor_cores == gdn::TensorCores::mma_sync);
+  }
+
+  TEST_CASE("walk_slab sets the forward walk's slab width, shared memory and grid, and nothing else") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto automatic = gdn::lower(spec);
+    spec.walk_slab = 64;
+    const auto wide = gdn::lower(spec);
+    auto constant = [](const gdn::Program& p, const std::string& name) {
+      for (const auto& [k, v] : p.constants)
+        if (k == name) return v;
+      return std::string("(absent)");
+    };
+    CHECK(automatic.walk_bv == gdn::StateWalkGeometry::bv(128));
+    CHECK(constant(automatic.program("state_walk"), "BV") == std::to_string(automatic.walk_bv));
+    CHECK(wide.walk_bv == 64);
+    CHECK(constant(wide.program("state_walk"), "BV") == "64");
+    CHECK(wide.program("state_walk").smem_bytes == gdn::StateWalkGeometry::smem_bytes_bv(128, 64, 64));
+    CHECK(wide.program("state_walk").smem_bytes != automatic.program("state_walk").smem_bytes);
+    // The backward walk keeps its own slab; every other program is untouched.
+    for (const auto& p : automatic.programs) {
+      if (p.name == "state_walk") continue;
+      const gdn::Program& q = wide.program(p.name);
+      CHECK_MESSAGE(p.constants == q.constants, p.name);
+      CHECK_MESSAGE(p.smem_bytes == q.smem_bytes, p.name);
+    }
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).walk_slab == 64);
+    CHECK(gdn::to_json(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()))["walk_slab"] == "auto");
+    spec.walk_slab = 48;
+    CHECK_THROWS_WITH_AS(gdn::lower(spec), doctest::Contains("/walk_slab"), gdn::SpecError);
   }
 
   TEST_CASE("byte formulas") {

@@ -59,7 +59,7 @@ struct StateWalkGeometry {
   static constexpr int smem_bytes_bv(int K, int chunk, int bvw) {
     return off_vn(K, chunk, bvw) + chunk * ld_bf(bvw) * 2;
   }
-  /// What the host launches with: the slab width is bv(V).
+  /// The default slab width's shared memory (the spec's walk_slab can pick another: smem_bytes_bv).
   static constexpr int smem_bytes(int K, int V, int chunk) { return smem_bytes_bv(K, chunk, bv(V)); }
 };
 

@@ -22,8 +22,8 @@ struct StateWalk {
   static_assert(Cfg::CHUNK == 64, "StateWalk supports CHUNK == 64 only (4 warps x 16 chunk rows)");
   static_assert(Cfg::BV == 32 || Cfg::BV == 64, "StateWalk supports V slabs of width 32 or 64");
   static_assert(Cfg::V % Cfg::BV == 0, "the V slabs must tile V exactly");
-  static_assert(Cfg::BV == StateWalkGeometry::bv(Cfg::V),
-                "the host sizes shared memory for StateWalkGeometry::bv(V); Cfg::BV must match it");
+  // The host sizes shared memory with StateWalkGeometry::smem_bytes_bv(K, CHUNK, BV), the same
+  // offsets as below (spec field walk_slab picks BV; "auto" is StateWalkGeometry::bv(V)).
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "Cfg::G must equal HV / H");
   static_assert(StateWalkGeometry::kThreads == 128, "StateWalk assumes 4 warps");
 
