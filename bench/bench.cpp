@@ -229,6 +229,7 @@ struct Bench {
   int groups, samples, warmup;
   TensorCores tensor_cores = TensorCores::automatic;  ///< --tensor-cores: the base spec of every mode
   int walk_slab = 0;                                  ///< --walk-slab: the base spec of every mode (0: auto)
+  int walk_bwd_slab = 0;                              ///< --walk-bwd-slab: likewise
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -266,19 +267,22 @@ struct Bench {
     s.targets = {Target::sm_90a};
     s.tensor_cores = tensor_cores;
     s.walk_slab = walk_slab;
+    s.walk_bwd_slab = walk_bwd_slab;
     return s;
   }
 };
 
 struct ArmKind {
   bool graph_replay, handoff, mma_sync;
-  int walk_slab = 0;  ///< the spec's walk_slab (0: the base spec's)
+  int walk_slab = 0;      ///< the spec's walk_slab (0: the base spec's)
+  int walk_bwd_slab = 0;  ///< the spec's walk_bwd_slab (0: the base spec's)
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},   {"spec-aa", {false, true, false}},          {"no-handoff", {false, false, false}},
     {"graph", {true, true, false}},   {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}}, {"walk64", {false, true, false, 64}},  // the forward walk's slab width
+    {"walkbwd64", {false, true, false, 0, 64}}, {"walks64", {false, true, false, 64, 64}},  // the backward's, both
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -296,6 +300,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (!kArms.at(name).handoff) s.reuse_recompute_tapes = ReuseTapes::no;
       if (kArms.at(name).mma_sync) s.tensor_cores = TensorCores::mma_sync;
       if (kArms.at(name).walk_slab != 0) s.walk_slab = kArms.at(name).walk_slab;
+      if (kArms.at(name).walk_bwd_slab != 0) s.walk_bwd_slab = kArms.at(name).walk_bwd_slab;
       specs.emplace_back(name, s);
     }
     SharedRegions regions;
@@ -449,8 +454,8 @@ int main(int argc, char** argv) {
   app.add_option("--arms", arm_names,
                  "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
                  "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
-                 "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64)")
-      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32", "walk64"}))
+                 "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64)")
+      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32", "walk64", "walkbwd64", "walks64"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
@@ -465,6 +470,9 @@ int main(int argc, char** argv) {
   std::string walk_slab = "auto";
   app.add_option("--walk-slab", walk_slab, "the specs' walk_slab (the forward walk's V-slab width)")
       ->check(CLI::IsMember({"auto", "32", "64"}));
+  std::string walk_bwd_slab = "auto";
+  app.add_option("--walk-bwd-slab", walk_bwd_slab, "the specs' walk_bwd_slab (the backward walk's V-slab width)")
+      ->check(CLI::IsMember({"auto", "32", "64"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
@@ -473,8 +481,9 @@ int main(int argc, char** argv) {
             rt::Event::create(), rt::Event::create(), groups, samples, warmup};
     b.tensor_cores = tensor_cores == "auto" ? TensorCores::automatic : TensorCores::mma_sync;
     b.walk_slab = walk_slab == "auto" ? 0 : std::stoi(walk_slab);
-    fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}\n", b.ctx.name(), b.ctx.sm_count(), tensor_cores,
-               walk_slab);
+    b.walk_bwd_slab = walk_bwd_slab == "auto" ? 0 : std::stoi(walk_bwd_slab);
+    fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}\n", b.ctx.name(),
+               b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab);
     if (programs) program_breakdown(b, shapes);
     if (host) host_time(b);
     if (sweep) handoff_sweep(b);

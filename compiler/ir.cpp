@@ -107,6 +107,7 @@ LayerIR lower(const Spec& s) {
   const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;
   const bool norm = s.norm == Norm::l2_in_kernel;
   ir.walk_bv = s.walk_slab != 0 ? s.walk_slab : StateWalkGeometry::bv(V);
+  ir.walk_bwd_bv = s.walk_bwd_slab != 0 ? s.walk_bwd_slab : StateWalkBwdGeometry::bv(V);
 
   auto add = [&](std::string name, std::string path, std::string cls, std::string params, int threads, int smem,
                  GridKind grid, int bv = 0, int min_blocks = 1) {
@@ -129,8 +130,8 @@ LayerIR lower(const Spec& s) {
   add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
       DvLocalGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
-      StateWalkBwdGeometry::kThreads, StateWalkBwdGeometry::smem_bytes(K, V, C), GridKind::walk,
-      StateWalkBwdGeometry::bv(V), StateWalkBwdGeometry::kMinBlocksPerSm);
+      StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
+      GridKind::walk, ir.walk_bwd_bv, StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
       ChunkBwdGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
@@ -313,6 +314,7 @@ json to_json(const LayerIR& ir) {
                          {"graph", to_string(ir.decisions.graph)},
                          {"backward_reruns_prep", ir.decisions.backward_reruns_prep}}},
           {"walk_bv", ir.walk_bv},
+          {"walk_bwd_bv", ir.walk_bwd_bv},
           {"programs", progs},
           {"buffers", bufs},
           {"call_forms", forms}};

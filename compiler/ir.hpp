@@ -91,7 +91,8 @@ struct Decisions {
 struct LayerIR {
   Spec spec;
   Decisions decisions;
-  int walk_bv = 0;  ///< V-slab width of the forward state walk (the backward walk's is its own)
+  int walk_bv = 0;      ///< V-slab width of the forward state walk
+  int walk_bwd_bv = 0;  ///< V-slab width of the backward state walk
   std::vector<Program> programs;
   std::vector<Buffer> buffers;
   std::vector<CallFormIR> call_forms;

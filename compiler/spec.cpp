@@ -108,6 +108,8 @@ void validate(const Spec& s) {
   // Struct-built specs bypass the JSON reader's check.
   if (s.walk_slab != 0 && s.walk_slab != 32 && s.walk_slab != 64)
     throw SpecError("/walk_slab", fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_slab));
+  if (s.walk_bwd_slab != 0 && s.walk_bwd_slab != 32 && s.walk_bwd_slab != 64)
+    throw SpecError("/walk_bwd_slab", fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_bwd_slab));
   if (s.chunk != kSupportedChunk)
     throw SpecError("/chunk", fmt::format("{} is not supported (supported: {})", s.chunk, kSupportedChunk));
   if (s.targets.empty()) throw SpecError("/targets", "must list at least one target");
@@ -192,7 +194,7 @@ Spec spec_from_json(const json& j) {
   Spec s;
   Reader r(j, "");
   r.known({"name", "heads", "head_dim", "dtypes", "norm", "scale", "chunk", "save_mode",
-           "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "initial_state", "final_state",
+           "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "initial_state", "final_state",
            "targets", "cp"});
   r.string("name", s.name, true);
   {
@@ -234,12 +236,16 @@ Spec spec_from_json(const json& j) {
   s.determinism = det ? Determinism::deterministic : Determinism::nondeterministic;
   r.choice("graph", s.graph, {{"off", GraphMode::off}, {"replay", GraphMode::replay}});
   r.choice("tensor_cores", s.tensor_cores, {{"auto", TensorCores::automatic}, {"mma_sync", TensorCores::mma_sync}});
-  if (const json* ws = r.get("walk_slab", false)) {
-    if (ws->is_string() && ws->get<std::string>() == "auto") s.walk_slab = 0;
-    else if (ws->is_number_integer() && (ws->get<long long>() == 32 || ws->get<long long>() == 64))
-      s.walk_slab = static_cast<int>(ws->get<long long>());
-    else throw SpecError("/walk_slab", fmt::format("{} is not supported (supported: \"auto\", 32, 64)", ws->dump()));
-  }
+  auto slab = [&](const char* key, int& out) {
+    if (const json* ws = r.get(key, false)) {
+      if (ws->is_string() && ws->get<std::string>() == "auto") out = 0;
+      else if (ws->is_number_integer() && (ws->get<long long>() == 32 || ws->get<long long>() == 64))
+        out = static_cast<int>(ws->get<long long>());
+      else throw SpecError(std::string("/") + key, fmt::format("{} is not supported (supported: \"auto\", 32, 64)", ws->dump()));
+    }
+  };
+  slab("walk_slab", s.walk_slab);
+  slab("walk_bwd_slab", s.walk_bwd_slab);
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);
@@ -308,6 +314,7 @@ json to_json(const Spec& s) {
       {"graph", to_string(s.graph)},
       {"tensor_cores", to_string(s.tensor_cores)},
       {"walk_slab", s.walk_slab ? json(s.walk_slab) : json("auto")},
+      {"walk_bwd_slab", s.walk_bwd_slab ? json(s.walk_bwd_slab) : json("auto")},
       {"initial_state", s.initial_state == StateFlag::present},
       {"final_state", s.final_state == StateFlag::present},
       {"targets", targets},

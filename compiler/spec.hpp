@@ -78,6 +78,9 @@ struct Spec {
   /// StateWalkGeometry::bv(V)), else 32 or 64. Same bits either way; wider slabs re-read W and K
   /// less, narrower ones give more independent walks.
   int walk_slab = 0;
+  /// The same for the backward walk: 0 = "auto" (StateWalkBwdGeometry::bv(V)), 32 (8 warps, two
+  /// blocks per SM) or 64 (16 warps, one block per SM: half the Q, K and W re-reads).
+  int walk_bwd_slab = 0;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};

@@ -122,6 +122,20 @@ TEST_SUITE("compile") {
     }
   }
 
+  TEST_CASE("the backward walk compiles with 64-wide slabs (16 warps) for every target, without spills") {
+    auto spec = example("m");
+    spec.walk_bwd_slab = 64;
+    const gdn::Program p = gdn::lower(spec).program("state_walk_bwd");
+    CHECK(p.threads == 512);
+    for (gdn::Target t : gdn::supported_targets()) {
+      INFO(gdn::to_string(t));
+      const auto c = gdn::nvrtc_compile(p, t, gdn::generate_source(p));
+      CHECK(c.spill_store_bytes == 0);
+      CHECK(c.registers <= 128);  // 512 threads per block
+      CHECK(p.smem_bytes <= 227 * 1024);
+    }
+  }
+
   TEST_CASE("the wgmma probe compiles for sm_90a in every operand form, and is refused elsewhere") {
     for (const auto& probe : gdn::test::all_wgmma_probes()) {
       if (probe.kd != 128) continue;  // the depth only changes a loop count; the GPU test runs both

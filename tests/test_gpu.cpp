@@ -229,15 +229,16 @@ TEST_SUITE("gpu_layer") {
     expect_within_bounds(check::run(*layer, c), "shape M heads, mma_sync");
   }
 
-  TEST_CASE("walk_slab 64 (the forward walk in 64-wide slabs) against the fp64 reference") {
+  TEST_CASE("walk_slab and walk_bwd_slab 64 (both walks in 64-wide slabs) against the fp64 reference") {
     Spec s = spec_of("m");
     s.name = "m_walk64";
     s.walk_slab = 64;
+    s.walk_bwd_slab = 64;
     auto layer = make(s);
     check::Case c;
     c.seed = static_cast<uint64_t>(std::time(nullptr)) + 17;
     c.doc_lens = {1, 63, 700, 65, 64};
-    expect_within_bounds(check::run(*layer, c), "shape M heads, walk_slab 64");
+    expect_within_bounds(check::run(*layer, c), "shape M heads, walk_slab and walk_bwd_slab 64");
   }
 }
 
@@ -281,18 +282,19 @@ TEST_SUITE("gpu_determinism") {
 
   // Each element of V', v_new, the h tape and the state keeps its k order whatever the slab width,
   // so walk_slab is a speed choice only (docs/spec.md); checked against fp64 in gpu_layer too.
-  TEST_CASE("walk_slab 32 and 64 give the same bits, light and full") {
+  TEST_CASE("walk_slab and walk_bwd_slab 32 and 64 give the same bits, light and full") {
     check::Case c;
     c.doc_lens = {1, 63, 64, 65, 3000, 700};
     c.with_reference = false;
     c.seed = 43;
     for (SaveMode save : {SaveMode::light, SaveMode::full}) {
       std::map<std::string, std::string> first;
-      for (int slab : {32, 64}) {
+      for (auto [fwd_slab, bwd_slab] : {std::pair{32, 32}, std::pair{64, 32}, std::pair{32, 64}, std::pair{64, 64}}) {
         Spec s = spec_of("m");
         s.save_mode = save;
-        s.walk_slab = slab;
-        s.name = std::string("m_walk") + std::to_string(slab) + "_" + std::string(to_string(save));
+        s.walk_slab = fwd_slab;
+        s.walk_bwd_slab = bwd_slab;
+        s.name = fmt::format("m_walk{}_{}_{}", fwd_slab, bwd_slab, to_string(save));
         const check::Report r = check::run(*make(s), c);
         CHECK(r.bytes.size() == 8);
         if (first.empty()) first = r.bytes;

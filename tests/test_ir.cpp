@@ -4,6 +4,7 @@
  *        UPDATE_GOLDENS=1 rewrites them (then review the diff and commit).
  */
 #include "compiler/ir.hpp"
+#include "bwd/geometry.hpp"
 #include "fwd/geometry.hpp"
 
 #include "tests/golden.hpp"
@@ -83,6 +84,32 @@ TEST_SUITE("ir") {
     CHECK(gdn::to_json(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()))["walk_slab"] == "auto");
     spec.walk_slab = 48;
     CHECK_THROWS_WITH_AS(gdn::lower(spec), doctest::Contains("/walk_slab"), gdn::SpecError);
+  }
+
+  TEST_CASE("walk_bwd_slab sets the backward walk's slab width, warps, shared memory and grid, and nothing else") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto automatic = gdn::lower(spec);
+    spec.walk_bwd_slab = 64;
+    const auto wide = gdn::lower(spec);
+    const gdn::Program& w = wide.program("state_walk_bwd");
+    CHECK(automatic.walk_bwd_bv == gdn::StateWalkBwdGeometry::bv(128));
+    CHECK(wide.walk_bwd_bv == 64);
+    CHECK(w.threads == 512);
+    CHECK(w.min_blocks_per_sm == 1);
+    CHECK(w.smem_bytes == gdn::StateWalkBwdGeometry::smem_bytes_bv(128, 64, 64));
+    bool has_bv = false;
+    for (const auto& [k, v] : w.constants)
+      if (k == "BV") has_bv = v == "64";
+    CHECK(has_bv);
+    for (const auto& p : automatic.programs) {
+      if (p.name == "state_walk_bwd") continue;
+      const gdn::Program& q = wide.program(p.name);
+      CHECK_MESSAGE(p.constants == q.constants, p.name);
+      CHECK_MESSAGE(p.threads == q.threads, p.name);
+    }
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).walk_bwd_slab == 64);
+    CHECK_THROWS_WITH_AS(gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"walk_bwd_slab":16})")),
+                         "/walk_bwd_slab: 16 is not supported (supported: \"auto\", 32, 64)", gdn::SpecError);
   }
 
   TEST_CASE("byte formulas") {

@@ -26,19 +26,23 @@ struct DvLocalGeometry {
 /// inputs, refilled piece by piece as each piece is consumed (the next chunk's loads overlap
 /// this chunk's products); two blocks per SM hide what remains.
 struct StateWalkBwdGeometry {
-  static constexpr int kThreads = 256;
-  static constexpr int kMinBlocksPerSm = 2;  ///< caps registers at 128 so two blocks fit
+  /// The default slab width (the spec's walk_bwd_slab can pick 64).
   static constexpr int bv(int V) { return V >= 32 ? 32 : V; }
+  /// 32-wide slabs: 8 warps, two blocks per SM; 64-wide: 16 warps, one block per SM (the same
+  /// warps per SM and per-warp work, half the blocks re-reading Q, K and W).
+  static constexpr int threads(int bvw) { return bvw == 64 ? 512 : 256; }
+  static constexpr int min_blocks_per_sm(int bvw) { return bvw == 64 ? 1 : 2; }  ///< caps registers at 128
   /// One pipeline stage: K, Q, W tiles, the dO and dv_local slabs, and gc twice (gc is still
   /// read while the next chunk's gc arrives).
-  static constexpr int stage_bytes(int K, int V, int chunk) {
-    return 2 * (3 * chunk * bwd_pitch(K) + 2 * chunk * bwd_pitch(bv(V))) + 2 * 4 * chunk;
+  static constexpr int stage_bytes_bv(int K, int chunk, int bvw) {
+    return 2 * (3 * chunk * bwd_pitch(K) + 2 * chunk * bwd_pitch(bvw)) + 2 * 4 * chunk;
   }
-  static constexpr int smem_bytes(int K, int V, int chunk) {
-    return stage_bytes(K, V, chunk)
+  static constexpr int smem_bytes_bv(int K, int chunk, int bvw) {
+    return stage_bytes_bv(K, chunk, bvw)
            // the gated dO slab split into hi and lo bf16 parts, bf16(Z) and -bf16(dV')
-           + 2 * (2 * chunk * bwd_pitch(bv(V)) + K * bwd_pitch(bv(V)) + chunk * bwd_pitch(bv(V)));
+           + 2 * (2 * chunk * bwd_pitch(bvw) + K * bwd_pitch(bvw) + chunk * bwd_pitch(bvw));
   }
+  static constexpr int smem_bytes(int K, int V, int chunk) { return smem_bytes_bv(K, chunk, bv(V)); }
 };
 
 /// B4 + B5 + B6: one block per (chunk, value head).

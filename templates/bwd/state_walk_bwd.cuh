@@ -22,18 +22,18 @@ namespace gdn {
 template <class Cfg>
 struct StateWalkBwd {
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK;
-  static constexpr int BV = StateWalkBwdGeometry::bv(Cfg::V);
-  static constexpr int kThreads = StateWalkBwdGeometry::kThreads, kWarps = kThreads / 32;
+  static constexpr int BV = Cfg::BV;  // the spec's walk_bwd_slab, else StateWalkBwdGeometry::bv(V)
+  static constexpr int kThreads = StateWalkBwdGeometry::threads(BV), kWarps = kThreads / 32;
   static constexpr int PK = bwd_pitch(K), PB = bwd_pitch(BV);
   static_assert(C == 64, "StateWalkBwd: only chunk size 64 is supported");
-  static_assert(BV == 32 && V % BV == 0, "StateWalkBwd: V must be a multiple of the 32-column slab");
+  static_assert((BV == 32 || BV == 64) && V % BV == 0, "StateWalkBwd: V must be a multiple of the 32- or 64-column slab");
   static_assert(K % 16 == 0 && K <= 256, "StateWalkBwd: K must be a multiple of 16 and at most 256");
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "StateWalkBwd: HV must equal H * G");
 
   /// Element offsets of one pipeline stage (bf16 units; the two gc buffers follow as floats).
   static constexpr int kOffK = 0, kOffQ = C * PK, kOffW = 2 * C * PK, kOffO = 3 * C * PK;
   static constexpr int kOffL = kOffO + C * PB, kOffG = kOffL + C * PB;
-  static constexpr int kStageBytes = StateWalkBwdGeometry::stage_bytes(K, V, C);
+  static constexpr int kStageBytes = StateWalkBwdGeometry::stage_bytes_bv(K, C, BV);
   static_assert(kStageBytes % 16 == 0, "StateWalkBwd: stages must stay 16-byte aligned");
 
   // The stage is refilled in three cp.async groups, each issued as soon as this chunk has read
