@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nvrtc.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -93,6 +94,18 @@ int match_int(const std::string& log, const char* pattern) {
   return std::regex_search(log, m, re) ? std::stoi(m[1].str()) : -1;
 }
 
+/// Every match of `pattern`'s first group, folded with `f`; -1 when there is none.
+template <class F>
+int fold_ints(const std::string& log, const char* pattern, F f) {
+  const std::regex re(pattern);
+  int out = -1;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), re); it != std::sregex_iterator(); ++it) {
+    const int v = std::stoi((*it)[1].str());
+    out = out < 0 ? v : f(out, v);
+  }
+  return out;
+}
+
 std::string write_failed_source(const Program& p, Target t, const std::string& source) {
   auto path = std::filesystem::temp_directory_path() / fmt::format("gdnc-{}-{}-{}.cu", p.name, to_string(t), ::getpid());
   std::ofstream(path) << source;
@@ -137,10 +150,19 @@ CompiledProgram nvrtc_compile(const Program& p, Target t, const std::string& sou
   out.cubin.resize(cubin_size);
   nvrtcGetCUBIN(*prog, out.cubin.data());
   out.log = log;
-  out.registers = match_int(log, R"(Used (\d+) registers)");
-  out.spill_store_bytes = match_int(log, R"((\d+) bytes spill stores)");
+  out.registers = ptxas::registers(log);
+  out.spill_store_bytes = ptxas::spill_store_bytes(log);
   out.static_smem_bytes = match_int(log, R"((\d+) bytes smem)");
   return out;
 }
+
+namespace ptxas {
+int registers(const std::string& log) {
+  return fold_ints(log, R"(Used (\d+) registers)", [](int a, int b) { return std::max(a, b); });
+}
+int spill_store_bytes(const std::string& log) {
+  return fold_ints(log, R"((\d+) bytes spill stores)", [](int a, int b) { return a + b; });
+}
+}  // namespace ptxas
 
 }  // namespace gdn

@@ -47,10 +47,18 @@ class CompileError : public std::runtime_error {
 struct CompiledProgram {
   std::string cubin;
   std::string log;     ///< ptxas -v output
-  int registers = -1;  ///< per thread, from ptxas -v
-  int spill_store_bytes = -1;
+  int registers = -1;  ///< per thread: the most any function of the program uses (ptxas -v)
+  int spill_store_bytes = -1;  ///< summed over the kernel and every function it calls
   int static_smem_bytes = -1;
 };
+
+/// Reads ptxas -v output. It has one block per function: the kernel's, then one per function
+/// the kernel calls (a __noinline__ one), each with its own registers and spills; the first
+/// block alone hides a callee's spills. -1 when the log has no such line.
+namespace ptxas {
+int registers(const std::string& log);          ///< the largest "Used N registers"
+int spill_store_bytes(const std::string& log);  ///< the sum of "N bytes spill stores"
+}  // namespace ptxas
 
 /// The generated translation unit: includes the template and instantiates it with the IR's
 /// constants behind one extern "C" kernel named program.entry().

@@ -77,6 +77,24 @@ TEST_SUITE("compile") {
     CHECK_THROWS_WITH_AS(gdn::find_template("nope.cuh"), doctest::Contains("nope.cuh"), std::out_of_range);
   }
 
+  TEST_CASE("ptxas logs: registers are the most any function uses, spills are summed over functions") {
+    // The shape of ptxas -v output for a kernel that calls a __noinline__ function.
+    const std::string log =
+        "ptxas info    : Compiling entry function 'gdn_chunk_bwd' for 'sm_100a'\n"
+        "ptxas info    : Function properties for gdn_chunk_bwd\n"
+        "ptxas         .     168 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Function properties for run_item\n"
+        "ptxas         .     168 bytes stack frame, 156 bytes spill stores, 168 bytes spill loads\n"
+        "ptxas info    : Used 128 registers, used 1 barriers\n"
+        "ptxas info    : Function properties for helper\n"
+        "ptxas         .     8 bytes stack frame, 12 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 40 registers\n";
+    CHECK(gdn::ptxas::registers(log) == 128);
+    CHECK(gdn::ptxas::spill_store_bytes(log) == 168);
+    CHECK(gdn::ptxas::spill_store_bytes("no such lines") == -1);
+    CHECK(gdn::ptxas::registers("no such lines") == -1);
+  }
+
   TEST_CASE("a compile failure carries the log, the options and the source path") {
     gdn::Program p = gdn::lower(example("n")).program("gate_cumsum");
     try {

@@ -1,0 +1,99 @@
+/**
+ * @file test_cp_partition.cpp
+ * @brief Context parallelism's token partition (ALGORITHM.md 4.1): hand-checked cases, the
+ *        properties that must hold for any batch, and the errors.
+ */
+#include "runtime/cp_partition.hpp"
+
+#include <doctest/doctest.h>
+
+#include <random>
+#include <stdexcept>
+
+using gdn::cp_partition;
+using gdn::CpRankPart;
+
+TEST_SUITE("cp") {
+  TEST_CASE("a document across three ranks, one ending on a rank boundary, an empty one") {
+    // T = 120 over 4 ranks of 30: doc 0 [0, 10), doc 1 [10, 75) spans ranks 0..2, doc 2 empty,
+    // doc 3 [75, 90) ends on the boundary, doc 4 [90, 120) is rank 3 alone.
+    const auto parts = cp_partition({0, 10, 75, 75, 90, 120}, 4);
+    REQUIRE(parts.size() == 4);
+    CHECK(parts[0].cu_seqlens == std::vector<int64_t>{0, 10, 30});
+    CHECK(parts[0].docs == std::vector<int>{0, 1});
+    CHECK(parts[0].pre_num_ranks == 0);
+    CHECK(parts[0].post_num_ranks == 2);
+    CHECK(parts[1].cu_seqlens == std::vector<int64_t>{0, 30});
+    CHECK(parts[1].docs == std::vector<int>{1});
+    CHECK(parts[1].pre_num_ranks == 1);
+    CHECK(parts[1].post_num_ranks == 1);
+    CHECK(parts[2].cu_seqlens == std::vector<int64_t>{0, 15, 30});
+    CHECK(parts[2].docs == std::vector<int>{1, 3});
+    CHECK(parts[2].pre_num_ranks == 2);
+    CHECK(parts[2].post_num_ranks == 0);
+    CHECK(parts[3].cu_seqlens == std::vector<int64_t>{0, 30});
+    CHECK(parts[3].docs == std::vector<int>{4});
+    CHECK(parts[3].is_first_rank());
+    CHECK(parts[3].is_last_rank());
+    CHECK(parts[3].token_begin == 90);
+    CHECK(parts[3].token_end == 120);
+  }
+
+  TEST_CASE("one rank is the batch itself") {
+    const auto parts = cp_partition({0, 7, 7, 20}, 1);
+    REQUIRE(parts.size() == 1);
+    CHECK(parts[0].cu_seqlens == std::vector<int64_t>{0, 7, 20});
+    CHECK(parts[0].docs == std::vector<int>{0, 2});
+    CHECK(parts[0].is_first_rank());
+    CHECK(parts[0].is_last_rank());
+  }
+
+  TEST_CASE("random batches: the ranks tile the tokens and the documents, and pre/post agree") {
+    std::mt19937_64 rng(5);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int world = 1 + static_cast<int>(rng() % 6);
+      const int64_t P = 1 + static_cast<int64_t>(rng() % 40);
+      const int64_t T = P * world;
+      std::vector<int64_t> cu = {0};
+      while (cu.back() < T) cu.push_back(std::min<int64_t>(T, cu.back() + static_cast<int64_t>(rng() % 50)));
+      CAPTURE(trial);
+      const auto parts = cp_partition(cu, world);
+      REQUIRE(parts.size() == static_cast<size_t>(world));
+      std::vector<int64_t> covered(cu.size() - 1, 0);  // tokens of each global document seen
+      for (const CpRankPart& r : parts) {
+        CHECK(r.token_end - r.token_begin == P);
+        REQUIRE(r.cu_seqlens.size() == r.docs.size() + 1);
+        CHECK(r.cu_seqlens.front() == 0);
+        CHECK(r.cu_seqlens.back() == P);
+        for (size_t i = 0; i < r.docs.size(); ++i) {
+          CHECK(r.cu_seqlens[i + 1] > r.cu_seqlens[i]);  // no empty local sequences
+          covered[static_cast<size_t>(r.docs[i])] += r.cu_seqlens[i + 1] - r.cu_seqlens[i];
+          if (i > 0) CHECK(r.docs[i] > r.docs[i - 1]);
+        }
+        // Only the first local sequence continues from earlier ranks, only the last onto later ones.
+        if (r.rank > 0) {
+          const CpRankPart& prev = parts[static_cast<size_t>(r.rank) - 1];
+          const bool shared = prev.docs.back() == r.docs.front();
+          CHECK((r.pre_num_ranks > 0) == shared);
+          CHECK((prev.post_num_ranks > 0) == shared);
+          // A shared document started one rank earlier, or further back when the previous rank
+          // holds nothing else; likewise forwards.
+          if (shared) CHECK(r.pre_num_ranks == (prev.docs.size() == 1 ? prev.pre_num_ranks + 1 : 1));
+          if (shared) CHECK(prev.post_num_ranks == (r.docs.size() == 1 ? r.post_num_ranks + 1 : 1));
+        }
+      }
+      for (size_t d = 0; d + 1 < cu.size(); ++d) CHECK(covered[d] == cu[d + 1] - cu[d]);
+    }
+  }
+
+  TEST_CASE("bad input names the field and the value") {
+    CHECK_THROWS_WITH_AS(cp_partition({0, 10, 25}, 2), "cp.ranks: T = 25 tokens is not divisible by 2 ranks",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cp_partition({0, 10}, 0), "cp.ranks: 0 must be at least 1", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cp_partition({0, 10, 8, 12}, 2), "cu_seqlens[2]: 8 < cu_seqlens[1] (10)",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cp_partition({3, 10}, 1), "cu_seqlens[0]: 3 must be 0", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cp_partition({0}, 1), "cu_seqlens: 1 offsets, need at least 2", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(cp_partition({0, 0}, 1), "cu_seqlens: the batch holds no tokens", std::invalid_argument);
+  }
+}
