@@ -8,6 +8,8 @@
 #   here:    git checkout BRANCH && cmake --build build && scripts/pack_tree.sh BRANCH && git checkout main
 #            && cmake --build build && scripts/pack_device.sh
 #   device:  scripts/gate_tree.sh BRANCH            (SKIP_TESTS=1: digests and programs only)
+#   carry:   .scratch_device/bin and .scratch_device/BRANCH.tar.xz (not all of .scratch_device: each
+#            packed tree is ~10 MB and a call carries 64 MiB at most)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 name="${1:?usage: scripts/gate_tree.sh NAME (a .scratch_device/NAME.tar.xz from scripts/pack_tree.sh)}"
@@ -21,8 +23,11 @@ steps="tests digests"
 (cd "$tree" && OUT="$OUT/$name" GDNC_CACHE_DIR="/tmp/gate-cache-$name" STEPS="$steps" ./scripts/gpu_run.sh) \
   | grep -E "^===|assertions|Status|FAIL|ERROR|error" ; rc=${PIPESTATUS[0]}
 # Only the branch's logs go to $OUT (a device call brings back at most 8 files); the rest to /tmp.
-OUT=/tmp/gate-main STEPS=digests ./scripts/gpu_run.sh >/dev/null 2>&1
-if cmp -s /tmp/gate-main/digests.txt "$OUT/$name/digests.txt"; then
+OUT=/tmp/gate-main STEPS=digests ./scripts/gpu_run.sh > /tmp/gate-main.log 2>&1 || main_rc=$?
+if [ -n "${main_rc:-}" ] || [ ! -s /tmp/gate-main/digests.txt ]; then
+  echo "digests: main's run failed (rc ${main_rc:-0}); its log:" && tail -20 /tmp/gate-main.log
+  rc=1
+elif cmp -s /tmp/gate-main/digests.txt "$OUT/$name/digests.txt"; then
   echo "digests: $name has the same bits as main in every result"
 else
   echo "digests: $name differs from main in:"

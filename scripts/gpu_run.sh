@@ -13,7 +13,7 @@
 #   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3): SHA-256 of every
 #             result; diff two runs' $OUT/digests.txt to show a change kept every bit
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 export GDN_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}" PYTHONUNBUFFERED=1
@@ -49,6 +49,7 @@ if has python || has compare; then
   export TRITON_CACHE_DIR=/tmp/triton-cache
   mkdir -p "$TRITON_CACHE_DIR"
   [ -f .scratch_device/triton-cache.tar.xz ] && tar xJf .scratch_device/triton-cache.tar.xz -C "$TRITON_CACHE_DIR"
+  touch /tmp/triton-cache.stamp  # brought back only if something new lands (8 files come back at most)
 fi
 if has python; then
   echo "=== python binding ($((SECONDS - t0)) s)"
@@ -79,9 +80,10 @@ if has compare; then
   echo "=== compare with FLA ($((SECONDS - t0)) s)"
   python3 bench/compare_fla.py ${COMPARE_ARGS:---shapes N,M,G,A --groups 2 --samples 5 --warmup 3} \
     --out "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
-if has python || has compare; then
+if { has python || has compare; } && [ -n "$(find "$TRITON_CACHE_DIR" -newer /tmp/triton-cache.stamp -type f | head -1)" ]; then
   tar -I "xz -T0" -cf "$OUT/triton-cache.tar.xz" -C "$TRITON_CACHE_DIR" .
 fi
-echo "=== done ($((SECONDS - t0)) s), tests rc=$rc"
+echo "=== done ($((SECONDS - t0)) s), rc=$rc (tests, python, digests, compare)"
 exit $rc

@@ -59,6 +59,8 @@ TEST_SUITE("cp") {
       CAPTURE(trial);
       const auto parts = cp_partition(cu, world);
       REQUIRE(parts.size() == static_cast<size_t>(world));
+      CHECK(parts.front().pre_num_ranks == 0);
+      CHECK(parts.back().post_num_ranks == 0);
       std::vector<int64_t> covered(cu.size() - 1, 0);  // tokens of each global document seen
       for (const CpRankPart& r : parts) {
         CHECK(r.token_end - r.token_begin == P);

@@ -122,14 +122,15 @@ TEST_SUITE("reference") {
 
   TEST_CASE("the rank protocol of ALGORITHM.md 4.3 and 4.4 over simulated ranks reproduces the single pass") {
     // 4 ranks of 60 tokens: doc 0 [0, 20) on rank 0, doc 1 [20, 170) across ranks 0..2 (rank 1
-    // holds nothing else), doc 2 [170, 240) across ranks 2..3. Rank boundaries are not chunk
-    // boundaries of the documents: each rank chunks its local sequences from their local start.
+    // holds nothing else), doc 2 [170, 180) on rank 2 alone and ending on its boundary, doc 3
+    // empty, doc 4 [180, 240) on rank 3. Rank boundaries are not chunk boundaries of the
+    // documents: each rank chunks its local sequences from their local start.
     Problem p;
     p.H = 1;
     p.HV = 3;
     p.K = 8;
     p.V = 6;
-    p.cu_seqlens = {0, 20, 170, 240};
+    p.cu_seqlens = {0, 20, 170, 180, 180, 240};
     p.T = 240;
     const int world = 4, K = p.K, V = p.V, HV = p.HV;
     const size_t KV = static_cast<size_t>(K) * V;
@@ -140,6 +141,9 @@ TEST_SUITE("reference") {
     const auto parts = gdn::cp_partition(p.cu_seqlens, world);
     REQUIRE(parts[1].docs == std::vector<int>{1});
     REQUIRE(parts[2].pre_num_ranks == 2);
+    REQUIRE(parts[2].docs == std::vector<int>{1, 2});
+    REQUIRE(parts[2].is_last_rank());
+    REQUIRE(parts[3].docs == std::vector<int>{4});
 
     // A rank's local problem: its tokens, its local cu_seqlens, zero initial states to fill in.
     struct Local {
