@@ -57,7 +57,7 @@ __device__ __forceinline__ void load_sw_async(bf16_t* dst, const bf16_t* src, lo
     const bool ok = r0 + it * kRowStep < valid_rows;
     const u32 d = d0 + static_cast<u32>(it * kRowStep * 128);
     const bf16_t* g = ok ? s0 + it * kRowStep * gstride : src + col;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(g), "r"(ok ? 16 : 0) : "memory");
+    bwd::cp_async16(d, g, ok);
   }
 }
 
@@ -76,24 +76,10 @@ struct WgAcc {
 
   float c[kSlots][4];
 
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) c[s][i] = 0.f;
-  }
+  __device__ __forceinline__ void zero() { acc_zero(*this); }
   template <class F>
   __device__ __forceinline__ void for_each(F f) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int gr = lane / 4, tq = (lane % 4) * 2;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int r0 = tile_row(warp, s) * 16, c0 = tile_col(warp, s) * 8;
-      f(r0 + gr, c0 + tq, c[s][0]);
-      f(r0 + gr, c0 + tq + 1, c[s][1]);
-      f(r0 + gr + 8, c0 + tq, c[s][2]);
-      f(r0 + gr + 8, c0 + tq + 1, c[s][3]);
-    }
+    acc_for_each(*this, f);
   }
   __device__ __forceinline__ float (&regs())[kSlots * 4] { return *reinterpret_cast<float(*)[kSlots * 4]>(&c[0][0]); }
 };

@@ -24,10 +24,12 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
 
 /// 16-byte async copy; invalid rows are zero-filled (src-size 0) so partial chunks need no
 /// separate clearing pass and the masked rows enter every product as exact zeros.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(valid ? 16 : 0)
+__device__ __forceinline__ void cp_async16(u32 dst_smem, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst_smem), "l"(src), "r"(valid ? 16 : 0)
                : "memory");
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  cp_async16(smem_addr(dst), src, valid);
 }
 /// 4-byte async copy (one fp32 scalar), zero-filled when invalid.
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {

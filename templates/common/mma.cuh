@@ -68,6 +68,31 @@ struct WarpRect {
 
 /// M x N fp32 accumulator owned by WARPS warps. Slot s of warp w is the tile at
 /// origin(w, s); every Acc of the same shape maps elements to threads the same way.
+/// The element walks of every accumulator made of m16n8 fragments (Acc below, and the wgmma
+/// accumulator of chunk_bwd_sm90.cuh): AccT gives kSlots, tile_row(w, s), tile_col(w, s) and
+/// c[kSlots][4].
+template <class AccT>
+__device__ __forceinline__ void acc_zero(AccT& a) {
+#pragma unroll
+  for (int s = 0; s < AccT::kSlots; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) a.c[s][i] = 0.f;
+}
+/// Calls f(row, col, value&) for every element this thread owns.
+template <class AccT, class F>
+__device__ __forceinline__ void acc_for_each(AccT& a, F f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int gr = lane / 4, tq = (lane % 4) * 2;
+#pragma unroll
+  for (int s = 0; s < AccT::kSlots; ++s) {
+    const int r0 = AccT::tile_row(warp, s) * 16, c0 = AccT::tile_col(warp, s) * 8;
+    f(r0 + gr, c0 + tq, a.c[s][0]);
+    f(r0 + gr, c0 + tq + 1, a.c[s][1]);
+    f(r0 + gr + 8, c0 + tq, a.c[s][2]);
+    f(r0 + gr + 8, c0 + tq + 1, a.c[s][3]);
+  }
+}
+
 template <int M, int N, int WARPS>
 struct Acc {
   static_assert(M % 16 == 0, "Acc: M must be a multiple of 16 (the mma tile height)");
@@ -88,12 +113,7 @@ struct Acc {
 
   float c[kSlots][4];
 
-  __device__ __forceinline__ void zero() {
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) c[s][i] = 0.f;
-  }
+  __device__ __forceinline__ void zero() { acc_zero(*this); }
 
   /// this += A[M x kd] * B[kd x N]; kd a multiple of 16. Call from every thread of the block.
   /// Every element accumulates its k steps in ascending order, whatever the warp rectangle.
@@ -125,16 +145,7 @@ struct Acc {
   /// Calls f(row, col, value&) for every element this thread owns.
   template <class F>
   __device__ __forceinline__ void for_each(F f) {
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int gr = lane / 4, tq = (lane % 4) * 2;
-#pragma unroll
-    for (int s = 0; s < kSlots; ++s) {
-      const int r0 = tile_row(warp, s) * 16, c0 = tile_col(warp, s) * 8;
-      f(r0 + gr, c0 + tq, c[s][0]);
-      f(r0 + gr, c0 + tq + 1, c[s][1]);
-      f(r0 + gr + 8, c0 + tq, c[s][2]);
-      f(r0 + gr + 8, c0 + tq + 1, c[s][3]);
-    }
+    acc_for_each(*this, f);
   }
 };
 
