@@ -106,7 +106,7 @@ LayerIR lower(const Spec& s) {
                   s.save_mode == SaveMode::light};
   const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;
   const bool norm = s.norm == Norm::l2_in_kernel;
-  ir.walk_bv = s.walk_slab != 0 ? s.walk_slab : StateWalkGeometry::bv(V);
+  ir.walk_bv = s.walk_slab != 0 ? s.walk_slab : StateWalkGeometry::auto_bv(V, HV);
   ir.walk_bwd_bv = s.walk_bwd_slab != 0 ? s.walk_bwd_slab : StateWalkBwdGeometry::bv(V);
 
   auto add = [&](std::string name, std::string path, std::string cls, std::string params, int threads, int smem,

@@ -59,7 +59,8 @@ TEST_SUITE("ir") {
 
   TEST_CASE("walk_slab sets the forward walk's slab width, shared memory and grid, and nothing else") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
-    const auto automatic = gdn::lower(spec);
+    spec.walk_slab = 32;
+    const auto narrow = gdn::lower(spec);
     spec.walk_slab = 64;
     const auto wide = gdn::lower(spec);
     auto constant = [](const gdn::Program& p, const std::string& name) {
@@ -67,14 +68,14 @@ TEST_SUITE("ir") {
         if (k == name) return v;
       return std::string("(absent)");
     };
-    CHECK(automatic.walk_bv == gdn::StateWalkGeometry::bv(128));
-    CHECK(constant(automatic.program("state_walk"), "BV") == std::to_string(automatic.walk_bv));
+    CHECK(narrow.walk_bv == 32);
+    CHECK(constant(narrow.program("state_walk"), "BV") == "32");
     CHECK(wide.walk_bv == 64);
     CHECK(constant(wide.program("state_walk"), "BV") == "64");
     CHECK(wide.program("state_walk").smem_bytes == gdn::StateWalkGeometry::smem_bytes_bv(128, 64, 64));
-    CHECK(wide.program("state_walk").smem_bytes != automatic.program("state_walk").smem_bytes);
+    CHECK(wide.program("state_walk").smem_bytes != narrow.program("state_walk").smem_bytes);
     // The backward walk keeps its own slab; every other program is untouched.
-    for (const auto& p : automatic.programs) {
+    for (const auto& p : narrow.programs) {
       if (p.name == "state_walk") continue;
       const gdn::Program& q = wide.program(p.name);
       CHECK_MESSAGE(p.constants == q.constants, p.name);
@@ -84,6 +85,22 @@ TEST_SUITE("ir") {
     CHECK(gdn::to_json(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()))["walk_slab"] == "auto");
     spec.walk_slab = 48;
     CHECK_THROWS_WITH_AS(gdn::lower(spec), doctest::Contains("/walk_slab"), gdn::SpecError);
+  }
+
+  TEST_CASE("walk_slab \"auto\" is 64 where one document gives 32 or more 64-wide slabs, else 32") {
+    for (const auto& [example, heads_v, want] : {std::tuple{"m", 48, 64}, std::tuple{"n", 6, 32}}) {
+      auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(example) + ".json")).string());
+      REQUIRE(spec.heads_v == heads_v);
+      REQUIRE(spec.walk_slab == 0);
+      CHECK_MESSAGE(gdn::lower(spec).walk_bv == want, example);
+    }
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
+    spec.heads_v = 16;  // 16 * 128 / 64 = 32 slabs: the first head count that takes 64
+    spec.heads_qk = 16;
+    CHECK(gdn::lower(spec).walk_bv == 64);
+    spec.heads_v = 15;
+    spec.heads_qk = 15;
+    CHECK(gdn::lower(spec).walk_bv == 32);
   }
 
   TEST_CASE("walk_bwd_slab sets the backward walk's slab width, warps, shared memory and grid, and nothing else") {
