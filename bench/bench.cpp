@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -445,6 +446,8 @@ void handoff_sweep(Bench& b) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Line-buffered even into a pipe: a device call cut by its time limit keeps the rows printed so far.
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
   CLI::App app{"gdn_bench: times gdnc's layer calls on the GPU (the seed's protocol)"};
   std::string shapes = "N,M,G,A";
   std::vector<std::string> arm_names = {"spec", "spec-aa", "no-handoff", "graph"};
