@@ -38,7 +38,7 @@ if has tests; then
     echo "=== $suite ($((SECONDS - t0)) s)"
     # A hung kernel would eat the whole device call: each suite gets SUITE_TIMEOUT seconds (the
     # slowest, gpu_ckpt, takes about 120 s on the H200).
-    timeout "${SUITE_TIMEOUT:-300}" "$bin/gdn_gpu_tests" --test-suite="$suite" 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -25
+    timeout "${SUITE_TIMEOUT:-300}" "$bin/gdn_gpu_tests" --test-suite="$suite" --duration=true 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -25
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
 fi
