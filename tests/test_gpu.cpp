@@ -243,6 +243,40 @@ TEST_SUITE("gpu_layer") {
 }
 
 TEST_SUITE("gpu_determinism") {
+  // ANCHORS.md asks 2: RL needs a document's logprobs (and a trainer its gradients) not to depend
+  // on what else is in the batch. Every program works per document or per (chunk, head), so a
+  // document's results must keep their bits alone, packed with others and in another order.
+  TEST_CASE("batch invariance: a document's outputs and gradients have the same bits alone, packed, reordered") {
+    const std::vector<long long> lens = {700, 65, 1, 2000, 129, 64};
+    const std::vector<uint64_t> seeds = {11, 12, 13, 14, 15, 16};
+    for (const char* example : {"n", "m"}) {
+      const Spec spec = spec_of(example);
+      auto layer = make(spec);
+      const auto run = [&](const std::vector<size_t>& order) {
+        check::Case c;
+        c.with_reference = false;
+        for (size_t i : order) {
+          c.doc_lens.push_back(lens[i]);
+          c.doc_seeds.push_back(seeds[i]);
+        }
+        return std::pair{c.doc_lens, check::run(*layer, c)};
+      };
+      const auto [packed_lens, packed] = run({0, 1, 2, 3, 4, 5});
+      REQUIRE(packed.bytes.size() == 8);
+      // Reversed, and each of three documents alone (a partial chunk, one token, full chunks only).
+      const std::vector<std::vector<size_t>> others = {{5, 4, 3, 2, 1, 0}, {1}, {2}, {5}};
+      for (const auto& order : others) {
+        const auto [other_lens, other] = run(order);
+        for (size_t pos = 0; pos < order.size(); ++pos)
+          for (const auto& [tensor, bytes] : packed.bytes)
+            CHECK_MESSAGE(check::document_bytes(other, tensor, spec, other_lens, pos) ==
+                              check::document_bytes(packed, tensor, spec, packed_lens, order[pos]),
+                          example << ": document " << order[pos] << " (" << lens[order[pos]] << " tokens) at position "
+                                  << pos << " of " << order.size() << ", " << tensor);
+      }
+    }
+  }
+
   TEST_CASE("repeated runs of shape M are bitwise equal; light and full give the same bits") {
     auto layer = make(spec_of("m"));
     check::Case c;

@@ -7,8 +7,12 @@
 #include "runtime/bf16.hpp"
 #include "tests/reference/gdn_reference.hpp"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 namespace gdn::check {
 
@@ -105,13 +109,37 @@ Report run(const Layer& layer, const Case& c) {
   const bool has_ht = sp.final_state == StateFlag::present;
   const int N = static_cast<int>(c.doc_lens.size());
   ref::Inputs in = ref::random_inputs(p, c.seed, c.gate_shift);
+  std::vector<double> d_o = ref::random_normal(static_cast<size_t>(p.T) * p.HV * p.V, c.seed + 101);
+  std::vector<double> dht = has_ht ? ref::random_normal(static_cast<size_t>(N) * p.HV * p.K * p.V, c.seed + 202)
+                                   : std::vector<double>{};
+  if (!c.doc_seeds.empty()) {
+    if (c.doc_seeds.size() != c.doc_lens.size())
+      throw std::invalid_argument(fmt::format("check::Case: {} doc_seeds for {} documents", c.doc_seeds.size(),
+                                              c.doc_lens.size()));
+    const size_t state = static_cast<size_t>(p.HV) * p.K * p.V;
+    for (size_t n = 0; n < c.doc_lens.size(); ++n) {
+      ref::Problem one = p;
+      one.T = c.doc_lens[n];
+      one.cu_seqlens = {0, one.T};
+      const ref::Inputs d = ref::random_inputs(one, c.doc_seeds[n], c.gate_shift);
+      const auto put = [&](std::vector<double>& dst, const std::vector<double>& src, size_t at) {
+        std::copy(src.begin(), src.end(), dst.begin() + static_cast<std::ptrdiff_t>(at));
+      };
+      const size_t t0 = static_cast<size_t>(p.cu_seqlens[n]);
+      put(in.q, d.q, t0 * p.H * p.K);
+      put(in.k, d.k, t0 * p.H * p.K);
+      put(in.v, d.v, t0 * p.HV * p.V);
+      put(in.g, d.g, t0 * p.HV);
+      put(in.beta, d.beta, t0 * p.HV);
+      if (p.has_h0) put(in.h0, d.h0, n * state);
+      put(d_o, ref::random_normal(static_cast<size_t>(one.T) * p.HV * p.V, c.doc_seeds[n] + 101), t0 * p.HV * p.V);
+      if (has_ht) put(dht, ref::random_normal(state, c.doc_seeds[n] + 202), n * state);
+    }
+  }
   if (c.gate_value) std::fill(in.g.begin(), in.g.end(), *c.gate_value);
   if (c.beta_value) std::fill(in.beta.begin(), in.beta.end(), *c.beta_value);
   const auto q16 = round_bf16(in.q), k16 = round_bf16(in.k), v16 = round_bf16(in.v);
   const auto g32 = round_f32(in.g), b32 = round_f32(in.beta), h032 = round_f32(in.h0);
-  std::vector<double> d_o = ref::random_normal(static_cast<size_t>(p.T) * p.HV * p.V, c.seed + 101);
-  std::vector<double> dht = has_ht ? ref::random_normal(static_cast<size_t>(N) * p.HV * p.K * p.V, c.seed + 202)
-                                   : std::vector<double>{};
   const auto do16 = round_bf16(d_o);
   const auto dht32 = round_f32(dht);
 
@@ -195,6 +223,23 @@ Report run(const Layer& layer, const Case& c) {
     if (p.has_h0) r.rel_rms["dh0"] = ref::rel_rms(rg.dh0, f32_bytes_to_double(r.bytes["dh0"]));
   }
   return r;
+}
+
+std::string document_bytes(const Report& r, const std::string& tensor, const Spec& spec,
+                           const std::vector<long long>& doc_lens, size_t doc) {
+  const size_t H = spec.heads_qk, HV = spec.heads_v, K = spec.head_dim_k, V = spec.head_dim_v;
+  if (doc >= doc_lens.size())
+    throw std::invalid_argument(fmt::format("document_bytes: document {} of {}", doc, doc_lens.size()));
+  const std::string& all = r.bytes.at(tensor);
+  if (tensor == "ht" || tensor == "dh0") return all.substr(doc * HV * K * V * 4, HV * K * V * 4);
+  size_t per_token = 0;
+  if (tensor == "o" || tensor == "dv") per_token = HV * V * 2;
+  else if (tensor == "dq" || tensor == "dk") per_token = H * K * 2;
+  else if (tensor == "dg" || tensor == "dbeta") per_token = HV * 4;
+  else throw std::invalid_argument("document_bytes: unknown tensor " + tensor);
+  size_t t0 = 0;
+  for (size_t n = 0; n < doc; ++n) t0 += static_cast<size_t>(doc_lens[n]);
+  return all.substr(t0 * per_token, static_cast<size_t>(doc_lens[doc]) * per_token);
 }
 
 }  // namespace gdn::check

@@ -18,6 +18,10 @@ namespace gdn::check {
 struct Case {
   std::vector<long long> doc_lens;       ///< document lengths; T is their sum
   uint64_t seed = 1;
+  /// One seed per document: each document's inputs (q, k, v, g, beta, h0, dO, dht) come from its
+  /// own seed whatever else is packed with it, so a document can be run alone, packed with others
+  /// or in another order on the same values (batch invariance). Empty: all from `seed`.
+  std::vector<uint64_t> doc_seeds;
   double gate_shift = 0;                 ///< g = logsigmoid(x) - gate_shift
   std::optional<double> gate_value;      ///< every g equal to this (e.g. 0 or -20)
   std::optional<double> beta_value;      ///< every beta equal to this (e.g. 0 or 1)
@@ -46,5 +50,10 @@ double tolerance(const std::string& tensor);
 
 /// Runs forward (and backward) of `layer` for `c`. Outputs are poisoned with NaN bits first.
 Report run(const Layer& layer, const Case& c);
+
+/// The bytes of document `doc` (of lengths `doc_lens`) in result `tensor` of `r` (a layer with
+/// spec `spec`): its token rows, or its state for ht and dh0.
+std::string document_bytes(const Report& r, const std::string& tensor, const Spec& spec,
+                           const std::vector<long long>& doc_lens, size_t doc);
 
 }  // namespace gdn::check
