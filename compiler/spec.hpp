@@ -74,8 +74,8 @@ struct Spec {
   Determinism determinism = Determinism::deterministic;
   GraphMode graph = GraphMode::off;
   TensorCores tensor_cores = TensorCores::automatic;
-  /// V-slab width of the forward state walk (one block per slab): 0 = "auto" (the measured default,
-  /// StateWalkGeometry::bv(V)), else 32 or 64. Same bits either way; wider slabs re-read W and K
+  /// V-slab width of the forward state walk (one block per slab): 0 = "auto" (the measured choice,
+  /// StateWalkGeometry::auto_bv(V, HV)), else 32 or 64. Same bits either way; wider slabs re-read W and K
   /// less, narrower ones give more independent walks.
   int walk_slab = 0;
   /// The same for the backward walk: 0 = "auto" (StateWalkBwdGeometry::bv(V)), 32 (8 warps, two

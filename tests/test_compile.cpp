@@ -136,8 +136,7 @@ TEST_SUITE("compile") {
       INFO(gdn::to_string(t));
       const auto c = gdn::nvrtc_compile(p, t, gdn::generate_source(p));
       CHECK(c.spill_store_bytes == 0);
-      // Two blocks per SM must fit the registers (128 threads each) and shared memory.
-      CHECK(c.registers <= 255);
+      // Two blocks per SM must fit the shared memory (registers always fit at 128 threads).
       CHECK(2 * p.smem_bytes <= 227 * 1024);
     }
   }

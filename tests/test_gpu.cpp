@@ -243,8 +243,8 @@ TEST_SUITE("gpu_layer") {
 }
 
 TEST_SUITE("gpu_determinism") {
-  // ANCHORS.md asks 2: RL needs a document's logprobs (and a trainer its gradients) not to depend
-  // on what else is in the batch. Every program works per document or per (chunk, head), so a
+  // Users training with RL need a document's logprobs (and a trainer its gradients) not to depend
+  // on what else is in the batch (a known FLA issue on GB300). Every program works per document or per (chunk, head), so a
   // document's results must keep their bits alone, packed with others and in another order.
   TEST_CASE("batch invariance: a document's outputs and gradients have the same bits alone, packed, reordered") {
     const std::vector<long long> lens = {700, 65, 1, 2000, 129, 64};
@@ -263,6 +263,15 @@ TEST_SUITE("gpu_determinism") {
       };
       const auto [packed_lens, packed] = run({0, 1, 2, 3, 4, 5});
       REQUIRE(packed.bytes.size() == 8);
+      // Both runs start from the same poison, so an element neither writes would compare equal:
+      // require that every element was written (no all-ones NaN pattern left).
+      for (const auto& [tensor, bytes] : packed.bytes) {
+        const size_t width = (tensor == "o" || tensor == "dq" || tensor == "dk" || tensor == "dv") ? 2 : 4;
+        size_t poisoned = 0;
+        for (size_t i = 0; i + width <= bytes.size(); i += width)
+          poisoned += bytes.compare(i, width, std::string(width, '\xff')) == 0;
+        CHECK_MESSAGE(poisoned == 0, example << ": " << tensor << " has " << poisoned << " unwritten elements");
+      }
       // Reversed, and each of three documents alone (a partial chunk, one token, full chunks only).
       const std::vector<std::vector<size_t>> others = {{5, 4, 3, 2, 1, 0}, {1}, {2}, {5}};
       for (const auto& order : others) {

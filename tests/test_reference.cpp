@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "tests/reference/gdn_reference.hpp"
+#include "tests/reference/layer_check.hpp"
 
 namespace {
 
@@ -302,6 +303,38 @@ TEST_SUITE("reference") {
     CHECK(bitwise_equal(g1.dg, g7.dg));
     CHECK(bitwise_equal(g1.dbeta, g7.dbeta));
     CHECK(bitwise_equal(g1.dh0, g7.dh0));
+  }
+
+  // The per-document slices the GPU batch-invariance test compares: each result's layout
+  // ([T, HV, V] bf16, [T, H, K] bf16, [T, HV] fp32, [N, HV, K, V] fp32) cut at the documents.
+  TEST_CASE("check::document_bytes cuts every result at its documents") {
+    gdn::Spec spec;
+    spec.heads_qk = 1;
+    spec.heads_v = 2;
+    const std::vector<long long> lens = {3, 1, 2};
+    const size_t T = 6, N = 3, H = 1, HV = 2, K = 128, V = 128;
+    gdn::check::Report r;
+    const auto fill = [&](const std::string& name, size_t bytes, size_t unit) {
+      std::string b(bytes, '\0');
+      for (size_t i = 0; i < bytes; ++i) b[i] = static_cast<char>(i / unit);  // byte = index of its row or state
+      r.bytes[name] = b;
+    };
+    fill("o", T * HV * V * 2, HV * V * 2);
+    fill("dq", T * H * K * 2, H * K * 2);
+    fill("dg", T * HV * 4, HV * 4);
+    fill("ht", N * HV * K * V * 4, HV * K * V * 4);
+    for (const auto& [tensor, per_row] :
+         {std::pair{std::string("o"), HV * V * 2}, std::pair{std::string("dq"), H * K * 2}, std::pair{std::string("dg"), HV * 4}}) {
+      const std::string second = gdn::check::document_bytes(r, tensor, spec, lens, 1);  // token 3 only
+      CHECK(second.size() == per_row);
+      CHECK(second == std::string(per_row, static_cast<char>(3)));
+      const std::string third = gdn::check::document_bytes(r, tensor, spec, lens, 2);  // tokens 4 and 5
+      CHECK(third == std::string(per_row, static_cast<char>(4)) + std::string(per_row, static_cast<char>(5)));
+    }
+    CHECK(gdn::check::document_bytes(r, "ht", spec, lens, 2) == std::string(HV * K * V * 4, static_cast<char>(2)));
+    CHECK_THROWS_AS(gdn::check::document_bytes(r, "o", spec, {3, 1}, 0), std::invalid_argument);  // 4 of 6 tokens
+    CHECK_THROWS_AS(gdn::check::document_bytes(r, "o", spec, lens, 3), std::invalid_argument);
+    CHECK_THROWS_AS(gdn::check::document_bytes(r, "beta", spec, lens, 0), std::invalid_argument);
   }
 
 }  // TEST_SUITE("reference")

@@ -23,7 +23,7 @@ struct StateWalk {
   static_assert(Cfg::BV == 32 || Cfg::BV == 64, "StateWalk supports V slabs of width 32 or 64");
   static_assert(Cfg::V % Cfg::BV == 0, "the V slabs must tile V exactly");
   // The host sizes shared memory with StateWalkGeometry::smem_bytes_bv(K, CHUNK, BV), the same
-  // offsets as below (spec field walk_slab picks BV; "auto" is StateWalkGeometry::bv(V)).
+  // offsets as below (spec field walk_slab picks BV; "auto" is StateWalkGeometry::auto_bv(V, HV)).
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "Cfg::G must equal HV / H");
   static_assert(StateWalkGeometry::kThreads == 128, "StateWalk assumes 4 warps");
 

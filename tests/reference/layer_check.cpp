@@ -230,13 +230,26 @@ std::string document_bytes(const Report& r, const std::string& tensor, const Spe
   const size_t H = spec.heads_qk, HV = spec.heads_v, K = spec.head_dim_k, V = spec.head_dim_v;
   if (doc >= doc_lens.size())
     throw std::invalid_argument(fmt::format("document_bytes: document {} of {}", doc, doc_lens.size()));
-  const std::string& all = r.bytes.at(tensor);
-  if (tensor == "ht" || tensor == "dh0") return all.substr(doc * HV * K * V * 4, HV * K * V * 4);
+  const auto found = r.bytes.find(tensor);
+  if (found == r.bytes.end()) throw std::invalid_argument("document_bytes: the report has no result " + tensor);
+  const std::string& all = found->second;
+  size_t tokens = 0;
+  for (long long len : doc_lens) tokens += static_cast<size_t>(len);
+  const auto expect_total = [&](size_t want) {
+    if (all.size() != want)
+      throw std::invalid_argument(fmt::format("document_bytes: {} has {} bytes, {} expected for these documents",
+                                              tensor, all.size(), want));
+  };
+  if (tensor == "ht" || tensor == "dh0") {
+    expect_total(doc_lens.size() * HV * K * V * 4);
+    return all.substr(doc * HV * K * V * 4, HV * K * V * 4);
+  }
   size_t per_token = 0;
   if (tensor == "o" || tensor == "dv") per_token = HV * V * 2;
   else if (tensor == "dq" || tensor == "dk") per_token = H * K * 2;
   else if (tensor == "dg" || tensor == "dbeta") per_token = HV * 4;
   else throw std::invalid_argument("document_bytes: unknown tensor " + tensor);
+  expect_total(tokens * per_token);
   size_t t0 = 0;
   for (size_t n = 0; n < doc; ++n) t0 += static_cast<size_t>(doc_lens[n]);
   return all.substr(t0 * per_token, static_cast<size_t>(doc_lens[doc]) * per_token);
