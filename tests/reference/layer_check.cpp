@@ -4,6 +4,7 @@
  */
 #include "tests/reference/layer_check.hpp"
 
+#include "compiler/nvrtc.hpp"
 #include "runtime/bf16.hpp"
 #include "tests/reference/gdn_reference.hpp"
 
@@ -12,7 +13,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
+#include <tuple>
 
 namespace gdn::check {
 
@@ -27,6 +30,65 @@ std::vector<uint16_t> round_bf16(std::vector<double>& x) {
   }
   return out;
 }
+
+/// Counts the 32-bit words in which two device buffers differ, on the device. A determinism check
+/// of shape M compares about 1.1 GB per repeat: downloading every repeat took most of the two
+/// minutes gpu_determinism ran; this downloads one counter. It checks itself on a known
+/// difference first, so a broken comparator cannot pass every repeat.
+class DeviceDiff {
+ public:
+  explicit DeviceDiff(Target target)
+      : module_(load(target)), count_(rt::DeviceBuffer::create(8)) {
+    std::vector<unsigned> host(1024, 0u);
+    auto a = rt::DeviceBuffer::create(4096), b = rt::DeviceBuffer::create(4096);
+    GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(a.handle(), host.data(), 4096), "diff self-check");
+    for (size_t word : {0, 517, 1023}) host[word] = 7u;
+    GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host.data(), 4096), "diff self-check");
+    const unsigned long long same = words_differing(a.handle(), a.handle(), 4096, nullptr);
+    const unsigned long long three = words_differing(a.handle(), b.handle(), 4096, nullptr);
+    if (same != 0 || three != 3)
+      throw std::logic_error(fmt::format("the device comparator counts {} and {} differing words (0 and 3 expected)", same, three));
+  }
+  unsigned long long words_differing(CUdeviceptr a, CUdeviceptr b, size_t bytes, CUstream stream) const {
+    if (bytes % 4 != 0) throw std::invalid_argument(fmt::format("DeviceDiff: {} bytes is not whole 32-bit words", bytes));
+    struct Params {
+      CUdeviceptr a, b;
+      unsigned long long words;
+      CUdeviceptr count;
+    } params{a, b, bytes / 4, count_.handle()};
+    GDN_CHECK_CU(rt::drv().cuMemsetD8Async(count_.handle(), 0, 8, stream), "diff counter");
+    module_.launch(rt::dim3_t{1024, 1, 1}, stream, params);
+    unsigned long long count = 0;
+    GDN_CHECK_CU(rt::drv().cuStreamSynchronize(stream), "diff");
+    GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(&count, count_.handle(), 8), "diff counter");
+    return count;
+  }
+
+ private:
+  static rt::Module load(Target target) {
+    Program p;
+    p.name = "bitwise_diff";
+    p.threads = 256;
+    const std::string source = R"(// gdnc test harness: counts differing 32-bit words of two buffers.
+struct Params {
+  const unsigned* a;
+  const unsigned* b;
+  unsigned long long words;
+  unsigned long long* count;
+};
+extern "C" __global__ void __launch_bounds__(256) gdn_bitwise_diff(Params p) {
+  unsigned long long local = 0;
+  for (unsigned long long i = blockIdx.x * 256ull + threadIdx.x; i < p.words; i += gridDim.x * 256ull)
+    local += p.a[i] != p.b[i];
+  for (int o = 16; o > 0; o >>= 1) local += __shfl_down_sync(0xffffffffu, local, o);
+  if ((threadIdx.x & 31) == 0 && local != 0) atomicAdd(p.count, local);
+}
+)";
+    return rt::Module::load(nvrtc_compile(p, target, source).cubin, p.entry(), p.threads, 0);
+  }
+  rt::Module module_;
+  rt::DeviceBuffer count_;
+};
 
 std::vector<float> round_f32(std::vector<double>& x) {
   std::vector<float> out(x.size());
@@ -63,6 +125,7 @@ struct Dev {
     return s;
   }
   void* get() const { return buf.get(); }
+  CUdeviceptr handle() const { return buf.handle(); }
 };
 
 std::vector<double> bf16_bytes_to_double(const std::string& s) {
@@ -164,6 +227,10 @@ Report run(const Layer& layer, const Case& c) {
   Dev dg = Dev::poisoned(tv * 4), db = Dev::poisoned(tv * 4), dh0 = Dev::poisoned(state * 4);
   Report r;
   const CUstream run_on = c.legacy_stream ? nullptr : stream.handle();
+  // Repeats are compared on the device against a device copy of the first run's results.
+  std::optional<DeviceDiff> diff;
+  std::map<std::string, Dev> first_run;
+  if (c.repeats > 1) diff.emplace(layer.target());
   const auto sync = [](CUstream s) { GDN_CHECK_CU(rt::drv().cuStreamSynchronize(s), "synchronize"); };
   for (int run = 0; run < std::max(1, c.repeats); ++run) {
     for (Dev* d : {&o, &ht, &dq, &dk, &dv, &dg, &db, &dh0})
@@ -171,9 +238,8 @@ Report run(const Layer& layer, const Case& c) {
     Workspace stamped(ws.get(), ws.buf.bytes());
     layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, run_on);
     layer.check_device_status(saved.get(), shape, run_on);
-    std::map<std::string, std::string> got;
-    got["o"] = o.download(tv * p.V * 2);
-    if (has_ht) got["ht"] = ht.download(state * 4);
+    std::vector<std::tuple<std::string, const Dev*, size_t>> results = {{"o", &o, tv * p.V * 2}};
+    if (has_ht) results.emplace_back("ht", &ht, state * 4);
     if (c.backward) {
       LayerGrads lg{dod.get(), has_ht ? static_cast<const float*>(dhtd.get()) : nullptr, dq.get(), dk.get(), dv.get(),
                     static_cast<float*>(dg.get()), static_cast<float*>(db.get()),
@@ -193,20 +259,27 @@ Report run(const Layer& layer, const Case& c) {
       r.handoff = layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), stamped, backward_stream);
       GDN_CHECK_CU(rt::drv().cuStreamSynchronize(backward_stream), "backward");
       sync(run_on);
-      got["dq"] = dq.download(tqk * 2);
-      got["dk"] = dk.download(tqk * 2);
-      got["dv"] = dv.download(tv * p.V * 2);
-      got["dg"] = dg.download(tv * 4);
-      got["dbeta"] = db.download(tv * 4);
-      if (grad_state) got["dh0"] = dh0.download(grad_state);
+      for (auto [name, dev, bytes] : {std::tuple{"dq", &dq, tqk * 2}, std::tuple{"dk", &dk, tqk * 2},
+                                      std::tuple{"dv", &dv, tv * p.V * 2}, std::tuple{"dg", &dg, tv * 4},
+                                      std::tuple{"dbeta", &db, tv * 4}})
+        results.emplace_back(name, dev, bytes);
+      if (grad_state) results.emplace_back("dh0", &dh0, grad_state);
     }
     sync(run_on);
     if (run == 0) {
-      r.bytes = std::move(got);
+      for (const auto& [name, dev, bytes] : results) {
+        r.bytes[name] = dev->download(bytes);
+        if (diff) {
+          Dev copy{rt::DeviceBuffer::create(std::max<size_t>(bytes, 16))};
+          GDN_CHECK_CU(rt::drv().cuMemcpyDtoDAsync_v2(copy.handle(), dev->handle(), bytes, run_on), "keep the first run");
+          first_run.emplace(name, std::move(copy));
+        }
+      }
       continue;
     }
-    for (const auto& [name, bytes] : got)
-      if (bytes != r.bytes.at(name)) r.mismatches.push_back(name + " run " + std::to_string(run));
+    for (const auto& [name, dev, bytes] : results)
+      if (const unsigned long long n = diff->words_differing(first_run.at(name).handle(), dev->handle(), bytes, run_on))
+        r.mismatches.push_back(fmt::format("{} run {} ({} words differ)", name, run, n));
   }
   if (!c.with_reference) return r;
 
