@@ -202,14 +202,19 @@ int cmd_sizes(const std::string& path, long long tokens, int docs, bool as_json)
   return kOk;
 }
 
+const std::vector<long long> kDefaultCheckDocs = {1, 63, 64, 65, 700, 2049};
+
 int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs,
               uint64_t seed, bool forward_only, bool ckpt, bool digests) {
   Spec spec = spec_from_file(path);
   std::vector<long long> lens = docs;
-  if (lens.empty()) {
-    if (tokens <= 0 || n_docs <= 0) throw CLI::ValidationError("--docs", "give --docs L1,L2,... or --tokens T --n-docs N");
+  if (lens.empty() && (tokens > 0 || n_docs > 0)) {
+    if (tokens <= 0 || n_docs <= 0) throw CLI::ValidationError("--tokens/--n-docs", "give both --tokens T and --n-docs N");
     for (int i = 0; i < n_docs; ++i) lens.push_back(tokens / n_docs + (i < tokens % n_docs ? 1 : 0));
   }
+  // Neither given: a varlen batch with every chunk-boundary case (a one-token document, one a
+  // token short of a chunk, exactly one chunk, one token over, and longer documents).
+  if (lens.empty()) lens = kDefaultCheckDocs;
   rt::Context ctx = rt::Context::create(0);
   cache::DiskCache cache;
   auto layer = Layer::create(spec, ctx, cache);
@@ -294,7 +299,7 @@ int main(int argc, char** argv) {
   bool forward_only = false, ckpt = false, digests = false;
   auto* check_cmd = app.add_subcommand("check", "Run the layer on the GPU on random inputs against the fp64 reference");
   check_cmd->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
-  check_cmd->add_option("--docs", docs, "document lengths")->delimiter(',');
+  check_cmd->add_option("--docs", docs, "document lengths (default 1,63,64,65,700,2049)")->delimiter(',');
   check_cmd->add_option("--tokens", tokens, "total tokens (with --n-docs)");
   check_cmd->add_option("--n-docs", n_docs, "documents of about equal length");
   check_cmd->add_option("--seed", seed, "random seed (default: the time)");

@@ -135,5 +135,15 @@ TEST_SUITE("cli") {
     const Run r = gdnc("check " + src("examples/n.json") + " --docs 64");
     CHECK(r.code == 6);
     CHECK(r.out.find("libcuda.so.1") != std::string::npos);
+    // Without sizes it uses its default documents and gets as far as the driver.
+    CHECK(gdnc("check " + src("examples/n.json")).code == 6);
+  }
+
+  TEST_CASE("check with --tokens but no --n-docs (or the reverse) is a usage error naming both") {
+    for (const char* sizes : {" --tokens 1000", " --n-docs 3"}) {
+      const Run r = gdnc("check " + src("examples/n.json") + sizes);
+      CHECK(r.code == 2);
+      CHECK(r.out.find("--tokens T and --n-docs N") != std::string::npos);
+    }
   }
 }
