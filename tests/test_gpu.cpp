@@ -50,6 +50,12 @@ std::unique_ptr<Layer> make(Spec s) {
   return Layer::create(s, context(), kernel_cache());
 }
 
+/// Every result of `want` has the same bytes in `got` (one missing from `got` fails too).
+void expect_same_bits(const std::map<std::string, std::string>& want, const check::Report& got,
+                      const std::string& label) {
+  for (const auto& [name, bytes] : want) CHECK_MESSAGE(got.bytes.at(name) == bytes, label << ": " << name);
+}
+
 void expect_within_bounds(const check::Report& r, const std::string& label) {
   for (const auto& [name, err] : r.rel_rms) {
     INFO(label << " " << name << " rel-RMS " << err << " bound " << check::tolerance(name));
@@ -303,7 +309,7 @@ TEST_SUITE("gpu_determinism") {
     Spec full = spec_of("m");
     full.save_mode = SaveMode::full;
     const check::Report f = check::run(*make(full), c);
-    for (const auto& [name, bytes] : first.bytes) CHECK_MESSAGE(f.bytes.at(name) == bytes, "light vs full: " << name);
+    expect_same_bits(first.bytes, f, "light vs full");
   }
 
   // Measured on the H200 (20b8e3f): the wgmma chunk_bwd accumulates every product in the same k order
@@ -320,7 +326,7 @@ TEST_SUITE("gpu_determinism") {
     s.tensor_cores = TensorCores::mma_sync;
     const check::Report mma = check::run(*make(s), c);
     CHECK(wgmma.bytes.size() == 8);
-    for (const auto& [name, bytes] : wgmma.bytes) CHECK_MESSAGE(mma.bytes.at(name) == bytes, "auto vs mma_sync: " << name);
+    expect_same_bits(wgmma.bytes, mma, "auto vs mma_sync");
   }
 
   // Each element of V', v_new, the h tape and the state keeps its k order whatever the slab width,
@@ -342,7 +348,7 @@ TEST_SUITE("gpu_determinism") {
         CHECK(r.bytes.size() == 8);
         if (first.empty()) first = r.bytes;
         else
-          for (const auto& [name, bytes] : first) CHECK_MESSAGE(r.bytes.at(name) == bytes, s.name << ": " << name);
+          expect_same_bits(first, r, s.name);
       }
     }
   }
@@ -367,7 +373,7 @@ TEST_SUITE("gpu_ckpt") {
         const check::Report r = check::run(*layer, c);
         const bool expect_handoff = save == SaveMode::light && reuse == ReuseTapes::yes;
         CHECK_MESSAGE((r.handoff == HandOff::taken) == expect_handoff, s.name);
-        for (const auto& [name, bytes] : reference) CHECK_MESSAGE(r.bytes.at(name) == bytes, s.name << " " << name);
+        expect_same_bits(reference, r, s.name);
       }
     }
   }
@@ -395,7 +401,7 @@ TEST_SUITE("gpu_ckpt") {
         const std::string label = s.name + " step " + std::to_string(static_cast<int>(step));
         CHECK_MESSAGE((r.handoff == HandOff::taken) == (step == check::Case::Step::ckpt), label);
         for (const auto& m : r.mismatches) FAIL_CHECK(label << " repeat differs: " << m);
-        for (const auto& [name, bytes] : reference.bytes) CHECK_MESSAGE(r.bytes.at(name) == bytes, label << " " << name);
+        expect_same_bits(reference.bytes, r, label);
       }
     }
   }

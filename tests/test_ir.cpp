@@ -15,6 +15,15 @@
 
 namespace fs = std::filesystem;
 
+namespace {
+/// The value of a program's specialization constant, or "(absent)".
+std::string constant_of(const gdn::Program& p, const std::string& name) {
+  for (const auto& [k, v] : p.constants)
+    if (k == name) return v;
+  return "(absent)";
+}
+}  // namespace
+
 
 TEST_SUITE("ir") {
   TEST_CASE("IR text goldens of the example specs") {
@@ -45,15 +54,10 @@ TEST_SUITE("ir") {
     const auto automatic = gdn::lower(spec);
     spec.tensor_cores = gdn::TensorCores::mma_sync;
     const auto mma_sync = gdn::lower(spec);
-    auto constant = [](const gdn::Program& p, const std::string& name) {
-      for (const auto& [k, v] : p.constants)
-        if (k == name) return v;
-      return std::string("(absent)");
-    };
-    CHECK(constant(automatic.program("chunk_bwd"), "WGMMA") == "true");
-    CHECK(constant(mma_sync.program("chunk_bwd"), "WGMMA") == "false");
+    CHECK(constant_of(automatic.program("chunk_bwd"), "WGMMA") == "true");
+    CHECK(constant_of(mma_sync.program("chunk_bwd"), "WGMMA") == "false");
     for (const auto& p : automatic.programs)
-      if (p.name != "chunk_bwd") CHECK(constant(p, "WGMMA") == "(absent)");
+      if (p.name != "chunk_bwd") CHECK(constant_of(p, "WGMMA") == "(absent)");
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).tensor_cores == gdn::TensorCores::mma_sync);
   }
 
@@ -63,15 +67,10 @@ TEST_SUITE("ir") {
     const auto narrow = gdn::lower(spec);
     spec.walk_slab = 64;
     const auto wide = gdn::lower(spec);
-    auto constant = [](const gdn::Program& p, const std::string& name) {
-      for (const auto& [k, v] : p.constants)
-        if (k == name) return v;
-      return std::string("(absent)");
-    };
     CHECK(narrow.walk_bv == 32);
-    CHECK(constant(narrow.program("state_walk"), "BV") == "32");
+    CHECK(constant_of(narrow.program("state_walk"), "BV") == "32");
     CHECK(wide.walk_bv == 64);
-    CHECK(constant(wide.program("state_walk"), "BV") == "64");
+    CHECK(constant_of(wide.program("state_walk"), "BV") == "64");
     CHECK(wide.program("state_walk").smem_bytes == gdn::StateWalkGeometry::smem_bytes_bv(128, 64, 64));
     CHECK(wide.program("state_walk").smem_bytes != narrow.program("state_walk").smem_bytes);
     // The backward walk keeps its own slab; every other program is untouched.
@@ -114,10 +113,7 @@ TEST_SUITE("ir") {
     CHECK(w.threads == 512);
     CHECK(w.min_blocks_per_sm == 1);
     CHECK(w.smem_bytes == gdn::StateWalkBwdGeometry::smem_bytes_bv(128, 64, 64));
-    bool has_bv = false;
-    for (const auto& [k, v] : w.constants)
-      if (k == "BV") has_bv = v == "64";
-    CHECK(has_bv);
+    CHECK(constant_of(w, "BV") == "64");
     for (const auto& p : automatic.programs) {
       if (p.name == "state_walk_bwd") continue;
       const gdn::Program& q = wide.program(p.name);
