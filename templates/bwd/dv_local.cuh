@@ -72,18 +72,10 @@ __device__ __forceinline__ void load_tile_async(bf16_t* dst, int spitch, const b
   }
 }
 
-/// Walks an Acc two adjacent columns at a time: f(row, col, v[col], v[col + 1]).
+/// Walks an Acc two adjacent columns at a time: f(row, col, v[col], v[col + 1]) (common/mma.cuh).
 template <class AccT, class F>
 __device__ __forceinline__ void for_pairs(AccT& a, F f) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int gr = lane / 4, tq = (lane % 4) * 2;
-#pragma unroll
-  for (int s = 0; s < AccT::kSlots; ++s) {
-    const int tr = AccT::tile_row(warp, s), tc = AccT::tile_col(warp, s);
-    const int r0 = tr * 16, c0 = tc * 8;
-    f(r0 + gr, c0 + tq, a.c[s][0], a.c[s][1]);
-    f(r0 + gr + 8, c0 + tq, a.c[s][2], a.c[s][3]);
-  }
+  acc_for_pairs(a, f);
 }
 
 /// Row sums of f(row, col, value) over an Acc, phase 1: one partial per (row, column tile) into

@@ -78,19 +78,25 @@ __device__ __forceinline__ void acc_zero(AccT& a) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) a.c[s][i] = 0.f;
 }
-/// Calls f(row, col, value&) for every element this thread owns.
+/// Walks the elements this thread owns two adjacent columns at a time: f(row, col, v[col], v[col + 1]).
 template <class AccT, class F>
-__device__ __forceinline__ void acc_for_each(AccT& a, F f) {
+__device__ __forceinline__ void acc_for_pairs(AccT& a, F f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int gr = lane / 4, tq = (lane % 4) * 2;
 #pragma unroll
   for (int s = 0; s < AccT::kSlots; ++s) {
     const int r0 = AccT::tile_row(warp, s) * 16, c0 = AccT::tile_col(warp, s) * 8;
-    f(r0 + gr, c0 + tq, a.c[s][0]);
-    f(r0 + gr, c0 + tq + 1, a.c[s][1]);
-    f(r0 + gr + 8, c0 + tq, a.c[s][2]);
-    f(r0 + gr + 8, c0 + tq + 1, a.c[s][3]);
+    f(r0 + gr, c0 + tq, a.c[s][0], a.c[s][1]);
+    f(r0 + gr + 8, c0 + tq, a.c[s][2], a.c[s][3]);
   }
+}
+/// Calls f(row, col, value&) for every element this thread owns.
+template <class AccT, class F>
+__device__ __forceinline__ void acc_for_each(AccT& a, F f) {
+  acc_for_pairs(a, [&](int r, int c, float& x, float& y) {
+    f(r, c, x);
+    f(r, c + 1, y);
+  });
 }
 
 template <int M, int N, int WARPS>
