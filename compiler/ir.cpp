@@ -42,6 +42,9 @@ static std::string_view to_string(GridKind g) {
     case GridKind::chunk_heads: return "(NT, HV, 1)";
     case GridKind::chunk_head_groups: return "(NT, ceil(HV / 4), 1)";
     case GridKind::walk: return "(V / BV, HV, N)";
+    case GridKind::walk_segments: return "(V / BV, HV, N * segments)";
+    case GridKind::walk_prescan: return "((V + K) / BV, HV, N * segments)";
+    case GridKind::walk_merge: return "(V / 32, HV, N)";
     case GridKind::finalize: return "(finalize_grid(T, H), 1, 1)";
   }
   return "?";
@@ -123,8 +126,22 @@ LayerIR lower(const Spec& s) {
       GateCumsumGeometry::smem_bytes(), GridKind::chunk_head_groups);
   add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
       ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, ChunkPrepGeometry::kMinBlocks);
+  // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
+  // then walks every segment of every document as its own block.
+  const int segments = s.cp_segments;
+  const std::pair<std::string, std::string> seg_constant{"SEGMENTS", std::to_string(segments)};
+  if (segments > 1) {
+    add("walk_prescan", "fwd/state_walk.cuh", "StateWalkPrescan", "StateWalkParams", StateWalkGeometry::kThreads,
+        StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk_prescan, ir.walk_bv);
+    ir.programs.back().constants.push_back(seg_constant);
+    add("walk_merge", "fwd/walk_merge.cuh", "WalkMerge", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
+        GridKind::walk_merge);
+    ir.programs.back().constants.push_back(seg_constant);
+  }
   add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
-      StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk, ir.walk_bv);
+      StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), segments > 1 ? GridKind::walk_segments : GridKind::walk,
+      ir.walk_bv);
+  ir.programs.back().constants.push_back(seg_constant);
   add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
       OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
   add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
@@ -186,6 +203,16 @@ LayerIR lower(const Spec& s) {
   buf("h_tape", tape_role, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2}, full ? std::vector<CallForm>{} : both);
   buf("v_new", tape_role, "bf16", "[T, HV, V]", {hv * V * 2}, full ? std::vector<CallForm>{} : both);
   buf("u", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, full ? fwd_only : both);
+  // Before the backward-only slots: a hand-off needs the forward's workspace slots to be a prefix
+  // of the backward's.
+  if (segments > 1) {
+    // Every call form that runs the forward walk runs the prescan and the merge before it.
+    const std::vector<CallForm> walk_forms = full ? fwd_only : both;
+    buf("seg_hm", BufferRole::workspace, "fp32", "[N * segments, HV, K, V + K]",
+        {0, 1LL * segments * HV * K * (V + K) * 4}, walk_forms);
+    buf("seg_h0", BufferRole::workspace, "fp32", "[N * segments, HV, K, V]", {0, 1LL * segments * state},
+        walk_forms);
+  }
   buf("dv_local", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
   buf("dh_tape", BufferRole::workspace, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2}, bwd_only);
   buf("dv_new", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
@@ -219,6 +246,12 @@ LayerIR lower(const Spec& s) {
   }
   fwd.push_back({"gate_cumsum", ""});
   fwd.push_back({"chunk_prep", "solve Tm, write W, U"});
+  auto push_segment_programs = [&](std::vector<Launch>& launches, const std::string& when) {
+    if (segments <= 1) return;
+    launches.push_back({"walk_prescan", "S_ext and M of every segment but a document's last", when});
+    launches.push_back({"walk_merge", "the state entering every segment, fp32", when});
+  };
+  push_segment_programs(fwd, "");
   fwd.push_back({"state_walk", full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace"});
   fwd.push_back({"output", ""});
   ir.call_forms.push_back({CallForm::forward, fwd});
@@ -229,6 +262,7 @@ LayerIR lower(const Spec& s) {
   std::vector<Launch> bwd;
   if (!full) {
     bwd.push_back({"chunk_prep", "re-run: Tm read back, W and U recomputed", "no fresh hand-off"});
+    push_segment_programs(bwd, "no fresh hand-off");
     bwd.push_back({"state_walk", "re-run: h_tape, v_new", "no fresh hand-off"});
   }
   bwd.push_back({"dv_local", ""});

@@ -27,6 +27,9 @@ enum class GridKind {
   chunk_heads,  ///< (NT, HV, 1)
   chunk_head_groups,  ///< (NT, ceil(HV / heads per block), 1)
   walk,         ///< (V / BV, HV, N)
+  walk_segments,  ///< (V / BV, HV, N * segments)
+  walk_prescan,   ///< ((V + K) / BV, HV, N * segments)
+  walk_merge,     ///< (V / 32, HV, N)
   finalize,     ///< (FinalizeGeometry::grid_x(T, H), 1, 1)
 };
 

@@ -66,6 +66,8 @@ namespace {
 
 constexpr int kSupportedHeadDim = 128;
 constexpr int kSupportedChunk = 64;
+/// Intra-card segments per document: the merge is serial over them, and FLA caps its split at 32.
+constexpr int kMaxSegments = 64;
 constexpr int kMaxHeads = 4096;
 
 std::string supported_targets_text() {
@@ -118,9 +120,9 @@ void validate(const Spec& s) {
       if (s.targets[i] == s.targets[j])
         throw SpecError(fmt::format("/targets/{}", i), fmt::format("\"{}\" is listed twice", to_string(s.targets[i])));
   if (s.cp_ranks != 1)
-    throw SpecError("/cp/ranks", fmt::format("{} is not supported yet (supported: 1; context parallelism is not implemented)", s.cp_ranks));
-  if (s.cp_segments != 1)
-    throw SpecError("/cp/segments", fmt::format("{} is not supported yet (supported: 1; intra-card segments are not implemented)", s.cp_segments));
+    throw SpecError("/cp/ranks", fmt::format("{} is not supported yet (supported: 1; context parallelism across GPUs is not implemented, intra-card segments are: cp.segments)", s.cp_ranks));
+  if (s.cp_segments < 1 || s.cp_segments > kMaxSegments)
+    throw SpecError("/cp/segments", fmt::format("{} is not supported (supported: 1 to {})", s.cp_segments, kMaxSegments));
 }
 
 namespace {

@@ -5,6 +5,7 @@
 #include "runtime/plan.hpp"
 
 #include "bwd/geometry.hpp"
+#include "fwd/geometry.hpp"
 #include "params.cuh"
 #include "prep/geometry.hpp"
 #include "runtime/layer.hpp"
@@ -88,12 +89,17 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
     case GridKind::chunk_heads: return {Lin{0, 0, 1, 0, 1}, heads, one};
     case GridKind::chunk_head_groups:
       return {Lin{0, 0, 1, 0, 1}, Lin{0, 0, 0, GateCumsumGeometry::grid_y(s.heads_v), 1}, one};
-    case GridKind::walk: {
+    case GridKind::walk:
+    case GridKind::walk_segments:
+    case GridKind::walk_prescan: {
       int bv = 0;
       for (const auto& [k, v] : p.constants)
         if (k == "BV") bv = std::stoi(v);
-      return {Lin{0, 0, 0, s.head_dim_v / bv, 1}, heads, Lin{0, 1, 0, 0, 1}};
+      const int slabs = (s.head_dim_v + (p.grid == GridKind::walk_prescan ? s.head_dim_k : 0)) / bv;
+      const int per_doc = p.grid == GridKind::walk ? 1 : s.cp_segments;
+      return {Lin{0, 0, 0, slabs, 1}, heads, Lin{0, per_doc, 0, 0, 1}};
     }
+    case GridKind::walk_merge: return {Lin{0, 0, 0, s.head_dim_v / WalkMergeGeometry::kColumns, 1}, heads, Lin{0, 1, 0, 0, 1}};
     case GridKind::finalize: return {Lin{s.heads_qk, 0, 0, 0, FinalizeGeometry::kRowsPerBlock}, one, one};
   }
   throw std::logic_error("plan: unknown grid kind");
@@ -154,8 +160,7 @@ void bind_chunk_prep(Builder& b, const ValueSource& k, int tm_is_input) {
   GDN_BIND(l, P, u, b.slot("u"));
 }
 
-void bind_state_walk(Builder& b, const ValueSource& k, const ValueSource& ht) {
-  auto& l = b.launch("state_walk", sizeof(StateWalkParams));
+void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const ValueSource& ht, bool segments) {
   using P = StateWalkParams;
   GDN_BIND(l, P, k, k);
   GDN_BIND(l, P, w, b.slot("w"));
@@ -168,6 +173,22 @@ void bind_state_walk(Builder& b, const ValueSource& k, const ValueSource& ht) {
   GDN_BIND(l, P, ht, ht);
   GDN_BIND(l, P, h_tape, b.slot("h_tape"));
   GDN_BIND(l, P, v_new, b.slot("v_new"));
+  GDN_BIND(l, P, seg_hm, segments ? b.slot("seg_hm") : b.constant(0));
+  GDN_BIND(l, P, seg_h0, segments ? b.slot("seg_h0") : b.constant(0));
+}
+
+/// The forward walk; with intra-card segments the prescan and the merge first.
+void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht) {
+  const bool segments = ir.spec.cp_segments > 1;
+  if (segments) {
+    bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
+    auto& l = b.launch("walk_merge", sizeof(WalkMergeParams));
+    using P = WalkMergeParams;
+    GDN_BIND(l, P, seg_hm, b.slot("seg_hm"));
+    GDN_BIND(l, P, h0, b.frame(Frame::h0));
+    GDN_BIND(l, P, seg_h0, b.slot("seg_h0"));
+  }
+  bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }
 
 }  // namespace
@@ -212,7 +233,7 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, nt_max, b.nt_max());
   }
   bind_chunk_prep(b, k, 0);
-  bind_state_walk(b, k, b.frame(F::ht));
+  bind_state_walk(b, ir, k, b.frame(F::ht));
   if (output == OutputLaunch::yes) {
     auto& l = b.launch("output", sizeof(OutputParams));
     using P = OutputParams;
@@ -240,7 +261,7 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
   if (!full && rerun == PrepRerun::yes) {
     bind_chunk_prep(b, k, 1);  // Tm read back
-    bind_state_walk(b, k, b.constant(0));
+    bind_state_walk(b, ir, k, b.constant(0));
   }
   {
     auto& l = b.launch("dv_local", sizeof(DvLocalParams));

@@ -98,6 +98,18 @@ struct StateWalkParams {
   float* ht;                    ///< [N, HV, K, V] or null
   bf16_t* h_tape;               ///< [nt_max, HV, K, V]: state entering each chunk
   bf16_t* v_new;                ///< [T, HV, V]
+  // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise). Segment i of document n is block
+  // z = n * SEGMENTS + i and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
+  float* seg_hm;                ///< [N * SEGMENTS, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
+  const float* seg_h0;          ///< [N * SEGMENTS, HV, K, V]: the state entering each segment (walk_merge)
+};
+
+/// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
+/// (32 columns, value head, document).
+struct WalkMergeParams {
+  const float* seg_hm;          ///< [N * SEGMENTS, HV, K, V + K]
+  const float* h0;              ///< [N, HV, K, V] or null
+  float* seg_h0;                ///< [N * SEGMENTS, HV, K, V]
 };
 
 /// Forward output (F5), one program per (chunk, value head).
@@ -185,12 +197,13 @@ static_assert(sizeof(ChunkTableParams) == 56, "ChunkTableParams: the host and th
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
 static_assert(sizeof(GateCumsumParams) == 32, "GateCumsumParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkPrepParams) == 80, "ChunkPrepParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkParams) == 88, "StateWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkBwdParams) == 104, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
+static_assert(sizeof(WalkMergeParams) == 24, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");
 

@@ -47,6 +47,23 @@ TEST_SUITE("compile") {
     for (const auto& e : second) CHECK(e.outcome == gdn::cache::Outcome::hit);
   }
 
+  TEST_CASE("the intra-card segment programs compile for all three targets") {
+    auto spec = example("n");
+    spec.cp_segments = 4;
+    const auto ir = gdn::lower(spec);
+    const auto entries = gdn::compile_layer(ir, gdn::supported_targets(), shared_cache(), 2);
+    int segment_programs = 0;
+    for (const auto& e : entries) {
+      if (e.program != "walk_prescan" && e.program != "walk_merge" && e.program != "state_walk") continue;
+      CAPTURE(e.program);
+      CAPTURE(gdn::to_string(e.target));
+      CHECK(e.entry.read_file(gdn::kCubinFile).substr(0, 4) == "\x7f" "ELF");
+      CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() == 0);
+      ++segment_programs;
+    }
+    CHECK(segment_programs == 9);
+  }
+
   TEST_CASE("a truncated cubin is detected and rebuilt") {
     const auto ir = gdn::lower(example("n"));
     auto entries = gdn::compile_layer(ir, {gdn::Target::sm_90a}, shared_cache(), 2);

@@ -11,6 +11,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 
 namespace fs = std::filesystem;
@@ -123,6 +124,40 @@ TEST_SUITE("ir") {
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).walk_bwd_slab == 64);
     CHECK_THROWS_WITH_AS(gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"walk_bwd_slab":16})")),
                          "/walk_bwd_slab: 16 is not supported (supported: \"auto\", 32, 64)", gdn::SpecError);
+  }
+
+  TEST_CASE("cp.segments adds the prescan and the merge before every forward walk, and their workspace") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto plain = gdn::lower(spec);
+    CHECK_THROWS_AS(plain.program("walk_prescan"), std::out_of_range);
+    CHECK(constant_of(plain.program("state_walk"), "SEGMENTS") == "1");
+    CHECK_THROWS_AS(plain.buffer("seg_hm"), std::out_of_range);
+    spec.cp_segments = 8;
+    const auto seg = gdn::lower(spec);
+    for (const char* name : {"walk_prescan", "walk_merge", "state_walk"})
+      CHECK_MESSAGE(constant_of(seg.program(name), "SEGMENTS") == "8", name);
+    CHECK(seg.program("walk_prescan").grid == gdn::GridKind::walk_prescan);
+    CHECK(seg.program("state_walk").grid == gdn::GridKind::walk_segments);
+    CHECK(seg.program("state_walk_bwd").grid == gdn::GridKind::walk);  // the backward walk is per document
+    // seg_hm: S_ext | M per segment, fp32; seg_h0: the entry state per segment.
+    CHECK(seg.buffer("seg_hm").bytes.eval(32768, 5, 64) == 5LL * 8 * 48 * 128 * 256 * 4);
+    CHECK(seg.buffer("seg_h0").bytes.eval(32768, 5, 64) == 5LL * 8 * 48 * 128 * 128 * 4);
+    // Every call form that walks forward (light: the backward re-runs it) runs prescan, merge, walk.
+    for (const auto& cf : seg.call_forms) {
+      std::vector<std::string> names;
+      for (const auto& l : cf.launches) names.push_back(l.program);
+      const auto walk = std::find(names.begin(), names.end(), "state_walk");
+      REQUIRE(walk != names.end());
+      REQUIRE(walk - names.begin() >= 2);
+      CHECK(*(walk - 2) == "walk_prescan");
+      CHECK(*(walk - 1) == "walk_merge");
+    }
+    spec.save_mode = gdn::SaveMode::full;
+    const auto full = gdn::lower(spec);
+    CHECK(full.buffer("seg_hm").forms == std::vector<gdn::CallForm>{gdn::CallForm::forward, gdn::CallForm::recompute});
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 8);
+    spec.cp_segments = 65;
+    CHECK_THROWS_WITH_AS(gdn::lower(spec), "/cp/segments: 65 is not supported (supported: 1 to 64)", gdn::SpecError);
   }
 
   TEST_CASE("byte formulas") {

@@ -10,6 +10,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -103,10 +104,13 @@ TEST_SUITE("launches") {
   }
 
   TEST_CASE("every call plan launches what the IR's call form lists") {
-    for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+    for (auto [save, segments] : {std::pair{SaveMode::light, 1}, std::pair{SaveMode::full, 1},
+                                  std::pair{SaveMode::light, 4}, std::pair{SaveMode::full, 4}}) {
       Spec spec = example("n");
       spec.save_mode = save;
+      spec.cp_segments = segments;
       const LayerIR ir = lower(spec);
+      CAPTURE(segments);
       auto names = [&](const CallPlan& p) {
         std::vector<std::string> out;
         for (const auto& l : p.launches) out.push_back(ir.programs[static_cast<size_t>(l.program)].name);
@@ -130,9 +134,12 @@ TEST_SUITE("launches") {
 
   TEST_CASE("the region sizes are exact: every slot a launch addresses ends inside, the last at the end") {
     for (const char* name : {"n", "m"}) {
-      for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+      for (auto [save, segments] : {std::pair{SaveMode::light, 1}, std::pair{SaveMode::full, 1},
+                                    std::pair{SaveMode::light, 3}, std::pair{SaveMode::full, 3}}) {
         Spec spec = example(name);
         spec.save_mode = save;
+        spec.cp_segments = segments;
+        CAPTURE(segments);
         auto rec = std::make_shared<testing::RecordingLauncher>();
         auto layer = Layer::with_launcher(spec, rec);
         const ProblemShape s{12345, 7};
@@ -183,6 +190,29 @@ TEST_SUITE("launches") {
         CHECK(r.grid.z == 5);
       }
     }
+    // Intra-card segments: the prescan walks S_ext's V and M's K columns of every segment, the
+    // merge runs per document, the walk per segment.
+    Spec segmented = example("m");
+    segmented.cp_segments = 6;
+    auto seg_rec = std::make_shared<testing::RecordingLauncher>();
+    auto seg_layer = Layer::with_launcher(segmented, seg_rec);
+    const FakeCall g = fake_call(*seg_layer, s);
+    seg_layer->forward(s, g.in, g.out, reinterpret_cast<void*>(g.saved), g.saved_size, reinterpret_cast<void*>(g.ws),
+                       g.ws_size, nullptr);
+    std::vector<std::string> order;
+    for (const auto& r : seg_rec->records) {
+      CAPTURE(r.program);
+      order.push_back(r.program);
+      const unsigned bv = static_cast<unsigned>(seg_layer->ir().walk_bv);
+      if (r.program == "walk_prescan") CHECK((r.grid.x == 256 / bv && r.grid.y == 48 && r.grid.z == 30));
+      if (r.program == "walk_merge") CHECK((r.grid.x == 4 && r.grid.y == 48 && r.grid.z == 5));
+      if (r.program == "state_walk") CHECK((r.grid.x == 128 / bv && r.grid.y == 48 && r.grid.z == 30));
+    }
+    const auto at = [&](const char* p) { return std::find(order.begin(), order.end(), p) - order.begin(); };
+    CHECK(at("chunk_prep") < at("walk_prescan"));
+    CHECK(at("walk_prescan") < at("walk_merge"));
+    CHECK(at("walk_merge") < at("state_walk"));
+    CHECK(at("state_walk") < static_cast<long>(order.size()));
   }
 
   TEST_CASE("argument errors name the argument and are raised before any launch") {
@@ -254,13 +284,14 @@ TEST_SUITE("launches") {
       MESSAGE("built without LLVM: only the interpreter exists");
       return;
     }
-    Spec light = example("n"), full = example("m");
+    Spec light = example("n"), full = example("m"), segmented = example("n");
     full.save_mode = SaveMode::full;
     full.norm = Norm::none;
     full.initial_state = StateFlag::absent;
     full.final_state = StateFlag::absent;
+    segmented.cp_segments = 5;
     int compared = 0;
-    for (const Spec& spec : {light, full}) {
+    for (const Spec& spec : {light, full, segmented}) {
       const LayerIR ir = lower(spec);
       const CallPlan plans[] = {plan_forward(ir, OutputLaunch::yes), plan_forward(ir, OutputLaunch::no),
                                 plan_backward(ir, PrepRerun::yes), plan_backward(ir, PrepRerun::no)};
@@ -275,7 +306,7 @@ TEST_SUITE("launches") {
           ++compared;
         }
     }
-    CHECK(compared == 40);
+    CHECK(compared == 60);
   }
 
   TEST_CASE("a stub calls only its runtime table") {

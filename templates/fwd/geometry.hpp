@@ -69,6 +69,13 @@ struct StateWalkGeometry {
   static constexpr int smem_bytes(int K, int V, int chunk) { return smem_bytes_bv(K, chunk, bv(V)); }
 };
 
+/// Intra-card segments: the fp32 chain of the segments' transitions (WalkMerge), one block per
+/// (32 state columns, value head, document); static shared memory only.
+struct WalkMergeGeometry {
+  static constexpr int kThreads = 256;
+  static constexpr int kColumns = 32;
+};
+
 /// Forward output (F5): one block per (chunk, value head).
 struct OutputGeometry {
   /// 8 warps (4 row blocks x 2 column halves of V) and 3 blocks per SM: 24 warps to hide the

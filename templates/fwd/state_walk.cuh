@@ -8,6 +8,14 @@
  * while the current chunk is still being processed.
  * Per chunk:  h_tape[c] = bf16(S);  V' = U - W bf16(S);  v_new = bf16(V');
  *             Vg = bf16(V' .* exp2(gcL - gc_i));  S = exp2(gcL) S + K^T Vg.
+ *
+ * Intra-card segments (Cfg::SEGMENTS > 1, ALGORITHM.md 4.2 and 4.6): a document's chunks are cut
+ * into SEGMENTS contiguous runs so that its chain of steps is SEGMENTS times shorter.
+ * StateWalkPrescan walks every segment but the last from S = 0 (giving S_ext, V columns) and, with
+ * U = 0, from S = I (giving the segment's transition M, K columns): S_end = M S_start + S_ext.
+ * Both use the walk's own roundings (bf16(S) into the W product, bf16 Vg), so M carries the same
+ * error per step as the state itself. WalkMerge (walk_merge.cuh) chains the segments in fp32;
+ * then StateWalk runs every segment from its merged entry state and writes the tapes.
  */
 #pragma once
 
@@ -40,12 +48,30 @@ struct StateWalk {
   static constexpr int kOff_u = StateWalkGeometry::stage_u(K, C);
   static constexpr int kOff_g = StateWalkGeometry::stage_g(K, C, BV);
 
-  __device__ static void run(const StateWalkParams& p) {
+  static constexpr int SEG = Cfg::SEGMENTS;
+  static_assert(SEG >= 1, "Cfg::SEGMENTS must be at least 1");
+
+  __device__ static void run(const StateWalkParams& p) { walk<false>(p); }
+
+  /// kPrescan: blockIdx.x < V / BV walks slab x from 0 (S_ext); the K / BV blocks after it walk
+  /// columns of M from the identity with U = 0. No tapes; the final state goes to seg_hm.
+  template <bool kPrescan>
+  __device__ static void walk(const StateWalkParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int slab = blockIdx.x, j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = slab * BV;
+    const int j = blockIdx.y, z = blockIdx.z, hq = j / G;
+    const int n = SEG > 1 ? z / SEG : z, seg = SEG > 1 ? z % SEG : 0;
+    // Prescan blocks past the V slabs compute M's columns m0 .. m0 + BV - 1.
+    const bool transition = kPrescan && blockIdx.x >= V / BV;
+    const int slab = transition ? blockIdx.x - V / BV : blockIdx.x, v0 = slab * BV;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gr = lane >> 2, tq = (lane & 3) * 2;
-    const int c_begin = p.doc_chunk_offset[n], c_end = p.doc_chunk_offset[n + 1];
+    int c_begin = p.doc_chunk_offset[n], c_end = p.doc_chunk_offset[n + 1];
+    if (SEG > 1) {
+      const int first = c_begin, nc = c_end - c_begin;
+      c_begin = first + nc * seg / SEG;
+      c_end = first + nc * (seg + 1) / SEG;
+    }
+    if (kPrescan && seg == SEG - 1) return;  // the merge never needs the last segment's transition
 
     bf16_t* sS = reinterpret_cast<bf16_t*>(smem + kOff_s);
     bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);
@@ -61,8 +87,13 @@ struct StateWalk {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           float2 x = make_float2(0.f, 0.f);
-          if (Cfg::HAS_H0 && p.h0 != nullptr) {
-            const int r = warp * 32 + mi * 16 + gr + hh * 8;
+          const int r = warp * 32 + mi * 16 + gr + hh * 8;
+          if (kPrescan) {
+            if (transition) x = make_float2(r == v0 + nt * 8 + tq ? 1.f : 0.f, r == v0 + nt * 8 + tq + 1 ? 1.f : 0.f);
+          } else if (SEG > 1) {
+            x = *reinterpret_cast<const float2*>(p.seg_h0 + ((long long)z * HV + j) * K * V + v0 + (long long)r * V +
+                                                 nt * 8 + tq);
+          } else if (Cfg::HAS_H0 && p.h0 != nullptr) {
             x = *reinterpret_cast<const float2*>(p.h0 + state_base + (long long)r * V + nt * 8 + tq);
           }
           S[mi][nt][2 * hh] = x.x;
@@ -72,7 +103,7 @@ struct StateWalk {
     // The stage is refilled in two cp.async groups, each issued once this chunk has read what it
     // replaces: W, U and gc after V' (mid-chunk), K after the state update (end of chunk). Every
     // iteration commits both (empty on the last chunk), so the wait counts stay fixed.
-    if (c_begin < c_end) issue_wug(p, c_begin, smem, j, v0);
+    if (c_begin < c_end) issue_wug(p, c_begin, smem, j, v0, !transition);
     fwd::cp_async_commit();
     if (c_begin < c_end) issue_k(p, c_begin, smem, hq);
     fwd::cp_async_commit();
@@ -99,7 +130,7 @@ struct StateWalk {
       const bf16_t* sU = reinterpret_cast<const bf16_t*>(stage + kOff_u);
       const float* sg = reinterpret_cast<const float*>(stage + kOff_g);
 
-      fwd::tile_to_global<kThreads>(p.h_tape + ((long long)c * HV + j) * K * V + v0, V, sS, LDS, BV, K);
+      if (!kPrescan) fwd::tile_to_global<kThreads>(p.h_tape + ((long long)c * HV + j) * K * V + v0, V, sS, LDS, BV, K);
 
       // V' rows 16 warp + gr (+8): W bf16(S) on the tensor cores, then U - it (FLA's order).
       float acc[NT][4];
@@ -124,7 +155,7 @@ struct StateWalk {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const int col = nt * 8 + tq;
-          const u32 uu = *reinterpret_cast<const u32*>(sU + r * LDS + col);
+          const u32 uu = transition ? 0u : *reinterpret_cast<const u32*>(sU + r * LDS + col);
           const float x0 = bf2f(static_cast<bf16_t>(uu & 0xffffu)) - acc[nt][2 * hh];
           const float x1 = bf2f(static_cast<bf16_t>(uu >> 16)) - acc[nt][2 * hh + 1];
           *reinterpret_cast<u32*>(sVn + r * LDS + col) = fwd::pack_f2bf(x0, x1);
@@ -133,10 +164,10 @@ struct StateWalk {
       }
       fwd::cp_async_wait<0>();  // K of this chunk
       __syncthreads();          // sVn, sVg and K visible; W, U and gc are free
-      if (c + 1 < c_end) issue_wug(p, c + 1, stage, j, v0);
+      if (c + 1 < c_end) issue_wug(p, c + 1, stage, j, v0, !transition);
       fwd::cp_async_commit();
 
-      fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len);
+      if (!kPrescan) fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len);
 
       // S = exp2(gcL) S + K^T Vg; k-steps past the chunk length only add zeros, so skip them.
       const float decay = exp2f(gl);
@@ -166,7 +197,23 @@ struct StateWalk {
     }
     fwd::cp_async_wait<0>();
 
-    if (Cfg::HAS_HT && p.ht != nullptr) {
+    if (kPrescan) {
+      // seg_hm row r: S_ext in columns 0 .. V-1, M in V .. V+K-1.
+      float* out = p.seg_hm + ((long long)z * HV + j) * K * (V + K) + (transition ? V : 0) + v0;
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) {
+            const int r = warp * 32 + mi * 16 + gr + hh * 8;
+            *reinterpret_cast<float2*>(out + (long long)r * (V + K) + nt * 8 + tq) =
+                make_float2(S[mi][nt][2 * hh], S[mi][nt][2 * hh + 1]);
+          }
+      return;
+    }
+    // A document's final state is its last segment's.
+    if (Cfg::HAS_HT && p.ht != nullptr && seg == SEG - 1) {
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -183,14 +230,14 @@ struct StateWalk {
  private:
   /// Starts the asynchronous loads of chunk c's W, U slab and gc into the stage (rows past len
   /// zero-filled).
-  __device__ static void issue_wug(const StateWalkParams& p, int c, unsigned char* stage, int j, int v0) {
+  __device__ static void issue_wug(const StateWalkParams& p, int c, unsigned char* stage, int j, int v0, bool with_u) {
     const ChunkInfo ci = p.chunks[c];
     const long long t0 = ci.start;
     bf16_t* sW = reinterpret_cast<bf16_t*>(stage + kOff_w);
     bf16_t* sU = reinterpret_cast<bf16_t*>(stage + kOff_u);
     float* sg = reinterpret_cast<float*>(stage + kOff_g);
     fwd::tile_to_smem_async<kThreads>(sW, LDK, p.w + (t0 * HV + j) * K, (long long)HV * K, C, K, ci.len);
-    fwd::tile_to_smem_async<kThreads>(sU, LDS, p.u + (t0 * HV + j) * V + v0, (long long)HV * V, C, BV, ci.len);
+    if (with_u) fwd::tile_to_smem_async<kThreads>(sU, LDS, p.u + (t0 * HV + j) * V + v0, (long long)HV * V, C, BV, ci.len);
     if (threadIdx.x < C) {
       const bool ok = threadIdx.x < ci.len;
       fwd::cp_async4(sg + threadIdx.x, ok ? p.gc + (t0 + threadIdx.x) * HV + j : p.gc, ok);
@@ -203,6 +250,14 @@ struct StateWalk {
     bf16_t* sKc = reinterpret_cast<bf16_t*>(stage + kOff_k);
     fwd::tile_to_smem_async<kThreads>(sKc, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, ci.len);
   }
+};
+
+/// The intra-card prescan: (S_ext, M) of every segment but each document's last; grid
+/// ((V + K) / BV, HV, N * SEGMENTS).
+template <class Cfg>
+struct StateWalkPrescan {
+  static_assert(Cfg::K == Cfg::V, "the prescan walks M's K columns as V-wide slabs: K must equal V");
+  __device__ static void run(const StateWalkParams& p) { StateWalk<Cfg>::template walk<true>(p); }
 };
 
 }  // namespace gdn
