@@ -7,7 +7,7 @@
  *
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
- *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths)
+ *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16 (cp.segments)
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -55,7 +55,23 @@ const Shape kShapes[] = {
     {"G", "g", {3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000},
      {11.440, 45.777, 57.577}, {1.406, 5.45, 6.856}},
     {"A", "a", {98304, 65536, 57344, 40960}, {23.182, 95.348, 118.855}, {2.812, 10.90, 13.712}},
+    // Single long documents, where the walks' chains are the bound (intra-card segments' case).
+    // FLA's numbers are not in DEVICE.md for them (NaN: printed as such); the floors scale with
+    // tokens x value heads: L = N's heads at 4x N's tokens, M1 = M's tokens and heads.
+    {"L", "n", {32768}, {NAN, NAN, NAN}, {0.044, 0.172, 0.216}},
+    {"M1", "m", {32768}, {NAN, NAN, NAN}, {0.352, 1.36, 1.712}},
 };
+
+/// Whether `name` is one of the comma-separated `shapes` (not a substring match: M1 is not M).
+bool wanted(const std::string& shapes, const char* name) {
+  size_t at = 0;
+  while (at <= shapes.size()) {
+    const size_t comma = std::min(shapes.find(',', at), shapes.size());
+    if (shapes.compare(at, comma - at, name) == 0) return true;
+    at = comma + 1;
+  }
+  return false;
+}
 const char* const kOps[] = {"fwd", "fwd+bwd", "ckpt"};
 
 rt::DeviceBuffer random_buffer(size_t n_elems, int kind, uint64_t seed) {
@@ -231,6 +247,7 @@ struct Bench {
   TensorCores tensor_cores = TensorCores::automatic;  ///< --tensor-cores: the base spec of every mode
   int walk_slab = 0;                                  ///< --walk-slab: the base spec of every mode (0: auto)
   int walk_bwd_slab = 0;                              ///< --walk-bwd-slab: likewise
+  int segments = 1;                                   ///< --segments: the base spec's cp.segments
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -269,6 +286,7 @@ struct Bench {
     s.tensor_cores = tensor_cores;
     s.walk_slab = walk_slab;
     s.walk_bwd_slab = walk_bwd_slab;
+    s.cp_segments = segments;
     return s;
   }
 };
@@ -277,6 +295,7 @@ struct ArmKind {
   bool graph_replay, handoff, mma_sync;
   int walk_slab = 0;      ///< the spec's walk_slab (0: the base spec's)
   int walk_bwd_slab = 0;  ///< the spec's walk_bwd_slab (0: the base spec's)
+  int segments = 0;       ///< the spec's cp.segments (0: the base spec's)
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},   {"spec-aa", {false, true, false}},          {"no-handoff", {false, false, false}},
@@ -284,13 +303,15 @@ const std::map<std::string, ArmKind> kArms = {
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}}, {"walk64", {false, true, false, 64}},  // the forward walk's slab width
     {"walkbwd64", {false, true, false, 0, 64}}, {"walks64", {false, true, false, 64, 64}},  // the backward's, both
+    {"seg2", {false, true, false, 0, 0, 2}}, {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
+    {"seg8", {false, true, false, 0, 0, 8}}, {"seg16", {false, true, false, 0, 0, 16}},
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
   fmt::print("{:<5} {:<8} {:<18} {:>9} {:>8} {:>9} {:>9} {:>8}\n", "shape", "op", "arm", "ms", "drift %", "FLA ms",
              "FLA/ours", "floor x");
   for (const Shape& sh : kShapes) {
-    if (shapes.find(sh.name) == std::string::npos) continue;
+    if (!wanted(shapes, sh.name)) continue;
     const Spec base = b.example(sh);
     Problem p = make_problem(sh.docs, base.heads_qk, base.heads_v);
     std::vector<std::pair<std::string, Spec>> specs;
@@ -302,6 +323,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).mma_sync) s.tensor_cores = TensorCores::mma_sync;
       if (kArms.at(name).walk_slab != 0) s.walk_slab = kArms.at(name).walk_slab;
       if (kArms.at(name).walk_bwd_slab != 0) s.walk_bwd_slab = kArms.at(name).walk_bwd_slab;
+      if (kArms.at(name).segments != 0) s.cp_segments = kArms.at(name).segments;
       specs.emplace_back(name, s);
     }
     SharedRegions regions;
@@ -329,7 +351,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
 /// walk, which show as separate rows), events around every launch, L2 flushed before the call.
 void program_breakdown(Bench& b, const std::string& shapes) {
   for (const Shape& sh : kShapes) {
-    if (shapes.find(sh.name) == std::string::npos) continue;
+    if (!wanted(shapes, sh.name)) continue;
     Spec s = b.example(sh);
     s.name = fmt::format("{}_programs", sh.example);
     Problem p = make_problem(sh.docs, s.heads_qk, s.heads_v);
@@ -453,12 +475,15 @@ int main(int argc, char** argv) {
   std::vector<std::string> arm_names = {"spec", "spec-aa", "no-handoff", "graph"};
   int groups = 5, samples = 12, warmup = 10;
   bool programs = false, host = false, sweep = false, host_only_mode = false;
-  app.add_option("--shapes", shapes, "comma-separated subset of N,M,G,A");
+  app.add_option("--shapes", shapes, "comma-separated subset of N,M,G,A and the single long documents L (N's heads, "
+                                     "32768 tokens) and M1 (M's heads, 32768 tokens)");
   app.add_option("--arms", arm_names,
                  "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
                  "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
-                 "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64)")
-      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32", "walk64", "walkbwd64", "walks64"}))
+                 "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64), "
+                 "seg2, seg4, seg8, seg16 (cp.segments)")
+      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32", "walk64",
+                             "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
@@ -476,6 +501,9 @@ int main(int argc, char** argv) {
   std::string walk_bwd_slab = "auto";
   app.add_option("--walk-bwd-slab", walk_bwd_slab, "the specs' walk_bwd_slab (the backward walk's V-slab width)")
       ->check(CLI::IsMember({"auto", "32", "64"}));
+  int segments = 1;
+  app.add_option("--segments", segments, "the specs' cp.segments (intra-card segments per document)")
+      ->check(CLI::Range(1, 64));
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
@@ -485,8 +513,9 @@ int main(int argc, char** argv) {
     b.tensor_cores = tensor_cores == "auto" ? TensorCores::automatic : TensorCores::mma_sync;
     b.walk_slab = walk_slab == "auto" ? 0 : std::stoi(walk_slab);
     b.walk_bwd_slab = walk_bwd_slab == "auto" ? 0 : std::stoi(walk_bwd_slab);
-    fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}\n", b.ctx.name(),
-               b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab);
+    b.segments = segments;
+    fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}, segments {}\n", b.ctx.name(),
+               b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments);
     if (programs) program_breakdown(b, shapes);
     if (host) host_time(b);
     if (sweep) handoff_sweep(b);

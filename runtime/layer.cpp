@@ -268,6 +268,11 @@ void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_siz
   const Spec& sp = ir_.spec;
   if (s.T < 1 || s.T > (1LL << 31) - 1) throw InputError(fmt::format("T: {} is out of range (1 to 2^31-1)", s.T));
   if (s.N < 1 || s.N > 65535) throw InputError(fmt::format("N: {} documents is out of range (1 to 65535)", s.N));
+  // The segmented walks run one block row per (document, segment) on the grid's z axis.
+  if (sp.cp_segments > 1 && s.N * sp.cp_segments > 65535)
+    throw InputError(fmt::format("N: {} documents x cp.segments {} = {} blocks exceeds the grid's z limit 65535 "
+                                 "(at most {} documents with this layer)",
+                                 s.N, sp.cp_segments, s.N * sp.cp_segments, 65535 / sp.cp_segments));
   require_aligned(in.q, "q");
   require_aligned(in.k, "k");
   require_aligned(in.v, "v");

@@ -248,7 +248,97 @@ TEST_SUITE("gpu_layer") {
   }
 }
 
+TEST_SUITE("gpu_layer") {
+  // Intra-card segments change the forward walk's roundings (the carry comes through the fp32
+  // merge of per-segment transitions), so they are held to the fp64 bounds, not to bits.
+  TEST_CASE("cp.segments (intra-card segments) against the fp64 reference") {
+    const uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) + 23;
+    MESSAGE("seed " << seed);
+    for (int segments : {2, 3, 8}) {
+      for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+        Spec s = spec_of("n");
+        s.cp_segments = segments;
+        s.save_mode = save;
+        s.name = fmt::format("n_seg{}_{}", segments, to_string(save));
+        auto layer = make(s);
+        check::Case c;
+        c.seed = seed + static_cast<uint64_t>(segments);
+        // Documents of fewer chunks than segments (empty segments), partial last chunks, long ones.
+        c.doc_lens = {1, 63, 64, 65, 700, 1, 129, 2049};
+        expect_within_bounds(check::run(*layer, c), s.name + " mixed");
+        c.doc_lens = {3000};
+        c.gate_value = 0.0;  // no decay: M stays of order one over the whole document
+        expect_within_bounds(check::run(*layer, c), s.name + " g=0");
+        c.gate_value = -20.0;
+        expect_within_bounds(check::run(*layer, c), s.name + " g=-20");
+        c.gate_value.reset();
+        c.beta_value = 1.0;
+        expect_within_bounds(check::run(*layer, c), s.name + " beta=1");
+        c.beta_value.reset();
+        c.step = check::Case::Step::ckpt;
+        c.doc_lens = {2049, 700, 65};
+        expect_within_bounds(check::run(*layer, c), s.name + " ckpt");
+      }
+    }
+    Spec m = spec_of("m");
+    m.cp_segments = 4;
+    m.initial_state = StateFlag::absent;
+    m.name = "m_seg4_noh0";
+    check::Case c;
+    c.seed = seed + 99;
+    c.doc_lens = {1, 3000, 700, 65};
+    expect_within_bounds(check::run(*make(m), c), "shape M heads, 4 segments, no h0");
+  }
+}
+
 TEST_SUITE("gpu_determinism") {
+  TEST_CASE("cp.segments: repeats bitwise equal; light, full and ckpt give the same bits; batch invariant") {
+    check::Case c;
+    c.doc_lens = {1, 63, 3000, 65, 700};
+    c.with_reference = false;
+    c.seed = 47;
+    c.repeats = 3;
+    std::map<std::string, std::string> first;
+    for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+      Spec s = spec_of("m");
+      s.cp_segments = 5;
+      s.save_mode = save;
+      s.name = fmt::format("m_seg5_{}", to_string(save));
+      auto layer = make(s);
+      c.step = check::Case::Step::fwd_bwd;
+      const check::Report r = check::run(*layer, c);
+      CHECK(r.bytes.size() == 8);
+      for (const auto& m : r.mismatches) FAIL_CHECK(s.name << " repeat differs: " << m);
+      if (first.empty()) first = r.bytes;
+      else
+        expect_same_bits(first, r, s.name + " vs light");
+      c.step = check::Case::Step::ckpt;
+      expect_same_bits(first, check::run(*layer, c), s.name + " ckpt");
+    }
+    // A document's bits do not depend on what is packed with it: its segments are its own.
+    const std::vector<long long> lens = {700, 3000, 65};
+    const std::vector<uint64_t> seeds = {51, 52, 53};
+    Spec s = spec_of("n");
+    s.cp_segments = 3;
+    s.name = "n_seg3_batch";
+    auto layer = make(s);
+    check::Case packed;
+    packed.doc_lens = lens;
+    packed.doc_seeds = seeds;
+    packed.with_reference = false;
+    const check::Report all = check::run(*layer, packed);
+    for (size_t d = 0; d < lens.size(); ++d) {
+      check::Case alone;
+      alone.doc_lens = {lens[d]};
+      alone.doc_seeds = {seeds[d]};
+      alone.with_reference = false;
+      const check::Report one = check::run(*layer, alone);
+      for (const char* t : {"o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"})
+        CHECK_MESSAGE(check::document_bytes(one, t, s, alone.doc_lens, 0) == check::document_bytes(all, t, s, lens, d),
+                      "document " << d << " " << t);
+    }
+  }
+
   // Users training with RL need a document's logprobs (and a trainer its gradients) not to depend
   // on what else is in the batch (a known FLA issue on GB300). Every program works per document or per (chunk, head), so a
   // document's results must keep their bits alone, packed with others and in another order.
@@ -411,76 +501,80 @@ TEST_SUITE("gpu_ckpt") {
   TEST_CASE("workspace_bytes equals the highest workspace byte a call writes") {
     // Documents with partial chunks only, so the chunk count reaches its bound T/64 + N and every
     // slot is written to its end: the highest byte written is the end of the region's last slot.
-    Spec s = spec_of("n");
-    s.name = "ws_peak";
-    auto layer = make(s);
-    const int T = 196, N = 3, H = s.heads_qk, HV = s.heads_v, D = 128;
-    const ProblemShape shape{T, N};
-    auto buf = [](size_t n) { return rt::DeviceBuffer::create(n); };
-    auto up = [](const rt::DeviceBuffer& b, const void* host, size_t n) {
-      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host, n), "upload");
-    };
-    ref::Problem p;
-    p.H = H; p.HV = HV; p.K = D; p.V = D; p.l2norm = true; p.has_h0 = true;
-    p.cu_seqlens = {0, 65, 195, T};
-    p.T = T;
-    const ref::Inputs in = ref::random_inputs(p, 31);
-    std::vector<uint16_t> q(in.q.size()), k(in.k.size()), v(in.v.size()), d_o(in.v.size());
-    for (size_t i = 0; i < q.size(); ++i) q[i] = to_bf16(static_cast<float>(in.q[i]));
-    for (size_t i = 0; i < k.size(); ++i) k[i] = to_bf16(static_cast<float>(in.k[i]));
-    for (size_t i = 0; i < v.size(); ++i) v[i] = to_bf16(static_cast<float>(in.v[i])), d_o[i] = v[i];
-    std::vector<float> g(in.g.begin(), in.g.end()), beta(in.beta.begin(), in.beta.end());
-    std::vector<float> h0(in.h0.begin(), in.h0.end());
-    const std::vector<int> cu = {0, 65, 195, T};
-    auto dq = buf(q.size() * 2), dk = buf(k.size() * 2), dv = buf(v.size() * 2), dg = buf(g.size() * 4),
-         db = buf(g.size() * 4), dh0 = buf(h0.size() * 4), o = buf(v.size() * 2), ht = buf(h0.size() * 4);
-    auto dq_in = buf(q.size() * 2), dk_in = buf(k.size() * 2), dv_in = buf(v.size() * 2), do_in = buf(v.size() * 2);
-    auto g_in = buf(g.size() * 4), b_in = buf(g.size() * 4), h0_in = buf(h0.size() * 4), cu_in = buf(cu.size() * 4);
-    up(dq_in, q.data(), q.size() * 2); up(dk_in, k.data(), k.size() * 2); up(dv_in, v.data(), v.size() * 2);
-    up(do_in, d_o.data(), d_o.size() * 2); up(g_in, g.data(), g.size() * 4); up(b_in, beta.data(), beta.size() * 4);
-    up(h0_in, h0.data(), h0.size() * 4); up(cu_in, cu.data(), cu.size() * 4);
-    const LayerInputs li{dq_in.get(), dk_in.get(), dv_in.get(), g_in.get<float>(), b_in.get<float>(), cu_in.get(),
-                         IndexType::int32, h0_in.get<float>(), 0};
-    const LayerGrads lg{do_in.get(), nullptr, dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(),
-                        dh0.get<float>()};
-    auto saved = buf(layer->saved_bytes(shape));
-    const size_t extra = 1 << 20;  // room past the figure: a write beyond it would show
-    for (CallForm form : {CallForm::forward, CallForm::backward}) {
-      const size_t figure = layer->workspace_bytes(form, shape);
-      size_t peak = 0;
-      for (unsigned char pattern : {0x00, 0xFF}) {  // two poisons: a written byte equal to one differs from the other
-        auto ws = buf(figure + extra);
-        GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(ws.handle(), pattern, ws.bytes()), "poison");
-        GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "poison");
-        rt::Stream st = rt::Stream::create();
-        if (form == CallForm::forward) {
-          layer->forward(shape, li, {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), figure,
-                         st.handle());
-        } else {
-          // The backward's own workspace use: the saved region comes from a forward on another workspace.
-          auto fwd_ws = buf(layer->workspace_bytes(CallForm::forward, shape));
-          layer->forward(shape, li, {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), fwd_ws.get(),
-                         fwd_ws.bytes(), st.handle());
-          layer->backward(shape, li, lg, saved.get(), saved.bytes(), ws.get(), figure, st.handle());
+    // With intra-card segments the forward's last slot is seg_h0, which the merge writes whole.
+    for (int segments : {1, 3}) {
+      Spec s = spec_of("n");
+      s.name = fmt::format("ws_peak_seg{}", segments);
+      s.cp_segments = segments;
+      auto layer = make(s);
+      const int T = 196, N = 3, H = s.heads_qk, HV = s.heads_v, D = 128;
+      const ProblemShape shape{T, N};
+      auto buf = [](size_t n) { return rt::DeviceBuffer::create(n); };
+      auto up = [](const rt::DeviceBuffer& b, const void* host, size_t n) {
+        GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host, n), "upload");
+      };
+      ref::Problem p;
+      p.H = H; p.HV = HV; p.K = D; p.V = D; p.l2norm = true; p.has_h0 = true;
+      p.cu_seqlens = {0, 65, 195, T};
+      p.T = T;
+      const ref::Inputs in = ref::random_inputs(p, 31);
+      std::vector<uint16_t> q(in.q.size()), k(in.k.size()), v(in.v.size()), d_o(in.v.size());
+      for (size_t i = 0; i < q.size(); ++i) q[i] = to_bf16(static_cast<float>(in.q[i]));
+      for (size_t i = 0; i < k.size(); ++i) k[i] = to_bf16(static_cast<float>(in.k[i]));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = to_bf16(static_cast<float>(in.v[i])), d_o[i] = v[i];
+      std::vector<float> g(in.g.begin(), in.g.end()), beta(in.beta.begin(), in.beta.end());
+      std::vector<float> h0(in.h0.begin(), in.h0.end());
+      const std::vector<int> cu = {0, 65, 195, T};
+      auto dq = buf(q.size() * 2), dk = buf(k.size() * 2), dv = buf(v.size() * 2), dg = buf(g.size() * 4),
+           db = buf(g.size() * 4), dh0 = buf(h0.size() * 4), o = buf(v.size() * 2), ht = buf(h0.size() * 4);
+      auto dq_in = buf(q.size() * 2), dk_in = buf(k.size() * 2), dv_in = buf(v.size() * 2), do_in = buf(v.size() * 2);
+      auto g_in = buf(g.size() * 4), b_in = buf(g.size() * 4), h0_in = buf(h0.size() * 4), cu_in = buf(cu.size() * 4);
+      up(dq_in, q.data(), q.size() * 2); up(dk_in, k.data(), k.size() * 2); up(dv_in, v.data(), v.size() * 2);
+      up(do_in, d_o.data(), d_o.size() * 2); up(g_in, g.data(), g.size() * 4); up(b_in, beta.data(), beta.size() * 4);
+      up(h0_in, h0.data(), h0.size() * 4); up(cu_in, cu.data(), cu.size() * 4);
+      const LayerInputs li{dq_in.get(), dk_in.get(), dv_in.get(), g_in.get<float>(), b_in.get<float>(), cu_in.get(),
+                           IndexType::int32, h0_in.get<float>(), 0};
+      const LayerGrads lg{do_in.get(), nullptr, dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(),
+                          dh0.get<float>()};
+      auto saved = buf(layer->saved_bytes(shape));
+      const size_t extra = 1 << 20;  // room past the figure: a write beyond it would show
+      for (CallForm form : {CallForm::forward, CallForm::backward}) {
+        const size_t figure = layer->workspace_bytes(form, shape);
+        size_t peak = 0;
+        for (unsigned char pattern : {0x00, 0xFF}) {  // two poisons: a written byte equal to one differs from the other
+          auto ws = buf(figure + extra);
+          GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(ws.handle(), pattern, ws.bytes()), "poison");
+          GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "poison");
+          rt::Stream st = rt::Stream::create();
+          if (form == CallForm::forward) {
+            layer->forward(shape, li, {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), figure,
+                           st.handle());
+          } else {
+            // The backward's own workspace use: the saved region comes from a forward on another workspace.
+            auto fwd_ws = buf(layer->workspace_bytes(CallForm::forward, shape));
+            layer->forward(shape, li, {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), fwd_ws.get(),
+                           fwd_ws.bytes(), st.handle());
+            layer->backward(shape, li, lg, saved.get(), saved.bytes(), ws.get(), figure, st.handle());
+          }
+          st.synchronize();
+          std::string host(ws.bytes(), '\0');
+          GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(host.data(), ws.handle(), host.size()), "download");
+          size_t last = host.size();
+          while (last > 0 && static_cast<unsigned char>(host[last - 1]) == pattern) --last;
+          peak = std::max(peak, last);
         }
-        st.synchronize();
-        std::string host(ws.bytes(), '\0');
-        GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(host.data(), ws.handle(), host.size()), "download");
-        size_t last = host.size();
-        while (last > 0 && static_cast<unsigned char>(host[last - 1]) == pattern) --last;
-        peak = std::max(peak, last);
+        // The last slot ends where the figure's final 256-byte alignment padding begins.
+        const auto slots = region_slots(layer->ir(), BufferRole::workspace, form);
+        std::vector<ByteFormula> formulas;
+        for (const auto& sl : slots) formulas.push_back(sl.second);
+        const auto offsets = slot_offsets(formulas, T, N, s.chunk);
+        const size_t last_end = offsets[offsets.size() - 2] + static_cast<size_t>(formulas.back().eval(T, N, s.chunk));
+        INFO("segments " << segments << ", call form " << to_string(form) << ": figure " << figure << " bytes, last slot (" << slots.back().first
+                          << ") ends at " << last_end << ", measured peak " << peak);
+        CHECK(figure == offsets.back());
+        CHECK(figure == (last_end + 255) / 256 * 256);
+        CHECK(peak == last_end);
       }
-      // The last slot ends where the figure's final 256-byte alignment padding begins.
-      const auto slots = region_slots(layer->ir(), BufferRole::workspace, form);
-      std::vector<ByteFormula> formulas;
-      for (const auto& sl : slots) formulas.push_back(sl.second);
-      const auto offsets = slot_offsets(formulas, T, N, s.chunk);
-      const size_t last_end = offsets[offsets.size() - 2] + static_cast<size_t>(formulas.back().eval(T, N, s.chunk));
-      INFO("call form " << to_string(form) << ": figure " << figure << " bytes, last slot (" << slots.back().first
-                        << ") ends at " << last_end << ", measured peak " << peak);
-      CHECK(figure == offsets.back());
-      CHECK(figure == (last_end + 255) / 256 * 256);
-      CHECK(peak == last_end);
     }
   }
 }

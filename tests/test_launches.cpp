@@ -235,6 +235,16 @@ TEST_SUITE("launches") {
     bad = f;
     bad.ws_size = 0;
     CHECK_THROWS_WITH_AS(fwd(bad, s), doctest::Contains("workspace: 0 bytes given"), InputError);
+    Spec segmented = example("n");
+    segmented.cp_segments = 64;
+    auto seg_layer = Layer::with_launcher(segmented, rec);
+    const ProblemShape many{8192, 1024};
+    const FakeCall g = fake_call(*seg_layer, many);
+    CHECK_THROWS_WITH_AS(seg_layer->forward(many, g.in, g.out, reinterpret_cast<void*>(g.saved), g.saved_size,
+                                            reinterpret_cast<void*>(g.ws), g.ws_size, nullptr),
+                         "N: 1024 documents x cp.segments 64 = 65536 blocks exceeds the grid's z limit 65535 (at most "
+                         "1023 documents with this layer)",
+                         InputError);
     CHECK(rec->records.empty());
   }
 }
