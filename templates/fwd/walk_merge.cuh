@@ -24,7 +24,7 @@ struct WalkMerge {
   static_assert(V % BC == 0, "the column blocks must tile V");
 
   __device__ static void run(const WalkMergeParams& p) {
-    __shared__ float sS[K][BC];
+    __shared__ __align__(16) float sS[K][BC];
     const int c0 = blockIdx.x * BC, j = blockIdx.y, n = blockIdx.z;
     const int r = threadIdx.x >> 1, half = (threadIdx.x & 1) * 16;
     const bool has_h0 = Cfg::HAS_H0 && p.h0 != nullptr;
@@ -41,13 +41,26 @@ struct WalkMerge {
 #pragma unroll
       for (int e = 0; e < 16; ++e) sS[r][half + e] = x[e];
       __syncthreads();
-      const float* row = p.seg_hm + (z * HV + j) * K * (V + K) + (long long)r * (V + K);
+      // Row r of S_ext and of M, 16 floats per 128-bit load: the loads of a k-block are in flight
+      // together instead of one dependent load per k (the row stride, 4 (V + K) bytes, keeps them
+      // 16-byte aligned).
+      const float4* row = reinterpret_cast<const float4*>(p.seg_hm + (z * HV + j) * K * (V + K) + (long long)r * (V + K));
 #pragma unroll
-      for (int e = 0; e < 16; ++e) x[e] = row[c0 + half + e];  // S_ext
-      for (int k = 0; k < K; ++k) {
-        const float m = row[V + k];
+      for (int q = 0; q < 4; ++q) {
+        const float4 t = row[(c0 + half) / 4 + q];  // S_ext
+        x[4 * q] = t.x, x[4 * q + 1] = t.y, x[4 * q + 2] = t.z, x[4 * q + 3] = t.w;
+      }
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        float m[16];
 #pragma unroll
-        for (int e = 0; e < 16; ++e) x[e] = fmaf(m, sS[k][half + e], x[e]);
+        for (int q = 0; q < 4; ++q) {
+          const float4 t = row[(V + k0) / 4 + q];
+          m[4 * q] = t.x, m[4 * q + 1] = t.y, m[4 * q + 2] = t.z, m[4 * q + 3] = t.w;
+        }
+#pragma unroll
+        for (int kk = 0; kk < 16; ++kk)
+#pragma unroll
+          for (int e = 0; e < 16; ++e) x[e] = fmaf(m[kk], sS[k0 + kk][half + e], x[e]);
       }
       __syncthreads();  // every thread is done reading sS before the next segment overwrites it
     }
