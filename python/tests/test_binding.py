@@ -105,6 +105,15 @@ class SpecTests(unittest.TestCase):
                             initial_state=False, final_state=False)
         self.assertEqual(str(e.exception), "/head_dim/k: 96 is not supported (supported: 128)")
 
+    def test_intra_card_segments_are_a_code_option(self):
+        s = gdnc.build_spec({"cp": {"ranks": 1, "segments": 8}}, heads_qk=2, heads_v=8, head_dim_k=128,
+                            head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
+        self.assertEqual(s["cp"], {"ranks": 1, "segments": 8})
+        with self.assertRaises(gdnc.SpecError) as e:
+            gdnc.build_spec({"cp": {"ranks": 1, "segments": 65}}, heads_qk=2, heads_v=8, head_dim_k=128,
+                            head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
+        self.assertEqual(str(e.exception), "/cp/segments: 65 is not supported (supported: 1 to 64)")
+
     def test_options_that_follow_from_the_call_cannot_be_overridden(self):
         with self.assertRaisesRegex(TypeError, r"unknown option\(s\) \['heads'\]"):
             gdnc.build_spec({"heads": {"qk": 1, "v": 1}}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
