@@ -62,6 +62,24 @@ const Shape kShapes[] = {
     {"M1", "m", {32768}, {NAN, NAN, NAN}, {0.352, 1.36, 1.712}},
 };
 
+/// `--shapes` as a canonical list (spaces dropped); an unknown name is an error naming it.
+std::string canonical_shapes(const std::string& given) {
+  std::string out, name;
+  for (size_t at = 0; at <= given.size(); ++at) {
+    if (at < given.size() && given[at] != ',') {
+      if (given[at] != ' ') name += given[at];
+      continue;
+    }
+    if (name.empty()) continue;
+    bool known = false;
+    for (const Shape& sh : kShapes) known = known || name == sh.name;
+    if (!known) throw std::invalid_argument(fmt::format("--shapes: unknown shape '{}' (known: N, M, G, A, L, M1)", name));
+    out += (out.empty() ? "" : ",") + name;
+    name.clear();
+  }
+  return out;
+}
+
 /// Whether `name` is one of the comma-separated `shapes` (not a substring match: M1 is not M).
 bool wanted(const std::string& shapes, const char* name) {
   size_t at = 0;
@@ -507,6 +525,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
+    shapes = canonical_shapes(shapes);
     Bench b{rt::Context::create(0), cache::DiskCache(), rt::Stream::create(),
             rt::DeviceBuffer::create(256u << 20),  // > the H200's 60 MB L2
             rt::Event::create(), rt::Event::create(), groups, samples, warmup};

@@ -206,7 +206,9 @@ LayerIR lower(const Spec& s) {
   // Before the backward-only slots: a hand-off needs the forward's workspace slots to be a prefix
   // of the backward's.
   if (segments > 1) {
-    // Every call form that runs the forward walk runs the prescan and the merge before it.
+    // Every call form that runs the forward walk runs the prescan and the merge before it. A
+    // document's last segment has no transition to store: its seg_hm rows stay unused, so that
+    // one index (n * segments + segment) serves seg_hm, seg_h0 and the walk's grid.
     const std::vector<CallForm> walk_forms = full ? fwd_only : both;
     buf("seg_hm", BufferRole::workspace, "fp32", "[N * segments, HV, K, V + K]",
         {0, 1LL * segments * HV * K * (V + K) * 4}, walk_forms);

@@ -24,14 +24,15 @@ Spec example(const char* name) {
 
 /// Conflicts of one call sequence (plans run in order on one workspace): "a and b share slot
 /// i and are both live at launch p". Empty means the sharing is safe for this sequence.
-std::vector<std::string> sharing_conflicts(const std::vector<const CallPlan*>& sequence) {
+std::vector<std::string> sharing_conflicts(const std::vector<const CallPlan*>& sequence, bool same_slots) {
   std::vector<std::string> out;
-  // Slot i must mean the same bytes in every plan: shorter workspaces are prefixes of longer.
+  // Slot i must mean the same bytes in every plan when values pass between them (light saves):
+  // shorter workspaces are prefixes of longer.
   const CallPlan* longest = sequence.front();
   for (const CallPlan* p : sequence)
     if (p->ws_slots.size() > longest->ws_slots.size()) longest = p;
   for (const CallPlan* p : sequence)
-    for (size_t i = 0; i < p->ws_slots.size(); ++i)
+    for (size_t i = 0; same_slots && i < p->ws_slots.size(); ++i)
       if (p->ws_slots[i].text() != longest->ws_slots[i].text())
         out.push_back(fmt::format("{}: workspace slot {} differs from {}'s", p->name, i, longest->name));
   // [first, last] launch index of every buffer, per slot.
@@ -59,17 +60,16 @@ std::vector<std::string> sharing_conflicts(const std::vector<const CallPlan*>& s
 /// the re-run backward, and a recompute followed by the backward that binds its tapes or (stale
 /// stamp) re-runs.
 /// With full saves nothing passes from a forward to a backward through the workspace (the tapes
-/// are saved, there is no hand-off), so each form is checked alone and the slot-prefix rule does
-/// not apply (with segments the forward's seg_hm is not the backward's second slot).
+/// are saved, there is no hand-off), so the slot-prefix rule does not apply there (with segments
+/// the forward's seg_hm is not the backward's second slot); the sequences are still checked.
 std::vector<std::string> all_conflicts(const LayerIR& ir) {
   const CallPlan fwd = plan_forward(ir, OutputLaunch::yes), rec = plan_forward(ir, OutputLaunch::no);
   const CallPlan bwd = plan_backward(ir, PrepRerun::yes), bound = plan_backward(ir, PrepRerun::no);
+  const bool light = ir.spec.save_mode == SaveMode::light;
   std::vector<std::string> out;
-  std::vector<std::vector<const CallPlan*>> sequences = {{&fwd}, {&rec}, {&bwd}};
-  if (ir.spec.save_mode == SaveMode::light)
-    sequences.insert(sequences.end(), {{&fwd, &bwd}, {&rec, &bwd}, {&fwd, &bound}, {&rec, &bound}});
-  for (const auto& seq : sequences)
-    for (auto& c : sharing_conflicts(seq)) out.push_back(fmt::format("{} then {}: {}", seq.front()->name,
+  for (const auto& seq : std::vector<std::vector<const CallPlan*>>{
+           {&fwd}, {&bwd}, {&fwd, &bwd}, {&rec, &bwd}, {&fwd, &bound}, {&rec, &bound}})
+    for (auto& c : sharing_conflicts(seq, light)) out.push_back(fmt::format("{} then {}: {}", seq.front()->name,
                                                                      seq.back()->name, c));
   return out;
 }

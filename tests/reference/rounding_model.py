@@ -8,6 +8,8 @@ one at a time says which ones the output error comes from (docs/accuracy.md).
     python3 tests/reference/rounding_model.py --check                   # the model without roundings
                                                                         # equals the recurrence (1e-12)
     python3 tests/reference/rounding_model.py --tokens 1000,3000 --gate 0   # the ablation table
+    python3 tests/reference/rounding_model.py --fixes --tokens 3000,6000     # candidate fixes
+    python3 tests/reference/rounding_model.py --windows --tokens 6000        # error per 500 tokens
 
 Rounding names: qk_norm (normalized q, k stored in bf16), L32 (fp32 L, Tm, products), kb_op (the
 row-scaled operands bf16(beta exp2(gc) k), bf16(beta v)), Tm, WU (W and U in bf16), S_op (bf16(S)
@@ -46,11 +48,6 @@ def ident(x):
 
 ALL = ["in_qkv", "in_f32", "qk_norm", "L32", "kb_op", "Tm", "WU", "S_op", "vnew", "vg", "S32", "htape",
        "P", "o"]
-
-
-def l2n(x, eps=1e-6):
-    rstd = 1.0 / np.sqrt((x * x).sum(-1, keepdims=True) + eps)
-    return x, rstd
 
 
 def fp16(x):
@@ -198,6 +195,9 @@ def main():
     ap.add_argument("--heads", default="1,3", help="qk heads, value heads")
     ap.add_argument("--seed", type=int, default=5)
     ap.add_argument("--check", action="store_true", help="only check the model without roundings against the recurrence")
+    ap.add_argument("--fixes", action="store_true",
+                    help="o with candidate fixes: the norm folded (q_norm / k_norm off), the h tape as bf16 hi + lo")
+    ap.add_argument("--windows", action="store_true", help="o error per 500-token window of the first --tokens length")
     args = ap.parse_args()
     H, HV = (int(x) for x in args.heads.split(","))
     G = HV // H
@@ -210,6 +210,32 @@ def main():
         print(f"model without roundings vs the fp64 recurrence, 130 tokens (3 chunks, a partial one): {err:.2e}")
         return 0 if err < 1e-12 else 1
     Ts = [int(t) for t in args.tokens.split(",")]
+    if args.windows:
+        T = Ts[0]
+        x = inputs(T, H, HV, args.seed, gate=gate)
+        x = (bf16(x[0]), bf16(x[1]), bf16(x[2]), f32(x[3]), f32(x[4]), f32(x[5]))
+        ro, _ = reference(*x, G=G)
+        eo = emulate(*x, G=G, on=set(STORED))[0]
+        for w in range(0, T, 500):
+            print(f"tokens {w:>6} .. {min(w + 500, T):>6}: o rel-RMS {rel(ro[w:w + 500], eo[w:w + 500]):.2e}")
+        return 0
+    if args.fixes:
+        split = (set(STORED) - {"qk_norm"}) | {"q_norm", "k_norm"}  # the norm's rounding per tensor
+        fixes = [("none (today)", set(STORED), None), ("fold q and k", split - {"q_norm", "k_norm"}, None),
+                 ("fold k only", split - {"k_norm"}, None), ("fold q only", split - {"q_norm"}, None),
+                 ("h tape bf16 hi + lo", set(STORED) - {"htape"}, "hilo"),
+                 ("fold q, k + h hi + lo", split - {"q_norm", "k_norm", "htape"}, "hilo")]
+        print(f"{'o rel-RMS, gate ' + args.gate:<26}" + "".join(f"{'T=' + str(T):>11}" for T in Ts))
+        errs = {name: [] for name, _, _ in fixes}
+        for T in Ts:
+            x = inputs(T, H, HV, args.seed, gate=gate)
+            x = (bf16(x[0]), bf16(x[1]), bf16(x[2]), f32(x[3]), f32(x[4]), f32(x[5]))
+            ro, _ = reference(*x, G=G)
+            for name, on, hfix in fixes:
+                errs[name].append(rel(ro, emulate(*x, G=G, on=on, hfix=hfix)[0]))
+        for name, e in errs.items():
+            print(f"{name:<26}" + "".join(f"{v:>11.2e}" for v in e))
+        return 0
     rows = {}
     for T in Ts:
         x = inputs(T, H, HV, args.seed, gate=gate)
