@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <ctime>
 #include <iostream>
+#include <optional>
 #include <thread>
 
 namespace {
@@ -204,9 +205,20 @@ int cmd_sizes(const std::string& path, long long tokens, int docs, bool as_json)
 
 const std::vector<long long> kDefaultCheckDocs = {1, 63, 64, 65, 700, 2049};
 
+/// Overrides of `gdnc check`'s random inputs and spec, for accuracy questions from the command line.
+struct CheckOverrides {
+  std::optional<double> gate;  ///< every g equal to this
+  std::optional<double> beta;  ///< every beta equal to this
+  int segments = 0;            ///< the spec's cp.segments (0: the file's)
+};
+
 int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs,
-              uint64_t seed, bool forward_only, bool ckpt, bool digests) {
+              uint64_t seed, bool forward_only, bool ckpt, bool digests, const CheckOverrides& over) {
   Spec spec = spec_from_file(path);
+  if (over.segments != 0) {
+    spec.cp_segments = over.segments;
+    validate(spec);  // names /cp/segments and the value before any GPU work
+  }
   std::vector<long long> lens = docs;
   if (lens.empty() && (tokens > 0 || n_docs > 0)) {
     if (tokens <= 0 || n_docs <= 0) throw CLI::ValidationError("--tokens/--n-docs", "give both --tokens T and --n-docs N");
@@ -222,13 +234,17 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   c.doc_lens = lens;
   c.seed = seed;
   c.backward = !forward_only;
+  c.gate_value = over.gate;
+  c.beta_value = over.beta;
   if (ckpt) c.step = check::Case::Step::ckpt;
   const check::Report r = check::run(*layer, c);
   long long T = 0;
   for (auto l : lens) T += l;
-  fmt::print("layer {} on {} ({}), T={} N={} seed={}{}\n", spec.name, ctx.name(), to_string(layer->target()), T,
+  fmt::print("layer {} on {} ({}), T={} N={} seed={}{}{}{}{}\n", spec.name, ctx.name(), to_string(layer->target()), T,
              lens.size(), seed,
-             ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "");
+             ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "",
+             over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
+             spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments) : "");
   bool ok = true;
   for (const auto& [name, err] : r.rel_rms) {
     const bool pass = err <= check::tolerance(name);
@@ -306,6 +322,11 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--forward-only", forward_only, "skip the backward");
   check_cmd->add_flag("--ckpt", ckpt, "run the checkpointed step: forward, recompute, backward on one workspace");
   check_cmd->add_flag("--digests", digests, "also print the SHA-256 of every result's bytes (compare builds bit for bit)");
+  CheckOverrides over;
+  check_cmd->add_option("--gate", over.gate, "every g equal to this log decay (e.g. 0: no decay, -20), instead of random")
+      ->check(CLI::Range(-1e4, 0.0));
+  check_cmd->add_option("--beta", over.beta, "every beta equal to this, instead of random")->check(CLI::Range(0.0, 1.0));
+  check_cmd->add_option("--segments", over.segments, "the spec's cp.segments, instead of the file's");
 
   try {
     app.parse(argc, argv);
@@ -333,7 +354,7 @@ int main(int argc, char** argv) {
       return kOk;
     }
     if (*sizes) return cmd_sizes(spec_path, tokens, size_docs, as_json);
-    if (*check_cmd) return cmd_check(spec_path, docs, tokens, n_docs, seed, forward_only, ckpt, digests);
+    if (*check_cmd) return cmd_check(spec_path, docs, tokens, n_docs, seed, forward_only, ckpt, digests, over);
   } catch (const CLI::ValidationError& e) {
     fmt::print(stderr, "gdnc: {}\n", e.what());
     return kUsage;

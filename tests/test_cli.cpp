@@ -139,6 +139,20 @@ TEST_SUITE("cli") {
     CHECK(gdnc("check " + src("examples/n.json")).code == 6);
   }
 
+  TEST_CASE("check's input and segment overrides are validated before any GPU work") {
+    Run r = gdnc("check " + src("examples/n.json") + " --gate 1");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("--gate: Value 1 not in range") != std::string::npos);
+    r = gdnc("check " + src("examples/n.json") + " --beta 1.5");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("--beta") != std::string::npos);
+    r = gdnc("check " + src("examples/n.json") + " --segments 65");
+    CHECK(r.code == 3);
+    CHECK(r.out.find("/cp/segments: 65 is not supported (supported: 1 to 64)") != std::string::npos);
+    if (!fs::exists("/dev/nvidia0"))  // valid overrides get as far as the driver
+      CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --gate 0 --beta 1 --segments 4").code == 6);
+  }
+
   TEST_CASE("check with --tokens but no --n-docs (or the reverse) is a usage error naming both") {
     for (const char* sizes : {" --tokens 1000", " --n-docs 3"}) {
       const Run r = gdnc("check " + src("examples/n.json") + sizes);
