@@ -283,6 +283,22 @@ TEST_SUITE("reference") {
     CHECK(*std::max_element(a.beta.begin(), a.beta.end()) < 1.0);
   }
 
+  TEST_CASE("random_normal is standard normal, block-parallel and a function of (seed, n) alone") {
+    const std::vector<double> x = gdn::ref::random_normal(1 << 20, 5);
+    double mean = 0, var = 0;
+    for (double e : x) mean += e;
+    mean /= static_cast<double>(x.size());
+    for (double e : x) var += (e - mean) * (e - mean);
+    var /= static_cast<double>(x.size());
+    CHECK(std::abs(mean) < 5e-3);  // 5 standard errors at 2^20 samples
+    CHECK(std::abs(var - 1.0) < 7e-3);
+    // A shorter draw is a prefix of a longer one (blocks of 65536 have their own generators), and
+    // the values do not depend on how many threads filled them.
+    const std::vector<double> prefix = gdn::ref::random_normal(65536 + 3, 5);
+    CHECK(std::equal(prefix.begin(), prefix.end(), x.begin()));
+    CHECK_FALSE(std::equal(prefix.begin(), prefix.end(), gdn::ref::random_normal(65536 + 3, 6).begin()));
+  }
+
   TEST_CASE("results are bitwise independent of the thread count") {
     // More (document, head) tasks than threads, uneven documents, GVA and the l2norm backward.
     const Problem p = make_problem({0, 50, 190, 191, 300}, 2, 6, 16, 8, true, true);
