@@ -56,17 +56,38 @@ void expect_same_bits(const std::map<std::string, std::string>& want, const chec
   for (const auto& [name, bytes] : want) CHECK_MESSAGE(got.bytes.at(name) == bytes, label << ": " << name);
 }
 
+/// " o=3.85e-03 dq=..." for a report's rel-RMS errors.
+std::string rel_rms_text(const check::Report& r) {
+  std::string s;
+  for (const auto& [n, e] : r.rel_rms) s += fmt::format(" {}={:.2e}", n, e);
+  return s;
+}
+
 void expect_within_bounds(const check::Report& r, const std::string& label) {
   for (const auto& [name, err] : r.rel_rms) {
     INFO(label << " " << name << " rel-RMS " << err << " bound " << check::tolerance(name));
     CHECK(std::isfinite(err));
     CHECK(err <= check::tolerance(name));
   }
-  MESSAGE(label << [&] {
-    std::string s;
-    for (const auto& [n, e] : r.rel_rms) s += fmt::format(" {}={:.2e}", n, e);
-    return s;
-  }());
+  MESSAGE(label << rel_rms_text(r));
+}
+
+/// `segments` intra-card segments must not add to the layer's error: on the same inputs every
+/// tensor's rel-RMS against fp64 stays finite and within 10 % of the unsegmented layer's.
+void expect_segments_no_worse(Spec plain, int segments, const check::Case& c, const std::string& label) {
+  plain.name = "seg1_baseline";
+  const check::Report base = check::run(*make(plain), c);
+  Spec split = plain;
+  split.cp_segments = segments;
+  split.name = fmt::format("seg{}_compared", segments);
+  const check::Report seg = check::run(*make(split), c);
+  for (const auto& [name, err] : seg.rel_rms) {
+    INFO(label << ": " << name << " rel-RMS " << err << " with " << segments << " segments, "
+               << base.rel_rms.at(name) << " without");
+    CHECK(std::isfinite(err));
+    CHECK(err <= 1.1 * base.rel_rms.at(name));
+  }
+  MESSAGE(label << ", without segments:" << rel_rms_text(base));
 }
 
 }  // namespace
@@ -290,24 +311,7 @@ TEST_SUITE("gpu_layer") {
       c.seed = seed + 77;
       c.doc_lens = {3000};
       c.gate_value = 0.0;
-      Spec plain = spec_of("n");
-      plain.name = "n_seg1_g0";
-      const check::Report base = check::run(*make(plain), c);
-      Spec split = spec_of("n");
-      split.cp_segments = 8;
-      split.name = "n_seg8_g0";
-      const check::Report seg = check::run(*make(split), c);
-      for (const auto& [name, err] : seg.rel_rms) {
-        INFO("g=0, 3000 tokens: " << name << " rel-RMS " << err << " with 8 segments, " << base.rel_rms.at(name)
-                                   << " without");
-        CHECK(std::isfinite(err));
-        CHECK(err <= 1.1 * base.rel_rms.at(name));
-      }
-      MESSAGE("g=0, 3000 tokens, without segments:" << [&] {
-        std::string t;
-        for (const auto& [n, e] : base.rel_rms) t += fmt::format(" {}={:.2e}", n, e);
-        return t;
-      }());
+      expect_segments_no_worse(spec_of("n"), 8, c, "g=0, 3000 tokens");
     }
     // Long segments: the transition M comes from the walk's own bf16 operands over 128 chunks
     // (FLA chains M in fp32; docs/spec.md). Same inputs, every tensor within 10 % of the
@@ -319,18 +323,7 @@ TEST_SUITE("gpu_layer") {
       c.gate_value = gate;
       Spec plain = spec_of("n");
       plain.heads_qk = plain.heads_v = 1;
-      plain.name = "h1_seg1_long";
-      const check::Report base = check::run(*make(plain), c);
-      Spec split = plain;
-      split.cp_segments = 4;
-      split.name = "h1_seg4_long";
-      const check::Report seg = check::run(*make(split), c);
-      for (const auto& [name, err] : seg.rel_rms) {
-        INFO("32768 tokens, g " << (gate ? "0" : "logsigmoid") << ": " << name << " rel-RMS " << err
-                                << " with 4 segments, " << base.rel_rms.at(name) << " without");
-        CHECK(std::isfinite(err));
-        CHECK(err <= 1.1 * base.rel_rms.at(name));
-      }
+      expect_segments_no_worse(plain, 4, c, std::string("32768 tokens, g ") + (gate ? "0" : "logsigmoid"));
     }
     Spec m = spec_of("m");
     m.cp_segments = 4;

@@ -199,35 +199,30 @@ struct StateWalk {
 
     if (kPrescan) {
       // seg_hm row r: S_ext in columns 0 .. V-1, M in V .. V+K-1.
-      float* out = p.seg_hm + ((long long)z * HV + j) * K * (V + K) + (transition ? V : 0) + v0;
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int r = warp * 32 + mi * 16 + gr + hh * 8;
-            *reinterpret_cast<float2*>(out + (long long)r * (V + K) + nt * 8 + tq) =
-                make_float2(S[mi][nt][2 * hh], S[mi][nt][2 * hh + 1]);
-          }
+      store_state<V + K>(S, p.seg_hm + ((long long)z * HV + j) * K * (V + K) + (transition ? V : 0) + v0, warp, gr, tq);
       return;
     }
     // A document's final state is its last segment's.
-    if (Cfg::HAS_HT && p.ht != nullptr && seg == SEG - 1) {
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const int r = warp * 32 + mi * 16 + gr + hh * 8;
-            *reinterpret_cast<float2*>(p.ht + state_base + (long long)r * V + nt * 8 + tq) =
-                make_float2(S[mi][nt][2 * hh], S[mi][nt][2 * hh + 1]);
-          }
-    }
+    if (Cfg::HAS_HT && p.ht != nullptr && seg == SEG - 1) store_state<V>(S, p.ht + state_base, warp, gr, tq);
   }
 
  private:
+  /// The fp32 state slab (rows 32 warp + 16 mi + gr (+8), columns nt * 8 + tq (+1)) to dst, row
+  /// stride LD floats.
+  template <int LD>
+  __device__ __forceinline__ static void store_state(const float (&S)[2][NT][4], float* dst, int warp, int gr, int tq) {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = warp * 32 + mi * 16 + gr + hh * 8;
+          *reinterpret_cast<float2*>(dst + (long long)r * LD + nt * 8 + tq) =
+              make_float2(S[mi][nt][2 * hh], S[mi][nt][2 * hh + 1]);
+        }
+  }
+
   /// Starts the asynchronous loads of chunk c's W, U slab and gc into the stage (rows past len
   /// zero-filled).
   __device__ static void issue_wug(const StateWalkParams& p, int c, unsigned char* stage, int j, int v0, bool with_u) {
