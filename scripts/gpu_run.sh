@@ -10,7 +10,15 @@
 #   host      gdn_bench --host-time
 #   sweep     gdn_bench --sweep (the sm_90a hand-off threshold)
 #   bench     gdn_bench timing table (BENCH_ARGS)
-#   compare   bench/compare_fla.py side by side with FLA 0.6.0 (COMPARE_ARGS; needs .whl carried)
+#   compare   bench/compare.py: gdnc beside each peer of COMPARE_PEERS (flashqla fla) in its own
+#             process, once per arm order of COMPARE_ORDERS (forward reversed), COMPARE_ARGS passed
+#             to each, COMPARE_BUDGET_S seconds per process (--budget-s); run files carried in
+#             .scratch_device/compare/ are resumed; COMPARE_DEADLINE_S (seconds after this script's
+#             start) stops a process that would run past it, so the results are still packed
+#             within a device call's limit; bench/table.py builds the table. FlashQLA needs
+#             .peers/flashqla.tar.xz carried (scripts/flashqla_bundle.sh), FLA needs .whl
+#             (fla-core 0.6.0, einops). Out: compare.md, compare.png, compare.tar.xz (run files,
+#             logs, table JSON)
 #   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3): SHA-256 of every
 #             result; diff two runs' $OUT/digests.txt to show a change kept every bit
 set -uo pipefail
@@ -19,7 +27,13 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 export GDN_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}" PYTHONUNBUFFERED=1
 bin=.scratch_device/bin
+if [ -f .scratch_device/bin.tar.xz ]; then
+  rm -rf "$bin" && mkdir -p "$bin" && tar xJf .scratch_device/bin.tar.xz -C "$bin" || exit 2
+fi
 chmod +x "$bin"/* 2>/dev/null
+export GDN_COMMIT="${GDN_COMMIT:-$(cat .scratch_device/TREE TREE 2>/dev/null | head -1)}"
+# FLA 0.6.0 hands its calls to FlashQLA when that is importable; "FLA" must time FLA.
+export FLA_FLASH_QLA=0
 export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GDNC_LIBRARY="$PWD/$bin/libgdn.so" GDNC_REFERENCE_LIBRARY="$PWD/$bin/libgdn_reference.so"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -29,7 +43,7 @@ fi
 steps=" ${STEPS:-tests python programs host sweep bench} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv | tee "$OUT/device.txt"
-echo "tree: ${GDN_COMMIT:-$(cat TREE 2>/dev/null || echo unknown commit)} (the device copy has no .git)" | tee -a "$OUT/device.txt"
+echo "tree: ${GDN_COMMIT:-unknown commit} (the device copy has no .git)" | tee -a "$OUT/device.txt"
 t0=$SECONDS
 "$bin/gdnc" compile examples/*.json --target sm_90a 2>&1 | tail -3
 echo "compile-ahead: $((SECONDS - t0)) s"
@@ -83,10 +97,46 @@ if has digests; then
   done
 fi
 if has compare; then
-  echo "=== compare with FLA ($((SECONDS - t0)) s)"
-  python3 bench/compare_fla.py ${COMPARE_ARGS:---shapes N,M,G,A --groups 2 --samples 5 --warmup 3} \
-    --out "$OUT/compare.json" 2>&1 | tee "$OUT/compare.log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  cdir=/tmp/compare && mkdir -p "$cdir"
+  [ -d .scratch_device/compare ] && cp .scratch_device/compare/*.json "$cdir"/ 2>/dev/null
+  if [[ " ${COMPARE_PEERS:-flashqla fla} " == *" flashqla "* ]]; then
+    mkdir -p /tmp/flashqla && tar xJf .peers/flashqla.tar.xz -C /tmp/flashqla \
+      || { echo "compare: .peers/flashqla.tar.xz missing or broken (scripts/flashqla_bundle.sh; carry it)"; rc=1; }
+    # TileLang compiles FlashQLA's kernels on the first call per head layout (about 40 s forward,
+    # 60 s backward): a cache brought back from an earlier run saves that.
+    export TILELANG_CACHE_DIR=/tmp/tilelang-cache
+    mkdir -p "$TILELANG_CACHE_DIR"
+    [ -f .scratch_device/tilelang-cache.tar.xz ] && tar xJf .scratch_device/tilelang-cache.tar.xz -C "$TILELANG_CACHE_DIR"
+    touch /tmp/tilelang-cache.stamp
+  fi
+  for order in ${COMPARE_ORDERS:-forward reversed}; do
+    for peer in ${COMPARE_PEERS:-flashqla fla}; do
+      echo "=== compare: gdnc beside $peer, $order order ($((SECONDS - t0)) s)" | tee -a "$cdir/compare.log"
+      run="$cdir/run_${peer}_${order}.json" resume=()
+      [ -f "$run" ] && resume=(--resume "$run")
+      left=$(( ${COMPARE_DEADLINE_S:-100000} - (SECONDS - t0) ))
+      if [ "$left" -lt 90 ]; then
+        echo "compare: $peer $order not started: ${left} s left before COMPARE_DEADLINE_S" | tee -a "$cdir/compare.log"
+        continue
+      fi
+      if [ "$peer" = flashqla ]; then
+        timeout -k 10 "$left" env PYTHONPATH="$PWD/python:/tmp/flashqla" CUDA_HOME=/usr/local/cuda \
+          python3 bench/compare.py --peer flashqla --order "$order" ${COMPARE_ARGS:-} \
+          --budget-s "${COMPARE_BUDGET_S:-inf}" "${resume[@]}" --out "$run.new" 2>&1 | tee -a "$cdir/compare.log"
+      else
+        timeout -k 10 "$left" python3 bench/compare.py --peer "$peer" --order "$order" ${COMPARE_ARGS:-} \
+          --budget-s "${COMPARE_BUDGET_S:-inf}" "${resume[@]}" --out "$run.new" 2>&1 | tee -a "$cdir/compare.log"
+      fi
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+      [ -f "$run.new" ] && mv "$run.new" "$run"
+    done
+  done
+  python3 bench/table.py "$cdir"/run_*.json --out "$cdir/compare" 2>&1 | tee -a "$cdir/compare.log"
+  cp "$cdir/compare.md" "$OUT/" 2>/dev/null; cp "$cdir/compare.png" "$OUT/" 2>/dev/null
+  tar -C "$cdir" -cJf "$OUT/compare.tar.xz" .
+  if [ -n "$(find "${TILELANG_CACHE_DIR:-/nonexistent}" -newer /tmp/tilelang-cache.stamp -type f 2>/dev/null | head -1)" ]; then
+    tar -I "xz -T0" -cf "$OUT/tilelang-cache.tar.xz" -C "$TILELANG_CACHE_DIR" .
+  fi
 fi
 if { has python || has compare; } && [ -n "$(find "$TRITON_CACHE_DIR" -newer /tmp/triton-cache.stamp -type f | head -1)" ]; then
   tar -I "xz -T0" -cf "$OUT/triton-cache.tar.xz" -C "$TRITON_CACHE_DIR" .

@@ -1,52 +1,54 @@
-"""CPU tests of bench/compare_fla.py's table and merge (the GPU part runs on the H200 only)."""
+"""CPU tests of bench/compare.py's helpers (the timing itself runs on the H200 only)."""
 
-import contextlib
-import io
+import json
 import sys
 import tempfile
 import unittest
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import compare_fla  # noqa: E402
+import compare  # noqa: E402
 
 
-def cells(ours, fla):
-    return {"gdnc": {"ms": ours, "drift_pct": 0.5, "power_limited_pct": 0.0},
-            "fla": {"ms": fla, "drift_pct": 0.4, "power_limited_pct": 0.0}}
+class ShapeTests(unittest.TestCase):
+    def test_every_shape_has_a_floor_and_the_gate_pack_is_cut_at_its_tokens(self):
+        self.assertEqual(set(compare.SHAPES), set(compare.FLOOR))
+        self.assertEqual(compare.shape_docs("M", 25000), ((16, 48), [12000, 9000, 4000]))
+        self.assertEqual(compare.shape_docs("L", 8192), ((2, 6), [8192]))
+        self.assertEqual(compare.shape_docs("N"), ((2, 6), [2049, 3001, 3142]))
 
 
-class ReportTests(unittest.TestCase):
-    def test_merge_tags_earlier_shapes_with_their_commit_and_keeps_the_input_unchanged(self):
-        earlier = {"commit": "aaaa", "shapes": {"M": {"ops": {"fwd": cells(3.0, 2.7)}},
-                                                 "G": {"ops": {"fwd": cells(9.9, 9.9)}, "commit": "cccc"}}}
-        results = compare_fla.merge_earlier({"shapes": {}}, earlier)
-        self.assertEqual(results["shapes"]["M"]["commit"], "aaaa")  # the file's commit
-        self.assertEqual(results["shapes"]["G"]["commit"], "cccc")  # the entry's own commit wins
-        self.assertNotIn("commit", earlier["shapes"]["M"])
-        # main() merges before measuring: a shape measured now replaces the earlier entry.
-        results["shapes"]["M"] = {"ops": {"fwd": cells(2.5, 2.7)}, "commit": "bbbb"}
-        self.assertEqual(results["shapes"]["M"]["commit"], "bbbb")
+class ResumeTests(unittest.TestCase):
+    def test_resume_takes_the_same_run_and_names_every_mismatch(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "run.json"
+            p.write_text(json.dumps({"commit": "abc", "peer": "flashqla", "order": "forward", "shapes": {"M": {}}}))
+            self.assertIn("M", compare.load_resume(str(p), "abc", "flashqla", "forward")["shapes"])
+            with self.assertRaises(SystemExit) as cm:
+                compare.load_resume(str(p), "def", "fla", "forward")
+            msg = str(cm.exception)
+            self.assertIn("commit 'abc' there, 'def' here", msg)
+            self.assertIn("peer 'flashqla' there, 'fla' here", msg)
+            self.assertIsNone(compare.load_resume(str(Path(d) / "absent.json"), "abc", "fla", "forward"))
 
-    def test_summary_lists_shapes_in_seed_order_with_ratios_and_commits(self):
-        results = {"shapes": {"M": {"ops": {"fwd": cells(3.0, 2.7)}, "commit": "aaaa"},
-                              "N": {"ops": {"fwd": cells(0.25, 0.75)}, "commit": "bbbb"}}}
-        out = io.StringIO()
-        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(out):
-            compare_fla.report(results, Path(d) / "compare.json")
-            made_plot = (Path(d) / "compare.png").exists()
-        lines = [line for line in out.getvalue().splitlines() if line[:2].strip() in ("N", "M")]
-        self.assertEqual([line.split()[0] for line in lines], ["N", "M"])
-        self.assertIn("gdnc 0.250 (3.00x)", lines[0])
-        self.assertIn("[bbbb]", lines[0])
-        self.assertIn("gdnc 3.000 (0.90x)", lines[1])
-        self.assertIn("[aaaa]", lines[1])
-        self.assertTrue(made_plot or "no plot:" in out.getvalue())
+
+class FlaDispatchTests(unittest.TestCase):
+    def test_the_fla_arm_refuses_to_run_with_dispatch_to_flashqla_enabled(self):
+        import os
+        saved = os.environ.pop("FLA_FLASH_QLA", None)
+        try:
+            with self.assertRaises(RuntimeError) as cm:
+                compare.fla_arm()
+            self.assertIn("FLA_FLASH_QLA", str(cm.exception))
+        finally:
+            if saved is not None:
+                os.environ["FLA_FLASH_QLA"] = saved
+
 
 class NvmlTests(unittest.TestCase):
     def test_a_missing_nvml_library_is_an_error_that_names_it(self):
         with self.assertRaises(RuntimeError) as cm:
-            compare_fla.Nvml(lib_name="libnvidia-ml-not-here.so.1")
+            compare.Nvml(lib_name="libnvidia-ml-not-here.so.1")
         self.assertIn("libnvidia-ml-not-here.so.1", str(cm.exception))
 
 

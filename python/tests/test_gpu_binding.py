@@ -138,7 +138,7 @@ def gdnc_layer(q, k, v, g, beta):
 def fla_layer(q, k, v, g, beta):
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from compare_fla import lift_fla_hopper_guard  # noqa: E402 (FLA issue #640, see there)
+    from compare import lift_fla_hopper_guard  # noqa: E402 (FLA issue #640, see there)
     lift_fla_hopper_guard()
     return chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
 

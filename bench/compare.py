@@ -1,0 +1,449 @@
+#!/usr/bin/env python3
+"""gdnc beside one peer (FLA 0.6.0 or FlashQLA 0.1.3) in one process, on the same inputs, under the
+benchmark's publishing rules (docs/benchmark.md; the decisions are in bench/protocol.py).
+
+One process = one run: gdnc, a second copy of gdnc (the A/A arm) and one peer, in one arm order
+(--order; the other order is a second process). The peers need their own environments, so each
+runs in its own process with its own gdnc arm, and each peer's ratio is taken against the gdnc arm
+of its process. bench/table.py merges the runs' JSON files into the published table.
+
+Per shape, every arm's o, dq, dk, dv, dg, dbeta are first checked against the fp64 reference
+(rel-RMS <= 1e-2, max-abs <= 2e-2 max|ref|) on a pack of the shape's first --gate-tokens tokens;
+an arm that fails is reported and not timed. Then per operation (fwd, fwd+bwd, ckpt) the normal
+protocol; a cell with an arm at the board power limit in 5 % or more of its samples is re-timed
+under the sustained protocol (gdnc and the peer only; --sustained off skips it). Power, the
+enforced limit, the SM clock and the clock-event reasons are read through NVML after every sample,
+outside the timed region; a sample is at the power limit when NVML reports the software power cap
+or the hardware power brake.
+
+The output JSON is rewritten after every cell, and --resume FILE skips the cells FILE already holds
+for the same commit, peer and order: a table that does not fit one device call is completed by
+the next (--budget-s stops before a cell that would start past the budget).
+
+On the GPU machine (scripts/gpu_run.sh, STEPS=compare, does this):
+    FLA:      PYTHONPATH=python:/tmp/site (fla-core 0.6.0, einops) FLA_FLASH_QLA=0
+              python3 bench/compare.py --peer fla ...
+    FlashQLA: PYTHONPATH=python:/tmp/flashqla (scripts/flashqla_bundle.sh) CUDA_HOME=/usr/local/cuda
+              python3 bench/compare.py --peer flashqla ...
+"""
+
+import argparse
+import ctypes
+import datetime
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+try:
+    import torch
+except ImportError:  # the helpers below that need no GPU are tested without torch
+    torch = None
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(REPO / "bench"))
+import protocol  # noqa: E402
+
+# (q/k heads, value heads), document lengths. L is one long document at N's heads: the shape where
+# a design without intra-document parallelism leaves most of the GPU idle.
+SHAPES = {
+    "N": ((2, 6), [2049, 3001, 3142]),
+    "M": ((16, 48), [12000, 9000, 6000, 3768, 2000]),
+    "G": ((16, 48), [3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000]),
+    "A": ((16, 48), [98304, 65536, 57344, 40960]),
+    "L": ((2, 6), [32768]),
+}
+# The H200's floors in ms (docs/benchmark.md: FLOPs at 790 TFLOP/s, minimal bytes at 4.3 TB/s);
+# the ckpt floor is a forward plus a forward+backward.
+FLOOR = {"N": (0.011, 0.043, 0.054), "M": (0.352, 1.36, 1.712), "G": (1.406, 5.45, 6.856),
+         "A": (2.812, 10.90, 13.712), "L": (0.044, 0.172, 0.216)}
+OPS = ("fwd", "fwd+bwd", "ckpt")
+OURS, AA = "gdnc", "gdnc A/A"
+PEERS = ("fla", "flashqla")
+EXTRA_ARMS = {"graph": "gdnc graph", "nondet": "gdnc nondet"}
+
+
+def shape_docs(shape, tokens=None):
+    """The shape's heads and documents; with `tokens`, a pack of its first documents cut there."""
+    heads, docs = SHAPES[shape]
+    if tokens is not None:
+        cut, total = [], 0
+        for d in docs:
+            take = min(d, tokens - total)
+            if take <= 0:
+                break
+            cut.append(take)
+            total += take
+        docs = cut
+    return heads, docs
+
+
+def inputs(shape, seed, tokens=None):
+    (H, HV), docs = shape_docs(shape, tokens)
+    T = sum(docs)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, device="cuda", generator=gen)  # noqa: E731
+    cu = torch.tensor([0] + list(itertools.accumulate(docs)), dtype=torch.int64, device="cuda")
+    return {
+        "q": rnd(1, T, H, 128).bfloat16(), "k": rnd(1, T, H, 128).bfloat16(), "v": rnd(1, T, HV, 128).bfloat16(),
+        "g": torch.nn.functional.logsigmoid(rnd(1, T, HV)), "beta": torch.sigmoid(rnd(1, T, HV)),
+        "cu64": cu, "cu32": cu.int(), "do": rnd(1, T, HV, 128).bfloat16(),
+    }
+
+
+def our_arm(name, **spec):
+    import gdnc
+    spec = dict(spec, name=name)
+
+    def fn(q, k, v, g, beta, x):
+        return gdnc.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu32"],
+                                           spec=spec)[0]
+    return fn
+
+
+def lift_fla_hopper_guard():
+    """FLA 0.6.0 refuses its gated backward on Hopper with Triton 3.4 to 3.7.0 (its issue #640);
+    the H200's image has Triton 3.6.0. FLA is timed with the guard lifted: the accuracy gate checks
+    FLA's gradients against the fp64 reference on the same inputs, so a wrong result is reported
+    instead of timed."""
+    import fla.ops.common.chunk_o as chunk_o
+    if not getattr(chunk_o, "TRITON_ABOVE_3_7_1", True):
+        chunk_o.TRITON_ABOVE_3_7_1 = True
+        print("FLA: lifted the Hopper/Triton < 3.7.1 guard of chunk_bwd_dqkwg (FLA issue #640); "
+              "the accuracy gate decides whether FLA is timed")
+
+
+def fla_arm():
+    # FLA 0.6.0 hands its calls to FlashQLA when that is importable: "fla" would then time FlashQLA.
+    if os.environ.get("FLA_FLASH_QLA") != "0":
+        raise RuntimeError("FLA_FLASH_QLA must be 0 in the FLA process (else FLA 0.6.0 dispatches to "
+                           "FlashQLA where it is importable)")
+    import fla
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdr
+    lift_fla_hopper_guard()
+
+    def fn(q, k, v, g, beta, x):
+        return fla_gdr(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu64"])[0]
+    return fn, f"fla-core {getattr(fla, '__version__', 'unknown')}"
+
+
+def flashqla_arm():
+    import flash_qla
+    import tilelang
+
+    def fn(q, k, v, g, beta, x):
+        return flash_qla.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True,
+                                                cu_seqlens=x["cu64"])[0]
+    return fn, f"flash-qla {flash_qla.__version__}, tilelang {getattr(tilelang, '__version__', 'unknown')}"
+
+
+def call(fn, op, x, leaves):
+    q, k, v, g, beta = leaves
+    if op == "fwd":
+        return fn(q, k, v, g, beta, x)
+    if op == "fwd+bwd":
+        o = fn(q, k, v, g, beta, x)
+    else:
+        o = torch.utils.checkpoint.checkpoint(lambda *a: fn(*a, x), q, k, v, g, beta, use_reentrant=False)
+    o.backward(x["do"])
+    return o
+
+
+def leaves_of(x):
+    return [x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")]
+
+
+def gate(fn, x, ref):
+    leaves = leaves_of(x)
+    o = call(fn, "fwd+bwd", x, leaves)
+    got = {"o": o, "dq": leaves[0].grad, "dk": leaves[1].grad, "dv": leaves[2].grad, "dg": leaves[3].grad,
+           "dbeta": leaves[4].grad}
+    report = {}
+    for name, t in got.items():
+        r = ref[name].reshape(-1)
+        d = t.detach().double().cpu().reshape(-1)
+        rel = ((r - d).pow(2).mean().sqrt() / (r.pow(2).mean().sqrt() + 1e-8)).item()
+        mx = (r - d).abs().max().item() / max(r.abs().max().item(), 1e-30)
+        ok = bool(torch.isfinite(d).all()) and rel <= 1e-2 and mx <= 2e-2
+        report[name] = {"rel_rms": rel, "max_abs_rel": mx, "ok": ok}
+    return report
+
+
+class Nvml:
+    """Power draw, enforced limit, SM clock and clock-event reasons of one GPU through NVML
+    (libnvidia-ml via ctypes, no extra package): microseconds per read, so every sample gets one."""
+    SW_POWER_CAP, HW_POWER_BRAKE = 0x4, 0x80  # nvmlClocksEventReason* bits
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, pci_bus_id=None, index=0, lib_name="libnvidia-ml.so.1"):
+        try:
+            self.lib = ctypes.CDLL(lib_name)
+        except OSError as e:
+            raise RuntimeError(f"NVML: cannot load {lib_name}: {e}") from None
+        self._check("nvmlInit_v2", self.lib.nvmlInit_v2())
+        self.handle = ctypes.c_void_p()
+        if pci_bus_id:
+            self._check("nvmlDeviceGetHandleByPciBusId_v2",
+                        self.lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(self.handle)))
+        else:
+            self._check("nvmlDeviceGetHandleByIndex_v2",
+                        self.lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(self.handle)))
+        # Newer drivers name it ClocksEventReasons; the older name is the same call.
+        self._reasons = getattr(self.lib, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            self.lib.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    def _check(self, what, rc):
+        if rc != 0:
+            raise RuntimeError(f"NVML: {what} returned {rc}")
+
+    def read(self):
+        mw, limit_mw, mhz, reasons = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong()
+        self._check("nvmlDeviceGetPowerUsage", self.lib.nvmlDeviceGetPowerUsage(self.handle, ctypes.byref(mw)))
+        self._check("nvmlDeviceGetEnforcedPowerLimit",
+                    self.lib.nvmlDeviceGetEnforcedPowerLimit(self.handle, ctypes.byref(limit_mw)))
+        self._check("nvmlDeviceGetClockInfo",
+                    self.lib.nvmlDeviceGetClockInfo(self.handle, self.NVML_CLOCK_SM, ctypes.byref(mhz)))
+        self._check("clock-event reasons", self._reasons(self.handle, ctypes.byref(reasons)))
+        return {"draw_w": mw.value / 1000.0, "limit_w": limit_mw.value / 1000.0, "sm_mhz": mhz.value,
+                "reasons": reasons.value, "at_limit": bool(reasons.value & (self.SW_POWER_CAP | self.HW_POWER_BRAKE))}
+
+
+def torch_pci_bus_id():
+    """The NVML bus id of torch's current device (NVML numbers GPUs without CUDA_VISIBLE_DEVICES)."""
+    p = torch.cuda.get_device_properties(torch.cuda.current_device())
+    if all(hasattr(p, a) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")):
+        return f"{p.pci_domain_id:08x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+    if torch.cuda.device_count() == 1 and not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return None  # NVML index 0 is then the one GPU
+    raise RuntimeError("NVML: this torch does not expose the PCI bus id, and with several GPUs the NVML "
+                       "index of the current one is unknown")
+
+
+class Timer:
+    """Times calls of one arm with CUDA events, the L2 flushed before each, and reads the power
+    state after each (outside the timed region)."""
+
+    def __init__(self, flush, nvml):
+        self.flush, self.nvml = flush, nvml
+        self.e0, self.e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def visit(self, fn, op, x, warmup, samples):
+        leaves = leaves_of(x)
+        for _ in range(warmup):
+            call(fn, op, x, leaves)
+        times, limited, clocks = [], 0, []
+        for _ in range(samples):
+            self.flush.zero_()
+            self.e0.record()
+            call(fn, op, x, leaves)
+            self.e1.record()
+            self.e1.synchronize()
+            times.append(self.e0.elapsed_time(self.e1))
+            state = self.nvml.read()
+            limited += state["at_limit"]
+            clocks.append(state["sm_mhz"])
+        return times, limited, clocks
+
+
+def arm_record(groups, limited, clocks):
+    flat = [t for g in groups for t in g]
+    return {"groups": groups, "ms": protocol.median(flat), "drift_pct": protocol.drift_pct(groups),
+            "power_limited_pct": 100.0 * limited / len(flat), "sm_mhz_median": protocol.median(clocks)}
+
+
+def measure_normal(timer, arms, op, x, p):
+    names = list(arms)
+    groups = {n: [[] for _ in range(p["groups"])] for n in names}
+    limited, clocks = {n: 0 for n in names}, {n: [] for n in names}
+    for grp in range(p["groups"]):
+        for n in names + names[::-1]:
+            t, lim, clk = timer.visit(arms[n], op, x, p["warmup"], p["samples"])
+            groups[n][grp] += t
+            limited[n] += lim
+            clocks[n] += clk
+    return {n: arm_record(groups[n], limited[n], clocks[n]) for n in names}
+
+
+def measure_sustained(timer, arms, op, x, p):
+    """Blocks of (cool-down, warm-ups, samples) per arm, `groups` groups of mirrored block pairs."""
+    names = list(arms)
+    blocks = {n: [[] for _ in range(p["groups"])] for n in names}
+    limited, clocks, count = {n: 0 for n in names}, {n: [] for n in names}, {n: 0 for n in names}
+    for grp in range(p["groups"]):
+        for n in protocol.sustained_order(names):
+            torch.cuda.synchronize()
+            time.sleep(p["cooldown_s"])
+            t, lim, clk = timer.visit(arms[n], op, x, p["warmup"], p["samples"])
+            blocks[n][grp].append(protocol.median(t))
+            limited[n] += lim
+            clocks[n] += clk
+            count[n] += len(t)
+    return {"blocks": blocks,
+            "power_limited_pct": {n: 100.0 * limited[n] / count[n] for n in names},
+            "sm_mhz_median": {n: protocol.median(clocks[n]) for n in names}}
+
+
+def load_resume(path, commit, peer, order):
+    """The cells an earlier output of the same commit, peer and order already holds."""
+    if not path or not Path(path).exists():
+        return None
+    earlier = json.loads(Path(path).read_text())
+    mismatch = [(k, earlier.get(k), v) for k, v in (("commit", commit), ("peer", peer), ("order", order))
+                if earlier.get(k) != v]
+    if mismatch:
+        raise SystemExit("compare: --resume " + str(path) + " is another run: " +
+                         ", ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in mismatch))
+    return earlier
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--peer", required=True, choices=PEERS + ("none",))
+    ap.add_argument("--order", default="forward", choices=("forward", "reversed"),
+                    help="forward: gdnc, A/A, peer; reversed: peer, A/A, gdnc (both orders = two runs)")
+    ap.add_argument("--shapes", default="N,M,G,A,L")
+    ap.add_argument("--ops", default=",".join(OPS))
+    ap.add_argument("--extra-arms", default="", help="more gdnc arms timed beside (graph, nondet); not published")
+    ap.add_argument("--sustained", default="auto", choices=("auto", "off"),
+                    help="auto: re-time power-capped cells under the sustained protocol")
+    ap.add_argument("--groups", type=int, default=protocol.NORMAL["groups"])
+    ap.add_argument("--samples", type=int, default=protocol.NORMAL["samples"])
+    ap.add_argument("--warmup", type=int, default=protocol.NORMAL["warmup"])
+    ap.add_argument("--gate-tokens", type=int, default=8192)
+    ap.add_argument("--budget-s", type=float, default=float("inf"),
+                    help="start no cell after this many seconds (the JSON so far stays; --resume continues)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", help="an earlier output of the same commit, peer and order: its cells are kept")
+    ap.add_argument("--commit", default=os.environ.get("GDN_COMMIT", "unknown"))
+    args = ap.parse_args()
+    shapes = [s for s in args.shapes.split(",") if s]
+    ops = [o for o in args.ops.split(",") if o]
+    for s in shapes:
+        if s not in SHAPES:
+            sys.exit(f"compare: --shapes: unknown shape '{s}' (known: {', '.join(SHAPES)})")
+    for o in ops:
+        if o not in OPS:
+            sys.exit(f"compare: --ops: unknown operation '{o}' (known: {', '.join(OPS)})")
+    extra = [e for e in args.extra_arms.split(",") if e]
+    for e in extra:
+        if e not in EXTRA_ARMS:
+            sys.exit(f"compare: --extra-arms: unknown arm '{e}' (known: {', '.join(EXTRA_ARMS)})")
+    normal = {"groups": args.groups, "samples": args.samples, "warmup": args.warmup}
+    if normal != protocol.NORMAL:
+        print(f"compare: a shortened protocol {normal}: the table does not publish these runs")
+
+    started = time.monotonic()
+    from gdnc._autograd import stats as binding_stats  # imports torch, as the arms do
+    stream = torch.cuda.Stream()  # graph mode cannot capture the legacy default stream
+    torch.cuda.set_stream(stream)
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    nvml = Nvml(torch_pci_bus_id())  # the power gate needs it: no NVML, no run
+    print(f"NVML: {nvml.read()}")
+    timer = Timer(flush, nvml)
+
+    ours = {OURS: our_arm("bench_gdnc", deterministic=True), AA: our_arm("bench_gdnc_aa", deterministic=True)}
+    if "graph" in extra:
+        ours[EXTRA_ARMS["graph"]] = our_arm("bench_gdnc_graph", deterministic=True, graph="replay")
+    if "nondet" in extra:
+        ours[EXTRA_ARMS["nondet"]] = our_arm("bench_gdnc_nondet", deterministic=False)
+    peer_fn, peer_version = None, None
+    if args.peer != "none":
+        peer_fn, peer_version = (fla_arm if args.peer == "fla" else flashqla_arm)()
+    arms = dict(ours)
+    if peer_fn:
+        arms[args.peer] = peer_fn
+    order = list(arms) if args.order == "forward" else list(arms)[::-1]
+    arms = {n: arms[n] for n in order}
+
+    results = load_resume(args.resume, args.commit, args.peer, args.order)
+    if results:
+        results.setdefault("resumed_utc", []).append(datetime.datetime.now(datetime.timezone.utc).isoformat())
+    else:
+        results = {
+            "commit": args.commit, "peer": args.peer, "peer_version": peer_version, "order": args.order,
+            "arm_order": order, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
+            "protocol": normal, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "shapes": {}}
+    out = Path(args.out)
+
+    def save():
+        out.write_text(json.dumps(results, indent=1))
+
+    from gdnc import reference
+    for shape in shapes:
+        entry = results["shapes"].setdefault(shape, {"ops": {}})
+        todo = [o for o in ops if o not in entry["ops"]]
+        if not todo:
+            print(f"{shape}: every operation already in {args.resume}")
+            continue
+        if time.monotonic() - started > args.budget_s:
+            print(f"{shape}: not started, past the budget of {args.budget_s:.0f} s (resume with --resume)")
+            break
+        if "gate" not in entry:
+            small = inputs(shape, seed=7, tokens=args.gate_tokens)
+            ref = reference.run_tensors(small["q"], small["k"], small["v"], small["g"], small["beta"],
+                                        small["cu64"], l2norm=True, d_o=small["do"])
+            ref = {n: ref[n] for n in ("o", "dq", "dk", "dv", "dg", "dbeta")}
+            print(f"{shape}: reference done at {time.monotonic() - started:.0f} s")
+            entry["gate"] = {}
+            for name, fn in arms.items():
+                try:
+                    rep = gate(fn, small, ref)
+                except Exception as e:  # reported and not timed, never silently dropped
+                    rep = {"error": {"message": f"{type(e).__name__}: {e}", "ok": False}}
+                entry["gate"][name] = rep
+                print(f"{shape} gate {name}: {'ok' if all(r['ok'] for r in rep.values()) else 'FAILED (not timed)'} "
+                      + " ".join(f"{k}={v['rel_rms']:.2e}" if "rel_rms" in v else f"{k}: {v['message']}"
+                                 for k, v in rep.items()))
+            print(f"{shape}: gates done at {time.monotonic() - started:.0f} s")
+            save()
+        timed = {n: fn for n, fn in arms.items() if all(r["ok"] for r in entry["gate"][n].values())}
+        if OURS not in timed or AA not in timed:
+            print(f"{shape}: gdnc failed its gate: nothing timed")
+            continue
+        x = inputs(shape, seed=11)
+        for op in todo:
+            if time.monotonic() - started > args.budget_s:
+                print(f"{shape} {op}: not started, past the budget of {args.budget_s:.0f} s")
+                break
+            i = OPS.index(op)
+            before = dict(binding_stats)
+            cell = {"arms": measure_normal(timer, timed, op, x, normal)}
+            if op == "ckpt":  # every gdnc arm's recompute should hand its tapes to the backward
+                cell["binding_stats"] = {k: binding_stats[k] - before[k] for k in before}
+            peer = args.peer if args.peer in timed else None
+            if peer:
+                cell["decision"] = protocol.decide_normal(cell["arms"], OURS, peer, AA)
+            for name, c in cell["arms"].items():
+                print(f"{shape:<2} {op:<8} {name:<11} {c['ms']:9.3f} ms  drift {c['drift_pct']:5.2f} %  "
+                      f"power-limited {c['power_limited_pct']:5.1f} %  sm {c['sm_mhz_median']:.0f} MHz  "
+                      f"floor x {c['ms'] / FLOOR[shape][i]:6.1f}")
+            d = cell.get("decision")
+            if d:
+                print(f"{shape:<2} {op:<8} {peer}/gdnc {d['ratio']:.3f} (A/A spread {d['aa_spread'] * 100:.2f} %): "
+                      f"{d['status']}{' by ' + d['by'] if d['by'] else ''}{', ' + d['cls'] if d['cls'] else ''}"
+                      f"{' (capped: ' + ', '.join(d['capped_arms']) + ')' if d['capped_arms'] else ''}")
+                if d["status"] == "power-capped" and args.sustained == "auto":
+                    t = time.monotonic()
+                    pair = {n: fn for n, fn in timed.items() if n in (OURS, peer)}  # in the run's arm order
+                    s = measure_sustained(timer, pair, op, x, protocol.SUSTAINED)
+                    s["decision"] = protocol.decide_sustained(s["blocks"], OURS, peer)
+                    cell["sustained"] = s
+                    sd = s["decision"]
+                    print(f"{shape:<2} {op:<8} sustained ({time.monotonic() - t:.0f} s): gdnc {sd['ms'][OURS]:.3f} "
+                          f"{sd['range'][OURS]} drift {sd['drift_pct'][OURS]:.2f} %, {peer} {sd['ms'][peer]:.3f} "
+                          f"{sd['range'][peer]} drift {sd['drift_pct'][peer]:.2f} %; power-limited "
+                          f"{s['power_limited_pct']}; ratio {sd['ratio']:.3f}: {sd['status']}")
+            entry["ops"][op] = cell
+            save()
+        print(f"{shape}: timed at {time.monotonic() - started:.0f} s")
+    results["finished_utc"] = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    save()
+
+
+if __name__ == "__main__":
+    main()
