@@ -287,6 +287,15 @@ def measure_sustained(timer, arms, op, x, p):
             "sm_mhz_median": {n: protocol.median(clocks[n]) for n in names}}
 
 
+def cell_complete(cell, sustained):
+    """Whether a resumed cell needs no more timing: absent cells do, and so do power-capped ones
+    whose sustained re-time is missing while it is asked for."""
+    if cell is None:
+        return False
+    d = cell.get("decision")
+    return not (d and d["status"] == "power-capped" and sustained == "auto" and "sustained" not in cell)
+
+
 def load_resume(path, commit, peer, order):
     """The cells an earlier output of the same commit, peer and order already holds."""
     if not path or not Path(path).exists():
@@ -376,7 +385,7 @@ def main():
     from gdnc import reference
     for shape in shapes:
         entry = results["shapes"].setdefault(shape, {"ops": {}})
-        todo = [o for o in ops if o not in entry["ops"]]
+        todo = [o for o in ops if not cell_complete(entry["ops"].get(o), args.sustained)]
         if not todo:
             print(f"{shape}: every operation already in {args.resume}")
             continue
@@ -428,6 +437,8 @@ def main():
                       f"{d['status']}{' by ' + d['by'] if d['by'] else ''}{', ' + d['cls'] if d['cls'] else ''}"
                       f"{' (capped: ' + ', '.join(d['capped_arms']) + ')' if d['capped_arms'] else ''}")
                 if d["status"] == "power-capped" and args.sustained == "auto":
+                    entry["ops"][op] = cell  # kept if the sustained re-time is cut short
+                    save()
                     t = time.monotonic()
                     pair = {n: fn for n, fn in timed.items() if n in (OURS, peer)}  # in the run's arm order
                     s = measure_sustained(timer, pair, op, x, protocol.SUSTAINED)

@@ -88,9 +88,12 @@ def build(runs):
 def ratio_text(cell):
     if cell is None:
         return "not measured"
+    n = len(cell["runs"])
     if cell["headline"] is None:
-        return cell["reason"]
-    return ", ".join(f"{o['ratio']:.3f}{o['mark']} {o['cls']}" for o in cell["runs"] if o["published"])
+        return f"{cell['reason']} ({n} run{'s' if n > 1 else ''})"
+    shown = [o for o in cell["runs"] if o["published"]]
+    text = ", ".join(f"{o['ratio']:.3f}{o['mark']} {o['cls']}" for o in shown)
+    return text if len(shown) == n else f"{text} ({len(shown)} of {n} runs)"
 
 
 def markdown(table, runs):
@@ -142,17 +145,22 @@ def plot(table, path):
                     continue
                 x = j + (k - 0.5) * 0.35
                 if c["headline"] is None:
-                    ax.plot([x], [1.0], marker="x", color=f"C{k}")
+                    note = PEER_LABEL[peer] + ": not published"
+                    ax.plot([x], [1.0], marker="x", color=f"C{k}", linestyle="none",
+                            label=None if note in labelled else note)
+                    labelled.add(note)
                     continue
                 ratios = sorted(o["ratio"] for o in c["runs"] if o["published"])
-                ax.bar(x, ratios[len(ratios) // 2], width=0.33, color=f"C{k}",
-                       label=None if label in labelled else label)
+                mid = ratios[len(ratios) // 2]
+                ax.bar(x, mid - 1.0, bottom=1.0, width=0.33, color=f"C{k}", label=None if label in labelled else label)
+                ax.annotate(f"{mid:.2f}", (x, mid), ha="center", va="bottom" if mid >= 1 else "top", fontsize=7)
                 labelled.add(label)
                 ax.plot([x] * len(ratios), ratios, "k.", markersize=4)
         ax.axhline(1.0, color="k", linewidth=0.8)
         ax.set_xticks(range(len(SHAPES)))
         ax.set_xticklabels(SHAPES)
         ax.set_yscale("log")
+        ax.set_ylim(0.25, 4.0)
         ax.set_title(f"{op}: peer ms / gdnc ms (>1: gdnc faster; x = not published)", fontsize=9)
         if labelled:
             ax.legend()

@@ -12,7 +12,7 @@
 #   bench     gdn_bench timing table (BENCH_ARGS)
 #   compare   bench/compare.py: gdnc beside each peer of COMPARE_PEERS (flashqla fla) in its own
 #             process, once per arm order of COMPARE_ORDERS (forward reversed), COMPARE_ARGS passed
-#             to each, COMPARE_BUDGET_S seconds per process (--budget-s); run files carried in
+#             to each (and COMPARE_ARGS_flashqla / COMPARE_ARGS_fla to one), COMPARE_BUDGET_S seconds per process (--budget-s); run files carried in
 #             .scratch_device/compare/ are resumed; COMPARE_DEADLINE_S (seconds after this script's
 #             start) stops a process that would run past it, so the results are still packed
 #             within a device call's limit; bench/table.py builds the table. FlashQLA needs
@@ -97,7 +97,7 @@ if has digests; then
   done
 fi
 if has compare; then
-  cdir=/tmp/compare && mkdir -p "$cdir"
+  cdir=/tmp/compare && rm -rf "$cdir" && mkdir -p "$cdir"  # a warm machine keeps /tmp: only carried runs resume
   [ -d .scratch_device/compare ] && cp .scratch_device/compare/*.json "$cdir"/ 2>/dev/null
   if [[ " ${COMPARE_PEERS:-flashqla fla} " == *" flashqla "* ]]; then
     mkdir -p /tmp/flashqla && tar xJf .peers/flashqla.tar.xz -C /tmp/flashqla \
@@ -121,10 +121,10 @@ if has compare; then
       fi
       if [ "$peer" = flashqla ]; then
         timeout -k 10 "$left" env PYTHONPATH="$PWD/python:/tmp/flashqla" CUDA_HOME=/usr/local/cuda \
-          python3 bench/compare.py --peer flashqla --order "$order" ${COMPARE_ARGS:-} \
+          python3 bench/compare.py --peer flashqla --order "$order" ${COMPARE_ARGS:-} ${COMPARE_ARGS_flashqla:-} \
           --budget-s "${COMPARE_BUDGET_S:-inf}" "${resume[@]}" --out "$run.new" 2>&1 | tee -a "$cdir/compare.log"
       else
-        timeout -k 10 "$left" python3 bench/compare.py --peer "$peer" --order "$order" ${COMPARE_ARGS:-} \
+        timeout -k 10 "$left" python3 bench/compare.py --peer "$peer" --order "$order" ${COMPARE_ARGS:-} ${COMPARE_ARGS_fla:-} \
           --budget-s "${COMPARE_BUDGET_S:-inf}" "${resume[@]}" --out "$run.new" 2>&1 | tee -a "$cdir/compare.log"
       fi
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1

@@ -167,6 +167,13 @@ class TableTests(unittest.TestCase):
         self.assertAlmostEqual(c["headline"]["ours_ms"], 2.2)  # the earlier run, not the first file
         self.assertEqual(table.ratio_text(c), "0.455 REGRESSION, 0.500 REGRESSION")
 
+    def test_a_cell_says_how_many_of_its_runs_were_published(self):
+        runs = [run_file("flashqla", "forward", "t1", {("M", "fwd"): ([1.0] * 5, [2.0] * 5, 50.0, None)}),
+                run_file("flashqla", "reversed", "t2", {("M", "fwd"): ([1.0] * 5, [2.0] * 5, 0.0, None)})]
+        c = table.build(runs)[("M", "fwd", "flashqla")]
+        self.assertEqual(table.ratio_text(c), "2.000 win (1 of 2 runs)")
+        self.assertAlmostEqual(c["headline"]["ours_ms"], 1.0)
+
     def test_capped_cells_publish_only_from_a_stable_sustained_record(self):
         stable = {"gdnc": [[1.0, 1.0]] * 3, "flashqla": [[1.5, 1.5]] * 3}
         drifting = {"gdnc": [[1.0, 1.0], [1.1, 1.1], [1.2, 1.2]], "flashqla": [[1.5, 1.5]] * 3}
@@ -175,16 +182,16 @@ class TableTests(unittest.TestCase):
                                                       ("G", "ckpt"): ([1.0] * 5, [1.5] * 5, 50.0, None)})
         t = table.build([run])
         self.assertEqual(table.ratio_text(t[("G", "fwd", "flashqla")]), "1.500§ win")
-        self.assertEqual(table.ratio_text(t[("G", "fwd+bwd", "flashqla")]), "measured under the cap")
-        self.assertEqual(table.ratio_text(t[("G", "ckpt", "flashqla")]), "n/p power-capped")
+        self.assertEqual(table.ratio_text(t[("G", "fwd+bwd", "flashqla")]), "measured under the cap (1 run)")
+        self.assertEqual(table.ratio_text(t[("G", "ckpt", "flashqla")]), "n/p power-capped (1 run)")
 
     def test_shortened_protocol_and_failed_gates_are_never_published(self):
         short = run_file("fla", "forward", "t1", {("N", "fwd"): ([1.0] * 5, [3.0] * 5, 0, None)},
                          proto={"groups": 2, "samples": 5, "warmup": 3})
         failed = run_file("flashqla", "forward", "t2", {("N", "fwd"): ([1.0] * 5, [3.0] * 5, 0, None)}, gate_ok=False)
         t = table.build([short, failed])
-        self.assertEqual(table.ratio_text(t[("N", "fwd", "fla")]), "shortened protocol")
-        self.assertEqual(table.ratio_text(t[("N", "fwd", "flashqla")]), "FlashQLA failed gate")
+        self.assertEqual(table.ratio_text(t[("N", "fwd", "fla")]), "shortened protocol (1 run)")
+        self.assertEqual(table.ratio_text(t[("N", "fwd", "flashqla")]), "FlashQLA failed gate (1 run)")
 
     def test_markdown_has_both_peers_per_row_and_the_floor_ratio(self):
         runs = [run_file("flashqla", "forward", "t1", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)}),
