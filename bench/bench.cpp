@@ -7,7 +7,8 @@
  *
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
- *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16 (cp.segments)
+ *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16 (cp.segments),
+ *                 fused (forward "fused")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -277,6 +278,7 @@ struct Bench {
   int walk_slab = 0;                                  ///< --walk-slab: the base spec of every mode (0: auto)
   int walk_bwd_slab = 0;                              ///< --walk-bwd-slab: likewise
   int segments = 1;                                   ///< --segments: the base spec's cp.segments
+  ForwardPath forward = ForwardPath::programs;        ///< --forward: the base spec's forward
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -316,6 +318,7 @@ struct Bench {
     s.walk_slab = walk_slab;
     s.walk_bwd_slab = walk_bwd_slab;
     s.cp_segments = segments;
+    s.forward = forward;
     return s;
   }
 };
@@ -325,6 +328,7 @@ struct ArmKind {
   int walk_slab = 0;      ///< the spec's walk_slab (0: the base spec's)
   int walk_bwd_slab = 0;  ///< the spec's walk_bwd_slab (0: the base spec's)
   int segments = 0;       ///< the spec's cp.segments (0: the base spec's)
+  bool fused = false;     ///< the spec's forward "fused"
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},   {"spec-aa", {false, true, false}},          {"no-handoff", {false, false, false}},
@@ -334,6 +338,7 @@ const std::map<std::string, ArmKind> kArms = {
     {"walkbwd64", {false, true, false, 0, 64}}, {"walks64", {false, true, false, 64, 64}},  // the backward's, both
     {"seg2", {false, true, false, 0, 0, 2}}, {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
     {"seg8", {false, true, false, 0, 0, 8}}, {"seg16", {false, true, false, 0, 0, 16}},
+    {"fused", {false, true, false, 0, 0, 0, true}},  // forward "fused": the walk and the output in one program
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -353,6 +358,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).walk_slab != 0) s.walk_slab = kArms.at(name).walk_slab;
       if (kArms.at(name).walk_bwd_slab != 0) s.walk_bwd_slab = kArms.at(name).walk_bwd_slab;
       if (kArms.at(name).segments != 0) s.cp_segments = kArms.at(name).segments;
+      if (kArms.at(name).fused) s.forward = ForwardPath::fused;
       specs.emplace_back(name, s);
     }
     SharedRegions regions;
@@ -510,9 +516,9 @@ int main(int argc, char** argv) {
                  "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
                  "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
                  "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64), "
-                 "seg2, seg4, seg8, seg16 (cp.segments)")
+                 "seg2, seg4, seg8, seg16 (cp.segments), fused (forward \"fused\")")
       ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32", "walk64",
-                             "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16"}))
+                             "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "fused"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
@@ -533,6 +539,9 @@ int main(int argc, char** argv) {
   int segments = 1;
   app.add_option("--segments", segments, "the specs' cp.segments (intra-card segments per document)")
       ->check(CLI::Range(1, 64));
+  std::string forward = "programs";
+  app.add_option("--forward", forward, "the specs' forward (\"fused\": the walk and the output in one program)")
+      ->check(CLI::IsMember({"programs", "fused"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
@@ -544,8 +553,9 @@ int main(int argc, char** argv) {
     b.walk_slab = walk_slab == "auto" ? 0 : std::stoi(walk_slab);
     b.walk_bwd_slab = walk_bwd_slab == "auto" ? 0 : std::stoi(walk_bwd_slab);
     b.segments = segments;
-    fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}, segments {}\n", b.ctx.name(),
-               b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments);
+    b.forward = forward == "fused" ? ForwardPath::fused : ForwardPath::programs;
+    fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}, segments {}, forward {}\n",
+               b.ctx.name(), b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments, forward);
     if (programs) program_breakdown(b, shapes);
     if (host) host_time(b);
     if (sweep) handoff_sweep(b);

@@ -64,7 +64,7 @@ FLOOR = {"N": (0.011, 0.043, 0.054), "M": (0.352, 1.36, 1.712), "G": (1.406, 5.4
 OPS = ("fwd", "fwd+bwd", "ckpt")
 OURS, AA = "gdnc", "gdnc A/A"
 PEERS = ("fla", "flashqla")
-EXTRA_ARMS = {"graph": "gdnc graph", "nondet": "gdnc nondet"}
+EXTRA_ARMS = {"graph": "gdnc graph", "nondet": "gdnc nondet", "fused": "gdnc fused"}
 
 
 def shape_docs(shape, tokens=None):
@@ -316,7 +316,7 @@ def main():
                     help="forward: gdnc, A/A, peer; reversed: peer, A/A, gdnc (both orders = two runs)")
     ap.add_argument("--shapes", default="N,M,G,A,L")
     ap.add_argument("--ops", default=",".join(OPS))
-    ap.add_argument("--extra-arms", default="", help="more gdnc arms timed beside (graph, nondet); not published")
+    ap.add_argument("--extra-arms", default="", help="more gdnc arms timed beside (graph, nondet, fused); not published")
     ap.add_argument("--sustained", default="auto", choices=("auto", "off"),
                     help="auto: re-time power-capped cells under the sustained protocol")
     ap.add_argument("--groups", type=int, default=protocol.NORMAL["groups"])
@@ -357,6 +357,8 @@ def main():
     ours = {OURS: our_arm("bench_gdnc", deterministic=True), AA: our_arm("bench_gdnc_aa", deterministic=True)}
     if "graph" in extra:
         ours[EXTRA_ARMS["graph"]] = our_arm("bench_gdnc_graph", deterministic=True, graph="replay")
+    if "fused" in extra:
+        ours[EXTRA_ARMS["fused"]] = our_arm("bench_gdnc_fused", deterministic=True, forward="fused")
     if "nondet" in extra:
         ours[EXTRA_ARMS["nondet"]] = our_arm("bench_gdnc_nondet", deterministic=False)
     peer_fn, peer_version = None, None

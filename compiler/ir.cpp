@@ -142,8 +142,13 @@ LayerIR lower(const Spec& s) {
       StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), segments > 1 ? GridKind::walk_segments : GridKind::walk,
       ir.walk_bv);
   ir.programs.back().constants.push_back(seg_constant);
-  add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
-      OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
+  const bool fused = s.forward == ForwardPath::fused;
+  if (fused)
+    add("fused_walk", "fwd/fused_walk.cuh", "FusedWalk", "FusedWalkParams", FusedWalkGeometry::kThreads,
+        FusedWalkGeometry::smem_bytes(K, C), GridKind::walk, FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
+  else
+    add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
+        OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
   add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
       DvLocalGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
@@ -247,19 +252,35 @@ LayerIR lower(const Spec& s) {
     fwd.push_back({"l2norm", "k"});
   }
   fwd.push_back({"gate_cumsum", ""});
-  fwd.push_back({"chunk_prep", "solve Tm, write W, U"});
   auto push_segment_programs = [&](std::vector<Launch>& launches, const std::string& when) {
     if (segments <= 1) return;
     launches.push_back({"walk_prescan", "S_ext and M of every segment but a document's last", when});
     launches.push_back({"walk_merge", "the state entering every segment, fp32", when});
   };
-  push_segment_programs(fwd, "");
-  fwd.push_back({"state_walk", full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace"});
-  fwd.push_back({"output", ""});
-  ir.call_forms.push_back({CallForm::forward, fwd});
   std::vector<Launch> rec = fwd;
-  rec.back().when = "the output is needed";
-  if (!full) rec[rec.size() - 2].note = "h_tape, v_new in the workspace, handed to the backward if decided";
+  if (fused) {
+    // The fused forward leaves no tapes. A recompute whose output is not needed runs the pair
+    // that makes them instead, so the backward can bind them (the hand-off); it leaves ht as the
+    // forward wrote it. One whose output is needed runs the fused forward and hands nothing over.
+    fwd.push_back({"chunk_prep", "solve Tm only"});
+    fwd.push_back({"fused_walk", "o and ht; no tapes"});
+    const char* needed = "the output is needed";
+    const char* not_needed = "the output is not needed";
+    rec.push_back({"chunk_prep", "solve Tm, write W, U", not_needed});
+    rec.push_back({"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht",
+                   not_needed});
+    rec.push_back({"chunk_prep", "solve Tm only", needed});
+    rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
+  } else {
+    fwd.push_back({"chunk_prep", "solve Tm, write W, U"});
+    push_segment_programs(fwd, "");
+    fwd.push_back({"state_walk", full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace"});
+    fwd.push_back({"output", ""});
+    rec = fwd;
+    rec.back().when = "the output is needed";
+    if (!full) rec[rec.size() - 2].note = "h_tape, v_new in the workspace, handed to the backward if decided";
+  }
+  ir.call_forms.push_back({CallForm::forward, fwd});
   ir.call_forms.push_back({CallForm::recompute, rec});
   std::vector<Launch> bwd;
   if (!full) {
@@ -282,8 +303,8 @@ std::string to_text(const LayerIR& ir) {
   line(fmt::format("layer {}: H={} HV={} K={} V={} chunk={} norm={} scale={}", s.name, s.heads_qk, s.heads_v,
                    s.head_dim_k, s.head_dim_v, s.chunk, to_string(s.norm),
                    s.scale ? fmt::format("{}", *s.scale) : std::string("1/sqrt(K)")));
-  line(fmt::format("decisions: save_mode={} handoff={} determinism={} graph={} backward_reruns_prep={}",
-                   to_string(ir.decisions.save_mode), to_string(ir.decisions.handoff),
+  line(fmt::format("decisions: forward={} save_mode={} handoff={} determinism={} graph={} backward_reruns_prep={}",
+                   to_string(s.forward), to_string(ir.decisions.save_mode), to_string(ir.decisions.handoff),
                    ir.decisions.determinism == Determinism::deterministic
                        ? "deterministic"
                        : "nondeterministic (runs the fixed-order kernels: the atomic variant measured slower)",
@@ -344,7 +365,8 @@ json to_json(const LayerIR& ir) {
     forms.push_back({{"form", to_string(cf.form)}, {"launches", ls}});
   }
   return {{"spec", to_json(ir.spec)},
-          {"decisions", {{"save_mode", to_string(ir.decisions.save_mode)},
+          {"decisions", {{"forward", to_string(ir.spec.forward)},
+                         {"save_mode", to_string(ir.decisions.save_mode)},
                          {"handoff", to_string(ir.decisions.handoff)},
                          {"deterministic", ir.decisions.determinism == Determinism::deterministic},
                          {"graph", to_string(ir.decisions.graph)},

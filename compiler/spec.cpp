@@ -32,6 +32,7 @@ std::string_view to_string(ReuseTapes v) {
 }
 std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
 std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ? "auto" : "mma_sync"; }
+std::string_view to_string(ForwardPath v) { return v == ForwardPath::programs ? "programs" : "fused"; }
 std::string_view to_string(Target v) {
   switch (v) {
     case Target::sm_90a: return "sm_90a";
@@ -123,6 +124,13 @@ void validate(const Spec& s) {
     throw SpecError("/cp/ranks", fmt::format("{} is not supported yet (supported: 1; context parallelism across GPUs is not implemented, intra-card segments are: cp.segments)", s.cp_ranks));
   if (s.cp_segments < 1 || s.cp_segments > kMaxSegments)
     throw SpecError("/cp/segments", fmt::format("{} is not supported (supported: 1 to {})", s.cp_segments, kMaxSegments));
+  // The fused forward writes no tapes; full saves need them from the forward, and segments need
+  // a fused prescan: both are later steps of the fused design (docs/design_fused_fwd_sm90.md).
+  if (s.forward == ForwardPath::fused && s.save_mode == SaveMode::full)
+    throw SpecError("/forward", "\"fused\" is not supported with save_mode \"full\" yet (supported: \"light\")");
+  if (s.forward == ForwardPath::fused && s.cp_segments > 1)
+    throw SpecError("/forward", fmt::format("\"fused\" is not supported with cp.segments {} yet (supported: 1)",
+                                            s.cp_segments));
 }
 
 namespace {
@@ -196,7 +204,7 @@ Spec spec_from_json(const json& j) {
   Spec s;
   Reader r(j, "");
   r.known({"name", "heads", "head_dim", "dtypes", "norm", "scale", "chunk", "save_mode",
-           "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "initial_state", "final_state",
+           "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "forward", "initial_state", "final_state",
            "targets", "cp"});
   r.string("name", s.name, true);
   {
@@ -248,6 +256,7 @@ Spec spec_from_json(const json& j) {
   };
   slab("walk_slab", s.walk_slab);
   slab("walk_bwd_slab", s.walk_bwd_slab);
+  r.choice("forward", s.forward, {{"programs", ForwardPath::programs}, {"fused", ForwardPath::fused}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);
@@ -317,6 +326,7 @@ json to_json(const Spec& s) {
       {"tensor_cores", to_string(s.tensor_cores)},
       {"walk_slab", s.walk_slab ? json(s.walk_slab) : json("auto")},
       {"walk_bwd_slab", s.walk_bwd_slab ? json(s.walk_bwd_slab) : json("auto")},
+      {"forward", to_string(s.forward)},
       {"initial_state", s.initial_state == StateFlag::present},
       {"final_state", s.final_state == StateFlag::present},
       {"targets", targets},

@@ -25,6 +25,10 @@ enum class GraphMode { off, replay };
 /// Which tensor-core instructions the programs that have a choice use: "auto" picks the fastest
 /// per target (today: chunk_bwd on wgmma on sm_90a), "mma_sync" keeps mma.sync everywhere.
 enum class TensorCores { automatic, mma_sync };
+/// How the forward is built: "programs" = the walk writes the state tapes and a separate output
+/// program reads them back; "fused" = one program walks the chunks and writes o directly, from
+/// chunk_prep's Tm (no W, U or tapes in the forward; the backward re-runs the pair that makes them).
+enum class ForwardPath { programs, fused };
 enum class Determinism { deterministic, nondeterministic };
 enum class Target { sm_90a, sm_100a, sm_103a };
 enum class StateFlag { absent, present };
@@ -34,6 +38,7 @@ std::string_view to_string(SaveMode);
 std::string_view to_string(ReuseTapes);
 std::string_view to_string(GraphMode);
 std::string_view to_string(TensorCores);
+std::string_view to_string(ForwardPath);
 std::string_view to_string(Target);
 /// Parses "sm_90a" etc.; returns nullopt for anything gdnc does not support.
 std::optional<Target> parse_target(std::string_view);
@@ -81,6 +86,7 @@ struct Spec {
   /// The same for the backward walk: 0 = "auto" (StateWalkBwdGeometry::bv(V)), 32 (8 warps, two
   /// blocks per SM) or 64 (16 warps, one block per SM: half the Q, K and W re-reads).
   int walk_bwd_slab = 0;
+  ForwardPath forward = ForwardPath::programs;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};

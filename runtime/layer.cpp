@@ -361,7 +361,9 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
   ++ws.calls_;
   ws.has_handoff_ = false;
   run(output == OutputNeeded::yes ? forward_ : forward_without_output_, f);
-  const bool take = ir_.spec.save_mode == SaveMode::light &&
+  // The fused forward writes no tapes: only its recompute without the output (the pair) has any.
+  const bool wrote_tapes = ir_.spec.forward == ForwardPath::programs || output == OutputNeeded::no;
+  const bool take = ir_.spec.save_mode == SaveMode::light && wrote_tapes &&
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;

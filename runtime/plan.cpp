@@ -145,7 +145,7 @@ class Builder {
 #define GDN_BIND(L, P, field, src) \
   (L).fields.push_back(Field{static_cast<uint32_t>(offsetof(P, field)), sizeof(P::field), (src)})
 
-void bind_chunk_prep(Builder& b, const ValueSource& k, int tm_is_input) {
+void bind_chunk_prep(Builder& b, const ValueSource& k, int tm_is_input, int write_wu = 1) {
   auto& l = b.launch("chunk_prep", sizeof(ChunkPrepParams));
   using P = ChunkPrepParams;
   GDN_BIND(l, P, k, k);
@@ -156,8 +156,9 @@ void bind_chunk_prep(Builder& b, const ValueSource& k, int tm_is_input) {
   GDN_BIND(l, P, nt_max, b.nt_max());
   GDN_BIND(l, P, tm, b.slot("tm"));
   GDN_BIND(l, P, tm_is_input, b.constant(tm_is_input));
-  GDN_BIND(l, P, w, b.slot("w"));
-  GDN_BIND(l, P, u, b.slot("u"));
+  GDN_BIND(l, P, write_wu, b.constant(write_wu));
+  GDN_BIND(l, P, w, write_wu ? b.slot("w") : b.constant(0));
+  GDN_BIND(l, P, u, write_wu ? b.slot("u") : b.constant(0));
 }
 
 void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const ValueSource& ht, bool segments) {
@@ -231,6 +232,30 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, gc, b.slot("gc"));
     GDN_BIND(l, P, chunks, b.slot("chunks"));
     GDN_BIND(l, P, nt_max, b.nt_max());
+  }
+  if (ir.spec.forward == ForwardPath::fused) {
+    if (output == OutputLaunch::no) {  // the tapes for a hand-off; ht stays the forward's
+      bind_chunk_prep(b, k, 0);
+      bind_state_walk(b, ir, k, b.constant(0));
+      return plan;
+    }
+    bind_chunk_prep(b, k, 0, 0);
+    auto& l = b.launch("fused_walk", sizeof(FusedWalkParams));
+    using P = FusedWalkParams;
+    GDN_BIND(l, P, q, q);
+    GDN_BIND(l, P, k, k);
+    GDN_BIND(l, P, v, b.frame(F::v));
+    GDN_BIND(l, P, beta, b.frame(F::beta));
+    GDN_BIND(l, P, gc, b.slot("gc"));
+    GDN_BIND(l, P, tm, b.slot("tm"));
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+    GDN_BIND(l, P, N, b.frame(F::N));
+    GDN_BIND(l, P, scale, b.frame(F::scale_bits));
+    GDN_BIND(l, P, h0, b.frame(F::h0));
+    GDN_BIND(l, P, ht, b.frame(F::ht));
+    GDN_BIND(l, P, o, b.frame(F::o));
+    return plan;
   }
   bind_chunk_prep(b, k, 0);
   bind_state_walk(b, ir, k, b.frame(F::ht));

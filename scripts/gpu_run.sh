@@ -49,7 +49,7 @@ t0=$SECONDS
 echo "compile-ahead: $((SECONDS - t0)) s"
 rc=0
 if has tests; then
-  for suite in ${GPU_SUITES:-gpu_errors gpu_wgmma gpu_prep gpu_layer gpu_determinism gpu_ckpt gpu_graph}; do
+  for suite in ${GPU_SUITES:-gpu_errors gpu_wgmma gpu_prep gpu_layer gpu_determinism gpu_ckpt gpu_graph gpu_fused}; do
     echo "=== $suite ($((SECONDS - t0)) s)"
     # A hung kernel would eat the whole device call: each suite gets SUITE_TIMEOUT seconds (the
     # slowest, gpu_determinism with its 20 repeats at M, took about 120 s on the H200).

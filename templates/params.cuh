@@ -79,7 +79,7 @@ struct ChunkPrepParams {
   int pad_nt;
   bf16_t* tm;              ///< [T, HV, CHUNK]: row t holds Tm's row for token t (written unless tm_is_input)
   int tm_is_input;         ///< 1: read Tm from `tm` instead of solving again (backward of light saves)
-  int pad_tm;
+  int write_wu;            ///< 0: solve and write Tm only (the fused forward forms its products itself)
   bf16_t* w;               ///< [T, HV, K]
   bf16_t* u;               ///< [T, HV, V]
 };
@@ -102,6 +102,24 @@ struct StateWalkParams {
   // z = n * SEGMENTS + i and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
   float* seg_hm;                ///< [N * SEGMENTS, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
   const float* seg_h0;          ///< [N * SEGMENTS, HV, K, V]: the state entering each segment (walk_merge)
+};
+
+/// The fused forward walk (state walk and output in one program), one program per (V slab, value
+/// head, document).
+struct FusedWalkParams {
+  const bf16_t* q;              ///< [T, H, K] (normalized when the norm is on)
+  const bf16_t* k;
+  const bf16_t* v;              ///< [T, HV, V]
+  const float* beta;            ///< [T, HV]
+  const float* gc;              ///< [T, HV]
+  const bf16_t* tm;             ///< [T, HV, CHUNK], chunk_prep's gated inverse
+  const ChunkInfo* chunks;
+  const int* doc_chunk_offset;  ///< [N + 1]
+  int N;
+  float scale;
+  const float* h0;              ///< [N, HV, K, V] or null
+  float* ht;                    ///< [N, HV, K, V] or null
+  bf16_t* o;                    ///< [T, HV, V]
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
@@ -203,6 +221,7 @@ static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kern
 static_assert(sizeof(StateWalkBwdParams) == 104, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
+static_assert(sizeof(FusedWalkParams) == 96, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 24, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");

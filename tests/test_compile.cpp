@@ -158,6 +158,19 @@ TEST_SUITE("compile") {
     }
   }
 
+  TEST_CASE("the fused forward walk compiles for every target without spills, two blocks per SM") {
+    auto spec = example("m");
+    spec.forward = gdn::ForwardPath::fused;
+    const gdn::Program p = gdn::lower(spec).program("fused_walk");
+    for (gdn::Target t : gdn::supported_targets()) {
+      INFO(gdn::to_string(t));
+      const auto c = gdn::nvrtc_compile(p, t, gdn::generate_source(p));
+      CHECK(c.spill_store_bytes == 0);
+      CHECK(c.registers <= 65536 / (2 * p.threads));  // __launch_bounds__(256, 2)
+      CHECK(2 * p.smem_bytes <= 227 * 1024);
+    }
+  }
+
   TEST_CASE("the backward walk compiles with 64-wide slabs (16 warps) for every target, without spills") {
     auto spec = example("m");
     spec.walk_bwd_slab = 64;

@@ -390,8 +390,11 @@ TEST_SUITE("gpu_determinism") {
   TEST_CASE("batch invariance: a document's outputs and gradients have the same bits alone, packed, reordered") {
     const std::vector<long long> lens = {700, 65, 1, 2000, 129, 64};
     const std::vector<uint64_t> seeds = {11, 12, 13, 14, 15, 16};
-    for (const char* example : {"n", "m"}) {
-      const Spec spec = spec_of(example);
+    Spec fused = spec_of("m");
+    fused.name = "m_fused_batch";
+    fused.forward = ForwardPath::fused;
+    for (const Spec& spec : {spec_of("n"), spec_of("m"), fused}) {
+      const std::string example = spec.name;
       auto layer = make(spec);
       const auto run = [&](const std::vector<size_t>& order) {
         check::Case c;
@@ -855,6 +858,112 @@ TEST_SUITE("gpu_wgmma") {
       INFO("first mismatch: " << first);
       CHECK(bad == 0);
     }
+  }
+}
+
+// The fused forward (spec field forward: "fused"): the walk and the output in one program. Its o
+// has its own roundings (held to fp64); the backward re-runs the programs path's pair from the same
+// Tm, kn and gc, so every gradient keeps the programs path's bits.
+TEST_SUITE("gpu_fused") {
+  Spec fused_of(const char* example, const char* name) {
+    Spec s = spec_of(example);
+    s.name = name;
+    s.forward = ForwardPath::fused;
+    return s;
+  }
+
+  TEST_CASE("fused forward against the fp64 reference over the case matrix") {
+    const uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) + 101;
+    MESSAGE("seed " << seed);
+    struct Variant {
+      const char* name;
+      int H, HV;
+      bool h0, ht, norm;
+    };
+    for (const Variant& v : {Variant{"fused_n", 2, 6, true, true, true}, Variant{"fused_g1_noh0_noht", 2, 2, false, false, true},
+                             Variant{"fused_g8_nonorm", 1, 8, true, true, false}}) {
+      Spec s = fused_of("n", v.name);
+      s.heads_qk = v.H;
+      s.heads_v = v.HV;
+      s.initial_state = v.h0 ? StateFlag::present : StateFlag::absent;
+      s.final_state = v.ht ? StateFlag::present : StateFlag::absent;
+      s.norm = v.norm ? Norm::l2_in_kernel : Norm::none;
+      auto layer = make(s);
+      check::Case c;
+      c.seed = seed;
+      c.doc_lens = {1, 63, 64, 65, 700, 1, 129};
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " mixed");
+      c.doc_lens.assign(96, 1);
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " 96 single-token documents");
+      c.doc_lens = {300, 200};
+      c.gate_value = 0.0;
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=0");
+      c.gate_value = -20.0;
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=-20");
+      c.gate_value.reset();
+      c.beta_value = 0.0;
+      c.cu_type = IndexType::int64;
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " beta=0 int64");
+      c.beta_value = 1.0;
+      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " beta=1");
+    }
+    auto m = make(fused_of("m", "fused_m"));
+    check::Case c;
+    c.seed = seed + 1;
+    c.doc_lens = {700, 333, 64, 1};
+    expect_within_bounds(check::run(*m, c), "fused, shape M heads");
+  }
+
+  TEST_CASE("fused forward: the gradients keep the programs path's bits; repeats are bitwise equal") {
+    check::Case c;
+    c.doc_lens = {1, 63, 64, 65, 3000, 700};
+    c.with_reference = false;
+    c.seed = 43;
+    const check::Report programs = check::run(*make(spec_of("m")), c);
+    c.repeats = 3;
+    const check::Report fused = check::run(*make(fused_of("m", "fused_m_bits")), c);
+    for (const auto& mm : fused.mismatches) FAIL_CHECK("not bitwise equal: " << mm);
+    REQUIRE(fused.bytes.size() == 8);
+    for (const char* grad : {"dq", "dk", "dv", "dg", "dbeta", "dh0"})
+      CHECK_MESSAGE(fused.bytes.at(grad) == programs.bytes.at(grad), grad);
+  }
+
+  TEST_CASE("fused forward: ckpt with and without the hand-off is bitwise equal to fwd+bwd") {
+    std::map<std::string, std::string> reference;
+    for (ReuseTapes reuse : {ReuseTapes::no, ReuseTapes::yes}) {
+      Spec s = fused_of("n", reuse == ReuseTapes::yes ? "fused_ckpt_handoff" : "fused_ckpt_rerun");
+      s.reuse_recompute_tapes = reuse;
+      auto layer = make(s);
+      check::Case c;
+      c.doc_lens = {2049, 3001, 3142};
+      c.seed = 17;
+      c.with_reference = false;
+      if (reference.empty()) reference = check::run(*layer, c).bytes;
+      c.step = check::Case::Step::ckpt;
+      const check::Report r = check::run(*layer, c);
+      CHECK_MESSAGE((r.handoff == HandOff::taken) == (reuse == ReuseTapes::yes), s.name);
+      expect_same_bits(reference, r, s.name);
+    }
+  }
+
+  TEST_CASE("fused forward: o on one long g = 0 document is no less accurate than the programs path's") {
+    Spec plain = spec_of("n");
+    plain.name = "long_g0_programs";
+    plain.heads_qk = 1;
+    plain.heads_v = 2;
+    Spec fused = plain;
+    fused.name = "long_g0_fused";
+    fused.forward = ForwardPath::fused;
+    check::Case c;
+    c.seed = 5;
+    c.doc_lens = {32768};
+    c.gate_value = 0.0;
+    c.backward = false;
+    const check::Report a = check::run(*make(plain), c), b = check::run(*make(fused), c);
+    MESSAGE("32768 tokens, g = 0: programs" << rel_rms_text(a) << "; fused" << rel_rms_text(b));
+    CHECK(std::isfinite(b.rel_rms.at("o")));
+    CHECK(b.rel_rms.at("o") <= a.rel_rms.at("o"));
+    CHECK(b.rel_rms.at("ht") <= 1.1 * a.rel_rms.at("ht"));
   }
 }
 

@@ -126,6 +126,46 @@ TEST_SUITE("ir") {
                          "/walk_bwd_slab: 16 is not supported (supported: \"auto\", 32, 64)", gdn::SpecError);
   }
 
+  TEST_CASE("forward \"fused\": chunk_prep solves Tm only and fused_walk writes o; the recompute keeps the pair") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto plain = gdn::lower(spec);
+    CHECK_THROWS_AS(plain.program("fused_walk"), std::out_of_range);
+    spec.forward = gdn::ForwardPath::fused;
+    const auto fused = gdn::lower(spec);
+    CHECK_THROWS_AS(fused.program("output"), std::out_of_range);  // no call form launches it
+    const gdn::Program& fw = fused.program("fused_walk");
+    CHECK(fw.grid == gdn::GridKind::walk);
+    CHECK(constant_of(fw, "BV") == std::to_string(gdn::FusedWalkGeometry::kBV));
+    CHECK(fw.min_blocks_per_sm == 2);
+    CHECK(2 * fw.smem_bytes <= 227 * 1024);
+    auto launches = [&](gdn::CallForm f) {
+      std::vector<std::string> out;
+      for (const auto& cf : fused.call_forms)
+        if (cf.form == f)
+          for (const auto& l : cf.launches) out.push_back(l.program + (l.when.empty() ? "" : " [" + l.when + "]"));
+      return out;
+    };
+    CHECK(launches(gdn::CallForm::forward) ==
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_prep", "fused_walk"});
+    CHECK(launches(gdn::CallForm::recompute) ==
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
+                                   "chunk_prep [the output is not needed]", "state_walk [the output is not needed]",
+                                   "chunk_prep [the output is needed]", "fused_walk [the output is needed]"});
+    // The backward is the programs path's: the same tapes from the same Tm, kn and gc.
+    CHECK(launches(gdn::CallForm::backward) == [&] {
+      std::vector<std::string> out;
+      for (const auto& cf : plain.call_forms)
+        if (cf.form == gdn::CallForm::backward)
+          for (const auto& l : cf.launches) out.push_back(l.program + (l.when.empty() ? "" : " [" + l.when + "]"));
+      return out;
+    }());
+    CHECK(gdn::to_text(fused).find("decisions: forward=fused") != std::string::npos);
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).forward == gdn::ForwardPath::fused);
+    spec.save_mode = gdn::SaveMode::full;
+    CHECK_THROWS_WITH_AS(gdn::lower(spec), "/forward: \"fused\" is not supported with save_mode \"full\" yet (supported: \"light\")",
+                         gdn::SpecError);
+  }
+
   TEST_CASE("cp.segments adds the prescan and the merge before every forward walk, and their workspace") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     const auto plain = gdn::lower(spec);

@@ -104,24 +104,32 @@ TEST_SUITE("launches") {
   }
 
   TEST_CASE("every call plan launches what the IR's call form lists") {
-    for (auto [save, segments] : {std::pair{SaveMode::light, 1}, std::pair{SaveMode::full, 1},
-                                  std::pair{SaveMode::light, 4}, std::pair{SaveMode::full, 4}}) {
+    for (auto [save, segments, path] :
+         {std::tuple{SaveMode::light, 1, ForwardPath::programs}, std::tuple{SaveMode::full, 1, ForwardPath::programs},
+          std::tuple{SaveMode::light, 4, ForwardPath::programs}, std::tuple{SaveMode::full, 4, ForwardPath::programs},
+          std::tuple{SaveMode::light, 1, ForwardPath::fused}}) {
       Spec spec = example("n");
       spec.save_mode = save;
       spec.cp_segments = segments;
+      spec.forward = path;
       const LayerIR ir = lower(spec);
       CAPTURE(segments);
+      CAPTURE(to_string(path));
       auto names = [&](const CallPlan& p) {
         std::vector<std::string> out;
         for (const auto& l : p.launches) out.push_back(ir.programs[static_cast<size_t>(l.program)].name);
         return out;
       };
-      auto listed = [&](CallForm f, bool with_conditional) {
+      // `met`: the run's condition holds (the output is needed; the backward has no fresh hand-off).
+      auto listed = [&](CallForm f, bool met) {
         std::vector<std::string> out;
         for (const auto& cf : ir.call_forms)
           if (cf.form == f)
-            for (const auto& l : cf.launches)
-              if (with_conditional || l.when.empty()) out.push_back(l.program);
+            for (const auto& l : cf.launches) {
+              const bool negated = l.when == "the output is not needed";
+              REQUIRE((l.when.empty() || negated || l.when == "the output is needed" || l.when == "no fresh hand-off"));
+              if (l.when.empty() || (negated ? !met : met)) out.push_back(l.program);
+            }
         return out;
       };
       CHECK(names(plan_forward(ir, OutputLaunch::yes)) == listed(CallForm::forward, true));

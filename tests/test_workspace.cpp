@@ -83,8 +83,11 @@ TEST_SUITE("workspace") {
       for (SaveMode save : {SaveMode::light, SaveMode::full})
         for (Norm norm : {Norm::l2_in_kernel, Norm::none})
           for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
-            for (int segments : {1, 2, 8}) {
+            for (int segments : {1, 2, 8, 0}) {  // 0: one segment and the fused forward (light saves only)
+              if (segments == 0 && save == SaveMode::full) continue;
               Spec s = example(name);
+              s.forward = segments == 0 ? ForwardPath::fused : ForwardPath::programs;
+              segments = std::max(segments, 1);
               s.save_mode = save;
               s.norm = norm;
               s.initial_state = h0;
@@ -101,7 +104,7 @@ TEST_SUITE("workspace") {
                 FAIL_CHECK(name << " " << to_string(save) << " segments " << segments << ": " << c);
               ++variants;
             }
-    CHECK(variants == 48);
+    CHECK(variants == 56);  // 2 shapes x 2 norms x 2 states x (light: 4, full: 3)
     CHECK(shared > 0);  // the property was checked on real sharing, not vacuously
   }
 

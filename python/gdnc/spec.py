@@ -7,7 +7,8 @@ import json
 from ._lib import check, library
 
 # Spec fields a caller may set; the rest (heads, head_dim, norm, states) follow from the call.
-CODE_OPTIONS = ("name", "save_mode", "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "targets", "scale",
+CODE_OPTIONS = ("name", "save_mode", "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "forward",
+                "targets", "scale",
                 "cp")
 
 

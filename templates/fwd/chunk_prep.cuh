@@ -170,6 +170,10 @@ struct ChunkPrep {
 
     if (!p.tm_is_input) {
       solve(sK, sL, sT, sTb, sP, sg, sb, len, warp, lane, gr, tq);
+      if (!p.write_wu) {  // the solve's last barrier made sTb complete; the V loads never started
+        fwd::tile_to_global<kThreads>(p.tm + (t0 * HV + j) * C, (long long)HV * C, sTb, LDT, C, len);
+        return;
+      }
       // The fp32 Tm is dead after the barrier that ends the solve: V streams in during the W product.
       fwd::tile_to_smem_async<kThreads>(sV, LDV, v_src, (long long)HV * V, C, V, len);
       fwd::cp_async_commit();

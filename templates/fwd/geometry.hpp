@@ -69,6 +69,29 @@ struct StateWalkGeometry {
   static constexpr int smem_bytes(int K, int V, int chunk) { return smem_bytes_bv(K, chunk, bv(V)); }
 };
 
+/// The fused forward walk (FusedWalk): one block per (64-column V slab, value head, document).
+struct FusedWalkGeometry {
+  /// 8 warps: 4 row blocks x 2 column halves for the chunk's products, 16 state rows each for the
+  /// state update. About 98 KB of shared memory: two blocks (16 warps) per SM.
+  static constexpr int kThreads = 256;
+  static constexpr int kMinBlocks = 2;
+  static constexpr int kBV = 64;
+  static constexpr int ld_bf(int d) { return d + 8; }
+  // Q and K [chunk][K] (Q's bytes stage O once Q is consumed), the V slab, Tm [chunk][chunk],
+  // bf16(S) [K][bv], Wf, Vn and Vg [chunk][bv], gc and beta.
+  static constexpr int off_q(int, int, int) { return 0; }
+  static constexpr int off_k(int K, int chunk, int bv) { return off_q(K, chunk, bv) + chunk * ld_bf(K) * 2; }
+  static constexpr int off_v(int K, int chunk, int bv) { return off_k(K, chunk, bv) + chunk * ld_bf(K) * 2; }
+  static constexpr int off_t(int K, int chunk, int bv) { return off_v(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
+  static constexpr int off_s(int K, int chunk, int bv) { return off_t(K, chunk, bv) + chunk * ld_bf(chunk) * 2; }
+  static constexpr int off_wf(int K, int chunk, int bv) { return off_s(K, chunk, bv) + K * ld_bf(bv) * 2; }
+  static constexpr int off_vn(int K, int chunk, int bv) { return off_wf(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
+  static constexpr int off_vg(int K, int chunk, int bv) { return off_vn(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
+  static constexpr int off_g(int K, int chunk, int bv) { return off_vg(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
+  static constexpr int off_b(int K, int chunk, int bv) { return off_g(K, chunk, bv) + chunk * 4; }
+  static constexpr int smem_bytes(int K, int chunk) { return off_b(K, chunk, kBV) + chunk * 4; }
+};
+
 /// Intra-card segments: the fp32 chain of the segments' transitions (WalkMerge), one block per
 /// (32 state columns, value head, document); static shared memory only.
 struct WalkMergeGeometry {

@@ -1,0 +1,321 @@
+/**
+ * @file fused_walk.cuh
+ * @brief The fused forward walk: the state walk and the output in one program, one block per
+ *        (V slab, value head, document), the K x BV fp32 state in registers across the chunks.
+ *
+ * Per chunk, from the raw tiles (no W, U or state tape passes through HBM):
+ *   Sb = bf16(S)
+ *   X  = K Sb                                      (the state's prediction of the values)
+ *   Wf = bf16(beta_i (v_i - exp2(gc_i) X_i)),  0 for rows i >= len
+ *   V' = Tm Wf                                      (= U - W Sb of the separate programs, exactly in
+ *                                                    real arithmetic; one rounding fewer)
+ *   Vn = bf16(V'),  Vg = bf16(V' exp2(gcL - gc_i))
+ *   O  = scale (exp2(gc_i) (Q Sb)_i + (bf16(tril0(Q K^T .* exp2(gc_i - gc_j))) Vn)_i)
+ *   S  = exp2(gcL) S + K^T Vg
+ * Tm is chunk_prep's gated inverse (read back, bf16), so the backward's tapes, which the separate
+ * programs recompute from the same Tm, kn and gc, keep their bits; only o changes its roundings.
+ *
+ * Warps: 8. Warp w owns state rows 16 w .. +15 (all BV columns) for the state update, and chunk
+ * rows 16 (w % 4) .. +15 with column half w / 4 of the slab for X, V' and O; both warps of a row
+ * block compute its gated Q K^T (the same bits), as the output program does. Portable mma.sync:
+ * every target runs it.
+ */
+#pragma once
+
+#include "fwd/chunk_prep.cuh"
+
+namespace gdn {
+
+template <class Cfg>
+struct FusedWalk {
+  static_assert(Cfg::K == 128, "FusedWalk supports K == 128 only (8 warps x 16 state rows)");
+  static_assert(Cfg::V == 128, "FusedWalk supports V == 128 only");
+  static_assert(Cfg::CHUNK == 64, "FusedWalk supports CHUNK == 64 only (4 row blocks of 16 chunk rows)");
+  static_assert(Cfg::BV == FusedWalkGeometry::kBV, "FusedWalk runs in V slabs of FusedWalkGeometry::kBV");
+  static_assert(Cfg::HV == Cfg::H * Cfg::G, "Cfg::G must equal HV / H");
+  static_assert(FusedWalkGeometry::kThreads == 256, "FusedWalk assumes 8 warps");
+
+  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G, BV = Cfg::BV;
+  static constexpr int kThreads = FusedWalkGeometry::kThreads;
+  static constexpr int kHalf = BV / 2;  ///< columns of a warp's half of the slab
+  static constexpr int NT = BV / 8;     ///< 8-wide n-tiles of the state's columns
+  static constexpr int LDK = FusedWalkGeometry::ld_bf(K), LDS = FusedWalkGeometry::ld_bf(BV);
+  static constexpr int LDT = FusedWalkGeometry::ld_bf(C);
+  // Offsets as constants: constexpr host functions are not callable from device code under NVRTC.
+  static constexpr int kOff_q = FusedWalkGeometry::off_q(K, C, BV);
+  static constexpr int kOff_k = FusedWalkGeometry::off_k(K, C, BV);
+  static constexpr int kOff_v = FusedWalkGeometry::off_v(K, C, BV);
+  static constexpr int kOff_t = FusedWalkGeometry::off_t(K, C, BV);
+  static constexpr int kOff_s = FusedWalkGeometry::off_s(K, C, BV);
+  static constexpr int kOff_wf = FusedWalkGeometry::off_wf(K, C, BV);
+  static constexpr int kOff_vn = FusedWalkGeometry::off_vn(K, C, BV);
+  static constexpr int kOff_vg = FusedWalkGeometry::off_vg(K, C, BV);
+  static constexpr int kOff_g = FusedWalkGeometry::off_g(K, C, BV);
+  static constexpr int kOff_b = FusedWalkGeometry::off_b(K, C, BV);
+
+  __device__ static void run(const FusedWalkParams& p) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = blockIdx.x * BV;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int gr = lane >> 2, tq = (lane & 3) * 2;
+    const int rb = warp & 3, c0 = (warp >> 2) * kHalf;
+    const int c_begin = p.doc_chunk_offset[n], c_end = p.doc_chunk_offset[n + 1];
+
+    bf16_t* sQ = reinterpret_cast<bf16_t*>(smem + kOff_q);
+    bf16_t* sK = reinterpret_cast<bf16_t*>(smem + kOff_k);
+    bf16_t* sV = reinterpret_cast<bf16_t*>(smem + kOff_v);
+    bf16_t* sT = reinterpret_cast<bf16_t*>(smem + kOff_t);
+    bf16_t* sS = reinterpret_cast<bf16_t*>(smem + kOff_s);
+    bf16_t* sWf = reinterpret_cast<bf16_t*>(smem + kOff_wf);
+    bf16_t* sVn = reinterpret_cast<bf16_t*>(smem + kOff_vn);
+    bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);
+    float* sg = reinterpret_cast<float*>(smem + kOff_g);
+    float* sb = reinterpret_cast<float*>(smem + kOff_b);
+
+    // State rows 16 warp + gr (+8), columns nt * 8 + tq (+1).
+    float S[NT][4];
+    const long long state_base = ((long long)n * HV + j) * K * V + v0;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        float2 x = make_float2(0.f, 0.f);
+        const int r = warp * 16 + gr + hh * 8;
+        if (Cfg::HAS_H0 && p.h0 != nullptr)
+          x = *reinterpret_cast<const float2*>(p.h0 + state_base + (long long)r * V + nt * 8 + tq);
+        S[nt][2 * hh] = x.x;
+        S[nt][2 * hh + 1] = x.y;
+      }
+
+    if (c_begin < c_end) issue_chunk(p, c_begin, smem, j, hq, v0);
+    fwd::cp_async_commit();
+
+    const float scale = p.scale;
+    for (int c = c_begin; c < c_end; ++c) {
+      // bf16(S) goes out while the chunk's tiles are still arriving.
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const int r = warp * 16 + gr, col = nt * 8 + tq;
+        *reinterpret_cast<u32*>(sS + r * LDS + col) = fwd::pack_f2bf(S[nt][0], S[nt][1]);
+        *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = fwd::pack_f2bf(S[nt][2], S[nt][3]);
+      }
+      const ChunkInfo ci = p.chunks[c];
+      const int len = ci.len;
+      const long long t0 = ci.start;
+      if (tid < C) {
+        const bool ok = tid < len;
+        sg[tid] = ok ? p.gc[(t0 + tid) * HV + j] : 0.f;
+        sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
+      }
+      fwd::cp_async_wait<0>();
+      __syncthreads();
+      // Tm comes back as bf16; masked like the solver's output (rows >= len and the upper part 0).
+      mask_tm(sT, len);
+
+      const int r_lo = rb * 16 + gr, r_hi = r_lo + 8;
+      const float g_lo = sg[r_lo], g_hi = sg[r_hi];
+
+      // P = Q K^T over the causal blocks 0..rb, gated, masked and rounded to bf16 A fragments.
+      u32 Pa[C / 16][4];
+      {
+        float P[C / 8][4];
+#pragma unroll
+        for (int q = 0; q < C / 8; ++q) P[q][0] = P[q][1] = P[q][2] = P[q][3] = 0.f;
+#pragma unroll
+        for (int k0 = 0; k0 < K; k0 += 16) {
+          u32 a[4];
+          fwd::load_a(a, sQ, LDK, rb * 16, k0);
+#pragma unroll
+          for (int np = 0; np < C / 16; ++np) {
+            if (np > rb) break;
+            u32 b[4];
+            fwd::load_b_nk(b, sK, LDK, np * 16, k0);
+            fwd::mma_pair(P[2 * np], P[2 * np + 1], a, b);
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < C / 16; ++kk) {
+          if (kk > rb) break;
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int q = 2 * kk + half, col = q * 8 + tq;
+            const float gc0 = sg[col], gc1 = sg[col + 1];
+            const float p00 = P[q][0] * gate_exp2(g_lo - gc0, col <= r_lo && r_lo < len);
+            const float p01 = P[q][1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
+            const float p10 = P[q][2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
+            const float p11 = P[q][3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
+            Pa[kk][2 * half] = fwd::pack_f2bf(p00, p01);
+            Pa[kk][2 * half + 1] = fwd::pack_f2bf(p10, p11);
+          }
+        }
+      }
+
+      // X = K Sb and O = Q Sb, rows rb, this warp's column half.
+      float X[kHalf / 8][4], O[kHalf / 8][4];
+#pragma unroll
+      for (int q = 0; q < kHalf / 8; ++q)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) X[q][e] = O[q][e] = 0.f;
+#pragma unroll
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        u32 ak[4], aq[4];
+        fwd::load_a(ak, sK, LDK, rb * 16, k0);
+        fwd::load_a(aq, sQ, LDK, rb * 16, k0);
+#pragma unroll
+        for (int np = 0; np < kHalf / 16; ++np) {
+          u32 b[4];
+          fwd::load_b_kn(b, sS, LDS, k0, c0 + np * 16);
+          fwd::mma_pair(X[2 * np], X[2 * np + 1], ak, b);
+          fwd::mma_pair(O[2 * np], O[2 * np + 1], aq, b);
+        }
+      }
+
+      // Wf = bf16(beta (v - exp2(gc) X)), zero past the chunk.
+      {
+        const float e_lo = r_lo < len ? exp2f(g_lo) : 0.f, e_hi = r_hi < len ? exp2f(g_hi) : 0.f;
+        const float b_lo = sb[r_lo], b_hi = sb[r_hi];
+#pragma unroll
+        for (int q = 0; q < kHalf / 8; ++q) {
+          const int col = c0 + q * 8 + tq;
+          const u32 vlo = *reinterpret_cast<const u32*>(sV + r_lo * LDS + col);
+          const u32 vhi = *reinterpret_cast<const u32*>(sV + r_hi * LDS + col);
+          const float w0 = b_lo * (bf2f(static_cast<bf16_t>(vlo & 0xffffu)) - e_lo * X[q][0]);
+          const float w1 = b_lo * (bf2f(static_cast<bf16_t>(vlo >> 16)) - e_lo * X[q][1]);
+          const float w2 = b_hi * (bf2f(static_cast<bf16_t>(vhi & 0xffffu)) - e_hi * X[q][2]);
+          const float w3 = b_hi * (bf2f(static_cast<bf16_t>(vhi >> 16)) - e_hi * X[q][3]);
+          *reinterpret_cast<u32*>(sWf + r_lo * LDS + col) = r_lo < len ? fwd::pack_f2bf(w0, w1) : 0u;
+          *reinterpret_cast<u32*>(sWf + r_hi * LDS + col) = r_hi < len ? fwd::pack_f2bf(w2, w3) : 0u;
+          O[q][0] *= e_lo;
+          O[q][1] *= e_lo;
+          O[q][2] *= e_hi;
+          O[q][3] *= e_hi;
+        }
+      }
+      __syncthreads();  // Wf complete: V' mixes every row of it
+
+      // V' = Tm Wf (Tm is lower triangular: k-blocks 0..rb), then Vn and Vg.
+      {
+        float Vp[kHalf / 8][4];
+#pragma unroll
+        for (int q = 0; q < kHalf / 8; ++q) Vp[q][0] = Vp[q][1] = Vp[q][2] = Vp[q][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < C / 16; ++kk) {
+          if (kk > rb) break;
+          u32 a[4];
+          fwd::load_a(a, sT, LDT, rb * 16, kk * 16);
+#pragma unroll
+          for (int np = 0; np < kHalf / 16; ++np) {
+            u32 b[4];
+            fwd::load_b_kn(b, sWf, LDS, kk * 16, c0 + np * 16);
+            fwd::mma_pair(Vp[2 * np], Vp[2 * np + 1], a, b);
+          }
+        }
+        const float gl = sg[len - 1];
+        const float d_lo = gate_exp2(gl - g_lo, r_lo < len), d_hi = gate_exp2(gl - g_hi, r_hi < len);
+#pragma unroll
+        for (int q = 0; q < kHalf / 8; ++q) {
+          const int col = c0 + q * 8 + tq;
+          *reinterpret_cast<u32*>(sVn + r_lo * LDS + col) = fwd::pack_f2bf(Vp[q][0], Vp[q][1]);
+          *reinterpret_cast<u32*>(sVn + r_hi * LDS + col) = fwd::pack_f2bf(Vp[q][2], Vp[q][3]);
+          *reinterpret_cast<u32*>(sVg + r_lo * LDS + col) = fwd::pack_f2bf(Vp[q][0] * d_lo, Vp[q][1] * d_lo);
+          *reinterpret_cast<u32*>(sVg + r_hi * LDS + col) = fwd::pack_f2bf(Vp[q][2] * d_hi, Vp[q][3] * d_hi);
+        }
+      }
+      __syncthreads();  // Vn and Vg complete
+
+      // O += P Vn (causal k-blocks), scaled, rounded, staged in this warp's part of Q, stored.
+#pragma unroll
+      for (int kk = 0; kk < C / 16; ++kk) {
+        if (kk > rb) break;
+#pragma unroll
+        for (int np = 0; np < kHalf / 16; ++np) {
+          u32 b[4];
+          fwd::load_b_kn(b, sVn, LDS, kk * 16, c0 + np * 16);
+          fwd::mma_pair(O[2 * np], O[2 * np + 1], Pa[kk], b);
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kHalf / 8; ++q) {
+        const int col = c0 + q * 8 + tq;
+        *reinterpret_cast<u32*>(sQ + r_lo * LDK + col) = fwd::pack_f2bf(O[q][0] * scale, O[q][1] * scale);
+        *reinterpret_cast<u32*>(sQ + r_hi * LDK + col) = fwd::pack_f2bf(O[q][2] * scale, O[q][3] * scale);
+      }
+      __syncwarp();
+      {
+        const int rows = min(16, len - rb * 16);
+        if (rows > 0)
+          fwd::tile_to_global<32>(p.o + ((t0 + rb * 16) * HV + j) * V + v0 + c0, (long long)HV * V,
+                                  sQ + rb * 16 * LDK + c0, LDK, kHalf, rows, lane, 32);
+      }
+
+      // S = exp2(gcL) S + K^T Vg; k-steps past the chunk length only add zeros, so skip them.
+      {
+        const float decay = exp2f(sg[len - 1]);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) S[nt][e] *= decay;
+#pragma unroll
+        for (int k0 = 0; k0 < C; k0 += 16) {
+          if (k0 >= len) break;
+          u32 a[4];
+          fwd::load_a_t(a, sK, LDK, warp * 16, k0);
+#pragma unroll
+          for (int np = 0; np < NT / 2; ++np) {
+            u32 b[4];
+            fwd::load_b_kn(b, sVg, LDS, k0, np * 16);
+            fwd::mma_pair(S[2 * np], S[2 * np + 1], a, b);
+          }
+        }
+      }
+      __syncthreads();  // every tile of this chunk is free (the O rows left through global stores)
+      if (c + 1 < c_end) issue_chunk(p, c + 1, smem, j, hq, v0);
+      fwd::cp_async_commit();
+    }
+    fwd::cp_async_wait<0>();
+
+    if (Cfg::HAS_HT && p.ht != nullptr) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = warp * 16 + gr + hh * 8;
+          *reinterpret_cast<float2*>(p.ht + state_base + (long long)r * V + nt * 8 + tq) =
+              make_float2(S[nt][2 * hh], S[nt][2 * hh + 1]);
+        }
+    }
+  }
+
+ private:
+  /// Starts the asynchronous loads of chunk c's Q, K, V slab and Tm (rows past len zero-filled).
+  __device__ static void issue_chunk(const FusedWalkParams& p, int c, unsigned char* smem, int j, int hq, int v0) {
+    const ChunkInfo ci = p.chunks[c];
+    const long long t0 = ci.start;  // token offsets times heads times K outgrow int
+    fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_q), LDK, p.q + (t0 * H + hq) * K,
+                                      (long long)H * K, C, K, ci.len);
+    fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_k), LDK, p.k + (t0 * H + hq) * K,
+                                      (long long)H * K, C, K, ci.len);
+    fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_v), LDS, p.v + (t0 * HV + j) * V + v0,
+                                      (long long)HV * V, C, BV, ci.len);
+    fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_t), LDT, p.tm + (t0 * HV + j) * C,
+                                      (long long)HV * C, C, C, ci.len);
+  }
+
+  /// Zeroes Tm above the diagonal and in the columns >= len (rows >= len are zero-filled already),
+  /// as the solver masks it, so Wf's rows past the chunk never meet a stale product.
+  __device__ static void mask_tm(bf16_t* sT, int len) {
+    for (int i = threadIdx.x; i < C * (C / 8); i += kThreads) {
+      const int r = i / (C / 8), c8 = (i % (C / 8)) * 8;
+      if (c8 + 7 <= r && c8 + 7 < len) continue;  // the whole 8-column group is kept
+      bf16_t e[8];
+      *reinterpret_cast<uint4*>(e) = *reinterpret_cast<const uint4*>(sT + r * LDT + c8);
+#pragma unroll
+      for (int q = 0; q < 8; ++q)
+        if (c8 + q > r || c8 + q >= len) e[q] = 0;
+      *reinterpret_cast<uint4*>(sT + r * LDT + c8) = *reinterpret_cast<uint4*>(e);
+    }
+    __syncthreads();
+  }
+};
+
+}  // namespace gdn
