@@ -1,9 +1,9 @@
 /**
  * @file bench.cpp
- * @brief Times our forward, forward+backward and checkpointed step on the seed's shapes N, M,
+ * @brief Times our forward, forward+backward and checkpointed step on the benchmark shapes N, M,
  *        G, A, for up to five arms (the spec, an A/A copy, without the hand-off, graph replay): CUDA
  *        events, warm-ups, L2 flushed before every sample, arms interleaved in mirrored order,
- *        median and spread, with FLA's H200 numbers and the floors of DEVICE.md.
+ *        median and spread, with FLA 0.5.2's earlier H200 numbers and the floors (docs/benchmark.md).
  *
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
@@ -41,7 +41,7 @@ const char* source_dir() {
   return e ? e : GDN_SOURCE_DIR;
 }
 
-/// FLA's H200 numbers and the floors of DEVICE.md, in ms, per operation (fwd, fwd+bwd, ckpt).
+/// FLA 0.5.2's earlier H200 numbers and the floors (docs/benchmark.md), in ms, per operation (fwd, fwd+bwd, ckpt).
 /// The ckpt floor is a forward plus a forward+backward (the step runs 2 x fwd + bwd).
 struct Shape {
   const char* name;
@@ -58,7 +58,7 @@ const Shape kShapes[] = {
      {11.440, 45.777, 57.577}, {1.406, 5.45, 6.856}},
     {"A", "a", {98304, 65536, 57344, 40960}, {23.182, 95.348, 118.855}, {2.812, 10.90, 13.712}},
     // Single long documents, where the walks' chains are the bound (intra-card segments' case).
-    // FLA's numbers are not in DEVICE.md for them (NaN: printed as such); the floors scale with
+    // FLA 0.5.2 was not measured on them (NaN: printed as such); the floors scale with
     // tokens x value heads: L = N's heads at 4x N's tokens, M1 = M's tokens and heads.
     {"L", "n", {32768}, {NAN, NAN, NAN}, {0.044, 0.172, 0.216}},
     {"M1", "m", {32768}, {NAN, NAN, NAN}, {0.352, 1.36, 1.712}},
@@ -290,7 +290,7 @@ struct Bench {
     e1.record(stream.handle());
     return static_cast<double>(rt::Event::elapsed_ms(e0, e1));
   }
-  /// The seed's protocol: `groups` groups; each visits every arm twice in mirrored order
+  /// The benchmark's timing protocol (docs/benchmark.md): `groups` groups; each visits every arm twice in mirrored order
   /// (A B C C B A), each visit `warmup` untimed calls then `samples` timed ones. Returns per arm
   /// the median of all samples and the drift (first vs last group median, % of the median).
   std::vector<std::pair<double, double>> protocol(std::vector<Arm>& arms, const Problem& p, int op) {
@@ -505,7 +505,7 @@ void handoff_sweep(Bench& b) {
 int main(int argc, char** argv) {
   // Line-buffered even into a pipe: a device call cut by its time limit keeps the rows printed so far.
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  CLI::App app{"gdn_bench: times gdnc's layer calls on the GPU (the seed's protocol)"};
+  CLI::App app{"gdn_bench: times gdnc's layer calls on the GPU (the benchmark's timing protocol)"};
   std::string shapes = "N,M,G,A";
   std::vector<std::string> arm_names = {"spec", "spec-aa", "no-handoff", "graph"};
   int groups = 5, samples = 12, warmup = 10;

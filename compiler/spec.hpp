@@ -59,7 +59,7 @@ class SpecError : public std::invalid_argument {
   std::string problem_;
 };
 
-/// One GDN layer. Defaults match the seed's shapes (K = V = 128, chunk 64, light saves).
+/// One GDN layer. Defaults match the benchmark shapes (K = V = 128, chunk 64, light saves).
 struct Spec {
   std::string name;
   int heads_qk = 0;          ///< H: q/k heads

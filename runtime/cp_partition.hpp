@@ -1,12 +1,12 @@
 /**
  * @file cp_partition.hpp
- * @brief Context parallelism's token partition (ALGORITHM.md 4.1): which tokens and documents a
+ * @brief Context parallelism's token partition (docs/algorithm.md 4.1): which tokens and documents a
  *        rank owns, and how many ranks before and after it its boundary documents span.
  *
  * Host-only and device-free: the part of KCP that every rank computes from the global cu_seqlens
  * before any kernel runs. The kernels, the collectives and the merges are not implemented yet (the
  * spec still rejects cp.ranks > 1); tests/test_cp_reference.cpp runs the whole protocol of
- * ALGORITHM.md 4.3 and 4.4 in fp64 on top of this partition.
+ * docs/algorithm.md 4.3 and 4.4 in fp64 on top of this partition.
  */
 #pragma once
 

@@ -127,8 +127,8 @@ long long handoff_threshold_rows(Target t) {
     // no memory and saves the prep program and the walk: the crossover is at 0 rows. To be
     // confirmed with the ckpt benchmark on the H200 (docs/runtime.md).
     case Target::sm_90a: return 0;
-    case Target::sm_100a: return 61440;  // the seed's value, until measured
-    case Target::sm_103a: return 0;      // the seed's value
+    case Target::sm_100a: return 61440;  // FlashInfer's GDN package's value, until measured here
+    case Target::sm_103a: return 0;      // FlashInfer's GDN package's value
   }
   return 0;
 }

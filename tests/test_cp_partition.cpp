@@ -1,6 +1,6 @@
 /**
  * @file test_cp_partition.cpp
- * @brief Context parallelism's token partition (ALGORITHM.md 4.1): hand-checked cases, the
+ * @brief Context parallelism's token partition (docs/algorithm.md 4.1): hand-checked cases, the
  *        properties that must hold for any batch, and the errors.
  */
 #include "runtime/cp_partition.hpp"

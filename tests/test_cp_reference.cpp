@@ -120,7 +120,7 @@ TEST_SUITE("reference") {
     CHECK(worst < 1e-11);
   }
 
-  TEST_CASE("the rank protocol of ALGORITHM.md 4.3 and 4.4 over simulated ranks reproduces the single pass") {
+  TEST_CASE("the rank protocol of docs/algorithm.md 4.3 and 4.4 over simulated ranks reproduces the single pass") {
     // 4 ranks of 60 tokens: doc 0 [0, 20) on rank 0, doc 1 [20, 170) across ranks 0..2 (rank 1
     // holds nothing else), doc 2 [170, 180) on rank 2 alone and ending on its boundary, doc 3
     // empty, doc 4 [180, 240) on rank 3. Rank boundaries are not chunk boundaries of the

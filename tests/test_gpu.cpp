@@ -304,7 +304,7 @@ TEST_SUITE("gpu_layer") {
       }
     }
     // A long document without decay is where bf16 error grows (o reached 5.1e-3 at 3000 tokens,
-    // just past FLA's 5e-3, for 2, 3 and 8 segments alike: H200, session 7). The segments must not
+    // just past FLA's 5e-3, for 2, 3 and 8 segments alike on the H200). The segments must not
     // add to it: same inputs, every tensor within 10 % of the unsegmented layer's error.
     {
       check::Case c;

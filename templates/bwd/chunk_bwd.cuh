@@ -4,7 +4,7 @@
  *        (fp32), dv, dbeta and dg (natural-log units, reverse cumsum inside the chunk done).
  *
  * Inputs per chunk: S = h_tape[c] (state entering), Z = dh_tape[c] (gradient at the end),
- * V' = v_new, dV' = dv_new, Tm, and q/k/v/beta/gc/dO. The math is ALGORITHM.md B4/B5/B6 (the
+ * V' = v_new, dV' = dv_new, Tm, and q/k/v/beta/gc/dO. The math is docs/algorithm.md B4/B5/B6 (the
  * Appendix B numpy chunk_bwd) with these rewrites, all exact in real arithmetic:
  *  - dW kbg^T = (dW Kc^T) diag(beta Gam) and dV' vb^T = (dV' Vc^T) diag(beta): the row scalings
  *    move onto the fp32 result, so kbg and vb are never rounded to bf16;

@@ -10,7 +10,7 @@
  *    thread mapping that for_pairs / row_partials / col_partials expect (WgAcc below);
  *  - a proxy fence before each barrier that precedes a product reading freshly written tiles.
  * Independent products are issued back to back and waited for once (wmma_issue / wmma_wait).
- * Measured on the H200 (session 5): the results have the same bits as the mma.sync ChunkBwd's
+ * Measured on the H200: the results have the same bits as the mma.sync ChunkBwd's
  * (a wgmma k16 step rounds like the mma.sync steps it replaces, and every k loop keeps its
  * order); gpu_determinism holds the two to that. Why this kernel looks the way it does:
  * docs/design_chunk_bwd_sm90.md; gpu_wgmma checks every operand form used here.

@@ -9,7 +9,7 @@
  * Per chunk:  h_tape[c] = bf16(S);  V' = U - W bf16(S);  v_new = bf16(V');
  *             Vg = bf16(V' .* exp2(gcL - gc_i));  S = exp2(gcL) S + K^T Vg.
  *
- * Intra-card segments (Cfg::SEGMENTS > 1, ALGORITHM.md 4.2 and 4.6): a document's chunks are cut
+ * Intra-card segments (Cfg::SEGMENTS > 1, docs/algorithm.md 4.2 and 4.6): a document's chunks are cut
  * into SEGMENTS contiguous runs so that its chain of steps is SEGMENTS times shorter.
  * StateWalkPrescan walks every segment but the last from S = 0 (giving S_ext, V columns) and, with
  * U = 0, from S = I (giving the segment's transition M, K columns): S_end = M S_start + S_ext.

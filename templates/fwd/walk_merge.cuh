@@ -1,7 +1,7 @@
 /**
  * @file walk_merge.cuh
  * @brief Intra-card segments: the state entering every segment of a document, chained in fp32
- *        from the prescan's per-segment (S_ext, M) (ALGORITHM.md 4.3 step 4, 4.6 step 2).
+ *        from the prescan's per-segment (S_ext, M) (docs/algorithm.md 4.3 and 4.6: the merge).
  *
  * One block per (32 state columns, value head, document). S = h0 (or 0); for each segment i:
  * seg_h0[i] = S, then S = M_i S + S_ext_i. The sum over k runs in a fixed order (deterministic).

@@ -1,7 +1,7 @@
 /**
  * @file l2norm.cuh
  * @brief In-kernel q/k L2 norm: rstd = 1 / sqrt(sum x^2 + 1e-6), y = bf16(x * rstd), rstd kept
- *        in fp32 for the backward (ALGORITHM.md 1.2).
+ *        in fp32 for the backward (docs/algorithm.md 1.2).
  */
 #pragma once
 

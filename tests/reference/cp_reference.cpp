@@ -1,6 +1,6 @@
 /**
  * @file cp_reference.cpp
- * @brief Segment summaries (M, S_ext) in fp64, chunk by chunk as ALGORITHM.md 4.2 writes them.
+ * @brief Segment summaries (M, S_ext) in fp64, chunk by chunk as docs/algorithm.md 4.2 writes them.
  */
 #include "tests/reference/cp_reference.hpp"
 

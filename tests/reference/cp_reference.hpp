@@ -1,6 +1,6 @@
 /**
  * @file cp_reference.hpp
- * @brief fp64 reference of the affine state transition of a segment (ALGORITHM.md section 4),
+ * @brief fp64 reference of the affine state transition of a segment (docs/algorithm.md section 4),
  *        the math of context parallelism and intra-card segments: S_end = M S_start + S_ext.
  */
 #pragma once

@@ -364,7 +364,7 @@ Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dO
       pr.step(S.data(), t0 + t, j, r.data());
     }
 
-    // Z is dL/dS_t, swept from the final state backwards (ALGORITHM.md 5.2).
+    // Z is dL/dS_t, swept from the final state backwards (docs/algorithm.md 5.2).
     std::vector<double> Z(KV, 0.0);
     if (!dht.empty()) std::copy_n(dht.data() + pr.state_offset(n, j), KV, Z.data());
     std::vector<double> states((kCheckpointEvery + 1) * KV);  // S_{ts-1} .. S_{te-1} of a block
@@ -525,7 +525,7 @@ Inputs random_inputs(const Problem& p, uint64_t seed, double gate_shift) {
   fill(in.q, T * p.H * p.K);
   fill(in.k, T * p.H * p.K);
   if (!p.l2norm) {
-    // The recurrence assumes unit q and k (ALGORITHM.md 1.1); without the in-kernel norm the
+    // The recurrence assumes unit q and k (docs/algorithm.md 1.1); without the in-kernel norm the
     // caller must supply them normalized. A Gaussian row is nonzero with probability 1.
     for (auto* x : {&in.q, &in.k})
       for (int64_t row = 0; row < T * p.H; ++row) {

@@ -2,7 +2,7 @@
  * @file gdn_reference.hpp
  * @brief fp64 CPU reference for Gated DeltaNet: naive and chunked forward, hand-written backward.
  *
- * This is the ground truth that the GPU kernels are checked against (ALGORITHM.md sections 1 and
+ * This is the ground truth that the GPU kernels are checked against (docs/algorithm.md sections 1 and
  * 5). The forward runs the per-token recurrence of section 1.1 literally; the backward runs the
  * reverse recurrence of section 5.2. Both work per (document, value head) and are parallelized over
  * those pairs; every pair writes disjoint outputs and the GVA reduction runs in a fixed head order,
@@ -57,7 +57,7 @@ struct Grads {
 };
 
 /**
- * @brief Naive per-token forward (ALGORITHM.md 1.1) in fp64.
+ * @brief Naive per-token forward (docs/algorithm.md 1.1) in fp64.
  * @param threads worker threads; 0 uses std::thread::hardware_concurrency(). Results do not depend
  *        on it.
  * @throws std::invalid_argument if the problem or the input sizes are invalid.
@@ -65,7 +65,7 @@ struct Grads {
 Outputs forward(const Problem&, const Inputs&, unsigned threads = 0);
 
 /**
- * @brief Chunked forward (ALGORITHM.md Appendix B `chunk_fwd`, chunks cut per document) in fp64.
+ * @brief Chunked forward (docs/algorithm.md section 2, chunks cut per document) in fp64.
  *
  * An independent formulation of the same function as forward(); the two agree to rounding. It
  * exists to validate the chunked algorithm itself and to give stage-level tests a reference.
@@ -74,7 +74,7 @@ Outputs forward(const Problem&, const Inputs&, unsigned threads = 0);
 Outputs forward_chunked(const Problem&, const Inputs&, int chunk = 64, unsigned threads = 0);
 
 /**
- * @brief Gradients of loss() by the reverse recurrence of ALGORITHM.md 5.2.
+ * @brief Gradients of loss() by the reverse recurrence of docs/algorithm.md 5.2.
  *
  * States are checkpointed every 64 tokens and recomputed block by block during the reverse sweep,
  * so memory is O(T/64 * K * V) per worker rather than O(T * K * V).

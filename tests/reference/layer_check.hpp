@@ -45,7 +45,7 @@ struct Report {
   HandOff handoff = HandOff::not_taken;      ///< ckpt: whether the backward bound the recompute's tapes
 };
 
-/// FLA's bounds (ALGORITHM.md 7.2), the ones the GPU tests use.
+/// FLA's bounds (docs/algorithm.md 7.2), the ones the GPU tests use.
 double tolerance(const std::string& tensor);
 
 /// Runs forward (and backward) of `layer` for `c`. Outputs are poisoned with NaN bits first.

@@ -2,7 +2,7 @@
 """A numpy model of the forward's roundings: gdnc's chunked forward for one document (GVA value
 heads) in fp64 arithmetic with explicit bf16 / fp32 roundings at the points where the kernels
 store or feed the tensor cores (templates/prep/l2norm.cuh, fwd/chunk_prep.cuh, fwd/state_walk.cuh,
-fwd/output.cuh), beside the fp64 per-token recurrence (ALGORITHM.md 1.1). Switching roundings off
+fwd/output.cuh), beside the fp64 per-token recurrence (docs/algorithm.md 1.1). Switching roundings off
 one at a time says which ones the output error comes from (docs/accuracy.md).
 
     python3 tests/reference/rounding_model.py --check                   # the model without roundings
@@ -148,7 +148,7 @@ def emulate(qr, kr, vr, g, beta, h0, G, on, hfix=None, lp=None, merge=None):
 
 
 def reference(qr, kr, vr, g, beta, h0, G):
-    """fp64 per-token recurrence (ALGORITHM.md 1.1) with fp64 L2 norm (eps 1e-6 inside the sqrt)."""
+    """fp64 per-token recurrence (docs/algorithm.md 1.1) with fp64 L2 norm (eps 1e-6 inside the sqrt)."""
     T, H, _ = qr.shape
     HV = vr.shape[1]
     qn = qr / np.sqrt((qr * qr).sum(-1, keepdims=True) + 1e-6)
