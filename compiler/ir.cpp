@@ -151,9 +151,21 @@ LayerIR lower(const Spec& s) {
         OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
   add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
       DvLocalGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+  // With segments the backward walk is segmented too: its prescan and merge run before it.
+  if (segments > 1) {
+    add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
+        StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
+        GridKind::walk_prescan, ir.walk_bwd_bv, StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
+    ir.programs.back().constants.push_back(seg_constant);
+    add("walk_merge_bwd", "fwd/walk_merge.cuh", "WalkMergeBwd", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
+        GridKind::walk_merge);
+    ir.programs.back().constants.push_back(seg_constant);
+  }
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
       StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
-      GridKind::walk, ir.walk_bwd_bv, StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
+      segments > 1 ? GridKind::walk_segments : GridKind::walk, ir.walk_bwd_bv,
+      StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
+  ir.programs.back().constants.push_back(seg_constant);
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
       ChunkBwdGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
@@ -225,6 +237,13 @@ LayerIR lower(const Spec& s) {
   buf("dv_new", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
   buf("dq_v", BufferRole::workspace, "bf16", "[T, HV, K]", {hv * K * 2}, bwd_only);
   buf("dk_v", BufferRole::workspace, "bf16", "[T, HV, K]", {hv * K * 2}, bwd_only);
+  if (segments > 1) {
+    // The backward walk's segments: per segment dZ_ext | A = M^T, then the gradient at each
+    // segment's end. A document's first segment has no transition to store.
+    buf("seg_dzm", BufferRole::workspace, "fp32", "[N * segments, HV, K, V + K]",
+        {0, 1LL * segments * HV * K * (V + K) * 4}, bwd_only);
+    buf("seg_dz", BufferRole::workspace, "fp32", "[N * segments, HV, K, V]", {0, 1LL * segments * state}, bwd_only);
+  }
   // Reuse of dead workspace bytes in the backward (same byte formulas, K == V checked by the
   // spec): U is dead once the walk has formed V' (with a hand-off, the backward never reads
   // it), dv_local once the backward walk has run, W after the backward walk too. With full
@@ -240,6 +259,10 @@ LayerIR lower(const Spec& s) {
       share("dv_local", "u");
       share("dq_v", "w");
       share("dk_v", "u");
+      // The re-run forward walk is done with seg_hm and seg_h0 before the backward prescan starts
+      // (with a hand-off the backward never reads them).
+      share("seg_dzm", "seg_hm");
+      share("seg_dz", "seg_h0");
     }
   }
 
@@ -289,6 +312,10 @@ LayerIR lower(const Spec& s) {
     bwd.push_back({"state_walk", "re-run: h_tape, v_new", "no fresh hand-off"});
   }
   bwd.push_back({"dv_local", ""});
+  if (segments > 1) {
+    bwd.push_back({"walk_bwd_prescan", "dZ_ext and A = M^T of every segment but a document's first"});
+    bwd.push_back({"walk_merge_bwd", "the gradient at every segment's end, fp32, from dht"});
+  }
   bwd.push_back({"state_walk_bwd", ""});
   bwd.push_back({"chunk_bwd", "dq/dk per value head (bf16)"});
   bwd.push_back({"finalize", norm ? "group sum + l2norm backward" : "group sum"});

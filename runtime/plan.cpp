@@ -301,22 +301,35 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
     GDN_BIND(l, P, dv_local, b.slot("dv_local"));
   }
   {
-    auto& l = b.launch("state_walk_bwd", sizeof(StateWalkBwdParams));
-    using P = StateWalkBwdParams;
-    GDN_BIND(l, P, q, q);
-    GDN_BIND(l, P, k, k);
-    GDN_BIND(l, P, w, b.slot("w"));
-    GDN_BIND(l, P, gc, b.slot("gc"));
-    GDN_BIND(l, P, d_o, b.frame(F::d_o));
-    GDN_BIND(l, P, dv_local, b.slot("dv_local"));
-    GDN_BIND(l, P, chunks, b.slot("chunks"));
-    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
-    GDN_BIND(l, P, N, b.frame(F::N));
-    GDN_BIND(l, P, scale, b.frame(F::scale_bits));
-    GDN_BIND(l, P, dht, b.frame(F::dht));
-    GDN_BIND(l, P, dh0, b.frame(F::dh0));
-    GDN_BIND(l, P, dh_tape, b.slot("dh_tape"));
-    GDN_BIND(l, P, dv_new, b.slot("dv_new"));
+    const bool segments = ir.spec.cp_segments > 1;
+    auto bind_walk_bwd = [&](PlannedLaunch& l) {
+      using P = StateWalkBwdParams;
+      GDN_BIND(l, P, q, q);
+      GDN_BIND(l, P, k, k);
+      GDN_BIND(l, P, w, b.slot("w"));
+      GDN_BIND(l, P, gc, b.slot("gc"));
+      GDN_BIND(l, P, d_o, b.frame(F::d_o));
+      GDN_BIND(l, P, dv_local, b.slot("dv_local"));
+      GDN_BIND(l, P, chunks, b.slot("chunks"));
+      GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+      GDN_BIND(l, P, N, b.frame(F::N));
+      GDN_BIND(l, P, scale, b.frame(F::scale_bits));
+      GDN_BIND(l, P, dht, b.frame(F::dht));
+      GDN_BIND(l, P, dh0, b.frame(F::dh0));
+      GDN_BIND(l, P, dh_tape, b.slot("dh_tape"));
+      GDN_BIND(l, P, dv_new, b.slot("dv_new"));
+      GDN_BIND(l, P, seg_dzm, segments ? b.slot("seg_dzm") : b.constant(0));
+      GDN_BIND(l, P, seg_dz, segments ? b.slot("seg_dz") : b.constant(0));
+    };
+    if (segments) {
+      bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
+      auto& l = b.launch("walk_merge_bwd", sizeof(WalkMergeParams));
+      using P = WalkMergeParams;
+      GDN_BIND(l, P, seg_hm, b.slot("seg_dzm"));
+      GDN_BIND(l, P, h0, b.frame(F::dht));
+      GDN_BIND(l, P, seg_h0, b.slot("seg_dz"));
+    }
+    bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
   }
   {
     auto& l = b.launch("chunk_bwd", sizeof(ChunkBwdParams));

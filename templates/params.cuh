@@ -123,7 +123,8 @@ struct FusedWalkParams {
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
-/// (32 columns, value head, document).
+/// (32 columns, value head, document). The backward's merge uses the same block: (dZ_ext, A) per
+/// segment, dht, and the gradient at each segment's end, chained from the last segment.
 struct WalkMergeParams {
   const float* seg_hm;          ///< [N * SEGMENTS, HV, K, V + K]
   const float* h0;              ///< [N, HV, K, V] or null
@@ -171,6 +172,11 @@ struct StateWalkBwdParams {
   float* dh0;               ///< [N, HV, K, V] or null
   bf16_t* dh_tape;          ///< [nt_max, HV, K, V]: gradient w.r.t. the state at the END of each chunk
   bf16_t* dv_new;           ///< [T, HV, V]: full gradient w.r.t. v_new
+  // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), block z = n * SEGMENTS + segment as
+  // in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
+  // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
+  float* seg_dzm;           ///< [N * SEGMENTS, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
+  const float* seg_dz;      ///< [N * SEGMENTS, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -218,7 +224,7 @@ static_assert(sizeof(ChunkPrepParams) == 80, "ChunkPrepParams: the host and the 
 static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkBwdParams) == 104, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 96, "FusedWalkParams: the host and the kernels share this layout");

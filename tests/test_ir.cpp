@@ -178,7 +178,32 @@ TEST_SUITE("ir") {
       CHECK_MESSAGE(constant_of(seg.program(name), "SEGMENTS") == "8", name);
     CHECK(seg.program("walk_prescan").grid == gdn::GridKind::walk_prescan);
     CHECK(seg.program("state_walk").grid == gdn::GridKind::walk_segments);
-    CHECK(seg.program("state_walk_bwd").grid == gdn::GridKind::walk);  // the backward walk is per document
+    // The backward walk is segmented too: its prescan and merge run between dv_local and it.
+    for (const char* name : {"walk_bwd_prescan", "walk_merge_bwd", "state_walk_bwd"})
+      CHECK_MESSAGE(constant_of(seg.program(name), "SEGMENTS") == "8", name);
+    CHECK(seg.program("walk_bwd_prescan").grid == gdn::GridKind::walk_prescan);
+    CHECK(seg.program("walk_bwd_prescan").threads == seg.program("state_walk_bwd").threads);
+    CHECK(seg.program("state_walk_bwd").grid == gdn::GridKind::walk_segments);
+    CHECK(constant_of(plain.program("state_walk_bwd"), "SEGMENTS") == "1");
+    CHECK(plain.program("state_walk_bwd").grid == gdn::GridKind::walk);
+    CHECK_THROWS_AS(plain.program("walk_bwd_prescan"), std::out_of_range);
+    {
+      std::vector<std::string> bwd;
+      for (const auto& cf : seg.call_forms)
+        if (cf.form == gdn::CallForm::backward)
+          for (const auto& l : cf.launches) bwd.push_back(l.program);
+      const auto walk = std::find(bwd.begin(), bwd.end(), "state_walk_bwd");
+      REQUIRE(walk - bwd.begin() >= 3);
+      CHECK(*(walk - 3) == "dv_local");
+      CHECK(*(walk - 2) == "walk_bwd_prescan");
+      CHECK(*(walk - 1) == "walk_merge_bwd");
+    }
+    // seg_dzm: dZ_ext | A per segment; seg_dz: the gradient at each segment's end. With light saves
+    // they take the bytes of the forward walk's segment buffers (dead once the re-run walk is done).
+    CHECK(seg.buffer("seg_dzm").bytes.text() == seg.buffer("seg_hm").bytes.text());
+    CHECK(seg.buffer("seg_dz").bytes.text() == seg.buffer("seg_h0").bytes.text());
+    CHECK(seg.buffer("seg_dzm").lives_in == "seg_hm");
+    CHECK(seg.buffer("seg_dz").lives_in == "seg_h0");
     // seg_hm: S_ext | M per segment, fp32; seg_h0: the entry state per segment.
     CHECK(seg.buffer("seg_hm").bytes.eval(32768, 5, 64) == 5LL * 8 * 48 * 128 * 256 * 4);
     CHECK(seg.buffer("seg_h0").bytes.eval(32768, 5, 64) == 5LL * 8 * 48 * 128 * 128 * 4);
@@ -195,6 +220,8 @@ TEST_SUITE("ir") {
     spec.save_mode = gdn::SaveMode::full;
     const auto full = gdn::lower(spec);
     CHECK(full.buffer("seg_hm").forms == std::vector<gdn::CallForm>{gdn::CallForm::forward, gdn::CallForm::recompute});
+    CHECK(full.buffer("seg_dzm").forms == std::vector<gdn::CallForm>{gdn::CallForm::backward});
+    CHECK(full.buffer("seg_dzm").lives_in.empty());  // full saves: the forward's segment bytes are not the backward's
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 8);
     spec.cp_segments = 65;
     CHECK_THROWS_WITH_AS(gdn::lower(spec), "/cp/segments: 65 is not supported (supported: 1 to 64)", gdn::SpecError);

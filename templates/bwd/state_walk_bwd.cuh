@@ -12,6 +12,12 @@
  * the dO slab (C x BV) rather than to Q (C x K): Q^T diag(s) dO is the same product, the scaled
  * slab enters the tensor cores as bf16 hi + lo parts (FLA uses tf32 there), and the per-chunk
  * conversion touches BV/K as many elements.
+ *
+ * Intra-card segments (Cfg::SEGMENTS > 1, docs/algorithm.md 4.4 and 4.6): the reverse walk is affine
+ * in the gradient at a segment's end, Z_start = A Z_end + dZ_ext with A = M^T. StateWalkBwdPrescan
+ * walks every segment but each document's first from Z = 0 (dZ_ext, V columns) and, with dO and
+ * dv_local taken as zero, from Z = I (A, K columns), in the walk's own roundings; WalkMergeBwd
+ * chains them in fp32 from dht; then every segment walks from its merged end gradient.
  */
 #pragma once
 
@@ -41,26 +47,30 @@ struct StateWalkBwd {
   //   OG: the dO slab and gc (into the gc buffer this chunk does not read),
   //   KL: the K tile and the dv_local slab,
   //   QW: the Q and W tiles.
+  static constexpr int SEG = Cfg::SEGMENTS;
+  static_assert(SEG >= 1, "Cfg::SEGMENTS must be at least 1");
+
+  // `inputs` false (the prescan's transition columns): the dO and dv_local slabs load as zeros.
   __device__ static void load_og(unsigned char* st, float* g, const StateWalkBwdParams& p, const ChunkInfo& ci,
-                                 int j, int v0) {
+                                 int j, int v0, bool inputs) {
     bf16_t* b = reinterpret_cast<bf16_t*>(st);
     const long long t0 = ci.start;
     const int m = ci.len;
     bwd::load_tile_async<C, BV, kThreads>(b + kOffO, PB, p.d_o + (t0 * Cfg::HV + j) * V + v0,
-                                          (long long)Cfg::HV * V, m);
+                                          (long long)Cfg::HV * V, inputs ? m : 0);
     if (threadIdx.x < C) {
       const bool ok = threadIdx.x < m;
       bwd::cp_async4(g + threadIdx.x, ok ? p.gc + (t0 + threadIdx.x) * Cfg::HV + j : p.gc, ok);
     }
   }
   __device__ static void load_kl(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j,
-                                 int v0) {
+                                 int v0, bool inputs) {
     bf16_t* b = reinterpret_cast<bf16_t*>(st);
     const long long t0 = ci.start;
     const int h = j / Cfg::G, m = ci.len;
     bwd::load_tile_async<C, K, kThreads>(b + kOffK, PK, p.k + (t0 * Cfg::H + h) * K, (long long)Cfg::H * K, m);
     bwd::load_tile_async<C, BV, kThreads>(b + kOffL, PB, p.dv_local + (t0 * Cfg::HV + j) * V + v0,
-                                          (long long)Cfg::HV * V, m);
+                                          (long long)Cfg::HV * V, inputs ? m : 0);
   }
   __device__ static void load_qw(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j) {
     bf16_t* b = reinterpret_cast<bf16_t*>(st);
@@ -70,9 +80,25 @@ struct StateWalkBwd {
     bwd::load_tile_async<C, K, kThreads>(b + kOffW, PK, p.w + (t0 * Cfg::HV + j) * K, (long long)Cfg::HV * K, m);
   }
 
-  __device__ static void run(const StateWalkBwdParams& p) {
-    const int v0 = blockIdx.x * BV, j = blockIdx.y, n = blockIdx.z;
-    const int c_first = p.doc_chunk_offset[n], c_last = p.doc_chunk_offset[n + 1] - 1;
+  __device__ static void run(const StateWalkBwdParams& p) { walk<false>(p); }
+
+  /// kPrescan: blockIdx.x < V / BV walks slab x from Z = 0 (dZ_ext); the K / BV blocks after it
+  /// walk columns of A from the identity with no dO and dv_local. No tapes; the result goes to
+  /// seg_dzm. Segment 0 of a document is skipped: the merge never needs its transition.
+  template <bool kPrescan>
+  __device__ static void walk(const StateWalkBwdParams& p) {
+    const int j = blockIdx.y, z_index = blockIdx.z;
+    const int n = SEG > 1 ? z_index / SEG : z_index, seg = SEG > 1 ? z_index % SEG : 0;
+    const bool transition = kPrescan && blockIdx.x >= V / BV;
+    const int v0 = (transition ? blockIdx.x - V / BV : blockIdx.x) * BV;
+    const bool inputs = !transition;
+    int c_first = p.doc_chunk_offset[n], c_last = p.doc_chunk_offset[n + 1] - 1;
+    if (SEG > 1) {
+      const int first = c_first, nc = c_last + 1 - c_first;
+      c_first = first + nc * seg / SEG;
+      c_last = first + nc * (seg + 1) / SEG - 1;
+    }
+    if (kPrescan && seg == 0) return;
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* const stage = smem;
     float* const gbuf = reinterpret_cast<float*>(reinterpret_cast<bf16_t*>(stage) + kOffG);
@@ -88,7 +114,19 @@ struct StateWalkBwd {
 
     Acc<K, BV, kWarps> z;
     z.zero();
-    if (Cfg::HAS_HT && p.dht != nullptr) {
+    if (kPrescan) {
+      if (transition) bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
+          a = r == v0 + c ? 1.f : 0.f;
+          b = r == v0 + c + 1 ? 1.f : 0.f;
+        });
+    } else if (SEG > 1) {
+      const float* src = p.seg_dz + ((long long)z_index * Cfg::HV + j) * K * V + v0;
+      bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
+        const float2 x = *reinterpret_cast<const float2*>(src + (long long)r * V + c);
+        a = x.x;
+        b = x.y;
+      });
+    } else if (Cfg::HAS_HT && p.dht != nullptr) {
       const float* src = p.dht + ((long long)n * Cfg::HV + j) * K * V + v0;
       bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
         const float2 x = *reinterpret_cast<const float2*>(src + (long long)r * V + c);
@@ -101,9 +139,9 @@ struct StateWalkBwd {
     // groups (empty ones on the first chunk), so the wait counts below stay fixed.
     if (c_last >= c_first) {
       const ChunkInfo ci = p.chunks[c_last];
-      load_og(stage, gbuf, p, ci, j, v0);
+      load_og(stage, gbuf, p, ci, j, v0, inputs);
       bwd::cp_async_commit();
-      load_kl(stage, p, ci, j, v0);
+      load_kl(stage, p, ci, j, v0, inputs);
       bwd::cp_async_commit();
       load_qw(stage, p, ci, j);
       bwd::cp_async_commit();
@@ -136,10 +174,10 @@ struct StateWalkBwd {
       }
       bwd::cp_async_wait<1>();  // KL of this chunk
       __syncthreads();          // B1: sZ, sOh/sOl, K and dv_local visible; the dO slab is free
-      if (has_prev) load_og(stage, gbuf + (parity ^ 1) * C, p, prev, j, v0);
+      if (has_prev) load_og(stage, gbuf + (parity ^ 1) * C, p, prev, j, v0, inputs);
       bwd::cp_async_commit();
 
-      {  // dh_tape[c] = bf16(Z), from sZ in 16-byte row pieces (coalesced).
+      if (!kPrescan) {  // dh_tape[c] = bf16(Z), from sZ in 16-byte row pieces (coalesced).
         bf16_t* tape = p.dh_tape + (((long long)c * Cfg::HV + j) * K) * V + v0;
         for (unsigned i = threadIdx.x; i < K * kSlabPieces; i += kThreads) {
           const int r = static_cast<int>(i / kSlabPieces), cc = static_cast<int>(i % kSlabPieces) * 8;
@@ -161,10 +199,10 @@ struct StateWalkBwd {
       });
       bwd::cp_async_wait<1>();  // QW of this chunk
       __syncthreads();          // B2: -bf16(dV'), Q and W visible; K and dv_local are free
-      if (has_prev) load_kl(stage, p, prev, j, v0);
+      if (has_prev) load_kl(stage, p, prev, j, v0, inputs);
       bwd::cp_async_commit();
 
-      {  // dv_new = bf16(dV') from sD (sign flipped back), valid rows, 16-byte row pieces.
+      if (!kPrescan) {  // dv_new = bf16(dV') from sD (sign flipped back), valid rows, 16-byte row pieces.
         bf16_t* dvn = p.dv_new + ((long long)ci.start * Cfg::HV + j) * V + v0;
         for (unsigned i = threadIdx.x; i < static_cast<unsigned>(m * kSlabPieces); i += kThreads) {
           const int r = static_cast<int>(i / kSlabPieces), cc = static_cast<int>(i % kSlabPieces) * 8;
@@ -178,8 +216,10 @@ struct StateWalkBwd {
       }
       const float eL = gate_exp2(gL, true);
       z.for_each([&](int, int, float& v) { v *= eL; });
-      bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOh, PB, 1}, C);
-      bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
+      if (inputs) {  // the transition columns have dO = 0: Q^T adds nothing
+        bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOh, PB, 1}, C);
+        bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
+      }
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
       __syncthreads();  // B3: Q, W, sZ, sOh/sOl and sD are free
       if (has_prev) load_qw(stage, p, prev, j);
@@ -187,13 +227,30 @@ struct StateWalkBwd {
     }
     bwd::cp_async_wait<0>();
 
-    if (Cfg::HAS_H0 && p.dh0 != nullptr) {
+    if (kPrescan) {
+      // seg_dzm row r: dZ_ext in columns 0 .. V-1, A in V .. V+K-1.
+      float* dst = p.seg_dzm + ((long long)z_index * Cfg::HV + j) * K * (V + K) + (transition ? V : 0) + v0;
+      bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
+        *reinterpret_cast<float2*>(dst + (long long)r * (V + K) + c) = make_float2(a, b);
+      });
+      return;
+    }
+    // A document's dh0 is its first segment's.
+    if (Cfg::HAS_H0 && p.dh0 != nullptr && seg == 0) {
       float* dst = p.dh0 + ((long long)n * Cfg::HV + j) * K * V + v0;
       bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
         *reinterpret_cast<float2*>(dst + (long long)r * V + c) = make_float2(a, b);
       });
     }
   }
+};
+
+/// The backward's intra-card prescan: (dZ_ext, A) of every segment but each document's first;
+/// grid ((V + K) / BV, HV, N * SEGMENTS).
+template <class Cfg>
+struct StateWalkBwdPrescan {
+  static_assert(Cfg::K == Cfg::V, "the prescan walks A's K columns as V-wide slabs: K must equal V");
+  __device__ static void run(const StateWalkBwdParams& p) { StateWalkBwd<Cfg>::template walk<true>(p); }
 };
 
 }  // namespace gdn

@@ -6,6 +6,9 @@
  * One block per (32 state columns, value head, document). S = h0 (or 0); for each segment i:
  * seg_h0[i] = S, then S = M_i S + S_ext_i. The sum over k runs in a fixed order (deterministic).
  * The work is SEGMENTS - 1 products of 128 x 128 by 128 x 32 per block: small next to the walks.
+ *
+ * WalkMergeBwd is the backward's: Z = dht (or 0); for each segment i from the last: seg_dz[i] = Z,
+ * then Z = A_i Z + dZ_ext_i, A_i = M_i^T from the backward prescan (docs/algorithm.md 4.4, 4.6).
  */
 #pragma once
 
@@ -15,7 +18,7 @@
 
 namespace gdn {
 
-template <class Cfg>
+template <class Cfg, bool kReverse = false>
 struct WalkMerge {
   static_assert(Cfg::K == Cfg::V, "WalkMerge reads M as K columns after V columns of S_ext: K must equal V");
   static constexpr int K = Cfg::K, V = Cfg::V, HV = Cfg::HV, SEG = Cfg::SEGMENTS;
@@ -27,17 +30,18 @@ struct WalkMerge {
     __shared__ __align__(16) float sS[K][BC];
     const int c0 = blockIdx.x * BC, j = blockIdx.y, n = blockIdx.z;
     const int r = threadIdx.x >> 1, half = (threadIdx.x & 1) * 16;
-    const bool has_h0 = Cfg::HAS_H0 && p.h0 != nullptr;
+    const bool has_h0 = (kReverse ? Cfg::HAS_HT : Cfg::HAS_H0) && p.h0 != nullptr;  // dht in the backward
     float x[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e)
       x[e] = has_h0 ? p.h0[((long long)n * HV + j) * K * V + (long long)r * V + c0 + half + e] : 0.f;
-    for (int seg = 0; seg < SEG; ++seg) {
+    for (int step = 0; step < SEG; ++step) {
+      const int seg = kReverse ? SEG - 1 - step : step;
       const long long z = (long long)n * SEG + seg;
       float* out = p.seg_h0 + (z * HV + j) * K * V + (long long)r * V + c0 + half;
 #pragma unroll
       for (int e = 0; e < 16; ++e) out[e] = x[e];
-      if (seg == SEG - 1) break;
+      if (step == SEG - 1) break;
 #pragma unroll
       for (int e = 0; e < 16; ++e) sS[r][half + e] = x[e];
       __syncthreads();
@@ -65,6 +69,12 @@ struct WalkMerge {
       __syncthreads();  // every thread is done reading sS before the next segment overwrites it
     }
   }
+};
+
+/// The backward's merge over the same parameter block (seg_hm = seg_dzm, h0 = dht, seg_h0 = seg_dz).
+template <class Cfg>
+struct WalkMergeBwd {
+  __device__ static void run(const WalkMergeParams& p) { WalkMerge<Cfg, true>::run(p); }
 };
 
 }  // namespace gdn
