@@ -91,7 +91,7 @@ class BoundedDomBuilder {
   const std::optional<JsonInputError>& error() const { return error_; }
 
  private:
-  /// "invalid JSON at line 1, column 9 (byte 9): syntax error while parsing value - unexpected
+  /// "invalid JSON at line 1, column 9: syntax error while parsing value - unexpected
   /// end of input; ..., last read: <excerpt>" from nlohmann's what(), whose "last read" would
   /// quote the token whole.
   static std::string syntax_problem(std::size_t byte, const std::string& token, std::string what) {
@@ -101,7 +101,7 @@ class BoundedDomBuilder {
     if (what.rfind("parse error at ", 0) == 0) {
       const size_t colon = what.find(": ");
       if (colon != std::string::npos) {
-        where = fmt::format("{} (byte {})", what.substr(15, colon - 15), byte);
+        where = what.substr(15, colon - 15);  // "line L, column C"
         what.erase(0, colon + 2);
       }
     }

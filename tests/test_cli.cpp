@@ -213,7 +213,7 @@ TEST_SUITE("cli") {
          "(100000 bytes in all) must be 1 to 64 characters"},
         {"ten_mb_name.json", R"({"name":")" + std::string(10 << 20, 'n') + R"(","heads":{"qk":2,"v":6}})",
          "bytes, more than the 1048576 allowed"},
-        {"invalid.json", R"({"name": )", "invalid JSON at line 1, column 10 (byte 10)"},
+        {"invalid.json", R"({"name": )", "invalid JSON at line 1, column 10"},
     };
     for (const Case& c : cases) {
       CAPTURE(c.name);

@@ -126,7 +126,7 @@ TEST_SUITE("json_input") {
 
   TEST_CASE("syntax errors give line, column and a short excerpt") {
     CHECK_THROWS_WITH(gdn::parse_bounded_json("{\n  \"a\": tru }", kSmall),
-                      "invalid JSON at line 2, column 11 (byte 13): syntax error while parsing value - invalid "
+                      "invalid JSON at line 2, column 11: syntax error while parsing value - invalid "
                       "literal; last read: \"\\\"a\\\": tru \"");
     const std::string long_string = "\"" + std::string(5000, 'x');  // unterminated
     try {
