@@ -10,6 +10,8 @@
  */
 #include "cache/cache.hpp"
 
+#include "common/json_input.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -75,34 +77,13 @@ std::string manifest_digest_of(json m) {
   return sha256_hex(m.dump());
 }
 
-/// Reads a whole file. Returns 0 or the errno of the failing call.
-int read_bytes(const fs::path& p, std::string& out) {
-  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno;
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return e;
-  }
-  out.clear();
-  out.resize(static_cast<size_t>(st.st_size));
-  size_t got = 0;
-  for (;;) {
-    if (got == out.size()) out.resize(out.size() + 4096);  // file may have grown
-    ssize_t n = ::read(fd, out.data() + got, out.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      int e = errno;
-      ::close(fd);
-      return e;
-    }
-    if (n == 0) break;
-    got += static_cast<size_t>(n);
-  }
-  out.resize(got);
-  ::close(fd);
-  return 0;
+/// A manifest is a few kilobytes (key inputs, the info of one program, a few files); the
+/// limits keep a damaged or planted one from costing more than that to refuse.
+constexpr JsonLimits kManifestJsonLimits{1 << 20, 32};
+
+/// Is 64 lower-case hex digits, as sha256_hex() writes.
+bool is_sha256_hex(std::string_view s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 /// Creates @p p exclusively, writes @p bytes and fsyncs, so that the later rename() never
@@ -239,6 +220,54 @@ struct Check {
   json manifest;
 };
 
+struct ListedFile {
+  std::string name;
+  uint64_t bytes;
+  std::string sha256;
+};
+
+/// The fields of a manifest of this kFormatVersion, each checked for its type and form
+/// (docs/cache.md's schema table); throws JsonInputError naming the field's pointer.
+struct ManifestFields {
+  std::string key_digest;
+  std::string readable;
+  std::vector<ListedFile> files;
+};
+
+ManifestFields read_manifest_fields(const json& m) {
+  const FieldReader r(m, "");
+  r.only({"format_version", "key_digest", "readable", "key_inputs", "info", "files", "created_unix", "created_by",
+          "manifest_sha256"});
+  ManifestFields out;
+  out.key_digest = r.string("key_digest");
+  if (!is_sha256_hex(out.key_digest))
+    throw JsonInputError("/key_digest", fmt::format("{} is not 64 lower-case hex digits", quoted_excerpt(out.key_digest)));
+  out.readable = r.string("readable");
+  if (out.readable != sanitize_readable(out.readable))
+    throw JsonInputError("/readable", fmt::format("{} is not a sanitized label", quoted_excerpt(out.readable)));
+  r.require("key_inputs");
+  r.require("info");
+  const json& files = r.require("files");
+  if (!files.is_array()) throw JsonInputError("/files", fmt::format("expected an array, got {}", value_excerpt(files)));
+  std::set<std::string> seen;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const FieldReader f(files[i], fmt::format("/files/{}", i));
+    f.only({"name", "bytes", "sha256"});
+    ListedFile listed{f.string("name"), static_cast<uint64_t>(f.integer("bytes", 0, INT64_MAX)), f.string("sha256")};
+    if (!valid_file_name(listed.name) || !seen.insert(listed.name).second)
+      throw JsonInputError(f.pointer("name"), fmt::format("{} is an invalid or duplicate file name", quoted_excerpt(listed.name)));
+    if (!is_sha256_hex(listed.sha256))
+      throw JsonInputError(f.pointer("sha256"), fmt::format("{} is not 64 lower-case hex digits", quoted_excerpt(listed.sha256)));
+    out.files.push_back(std::move(listed));
+  }
+  r.integer("created_unix", INT64_MIN, INT64_MAX);
+  const FieldReader by(r.require("created_by"), "/created_by");
+  by.only({"pid", "host"});
+  by.integer("pid", INT64_MIN, INT64_MAX);
+  by.string("host");
+  return out;
+}
+
 /// Reads and checks one file listed in a manifest. Returns the problem, or "" if it matches.
 std::string check_listed_file(const fs::path& p, uint64_t want_size, const std::string& want_sha) {
   struct stat st{};
@@ -248,12 +277,15 @@ std::string check_listed_file(const fs::path& p, uint64_t want_size, const std::
                        : fmt::format("{}: cannot stat: {}", p.string(), errno_text(e));
   }
   // Size first: a truncated cubin is the common failure, and this avoids hashing it.
-  if (static_cast<uint64_t>(st.st_size) != want_size)
+  if (S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) != want_size)
     return fmt::format("{}: size {} bytes, manifest says {} (truncated or overwritten)", p.string(),
                        static_cast<uint64_t>(st.st_size), want_size);
   std::string bytes;
-  if (int e = read_bytes(p, bytes); e != 0)
-    return fmt::format("{}: cannot read: {}", p.string(), errno_text(e));
+  try {
+    bytes = read_bounded_file(p, want_size);
+  } catch (const JsonInputError& e) {
+    return fmt::format("{}: {}", p.string(), e.problem());
+  }
   if (bytes.size() != want_size)
     return fmt::format("{}: size {} bytes, manifest says {}", p.string(), bytes.size(), want_size);
   if (std::string got = sha256_hex(bytes); got != want_sha)
@@ -261,10 +293,10 @@ std::string check_listed_file(const fs::path& p, uint64_t want_size, const std::
   return {};
 }
 
-/// Full check of one entry directory. With @p expected_digest (find), the manifest must be
-/// for that key; without it (verify), the digest is recomputed from the stored key inputs
-/// and the directory name must agree with it.
-Check check_entry(const fs::path& dir, const std::string* expected_digest) {
+/// The manifest of one entry directory, read under kManifestJsonLimits and checked up to, not
+/// including, the files it lists: it parses, its manifest_sha256 matches, its format_version is
+/// ours (else State::other_version) and, then, every field follows the schema.
+Check read_manifest(const fs::path& dir, ManifestFields* fields) {
   auto bad = [](std::string r) { return Check{State::corrupt, std::move(r), {}}; };
   struct stat st{};
   if (::lstat(dir.c_str(), &st) != 0) {
@@ -276,61 +308,74 @@ Check check_entry(const fs::path& dir, const std::string* expected_digest) {
 
   const fs::path mpath = dir / kManifestName;
   std::string text;
-  if (int e = read_bytes(mpath, text); e != 0)
-    return bad(e == ENOENT ? fmt::format("{}: manifest is missing", mpath.string())
-                           : fmt::format("{}: cannot read manifest: {}", mpath.string(), errno_text(e)));
-  json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (m.is_discarded() || !m.is_object())
-    return bad(fmt::format("{}: manifest is not a valid JSON object", mpath.string()));
-
   try {
-    // Integrity before anything else, so a flipped bit in format_version reads as
-    // corruption and not as "another gdnc version". Every format version must keep
-    // manifest_sha256 with this definition (docs/cache.md).
-    const auto it = m.find("manifest_sha256");
-    if (it == m.end() || !it->is_string())
-      return bad(fmt::format("{}: manifest has no manifest_sha256", mpath.string()));
-    if (const std::string got = manifest_digest_of(m); got != it->get<std::string>())
-      return bad(fmt::format("{}: manifest integrity check failed (manifest_sha256 {} != computed {})",
-                             mpath.string(), it->get<std::string>(), got));
+    text = read_bounded_file(mpath, kManifestJsonLimits.max_bytes);
+  } catch (const JsonInputError& e) {
+    if (e.system_error() == ENOENT) return bad(fmt::format("{}: manifest is missing", mpath.string()));
+    return bad(fmt::format("{}: cannot read manifest: {}", mpath.string(), e.problem()));
+  }
+  json m;
+  try {
+    m = parse_bounded_json(text, kManifestJsonLimits);
+  } catch (const JsonInputError& e) {
+    return bad(fmt::format("{}: manifest is not a valid JSON object: {}", mpath.string(), e.what()));
+  }
+  if (!m.is_object()) return bad(fmt::format("{}: manifest is not a valid JSON object", mpath.string()));
 
-    const int version = m.at("format_version").get<int>();
-    if (version != kFormatVersion)
-      return {State::other_version,
-              fmt::format("{}: format_version {} (this gdnc reads {})", mpath.string(), version,
-                          kFormatVersion),
-              std::move(m)};
+  // Integrity before anything else, so a flipped bit in format_version reads as corruption and
+  // not as "another gdnc version". Every format version must keep manifest_sha256 with this
+  // definition (docs/cache.md).
+  const auto it = m.find("manifest_sha256");
+  if (it == m.end() || !it->is_string())
+    return bad(fmt::format("{}: manifest has no manifest_sha256", mpath.string()));
+  if (const std::string got = manifest_digest_of(m); got != it->get_ref<const std::string&>())
+    return bad(fmt::format("{}: manifest integrity check failed (manifest_sha256 {} != computed {})", mpath.string(),
+                           quoted_excerpt(it->get_ref<const std::string&>(), 64), got));
 
-    const std::string digest = m.at("key_digest").get<std::string>();
-    if (expected_digest) {
-      if (digest != *expected_digest)
-        return bad(fmt::format("{}: key_digest {} is not the requested key {}", mpath.string(), digest,
-                               *expected_digest));
-    } else {
-      if (const std::string recomputed = key_digest_of(m.at("key_inputs")); recomputed != digest)
-        return bad(fmt::format("{}: key_digest {} does not match key_inputs (digest {})", mpath.string(),
-                               digest, recomputed));
-      const std::string want_dir =
-          fmt::format("{}.{}", digest.substr(0, 16), m.at("readable").get<std::string>());
-      if (dir.filename().string() != want_dir)
-        return bad(fmt::format("{}: directory name does not match manifest (expected {})", dir.string(),
-                               want_dir));
-    }
-
-    std::set<std::string> seen;
-    for (const json& f : m.at("files")) {
-      const std::string name = f.at("name").get<std::string>();
-      if (!valid_file_name(name) || !seen.insert(name).second)
-        return bad(fmt::format("{}: invalid or duplicate file name '{}'", mpath.string(), name));
-      if (std::string p = check_listed_file(dir / name, f.at("bytes").get<uint64_t>(),
-                                            f.at("sha256").get<std::string>());
-          !p.empty())
-        return bad(std::move(p));
-    }
-  } catch (const json::exception& e) {
+  // Compared as written: a version that does not fit in int (4294967297) must not wrap to ours.
+  const auto version_field = m.find("format_version");
+  const std::optional<int64_t> version =
+      version_field == m.end() ? std::nullopt : as_int64(*version_field);
+  if (!version)
+    return bad(fmt::format("{}: manifest does not follow the schema: /format_version: expected an integer, got {}",
+                           mpath.string(), version_field == m.end() ? "nothing" : value_excerpt(*version_field)));
+  if (*version != kFormatVersion)
+    return {State::other_version,
+            fmt::format("{}: format_version {} (this gdnc reads {})", mpath.string(), *version, kFormatVersion),
+            std::move(m)};
+  try {
+    ManifestFields f = read_manifest_fields(m);
+    if (fields) *fields = std::move(f);
+  } catch (const JsonInputError& e) {
     return bad(fmt::format("{}: manifest does not follow the schema: {}", mpath.string(), e.what()));
   }
   return {State::ok, {}, std::move(m)};
+}
+
+/// Full check of one entry directory. With @p expected_digest (find), the manifest must be
+/// for that key; without it (verify), the digest is recomputed from the stored key inputs
+/// and the directory name must agree with it.
+Check check_entry(const fs::path& dir, const std::string* expected_digest) {
+  auto bad = [](std::string r) { return Check{State::corrupt, std::move(r), {}}; };
+  ManifestFields fields;
+  Check c = read_manifest(dir, &fields);
+  if (c.state != State::ok) return c;
+  const fs::path mpath = dir / kManifestName;
+  if (expected_digest) {
+    if (fields.key_digest != *expected_digest)
+      return bad(fmt::format("{}: key_digest {} is not the requested key {}", mpath.string(), fields.key_digest,
+                             *expected_digest));
+  } else {
+    if (const std::string recomputed = key_digest_of(c.manifest.at("key_inputs")); recomputed != fields.key_digest)
+      return bad(fmt::format("{}: key_digest {} does not match key_inputs (digest {})", mpath.string(),
+                             fields.key_digest, recomputed));
+    const std::string want_dir = fmt::format("{}.{}", fields.key_digest.substr(0, 16), fields.readable);
+    if (dir.filename().string() != want_dir)
+      return bad(fmt::format("{}: directory name does not match manifest (expected {})", dir.string(), want_dir));
+  }
+  for (const ListedFile& f : fields.files)
+    if (std::string p = check_listed_file(dir / f.name, f.bytes, f.sha256); !p.empty()) return bad(std::move(p));
+  return c;
 }
 
 /// Marks an entry as used for gc()'s LRU order. Best effort: the entry may be read-only or
@@ -414,7 +459,7 @@ Key make_key(json key_inputs, std::string readable) {
 }
 
 CacheError::CacheError(const std::string& message, fs::path path)
-    : std::runtime_error("gdnc cache: " + message), path_(std::move(path)) {}
+    : Error("gdnc cache: " + message), path_(std::move(path)) {}
 
 CacheError CacheError::corrupt(const std::string& problem, const fs::path& path,
                                const fs::path& entry_dir) {
@@ -433,21 +478,27 @@ std::string Entry::read_file(std::string_view name) const {
   if (!listed)
     throw CacheError::corrupt(fmt::format("{}: no file '{}' in this entry's manifest", dir.string(), name),
                               p, dir);
-  std::string bytes;
-  if (int e = read_bytes(p, bytes); e != 0)
-    throw CacheError::corrupt(fmt::format("{}: cannot read: {}", p.string(), errno_text(e)), p, dir);
+  uint64_t want_size = 0;
+  std::string want_sha;
   try {
-    if (bytes.size() != listed->at("bytes").get<uint64_t>())
-      throw CacheError::corrupt(fmt::format("{}: size {} bytes, manifest says {}", p.string(), bytes.size(),
-                                            listed->at("bytes").get<uint64_t>()),
-                                p, dir);
-    if (sha256_hex(bytes) != listed->at("sha256").get<std::string>())
-      throw CacheError::corrupt(fmt::format("{}: sha256 does not match manifest", p.string()), p, dir);
-  } catch (const json::exception& e) {
-    throw CacheError::corrupt(fmt::format("{}: manifest entry for '{}' is malformed: {}", dir.string(), name,
-                                          e.what()),
+    const FieldReader f(*listed, "/files");
+    want_size = static_cast<uint64_t>(f.integer("bytes", 0, INT64_MAX));
+    want_sha = f.string("sha256");
+  } catch (const JsonInputError& e) {
+    throw CacheError::corrupt(fmt::format("{}: manifest entry for '{}' is malformed: {}", dir.string(), name, e.what()),
                               p, dir);
   }
+  std::string bytes;
+  try {
+    bytes = read_bounded_file(p, want_size);
+  } catch (const JsonInputError& e) {
+    throw CacheError::corrupt(fmt::format("{}: {}", p.string(), e.problem()), p, dir);
+  }
+  if (bytes.size() != want_size)
+    throw CacheError::corrupt(fmt::format("{}: size {} bytes, manifest says {}", p.string(), bytes.size(), want_size),
+                              p, dir);
+  if (sha256_hex(bytes) != want_sha)
+    throw CacheError::corrupt(fmt::format("{}: sha256 does not match manifest", p.string()), p, dir);
   return bytes;
 }
 
@@ -564,14 +615,12 @@ Fetched DiskCache::get_or_build(const Key& key, const std::function<BuildResult(
   return {Entry{final_dir, std::move(manifest)}, outcome, std::move(corrupt_reason)};
 }
 
-std::vector<Entry> DiskCache::list() const {
+std::vector<Entry> DiskCache::list(std::vector<VerifyReport>* skipped) const {
   std::vector<Entry> out;
   for (const fs::path& dir : children(entries_dir())) {
-    std::string text;
-    if (read_bytes(dir / kManifestName, text) != 0) continue;
-    json m = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (m.is_discarded() || !m.is_object()) continue;
-    out.push_back(Entry{dir, std::move(m)});
+    Check c = read_manifest(dir, nullptr);
+    if (c.state == State::ok || c.state == State::other_version) out.push_back(Entry{dir, std::move(c.manifest)});
+    else if (c.state == State::corrupt && skipped) skipped->push_back({dir, false, std::move(c.reason)});
   }
   return out;
 }
@@ -616,24 +665,22 @@ void DiskCache::remove_entry_dir(const fs::path& dir) {
 
 size_t DiskCache::remove(std::string_view key_prefix) {
   if (key_prefix.size() < kMinRemovePrefix)
-    throw std::invalid_argument(fmt::format(
-        "gdnc cache rm: key prefix '{}' is shorter than {} characters", key_prefix, kMinRemovePrefix));
+    throw InputError(fmt::format("key: {} is shorter than {} characters (an entry name or digest prefix)",
+                                 quoted_excerpt(key_prefix), kMinRemovePrefix));
   std::vector<fs::path> matches;
   for (const fs::path& dir : children(entries_dir())) {
     bool match = dir.filename().string().starts_with(key_prefix);
     if (!match) {
-      // Longer-than-16-hex prefixes can only match the full digest in the manifest.
-      std::string text;
-      if (read_bytes(dir / kManifestName, text) == 0) {
-        json m = json::parse(text, nullptr, false);
-        if (m.is_object() && m.contains("key_digest") && m["key_digest"].is_string())
-          match = m["key_digest"].get<std::string>().starts_with(key_prefix);
-      }
+      // Longer-than-16-hex prefixes can only match the full digest in an intact manifest.
+      const Check c = read_manifest(dir, nullptr);
+      if (c.state == State::ok || c.state == State::other_version)
+        if (const auto it = c.manifest.find("key_digest"); it != c.manifest.end() && it->is_string())
+          match = it->get_ref<const std::string&>().starts_with(key_prefix);
     }
     if (match) matches.push_back(dir);
   }
   if (matches.empty())
-    throw CacheError(fmt::format("no cache entry matches '{}' in {}", key_prefix, entries_dir().string()),
+    throw CacheError(fmt::format("no cache entry matches {} in {}", quoted_excerpt(key_prefix), entries_dir().string()),
                      entries_dir());
   for (const fs::path& dir : matches) remove_entry_dir(dir);
   return matches.size();

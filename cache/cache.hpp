@@ -9,6 +9,8 @@
  */
 #pragma once
 
+#include "common/error.hpp"
+
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -70,7 +72,7 @@ struct BuildResult {
 
 /// Thrown for cache I/O failures and for corrupt entries that cannot be repaired in place.
 /// what() names the path and, where an entry is involved, the remedy `gdnc cache rm <key>`.
-class CacheError : public std::runtime_error {
+class CacheError : public Error {
  public:
   CacheError(const std::string& message, std::filesystem::path path);
   /// The file or directory the error is about.
@@ -133,23 +135,26 @@ class DiskCache {
   /// CacheError for I/O failures (no temporary files are left behind in either case).
   Fetched get_or_build(const Key& key, const std::function<BuildResult()>& build);
 
-  /// Every directory under entries/ whose manifest.json parses, sorted by directory name.
-  /// File contents are not checked (use verify()); others are reported by verify().
-  std::vector<Entry> list() const;
-
   struct VerifyReport {
     std::filesystem::path dir;
     bool ok;
     std::string problem;  ///< empty when ok, except for entries of another format version
   };
+
+  /// Every directory under entries/ whose manifest is intact: it parses within the reader's
+  /// limits, its manifest_sha256 matches and, for this kFormatVersion, every field has the
+  /// schema's type (entries of other versions are listed as they are). Sorted by directory
+  /// name. File contents are not checked (use verify()). Directories with a damaged manifest are
+  /// left out and, if @p skipped is given, reported there with the reason.
+  std::vector<Entry> list(std::vector<VerifyReport>* skipped = nullptr) const;
   /// Fully checks every directory under entries/, including that its name and digest agree
   /// with the stored key inputs. Entries of another kFormatVersion are reported ok with a
   /// "skipped" note: they belong to another gdnc build sharing the directory.
   std::vector<VerifyReport> verify() const;
 
   /// Removes every entry whose directory name, or manifest key_digest, starts with
-  /// @p key_prefix; returns how many. Throws std::invalid_argument if the prefix is shorter
-  /// than 6 characters, CacheError if nothing matches.
+  /// @p key_prefix; returns how many. Throws InputError if the prefix is shorter than 6
+  /// characters, CacheError if nothing matches.
   size_t remove(std::string_view key_prefix);
 
   /// Removes least recently used entries (oldest directory mtime first; find() hits bump it)

@@ -3,8 +3,10 @@
  * @brief The gdnc command line: compile-ahead, IR and source inspection, cache management and
  *        the GPU check against the fp64 reference.
  *
- * Exit codes: 0 success; 2 usage error; 3 invalid spec; 4 compile error; 5 cache error
+ * Exit codes (docs/cli.md): 0 success; 2 usage error (an option or argument value included);
+ * 3 invalid spec (a spec file that cannot be read as one included); 4 compile error; 5 cache error
  * (corrupt entry, no match); 6 no usable GPU or driver; 7 check out of tolerance; 1 other.
+ * Everything the user typed or a file held is quoted through a short, escaped excerpt.
  */
 #include "cache/cache.hpp"
 #include "compiler/compiler.hpp"
@@ -17,7 +19,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <charconv>
+#include <climits>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <iostream>
@@ -31,6 +36,39 @@ using nlohmann::json;
 
 enum ExitCode { kOk = 0, kOther = 1, kUsage = 2, kBadSpec = 3, kCompile = 4, kCache = 5, kNoGpu = 6, kCheckFailed = 7 };
 
+/// A command-line value that is not acceptable; main() prints "gdnc: <option>: <problem>" and
+/// exits 2.
+class UsageError : public InputError {
+ public:
+  UsageError(std::string_view option, const std::string& problem)
+      : InputError(fmt::format("{}: {}", option, problem)) {}
+};
+
+/// A whole number in [min, max], read from the text exactly: no wrapping, no clamping, no
+/// trailing characters (CLI11's own conversion clamps 99999999999999999999 silently).
+template <class Int>
+Int whole_number(std::string_view option, const std::string& text, Int min, Int max) {
+  Int value{};
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  if (ec == std::errc::result_out_of_range || (ec == std::errc() && ptr == end && (value < min || value > max)))
+    throw UsageError(option, fmt::format("{} is out of range ({} to {})", printable_excerpt(text, 24), min, max));
+  if (ec != std::errc() || ptr != end)
+    throw UsageError(option, fmt::format("{} is not a whole number ({} to {})", printable_excerpt(text, 24), min, max));
+  return value;
+}
+
+/// A finite number in [min, max] (CLI11's Range lets NaN through).
+double real_number(std::string_view option, const std::string& text, double min, double max) {
+  char* end = nullptr;
+  errno = 0;
+  const double value = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(value) || value < min ||
+      value > max)
+    throw UsageError(option, fmt::format("{} is not a number from {} to {}", printable_excerpt(text, 24), min, max));
+  return value;
+}
+
 std::vector<Target> parse_targets(const std::vector<std::string>& names, const Spec* spec) {
   if (names.empty()) return spec ? spec->targets : supported_targets();
   std::vector<Target> out;
@@ -39,8 +77,11 @@ std::vector<Target> parse_targets(const std::vector<std::string>& names, const S
     if (!t) {
       std::string list;
       for (Target s : supported_targets()) list += (list.empty() ? "" : ", ") + std::string(to_string(s));
-      throw CLI::ValidationError("--target", fmt::format("{} is not supported (supported: {})", n, list));
+      throw UsageError("--target", fmt::format("{} is not supported (supported: {})", quoted_excerpt(n), list));
     }
+    // Like the spec's /targets: a target named twice is a mistake, and would compile twice.
+    if (std::find(out.begin(), out.end(), *t) != out.end())
+      throw UsageError("--target", fmt::format("{} is given twice", quoted_excerpt(n)));
     out.push_back(*t);
   }
   return out;
@@ -94,8 +135,8 @@ int cmd_source(const std::string& path, const std::string& program, const std::s
   } catch (const std::out_of_range&) {
     std::string names;
     for (const auto& p : ir.programs) names += (names.empty() ? "" : ", ") + p.name;
-    throw CLI::ValidationError("--program", fmt::format("{} is not a program of layer '{}' (programs: {})", program,
-                                                        spec.name, names));
+    throw UsageError("--program", fmt::format("{} is not a program of layer '{}' (programs: {})",
+                                              quoted_excerpt(program), spec.name, names));
   }
   return kOk;
 }
@@ -133,27 +174,53 @@ std::string age_text(int64_t created) {
   return fmt::format("{}h", s / 3600);
 }
 
+/// obj[key] as an integer, if obj is an object holding one there: "info" is free-form and
+/// entries of other format versions may have other fields.
+std::optional<int64_t> integer_field(const json& obj, const char* key) {
+  if (!obj.is_object()) return std::nullopt;
+  const auto it = obj.find(key);
+  return it == obj.end() ? std::nullopt : as_int64(*it);
+}
+
+const json& field_or_null(const json& obj, const char* key) {
+  static const json null_value;
+  if (!obj.is_object()) return null_value;
+  const auto it = obj.find(key);
+  return it == obj.end() ? null_value : *it;
+}
+
 int cmd_cache_ls(bool as_json) {
   cache::DiskCache cache;
   json arr = json::array();
   uint64_t total = 0;
-  auto entries = cache.list();
-  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) { return a.dir < b.dir; });
+  std::vector<cache::DiskCache::VerifyReport> skipped;
+  auto entries = cache.list(&skipped);
   if (!as_json) fmt::print("cache {}\n", cache.root().string());
   for (const auto& e : entries) {
     const uint64_t bytes = cache::DiskCache::entry_bytes(e);
     total += bytes;
-    const json& info = e.manifest.value("info", json::object());
+    const json& info = field_or_null(e.manifest, "info");
+    const std::optional<int64_t> created = integer_field(e.manifest, "created_unix");
     if (as_json) {
       arr.push_back({{"key", e.dir.filename().string()}, {"bytes", bytes}, {"info", info},
-                     {"created_unix", e.manifest.value("created_unix", 0)}});
+                     {"created_unix", created ? json(*created) : json(nullptr)}});
       continue;
     }
+    const std::optional<int64_t> registers = integer_field(info, "registers");
     fmt::print("  {:<64} {:>8} B  regs={:<4} age={}\n", e.dir.filename().string(), bytes,
-               info.value("registers", -1), age_text(e.manifest.value("created_unix", int64_t{0})));
+               registers ? std::to_string(*registers) : "-", created ? age_text(*created) : "-");
   }
-  if (as_json) fmt::print("{}\n", arr.dump(2));
-  else fmt::print("{} entries, {} bytes\n", entries.size(), total);
+  if (as_json) {
+    for (const auto& r : skipped)
+      arr.push_back({{"key", r.dir.filename().string()}, {"damaged", true}, {"problem", r.problem}});
+    fmt::print("{}\n", arr.dump(2));
+    return kOk;
+  }
+  fmt::print("{} entries, {} bytes\n", entries.size(), total);
+  for (const auto& r : skipped) fmt::print("  damaged: {}\n", r.problem);
+  if (!skipped.empty())
+    fmt::print("{} damaged entr{} not listed; `gdnc cache verify` checks them, `gdnc cache rm <name>` removes one\n",
+               skipped.size(), skipped.size() == 1 ? "y" : "ies");
   return kOk;
 }
 
@@ -161,12 +228,13 @@ int cmd_cache_show(const std::string& key) {
   cache::DiskCache cache;
   for (const auto& e : cache.list()) {
     const std::string name = e.dir.filename().string();
-    if (name.rfind(key, 0) == 0 || e.manifest.value("key_digest", "").rfind(key, 0) == 0) {
+    const json& digest = field_or_null(e.manifest, "key_digest");
+    if (name.starts_with(key) || (digest.is_string() && digest.get_ref<const std::string&>().starts_with(key))) {
       fmt::print("{}\n", e.manifest.dump(2));
       return kOk;
     }
   }
-  fmt::print(stderr, "gdnc: no cache entry matches '{}' in {}\n", key, cache.root().string());
+  fmt::print(stderr, "gdnc: no cache entry matches {} in {}\n", quoted_excerpt(key), cache.root().string());
   return kCache;
 }
 
@@ -177,7 +245,7 @@ int cmd_cache_verify(bool as_json) {
   for (const auto& r : cache.verify()) {
     bad += !r.ok;
     if (as_json) arr.push_back({{"dir", r.dir.string()}, {"ok", r.ok}, {"problem", r.problem}});
-    else fmt::print("{} {}{}\n", r.ok ? "ok     " : "CORRUPT", r.dir.string(), r.ok ? "" : ": " + r.problem);
+    else fmt::print("{} {}{}\n", r.ok ? "ok     " : "CORRUPT", r.dir.string(), r.problem.empty() ? "" : ": " + r.problem);
   }
   if (as_json) fmt::print("{}\n", arr.dump(2));
   return bad ? kCache : kOk;
@@ -185,7 +253,6 @@ int cmd_cache_verify(bool as_json) {
 
 int cmd_sizes(const std::string& path, long long tokens, int docs, bool as_json) {
   const LayerIR ir = lower(spec_from_file(path));
-  if (tokens < 1 || docs < 1) throw CLI::ValidationError("--tokens/--docs", "both must be at least 1");
   const size_t saved = region_bytes(ir, BufferRole::saved, CallForm::forward, tokens, docs);
   const size_t fwd = region_bytes(ir, BufferRole::workspace, CallForm::forward, tokens, docs);
   const size_t bwd = region_bytes(ir, BufferRole::workspace, CallForm::backward, tokens, docs);
@@ -221,7 +288,7 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   }
   std::vector<long long> lens = docs;
   if (lens.empty() && (tokens > 0 || n_docs > 0)) {
-    if (tokens <= 0 || n_docs <= 0) throw CLI::ValidationError("--tokens/--n-docs", "give both --tokens T and --n-docs N");
+    if (tokens <= 0 || n_docs <= 0) throw UsageError("--tokens/--n-docs", "give both --tokens T and --n-docs N");
     for (int i = 0; i < n_docs; ++i) lens.push_back(tokens / n_docs + (i < tokens % n_docs ? 1 : 0));
   }
   // Neither given: a varlen batch with every chunk-boundary case (a one-token document, one a
@@ -266,12 +333,13 @@ int main(int argc, char** argv) {
   app.footer("Exit codes: 0 ok, 2 usage, 3 invalid spec, 4 compile error, 5 cache error, 6 no GPU, 7 check failed, 1 other.\n"
              "Cache root: $GDNC_CACHE_DIR, else $XDG_CACHE_HOME/gdnc, else ~/.cache/gdnc.");
   std::vector<std::string> specs, targets;
-  int jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // Numbers are taken as text and converted by whole_number()/real_number() after parsing.
+  std::string jobs = std::to_string(std::max(1u, std::thread::hardware_concurrency()));
   bool as_json = false;
   auto* compile = app.add_subcommand("compile", "Compile every program of the specs for their targets into the cache");
   compile->add_option("spec", specs, "layer spec files (JSON)")->required()->check(CLI::ExistingFile);
   compile->add_option("--target", targets, "target(s) to build (default: the spec's targets)");
-  compile->add_option("--jobs,-j", jobs, "parallel NVRTC compiles")->check(CLI::PositiveNumber);
+  compile->add_option("--jobs,-j", jobs, "parallel NVRTC compiles (1 to 1024)");
   compile->add_flag("--json", as_json, "machine-readable output");
 
   std::string spec_path, program, target = "sm_90a";
@@ -298,20 +366,18 @@ int main(int argc, char** argv) {
   verify->add_flag("--json", as_json, "machine-readable output");
   auto* rm = cache_cmd->add_subcommand("rm", "Remove entries whose name or digest starts with KEY");
   rm->add_option("key", key, "entry name or digest prefix (>= 6 characters)")->required();
-  uint64_t max_bytes = 0;
+  std::string max_bytes;
   auto* gc = cache_cmd->add_subcommand("gc", "Remove least recently used entries until the cache fits");
-  gc->add_option("--max-bytes", max_bytes, "size bound in bytes")->required();
+  gc->add_option("--max-bytes", max_bytes, "size bound in bytes (0 to 2^64-1)")->required();
 
-  std::vector<long long> docs;
-  long long tokens = 0;
-  int size_docs = 1;
+  std::vector<std::string> docs;
+  std::string tokens, size_docs;
   auto* sizes = app.add_subcommand("sizes", "Print the saved and workspace bytes a layer needs (no GPU)");
   sizes->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
-  sizes->add_option("--tokens", tokens, "total tokens T")->required();
-  sizes->add_option("--docs", size_docs, "documents N")->required();
+  sizes->add_option("--tokens", tokens, "total tokens T (1 to 2^31-1)")->required();
+  sizes->add_option("--docs", size_docs, "documents N (1 to 65535)")->required();
   sizes->add_flag("--json", as_json, "machine-readable output");
-  int n_docs = 0;
-  uint64_t seed = static_cast<uint64_t>(std::time(nullptr));
+  std::string n_docs, seed = std::to_string(std::time(nullptr));
   bool forward_only = false, ckpt = false, digests = false;
   auto* check_cmd = app.add_subcommand("check", "Run the layer on the GPU on random inputs against the fp64 reference");
   check_cmd->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
@@ -322,20 +388,22 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--forward-only", forward_only, "skip the backward");
   check_cmd->add_flag("--ckpt", ckpt, "run the checkpointed step: forward, recompute, backward on one workspace");
   check_cmd->add_flag("--digests", digests, "also print the SHA-256 of every result's bytes (compare builds bit for bit)");
-  CheckOverrides over;
-  check_cmd->add_option("--gate", over.gate, "every g equal to this log decay (e.g. 0: no decay, -20), instead of random")
-      ->check(CLI::Range(-1e4, 0.0));
-  check_cmd->add_option("--beta", over.beta, "every beta equal to this, instead of random")->check(CLI::Range(0.0, 1.0));
-  check_cmd->add_option("--segments", over.segments, "the spec's cp.segments, instead of the file's");
+  std::string gate, beta, segments;
+  check_cmd->add_option("--gate", gate, "every g equal to this log decay (-10000 to 0; e.g. 0: no decay, -20), instead of random");
+  check_cmd->add_option("--beta", beta, "every beta equal to this (0 to 1), instead of random");
+  check_cmd->add_option("--segments", segments, "the spec's cp.segments, instead of the file's");
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    const int rc = app.exit(e);
-    return rc == 0 ? kOk : kUsage;
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // CLI11 quotes what was typed whole; a 10 MB argument or an escape sequence must not reach the terminal.
+    fmt::print(stderr, "gdnc: {}\nRun with --help for more information.\n", printable_excerpt(e.what(), 400));
+    return kUsage;
   }
+  constexpr long long kMaxTokens = (1LL << 31) - 1;
   try {
-    if (*compile) return cmd_compile(specs, targets, jobs, as_json);
+    if (*compile) return cmd_compile(specs, targets, whole_number<int>("--jobs", jobs, 1, 1024), as_json);
     if (*ir) return cmd_ir(spec_path, as_json);
     if (*source) return cmd_source(spec_path, program, target);
     if (*targets_cmd) return cmd_targets(as_json);
@@ -348,16 +416,26 @@ int main(int argc, char** argv) {
       return kOk;
     }
     if (*gc) {
-      const auto removed = cache::DiskCache().gc(max_bytes);
+      const auto removed =
+          cache::DiskCache().gc(whole_number<uint64_t>("--max-bytes", max_bytes, 0, UINT64_MAX));
       for (const auto& p : removed) fmt::print("removed {}\n", p.string());
       fmt::print("removed {} entries\n", removed.size());
       return kOk;
     }
-    if (*sizes) return cmd_sizes(spec_path, tokens, size_docs, as_json);
-    if (*check_cmd) return cmd_check(spec_path, docs, tokens, n_docs, seed, forward_only, ckpt, digests, over);
-  } catch (const CLI::ValidationError& e) {
-    fmt::print(stderr, "gdnc: {}\n", e.what());
-    return kUsage;
+    if (*sizes)
+      return cmd_sizes(spec_path, whole_number<long long>("--tokens", tokens, 1, kMaxTokens),
+                       whole_number<int>("--docs", size_docs, 1, 65535), as_json);
+    if (*check_cmd) {
+      std::vector<long long> lens;
+      for (const auto& d : docs) lens.push_back(whole_number<long long>("--docs", d, 1, kMaxTokens));
+      CheckOverrides over;
+      if (!gate.empty()) over.gate = real_number("--gate", gate, -1e4, 0.0);
+      if (!beta.empty()) over.beta = real_number("--beta", beta, 0.0, 1.0);
+      if (!segments.empty()) over.segments = whole_number<int>("--segments", segments, INT_MIN, INT_MAX);
+      return cmd_check(spec_path, lens, tokens.empty() ? 0 : whole_number<long long>("--tokens", tokens, 1, kMaxTokens),
+                       n_docs.empty() ? 0 : whole_number<int>("--n-docs", n_docs, 1, 65535),
+                       whole_number<uint64_t>("--seed", seed, 0, UINT64_MAX), forward_only, ckpt, digests, over);
+    }
   } catch (const SpecError& e) {
     fmt::print(stderr, "gdnc: invalid spec: {}\n", e.what());
     return kBadSpec;
@@ -370,6 +448,9 @@ int main(int argc, char** argv) {
   } catch (const rt::DriverError& e) {
     fmt::print(stderr, "gdnc: {}\n", e.what());
     return kNoGpu;
+  } catch (const InputError& e) {
+    fmt::print(stderr, "gdnc: {}\n", e.what());
+    return kUsage;
   } catch (const std::exception& e) {
     fmt::print(stderr, "gdnc: {}\n", e.what());
     return kOther;

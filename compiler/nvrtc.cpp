@@ -48,7 +48,7 @@ std::vector<std::string> nvrtc_options(Target t) {
 
 CompileError::CompileError(std::string program, Target target, std::string log, std::vector<std::string> options,
                            std::string source_path)
-    : std::runtime_error([&] {
+    : Error([&] {
         std::string opts;
         for (const auto& o : options) opts += " " + o;
         return fmt::format("NVRTC failed to compile program '{}' for {}\n  options:{}\n  source: {}\n  log:\n{}",

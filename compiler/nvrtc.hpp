@@ -4,6 +4,7 @@
  */
 #pragma once
 
+#include "common/error.hpp"
 #include "compiler/ir.hpp"
 
 #include <stdexcept>
@@ -26,7 +27,7 @@ std::vector<std::string> nvrtc_options(Target);
 
 /// A compile failure: the NVRTC log, the options, the target and where the generated source was
 /// written so the user can reproduce it.
-class CompileError : public std::runtime_error {
+class CompileError : public Error {
  public:
   CompileError(std::string program, Target target, std::string log, std::vector<std::string> options,
                std::string source_path);

@@ -8,15 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 namespace gdn {
 
 using nlohmann::json;
 
 SpecError::SpecError(std::string pointer, std::string problem)
-    : std::invalid_argument(fmt::format("{}: {}", pointer, problem)),
+    : Error(pointer.empty() ? problem : fmt::format("{}: {}", pointer, problem)),
       pointer_(std::move(pointer)),
       problem_(std::move(problem)) {}
 
@@ -77,6 +75,28 @@ std::string supported_targets_text() {
   return s;
 }
 
+/// The range of one integer field and how to say that a value is outside it. The JSON reader
+/// checks the value as written (any size) and validate() the struct, with the same words.
+struct IntegerField {
+  const char* pointer;
+  long long min, max;
+  const char* outside;
+};
+
+const IntegerField kHeadsQk{"/heads/qk", 1, kMaxHeads, "is out of range (1 to 4096)"};
+const IntegerField kHeadsV{"/heads/v", 1, kMaxHeads, "is out of range (1 to 4096)"};
+const IntegerField kHeadDimK{"/head_dim/k", kSupportedHeadDim, kSupportedHeadDim, "is not supported (supported: 128)"};
+const IntegerField kHeadDimV{"/head_dim/v", kSupportedHeadDim, kSupportedHeadDim, "is not supported (supported: 128)"};
+const IntegerField kChunk{"/chunk", kSupportedChunk, kSupportedChunk, "is not supported (supported: 64)"};
+const IntegerField kCpRanks{"/cp/ranks", 1, 1,
+                            "is not supported yet (supported: 1; context parallelism across GPUs is not implemented, "
+                            "intra-card segments are: cp.segments)"};
+const IntegerField kCpSegments{"/cp/segments", 1, kMaxSegments, "is not supported (supported: 1 to 64)"};
+
+void check(const IntegerField& f, long long value) {
+  if (value < f.min || value > f.max) throw SpecError(f.pointer, fmt::format("{} {}", value, f.outside));
+}
+
 bool valid_name(const std::string& n) {
   return !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
     return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
@@ -87,19 +107,15 @@ bool valid_name(const std::string& n) {
 
 void validate(const Spec& s) {
   if (!valid_name(s.name))
-    throw SpecError("/name", fmt::format("\"{}\" must be 1 to 64 characters of [A-Za-z0-9_-]", s.name));
-  if (s.heads_qk < 1 || s.heads_qk > kMaxHeads)
-    throw SpecError("/heads/qk", fmt::format("{} is out of range (1 to {})", s.heads_qk, kMaxHeads));
-  if (s.heads_v < 1 || s.heads_v > kMaxHeads)
-    throw SpecError("/heads/v", fmt::format("{} is out of range (1 to {})", s.heads_v, kMaxHeads));
+    throw SpecError("/name", fmt::format("{} must be 1 to 64 characters of [A-Za-z0-9_-]", quoted_excerpt(s.name)));
+  check(kHeadsQk, s.heads_qk);
+  check(kHeadsV, s.heads_v);
   if (s.heads_v % s.heads_qk != 0)
     throw SpecError("/heads/v", fmt::format("{} is not a multiple of /heads/qk ({})", s.heads_v, s.heads_qk));
-  if (s.head_dim_k != kSupportedHeadDim)
-    throw SpecError("/head_dim/k", fmt::format("{} is not supported (supported: {})", s.head_dim_k, kSupportedHeadDim));
-  if (s.head_dim_v != kSupportedHeadDim)
-    throw SpecError("/head_dim/v", fmt::format("{} is not supported (supported: {})", s.head_dim_v, kSupportedHeadDim));
+  check(kHeadDimK, s.head_dim_k);
+  check(kHeadDimV, s.head_dim_v);
   auto check_dtype = [](const char* ptr, const std::string& got, const char* want) {
-    if (got != want) throw SpecError(ptr, fmt::format("\"{}\" is not supported (supported: \"{}\")", got, want));
+    if (got != want) throw SpecError(ptr, fmt::format("{} is not supported (supported: \"{}\")", quoted_excerpt(got), want));
   };
   check_dtype("/dtypes/qkv", s.dtype_qkv, "bf16");
   check_dtype("/dtypes/gate", s.dtype_gate, "fp32");
@@ -113,17 +129,14 @@ void validate(const Spec& s) {
     throw SpecError("/walk_slab", fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_slab));
   if (s.walk_bwd_slab != 0 && s.walk_bwd_slab != 32 && s.walk_bwd_slab != 64)
     throw SpecError("/walk_bwd_slab", fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_bwd_slab));
-  if (s.chunk != kSupportedChunk)
-    throw SpecError("/chunk", fmt::format("{} is not supported (supported: {})", s.chunk, kSupportedChunk));
+  check(kChunk, s.chunk);
   if (s.targets.empty()) throw SpecError("/targets", "must list at least one target");
   for (size_t i = 0; i < s.targets.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       if (s.targets[i] == s.targets[j])
         throw SpecError(fmt::format("/targets/{}", i), fmt::format("\"{}\" is listed twice", to_string(s.targets[i])));
-  if (s.cp_ranks != 1)
-    throw SpecError("/cp/ranks", fmt::format("{} is not supported yet (supported: 1; context parallelism across GPUs is not implemented, intra-card segments are: cp.segments)", s.cp_ranks));
-  if (s.cp_segments < 1 || s.cp_segments > kMaxSegments)
-    throw SpecError("/cp/segments", fmt::format("{} is not supported (supported: 1 to {})", s.cp_segments, kMaxSegments));
+  check(kCpRanks, s.cp_ranks);
+  check(kCpSegments, s.cp_segments);
   // The fused forward writes no tapes; full saves need them from the forward, and segments need
   // a fused prescan: both are later steps of the fused design (docs/design_fused_fwd_sm90.md).
   if (s.forward == ForwardPath::fused && s.save_mode == SaveMode::full)
@@ -135,53 +148,40 @@ void validate(const Spec& s) {
 
 namespace {
 
-/// Walks one JSON object, checking that every key is known and every value has its type.
+/// Walks one JSON object of a spec: every key known, every value of its type and, for integers,
+/// in its field's range before it is narrowed to int.
 class Reader {
  public:
-  Reader(const json& obj, std::string ptr) : obj_(obj), ptr_(std::move(ptr)) {
-    if (!obj_.is_object()) throw SpecError(ptr_.empty() ? "/" : ptr_, fmt::format("expected an object, got {}", obj_.dump()));
+  Reader(const json& obj, std::string ptr) : fields_(obj, std::move(ptr)) {}
+  void known(std::initializer_list<std::string_view> keys) const { fields_.only(keys); }
+  std::string at(std::string_view key) const { return fields_.pointer(key); }
+  const json* get(std::string_view key, bool required) const {
+    return required ? &fields_.require(key) : fields_.find(key);
   }
-  void known(std::initializer_list<const char*> keys) const {
-    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
-      if (std::none_of(keys.begin(), keys.end(), [&](const char* k) { return it.key() == k; })) {
-        std::string list;
-        for (const char* k : keys) list += (list.empty() ? "" : ", ") + std::string(k);
-        throw SpecError(at(it.key()), fmt::format("unknown field (known fields: {})", list));
-      }
-    }
-  }
-  std::string at(const std::string& key) const { return ptr_ + "/" + key; }
-  const json* get(const char* key, bool required) const {
-    auto it = obj_.find(key);
-    if (it == obj_.end()) {
-      if (required) throw SpecError(at(key), "is required");
-      return nullptr;
-    }
-    return &*it;
-  }
-  void integer(const char* key, int& out, bool required = false) const {
+  void integer(std::string_view key, const IntegerField& field, int& out, bool required = false) const {
     if (const json* v = get(key, required)) {
-      if (!v->is_number_integer()) throw SpecError(at(key), fmt::format("expected an integer, got {}", v->dump()));
-      long long x = v->get<long long>();
-      if (x < -(1LL << 30) || x > (1LL << 30)) throw SpecError(at(key), fmt::format("{} is out of range", x));
-      out = static_cast<int>(x);
+      if (!v->is_number_integer()) throw SpecError(at(key), fmt::format("expected an integer, got {}", value_excerpt(*v)));
+      const auto x = as_int64(*v);
+      if (!x || *x < field.min || *x > field.max)
+        throw SpecError(field.pointer, fmt::format("{} {}", value_excerpt(*v), field.outside));
+      out = static_cast<int>(*x);
     }
   }
-  void string(const char* key, std::string& out, bool required = false) const {
+  void string(std::string_view key, std::string& out, bool required = false) const {
     if (const json* v = get(key, required)) {
-      if (!v->is_string()) throw SpecError(at(key), fmt::format("expected a string, got {}", v->dump()));
+      if (!v->is_string()) throw SpecError(at(key), fmt::format("expected a string, got {}", value_excerpt(*v)));
       out = v->get<std::string>();
     }
   }
-  void boolean(const char* key, bool& out) const {
+  void boolean(std::string_view key, bool& out) const {
     if (const json* v = get(key, false)) {
-      if (!v->is_boolean()) throw SpecError(at(key), fmt::format("expected true or false, got {}", v->dump()));
+      if (!v->is_boolean()) throw SpecError(at(key), fmt::format("expected true or false, got {}", value_excerpt(*v)));
       out = v->get<bool>();
     }
   }
-  /// A string that must be one of `choices`; returns its index.
+  /// A string that must be one of `choices`.
   template <class E>
-  void choice(const char* key, E& out, std::initializer_list<std::pair<const char*, E>> choices) const {
+  void choice(std::string_view key, E& out, std::initializer_list<std::pair<const char*, E>> choices) const {
     const json* v = get(key, false);
     if (!v) return;
     std::string list;
@@ -189,18 +189,14 @@ class Reader {
       if (v->is_string() && v->get<std::string>() == name) { out = value; return; }
       list += (list.empty() ? "\"" : ", \"") + std::string(name) + "\"";
     }
-    throw SpecError(at(key), fmt::format("{} is not supported (supported: {})", v->dump(), list));
+    throw SpecError(at(key), fmt::format("{} is not supported (supported: {})", value_excerpt(*v), list));
   }
-  const json& obj() const { return obj_; }
 
  private:
-  const json& obj_;
-  std::string ptr_;
+  FieldReader fields_;
 };
 
-}  // namespace
-
-Spec spec_from_json(const json& j) {
+Spec read_spec(const json& j) {
   Spec s;
   Reader r(j, "");
   r.known({"name", "heads", "head_dim", "dtypes", "norm", "scale", "chunk", "save_mode",
@@ -210,14 +206,14 @@ Spec spec_from_json(const json& j) {
   {
     Reader h(*r.get("heads", true), "/heads");
     h.known({"qk", "v"});
-    h.integer("qk", s.heads_qk, true);
-    h.integer("v", s.heads_v, true);
+    h.integer("qk", kHeadsQk, s.heads_qk, true);
+    h.integer("v", kHeadsV, s.heads_v, true);
   }
   if (const json* hd = r.get("head_dim", false)) {
     Reader d(*hd, "/head_dim");
     d.known({"k", "v"});
-    d.integer("k", s.head_dim_k);
-    d.integer("v", s.head_dim_v);
+    d.integer("k", kHeadDimK, s.head_dim_k);
+    d.integer("v", kHeadDimV, s.head_dim_v);
   }
   if (const json* dt = r.get("dtypes", false)) {
     Reader d(*dt, "/dtypes");
@@ -232,14 +228,14 @@ Spec spec_from_json(const json& j) {
   if (const json* sc = r.get("scale", false)) {
     if (sc->is_null()) s.scale.reset();
     else if (sc->is_number()) s.scale = sc->get<double>();
-    else throw SpecError("/scale", fmt::format("expected a number or null, got {}", sc->dump()));
+    else throw SpecError("/scale", fmt::format("expected a number or null, got {}", value_excerpt(*sc)));
   }
-  r.integer("chunk", s.chunk);
+  r.integer("chunk", kChunk, s.chunk);
   r.choice("save_mode", s.save_mode, {{"light", SaveMode::light}, {"full", SaveMode::full}});
   if (const json* re = r.get("reuse_recompute_tapes", false)) {
     if (re->is_boolean()) s.reuse_recompute_tapes = re->get<bool>() ? ReuseTapes::yes : ReuseTapes::no;
     else if (re->is_string() && re->get<std::string>() == "auto") s.reuse_recompute_tapes = ReuseTapes::automatic;
-    else throw SpecError("/reuse_recompute_tapes", fmt::format("{} is not supported (supported: true, false, \"auto\")", re->dump()));
+    else throw SpecError("/reuse_recompute_tapes", fmt::format("{} is not supported (supported: true, false, \"auto\")", value_excerpt(*re)));
   }
   bool det = true;
   r.boolean("deterministic", det);
@@ -249,9 +245,9 @@ Spec spec_from_json(const json& j) {
   auto slab = [&](const char* key, int& out) {
     if (const json* ws = r.get(key, false)) {
       if (ws->is_string() && ws->get<std::string>() == "auto") out = 0;
-      else if (ws->is_number_integer() && (ws->get<long long>() == 32 || ws->get<long long>() == 64))
-        out = static_cast<int>(ws->get<long long>());
-      else throw SpecError(std::string("/") + key, fmt::format("{} is not supported (supported: \"auto\", 32, 64)", ws->dump()));
+      else if (const auto width = as_int64(*ws); ws->is_number_integer() && width && (*width == 32 || *width == 64))
+        out = static_cast<int>(*width);
+      else throw SpecError(std::string("/") + key, fmt::format("{} is not supported (supported: \"auto\", 32, 64)", value_excerpt(*ws)));
     }
   };
   slab("walk_slab", s.walk_slab);
@@ -263,41 +259,60 @@ Spec spec_from_json(const json& j) {
   s.initial_state = h0 ? StateFlag::present : StateFlag::absent;
   s.final_state = ht ? StateFlag::present : StateFlag::absent;
   if (const json* ts = r.get("targets", false)) {
-    if (!ts->is_array()) throw SpecError("/targets", fmt::format("expected an array of target names, got {}", ts->dump()));
+    if (!ts->is_array()) throw SpecError("/targets", fmt::format("expected an array of target names, got {}", value_excerpt(*ts)));
     s.targets.clear();
     for (size_t i = 0; i < ts->size(); ++i) {
       const json& t = (*ts)[i];
       auto parsed = t.is_string() ? parse_target(t.get<std::string>()) : std::nullopt;
       if (!parsed)
-        throw SpecError(fmt::format("/targets/{}", i), fmt::format("{} is not supported (supported: {})", t.dump(), supported_targets_text()));
+        throw SpecError(fmt::format("/targets/{}", i), fmt::format("{} is not supported (supported: {})", value_excerpt(t), supported_targets_text()));
       s.targets.push_back(*parsed);
     }
   }
   if (const json* cp = r.get("cp", false)) {
     Reader c(*cp, "/cp");
     c.known({"ranks", "segments"});
-    c.integer("ranks", s.cp_ranks);
-    c.integer("segments", s.cp_segments);
+    c.integer("ranks", kCpRanks, s.cp_ranks);
+    c.integer("segments", kCpSegments, s.cp_segments);
   }
   validate(s);
   return s;
 }
 
-Spec spec_from_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(fmt::format("{}: cannot open the spec file", path));
-  std::stringstream buf;
-  buf << in.rdbuf();
+}  // namespace
+
+Spec spec_from_json(const json& j) {
+  try {
+    return read_spec(j);
+  } catch (const JsonInputError& e) {
+    throw SpecError(e.pointer(), e.problem());
+  }
+}
+
+Spec spec_from_text(std::string_view text) {
   json j;
   try {
-    j = json::parse(buf.str());
-  } catch (const json::parse_error& e) {
-    throw std::runtime_error(fmt::format("{}: invalid JSON at byte {}: {}", path, e.byte, e.what()));
+    j = parse_bounded_json(text, kSpecJsonLimits);
+  } catch (const JsonInputError& e) {
+    throw SpecError(e.pointer(), e.problem());
+  }
+  return spec_from_json(j);
+}
+
+Spec spec_from_file(const std::string& path) {
+  const std::string shown = printable_excerpt(path, 256);
+  std::string text;
+  try {
+    text = read_bounded_file(path, kSpecJsonLimits.max_bytes);
+  } catch (const JsonInputError& e) {
+    throw SpecError("", fmt::format("{}: {}", shown, e.problem()));
   }
   try {
-    return spec_from_json(j);
+    return spec_from_text(text);
   } catch (const SpecError& e) {
-    throw SpecError(e.pointer(), e.problem() + fmt::format(" (in {})", path));
+    // Pointer errors keep their "<pointer>: <problem>" form; the others get the file in front.
+    if (e.pointer().empty()) throw SpecError("", fmt::format("{}: {}", shown, e.problem()));
+    throw SpecError(e.pointer(), e.problem() + fmt::format(" (in {})", shown));
   }
 }
 

@@ -8,6 +8,9 @@
  */
 #pragma once
 
+#include "common/error.hpp"
+#include "common/json_input.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <optional>
@@ -47,8 +50,9 @@ int target_cc(Target);
 /// Every target gdnc supports, in a fixed order.
 const std::vector<Target>& supported_targets();
 
-/// Thrown for an invalid spec; what() is "<json pointer>: <problem>".
-class SpecError : public std::invalid_argument {
+/// Thrown for an invalid spec; what() is "<json pointer>: <problem>", or "<problem>" alone when
+/// no single field is at fault (a file that is not JSON, not a regular file, too large).
+class SpecError : public Error {
  public:
   SpecError(std::string pointer, std::string problem);
   const std::string& pointer() const noexcept { return pointer_; }
@@ -97,11 +101,20 @@ struct Spec {
   double effective_scale() const;
 };
 
+/// What a spec may be: specs are a few hundred bytes, three levels deep; anything far beyond
+/// is a mistake or an attack, refused before it costs memory or stack.
+inline constexpr JsonLimits kSpecJsonLimits{1 << 20, 16};
+
 /// Checks every field; throws SpecError naming the first bad field.
 void validate(const Spec&);
 /// Parses and validates; unknown fields and wrong types are errors.
 Spec spec_from_json(const nlohmann::json&);
-/// Reads a file and parses it; JSON syntax errors carry the file name and byte offset.
+/// Parses JSON text with the limits of kSpecJsonLimits (size, depth, duplicate keys, number
+/// ranges), then spec_from_json(); every problem is a SpecError.
+Spec spec_from_text(std::string_view text);
+/// Reads a regular file of at most kSpecJsonLimits.max_bytes and parses it like spec_from_text();
+/// every problem, a FIFO or device or a file that cannot be read included, is a SpecError that
+/// names the file.
 Spec spec_from_file(const std::string& path);
 /// The canonical form: every field, defaults filled in.
 nlohmann::json to_json(const Spec&);

@@ -74,13 +74,7 @@ namespace {
 
 gdn::Spec parse_spec(const char* spec_json) {
   if (!spec_json) throw gdn::InputError("spec_json: is null");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(spec_json);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw gdn::SpecError("/", std::string("invalid JSON: ") + e.what());
-  }
-  return gdn::spec_from_json(j);
+  return gdn::spec_from_text(spec_json);
 }
 
 gdn::Workspace& workspace_of(gdn_workspace* w) {

@@ -31,7 +31,7 @@ void log_release_failure(CUresult rc, const char* what) {
 }  // namespace
 
 CudaError::CudaError(CUresult code, const std::string& what)
-    : std::runtime_error(fmt::format("{}: {}", what, result_name(code))), code_(code) {}
+    : Error(fmt::format("{}: {}", what, result_name(code))), code_(code) {}
 
 const Driver& Driver::get() {
   static std::once_flag once;

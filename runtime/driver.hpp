@@ -7,6 +7,8 @@
  */
 #pragma once
 
+#include "common/error.hpp"
+
 #include <cuda.h>
 #include <fmt/format.h>
 
@@ -22,7 +24,7 @@ struct dim3_t {
 };
 
 /// A failed driver call: the CUresult, its name, and what we were doing.
-class CudaError : public std::runtime_error {
+class CudaError : public Error {
  public:
   CudaError(CUresult code, const std::string& what);
   CUresult code() const noexcept { return code_; }
@@ -32,9 +34,9 @@ class CudaError : public std::runtime_error {
 };
 
 /// The driver could not be loaded (no libcuda.so.1 or a symbol missing).
-class DriverError : public std::runtime_error {
+class DriverError : public Error {
  public:
-  using std::runtime_error::runtime_error;
+  using Error::Error;
 };
 
 #define GDN_DRIVER_FUNCTIONS(X)                                                                        \

@@ -239,6 +239,7 @@ namespace {
 
 /// A region's size without building its name map: the per-call argument check uses it.
 size_t total_bytes(const std::vector<ByteFormula>& slots, ProblemShape s, int chunk) {
+  check_problem_size(s.T, s.N);
   size_t total = 0;
   for (const ByteFormula& b : slots) total += (static_cast<size_t>(b.eval(s.T, s.N, chunk)) + 255) / 256 * 256;
   return total;
@@ -266,8 +267,7 @@ RegionLayout Layer::workspace_layout(CallForm f, ProblemShape s) const {
 void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_size, size_t ws_size,
                          CallForm form) const {
   const Spec& sp = ir_.spec;
-  if (s.T < 1 || s.T > (1LL << 31) - 1) throw InputError(fmt::format("T: {} is out of range (1 to 2^31-1)", s.T));
-  if (s.N < 1 || s.N > 65535) throw InputError(fmt::format("N: {} documents is out of range (1 to 65535)", s.N));
+  check_problem_size(s.T, s.N);
   // The segmented walks run one block row per (document, segment) on the grid's z axis.
   if (sp.cp_segments > 1 && s.N * sp.cp_segments > 65535)
     throw InputError(fmt::format("N: {} documents x cp.segments {} = {} blocks exceeds the grid's z limit 65535 "

@@ -13,6 +13,7 @@
 #pragma once
 
 #include "cache/cache.hpp"
+#include "common/error.hpp"
 #include "compiler/ir.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/graph.hpp"
@@ -28,12 +29,6 @@
 #include <type_traits>
 
 namespace gdn {
-
-/// Bad arguments to a layer call; the message names the argument and the value.
-class InputError : public std::invalid_argument {
- public:
-  using std::invalid_argument::invalid_argument;
-};
 
 enum class IndexType { int32, int64 };
 

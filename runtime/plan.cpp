@@ -25,7 +25,13 @@ int64_t Lin::eval(int64_t T, int64_t N, int chunk) const {
   return (t * T + n * N + nt * this->nt + c + div - 1) / div;
 }
 
+void check_problem_size(int64_t T, int64_t N) {
+  if (T < 1 || T > (1LL << 31) - 1) throw InputError(fmt::format("T: {} is out of range (1 to 2^31-1)", T));
+  if (N < 1 || N > 65535) throw InputError(fmt::format("N: {} documents is out of range (1 to 65535)", N));
+}
+
 std::vector<uint64_t> slot_offsets(const std::vector<ByteFormula>& slots, int64_t T, int64_t N, int chunk) {
+  check_problem_size(T, N);
   std::vector<uint64_t> out;
   uint64_t at = 0;
   for (const ByteFormula& b : slots) {

@@ -10,6 +10,7 @@
  */
 #pragma once
 
+#include "common/error.hpp"
 #include "compiler/ir.hpp"
 #include "runtime/driver.hpp"
 
@@ -85,10 +86,17 @@ CallPlan plan_backward(const LayerIR&, PrepRerun);
 std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR&, BufferRole, CallForm);
 
 /// Bytes of the saved region, or of the workspace of one call form, for a problem size; no GPU
-/// needed. A checkpointed step on one workspace needs max(forward, backward).
+/// needed. A checkpointed step on one workspace needs max(forward, backward). Throws
+/// InputError for sizes check_problem_size() refuses.
 size_t region_bytes(const LayerIR&, BufferRole, CallForm, int64_t T, int64_t N);
 
+/// The problem sizes every layer call and size query accepts: T in 1 to 2^31-1 packed tokens,
+/// N in 1 to 65535 documents. Inside them no region size can overflow 64 bits. Throws
+/// InputError naming T or N.
+void check_problem_size(int64_t T, int64_t N);
+
 /// Byte offsets of the slots of one region for this problem size, then the region's total size.
+/// Throws InputError for sizes check_problem_size() refuses.
 std::vector<uint64_t> slot_offsets(const std::vector<ByteFormula>& slots, int64_t T, int64_t N, int chunk);
 
 /// The interpreted executor: fills each parameter block and hands it to `launcher`.

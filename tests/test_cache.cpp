@@ -11,11 +11,14 @@
 
 #include <unistd.h>
 
+#include <sys/stat.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -91,6 +94,16 @@ gc::Key sample_key(const std::string& variant = "fwd") {
                        {"arch", "sm_90a"},
                        {"nvrtc", "13.0.48"}},
                       "m_layer." + variant + ".sm_90a");
+}
+
+/// Edits a published manifest and signs it again, as someone who knows the format would: only
+/// the schema check stands between such a manifest and a hit.
+void rewrite_signed(const fs::path& manifest, const std::function<void(json&)>& edit) {
+  json m = json::parse(slurp(manifest));
+  edit(m);
+  m.erase("manifest_sha256");
+  m["manifest_sha256"] = gc::sha256_hex(m.dump());
+  spit(manifest, m.dump(2));
 }
 
 /// A build callback that counts its calls.
@@ -414,7 +427,7 @@ TEST_SUITE("cache") {
     CHECK(bad == 2);
     CHECK(cache.list().size() == 2);  // a's manifest does not parse
 
-    CHECK_THROWS_AS(cache.remove("abc"), std::invalid_argument);
+    CHECK_THROWS_AS(cache.remove("abc"), gdn::InputError);
     CHECK_THROWS_AS(cache.remove("ffffffffffff"), gc::CacheError);
     // By directory name (works even when the manifest is unreadable) ...
     CHECK(cache.remove(ka.dir_name()) == 1);
@@ -449,6 +462,122 @@ TEST_SUITE("cache") {
     reports = cache.verify();
     REQUIRE(reports.size() == 1);
     CHECK_FALSE(reports[0].ok);
+  }
+
+  TEST_CASE("a signed manifest with a field of the wrong type is corrupt, names the field, and is repaired") {
+    struct Case {
+      const char* what;
+      std::function<void(json&)> edit;
+      const char* problem;  // empty: the manifest is valid
+    };
+    const std::vector<Case> cases = {
+        {"created_unix a string", [](json& m) { m["created_unix"] = "yesterday"; },
+         "manifest does not follow the schema: /created_unix: expected an integer, got \"yesterday\""},
+        {"bytes negative", [](json& m) { m["files"][0]["bytes"] = -1; },
+         "/files/0/bytes: -1 is out of range (0 to 9223372036854775807)"},
+        {"bytes 2^64-1", [](json& m) { m["files"][0]["bytes"] = 18446744073709551615ull; },
+         "/files/0/bytes: 18446744073709551615 is out of range"},
+        {"file name with a slash", [](json& m) { m["files"][0]["name"] = "../x"; },
+         "/files/0/name: \"../x\" is an invalid or duplicate file name"},
+        {"key_digest not hex", [](json& m) { m["key_digest"] = std::string(64, 'Z'); },
+         "/key_digest: \"ZZZZ"},
+        {"created_by missing", [](json& m) { m.erase("created_by"); }, "/created_by: is required"},
+        {"an unknown field", [](json& m) { m["extra"] = 1; }, "/extra: unknown field"},
+        {"format_version 1.0", [](json& m) { m["format_version"] = 1.0; },
+         "/format_version: expected an integer, got 1.0"},
+        // "info" is free-form (docs/cache.md): any JSON is valid there.
+        {"info an array", [](json& m) { m["info"] = json::array(); }, ""},
+        {"registers a string", [](json& m) { m["info"]["registers"] = "many"; }, ""},
+    };
+    for (const Case& c : cases) {
+      CAPTURE(c.what);
+      TempDir tmp;
+      gc::DiskCache cache(tmp.path());
+      const gc::Key key = sample_key();
+      CountingBuild b;
+      const fs::path manifest = cache.get_or_build(key, b.fn()).entry.dir / "manifest.json";
+      rewrite_signed(manifest, c.edit);
+      std::string why;
+      const bool hit = cache.find(key, &why).has_value();
+      std::vector<gc::DiskCache::VerifyReport> skipped;
+      const size_t listed = cache.list(&skipped).size();
+      if (std::string(c.problem).empty()) {
+        CHECK(hit);
+        CHECK(listed == 1);
+        CHECK(cache.verify().at(0).ok);
+        continue;
+      }
+      CHECK_FALSE(hit);
+      CHECK(why.find(manifest.string()) != std::string::npos);
+      CHECK(why.find(c.problem) != std::string::npos);
+      CHECK(listed == 0);
+      REQUIRE(skipped.size() == 1);
+      CHECK(skipped[0].problem == why);
+      CHECK_FALSE(cache.verify().at(0).ok);
+      CHECK(cache.get_or_build(key, b.fn()).outcome == gc::Outcome::rebuilt_corrupt);
+      CHECK(cache.find(key).has_value());
+    }
+  }
+
+  TEST_CASE("a format_version beyond int is another version, never ours") {
+    TempDir tmp;
+    gc::DiskCache cache(tmp.path());
+    const gc::Key key = sample_key();
+    CountingBuild b;
+    const fs::path manifest = cache.get_or_build(key, b.fn()).entry.dir / "manifest.json";
+    // 2^32 + 1 reads as 1 through get<int>().
+    rewrite_signed(manifest, [](json& m) { m["format_version"] = 4294967297LL; });
+    std::string why;
+    CHECK_FALSE(cache.find(key, &why).has_value());
+    CHECK(why.find("format_version 4294967297 (this gdnc reads 1)") != std::string::npos);
+    const auto reports = cache.verify();
+    REQUIRE(reports.size() == 1);
+    CHECK(reports[0].ok);
+    CHECK(reports[0].problem.find("skipped") == 0);
+    CHECK(cache.get_or_build(key, b.fn()).outcome == gc::Outcome::rebuilt_corrupt);
+    CHECK(b.calls == 2);
+  }
+
+  TEST_CASE("a manifest or an artifact that is a FIFO, a device, deep or huge is refused without hanging") {
+    struct Case {
+      const char* what;
+      std::function<void(const fs::path& dir)> damage;
+      const char* problem;
+    };
+    const std::vector<Case> cases = {
+        {"FIFO manifest", [](const fs::path& d) { fs::remove(d / "manifest.json"); REQUIRE(::mkfifo((d / "manifest.json").c_str(), 0644) == 0); },
+         "cannot read manifest: a FIFO, not a regular file"},
+        {"manifest linked to /dev/zero",
+         [](const fs::path& d) { fs::remove(d / "manifest.json"); fs::create_symlink("/dev/zero", d / "manifest.json"); },
+         "cannot read manifest: a character device, not a regular file"},
+        {"FIFO artifact", [](const fs::path& d) { fs::remove(d / "program.cubin"); REQUIRE(::mkfifo((d / "program.cubin").c_str(), 0644) == 0); },
+         "program.cubin: a FIFO, not a regular file"},
+        {"deep manifest", [](const fs::path& d) { spit(d / "manifest.json", std::string(60000, '[') + std::string(60000, ']')); },
+         "manifest is not a valid JSON object: /0/0/0/0"},
+        {"manifest with a duplicate key",
+         [](const fs::path& d) { spit(d / "manifest.json", R"({"format_version":1,"format_version":1})"); },
+         "/format_version: duplicate key"},
+        {"manifest over 1 MiB", [](const fs::path& d) { spit(d / "manifest.json", std::string((1 << 20) + 1, ' ')); },
+         "cannot read manifest: 1048577 bytes, more than the 1048576 allowed"},
+    };
+    for (const Case& c : cases) {
+      CAPTURE(c.what);
+      TempDir tmp;
+      gc::DiskCache cache(tmp.path());
+      const gc::Key key = sample_key();
+      CountingBuild b;
+      c.damage(cache.get_or_build(key, b.fn()).entry.dir);
+      std::string why;
+      CHECK_FALSE(cache.find(key, &why).has_value());
+      CHECK(why.find(c.problem) != std::string::npos);
+      CHECK(why.size() < 400);
+      CHECK_FALSE(cache.verify().at(0).ok);
+      CHECK(cache.list().empty() == (std::string(c.what) != "FIFO artifact"));
+      const gc::Fetched repaired = cache.get_or_build(key, b.fn());
+      CHECK(repaired.outcome == gc::Outcome::rebuilt_corrupt);
+      CHECK(repaired.entry.read_file("program.cubin") == kCubin);
+      CHECK(count_children(tmp.path() / "tmp") == 0);
+    }
   }
 
   TEST_CASE("gc removes least recently used entries first") {

@@ -5,12 +5,16 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include "cache/cache.hpp"
+
 #include <array>
 #include <cstdlib>
 #include <fstream>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <vector>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,9 +27,9 @@ struct Run {
   std::string out;
 };
 
-Run gdnc(const std::string& args) {
-  const std::string cmd = "GDNC_CACHE_DIR='" + (fs::path(GDN_BINARY_DIR) / "test-kernel-cache").string() + "' '" +
-                          GDN_GDNC_EXE + "' " + args + " 2>&1";
+Run gdnc_in(const fs::path& cache_dir, const std::string& args) {
+  // timeout: a gdnc that waits on a FIFO must fail the test, not hang it.
+  const std::string cmd = "GDNC_CACHE_DIR='" + cache_dir.string() + "' timeout 60 '" + GDN_GDNC_EXE + "' " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p);
   std::string out;
@@ -34,6 +38,28 @@ Run gdnc(const std::string& args) {
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
   const int status = pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+Run gdnc(const std::string& args) { return gdnc_in(fs::path(GDN_BINARY_DIR) / "test-kernel-cache", args); }
+
+/// A scratch directory for spec files and caches, removed afterwards.
+struct Scratch {
+  fs::path dir = fs::temp_directory_path() / ("gdnc-cli-" + std::to_string(::getpid()));
+  Scratch() { fs::create_directories(dir); }
+  ~Scratch() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+  std::string write(const std::string& name, const std::string& text) const {
+    std::ofstream(dir / name, std::ios::binary) << text;
+    return (dir / name).string();
+  }
+};
+
+bool has_control_characters(const std::string& s) {
+  for (unsigned char c : s)
+    if ((c < 0x20 && c != '\n') || c == 0x7f) return true;
+  return false;
 }
 
 std::string src(const char* rel) { return (fs::path(GDN_SOURCE_DIR) / rel).string(); }
@@ -47,7 +73,7 @@ TEST_SUITE("cli") {
     CHECK(gdnc("compile").code == 2);
     const Run r = gdnc("compile " + src("examples/n.json") + " --target sm_107a");
     CHECK(r.code == 2);
-    CHECK(r.out.find("sm_107a is not supported") != std::string::npos);
+    CHECK(r.out.find("--target: \"sm_107a\" is not supported") != std::string::npos);
   }
 
   TEST_CASE("--help exits 0 everywhere") {
@@ -142,7 +168,10 @@ TEST_SUITE("cli") {
   TEST_CASE("check's input and segment overrides are validated before any GPU work") {
     Run r = gdnc("check " + src("examples/n.json") + " --gate 1");
     CHECK(r.code == 2);
-    CHECK(r.out.find("--gate: Value 1 not in range") != std::string::npos);
+    CHECK(r.out.find("--gate: 1 is not a number from -10000 to 0") != std::string::npos);
+    r = gdnc("check " + src("examples/n.json") + " --gate nan");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("--gate: nan is not a number from -10000 to 0") != std::string::npos);
     r = gdnc("check " + src("examples/n.json") + " --beta 1.5");
     CHECK(r.code == 2);
     CHECK(r.out.find("--beta") != std::string::npos);
@@ -159,5 +188,150 @@ TEST_SUITE("cli") {
       CHECK(r.code == 2);
       CHECK(r.out.find("--tokens T and --n-docs N") != std::string::npos);
     }
+  }
+
+  TEST_CASE("hostile spec files exit 3 with the file, the pointer and a short, escaped excerpt") {
+    const Scratch scratch;
+    struct Case {
+      const char* name;
+      std::string text;
+      const char* message;
+    };
+    const std::vector<Case> cases = {
+        {"deep.json", std::string(60000, '[') + std::string(60000, ']'), "nesting deeper than 16 levels"},
+        {"overflow.json", R"({"name":"x","heads":{"qk":2,"v":6},"scale":1e400})",
+         "/scale: number 1e400 is out of range (it overflows a double)"},
+        {"digits.json", R"({"name":"x","heads":{"qk":2,"v":6},"scale":)" + std::string(1000000, '9') + "}",
+         "/scale: integer 999999999999999999999999... (1000000 bytes in all) is out of range"},
+        {"duplicate.json", R"({"name":"x","heads":{"qk":2,"v":6},"heads":{"qk":4,"v":8}})", "/heads: duplicate key"},
+        {"wrap.json", R"({"name":"x","heads":{"qk":18446744073709551615,"v":6}})",
+         "/heads/qk: 18446744073709551615 is out of range (1 to 4096)"},
+        {"nul.json", R"({"name":"shape\u0000n","heads":{"qk":2,"v":6}})", R"(/name: "shape\u0000n" must be)"},
+        {"ansi.json", R"({"name":"\u001b[2J\u001b[31m","heads":{"qk":2,"v":6}})",
+         R"(/name: "\u001b[2J\u001b[31m" must be)"},
+        {"long_name.json", R"({"name":")" + std::string(100000, 'n') + R"(","heads":{"qk":2,"v":6}})",
+         "(100000 bytes in all) must be 1 to 64 characters"},
+        {"ten_mb_name.json", R"({"name":")" + std::string(10 << 20, 'n') + R"(","heads":{"qk":2,"v":6}})",
+         "bytes, more than the 1048576 allowed"},
+        {"invalid.json", R"({"name": )", "invalid JSON at line 1, column 10"},
+    };
+    for (const Case& c : cases) {
+      CAPTURE(c.name);
+      const std::string path = scratch.write(c.name, c.text);
+      const Run r = gdnc("ir " + path);
+      CHECK(r.code == 3);
+      CHECK(r.out.find(c.message) != std::string::npos);
+      CHECK(r.out.find("gdnc: invalid spec: ") == 0);
+      CHECK(r.out.size() < 400);
+      CHECK_FALSE(has_control_characters(r.out));
+      CHECK(r.out.find(fs::path(path).filename().string()) != std::string::npos);
+    }
+  }
+
+  TEST_CASE("a FIFO or a device as the spec exits 3 at once, for every command that reads one") {
+    const Scratch scratch;
+    const fs::path fifo = scratch.dir / "spec.fifo";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    for (const std::string command : {"ir ", "compile ", "sizes --tokens 10 --docs 1 ", "source --program l2norm "}) {
+      CAPTURE(command);
+      const Run r = gdnc(command + fifo.string());
+      CHECK(r.code == 3);
+      CHECK(r.out.find("spec.fifo: a FIFO, not a regular file") != std::string::npos);
+    }
+    const Run zero = gdnc("ir /dev/zero");
+    CHECK(zero.code == 3);
+    CHECK(zero.out == "gdnc: invalid spec: /dev/zero: a character device, not a regular file\n");
+  }
+
+  TEST_CASE("numbers on the command line are range-checked as typed, never wrapped or clamped") {
+    const std::string n = src("examples/n.json");
+    struct Case {
+      std::string args;
+      const char* message;
+    };
+    const std::vector<Case> cases = {
+        {"sizes " + n + " --tokens 9223372036854775807 --docs 1",
+         "--tokens: 9223372036854775807 is out of range (1 to 2147483647)"},
+        {"sizes " + n + " --tokens 99999999999999999999 --docs 1", "--tokens: 99999999999999999999 is out of range"},
+        {"sizes " + n + " --tokens 10 --docs 65536", "--docs: 65536 is out of range (1 to 65535)"},
+        {"sizes " + n + " --tokens 1e3 --docs 1", "--tokens: 1e3 is not a whole number"},
+        {"sizes " + n + " --tokens 0 --docs 1", "--tokens: 0 is out of range"},
+        {"cache gc --max-bytes -1", "--max-bytes: -1 is not a whole number (0 to 18446744073709551615)"},
+        {"cache gc --max-bytes 18446744073709551616", "--max-bytes: 18446744073709551616 is out of range"},
+        {"compile " + n + " -j 0", "--jobs: 0 is out of range (1 to 1024)"},
+        {"compile " + n + " -j " + std::string(300, '9'),
+         "--jobs: 999999999999999999999999... (300 bytes in all) is out of range"},
+        {"compile " + n + " --target sm_90a --target sm_90a", "--target: \"sm_90a\" is given twice"},
+        {"check " + n + " --seed -1", "--seed: -1 is not a whole number"},
+        {"cache rm abc", "key: \"abc\" is shorter than 6 characters"},
+    };
+    for (const Case& c : cases) {
+      CAPTURE(c.args);
+      const Run r = gdnc(c.args);
+      CHECK(r.code == 2);
+      CHECK(r.out.find(c.message) != std::string::npos);
+      CHECK(r.out.size() < 300);
+    }
+    // At the largest T and N the sizes still fit in 64 bits.
+    const Run big = gdnc("sizes " + n + " --tokens 2147483647 --docs 65535 --json");
+    REQUIRE(big.code == 0);
+    const auto j = nlohmann::json::parse(big.out);
+    CHECK(j["workspace_step"].get<uint64_t>() > j["saved"].get<uint64_t>());
+    CHECK(j["workspace_step"].get<uint64_t>() < (uint64_t{1} << 62));
+  }
+
+  TEST_CASE("arguments are echoed as escaped excerpts") {
+    const Run r = gdnc("cache show 'a\033[31m" + std::string(1000, 'k') + "'");
+    CHECK(r.code == 5);
+    CHECK(r.out.find("no cache entry matches \"a\\u001b[31mkkk") != std::string::npos);
+    CHECK_FALSE(has_control_characters(r.out));
+    CHECK(r.out.size() < 300);
+    const Run parse = gdnc("ir --frob'\033[2J" + std::string(100000, 'x') + "'");
+    CHECK(parse.code == 2);
+    CHECK_FALSE(has_control_characters(parse.out));
+    CHECK(parse.out.size() < 700);
+  }
+
+  TEST_CASE("cache ls lists every intact entry and names the damaged ones; verify names the field") {
+    const Scratch scratch;
+    const fs::path root = scratch.dir / "cache";
+    gdn::cache::DiskCache cache(root);
+    auto build = [] { return gdn::cache::BuildResult{{{"program.cubin", "cubin"}}, {{"registers", 96}}}; };
+    std::vector<fs::path> dirs;
+    for (const char* name : {"a", "b", "c", "d"})
+      dirs.push_back(cache.get_or_build(gdn::cache::make_key({{"k", name}}, name), build).entry.dir);
+    auto resign = [](const fs::path& manifest, auto edit) {
+      nlohmann::json m = nlohmann::json::parse(std::ifstream(manifest));
+      edit(m);
+      m.erase("manifest_sha256");
+      m["manifest_sha256"] = gdn::cache::sha256_hex(m.dump());
+      std::ofstream(manifest) << m.dump(2);
+    };
+    // "info" is free-form, so an array there and a string for registers are valid; created_unix is not.
+    resign(dirs[0] / "manifest.json", [](nlohmann::json& m) { m["info"] = nlohmann::json::array(); });
+    resign(dirs[1] / "manifest.json", [](nlohmann::json& m) { m["info"]["registers"] = "many"; });
+    resign(dirs[2] / "manifest.json", [](nlohmann::json& m) { m["created_unix"] = "yesterday"; });
+    fs::remove(dirs[3] / "manifest.json");
+    REQUIRE(::mkfifo((dirs[3] / "manifest.json").c_str(), 0600) == 0);
+
+    const Run ls = gdnc_in(root, "cache ls");
+    CHECK(ls.code == 0);
+    CHECK(ls.out.find("2 entries") != std::string::npos);
+    CHECK(ls.out.find("regs=-") != std::string::npos);
+    CHECK(ls.out.find((dirs[2] / "manifest.json").string() +
+                      ": manifest does not follow the schema: /created_unix: expected an integer, got \"yesterday\"") !=
+          std::string::npos);
+    CHECK(ls.out.find((dirs[3] / "manifest.json").string() + ": cannot read manifest: a FIFO") != std::string::npos);
+    CHECK(ls.out.find("2 damaged entries not listed") != std::string::npos);
+    const Run json_ls = gdnc_in(root, "cache ls --json");
+    CHECK(json_ls.code == 0);
+    CHECK(nlohmann::json::parse(json_ls.out).size() == 4);
+    const Run verify = gdnc_in(root, "cache verify");
+    CHECK(verify.code == 5);
+    CHECK(verify.out.find("CORRUPT " + dirs[2].string()) != std::string::npos);
+    CHECK(verify.out.find("CORRUPT " + dirs[3].string()) != std::string::npos);
+    CHECK(verify.out.find("ok      " + dirs[0].string()) != std::string::npos);
+    CHECK(gdnc_in(root, "cache show " + dirs[0].filename().string()).code == 0);
+    CHECK(gdnc_in(root, "cache rm " + dirs[3].filename().string()).code == 0);
   }
 }

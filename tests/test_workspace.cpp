@@ -127,4 +127,16 @@ TEST_SUITE("workspace") {
     const size_t shared = 3 * static_cast<size_t>(T) * 48 * 128 * 2;  // dv_local, dq_v, dk_v
     CHECK(region_bytes(ir, BufferRole::workspace, CallForm::backward, T, N) == own - shared);
   }
+
+  TEST_CASE("region sizes refuse problem sizes whose bytes could wrap") {
+    const LayerIR ir = lower(example("m"));
+    // T = 2^63-1 wrapped the workspace size to a plausible-looking number.
+    CHECK_THROWS_WITH_AS(region_bytes(ir, BufferRole::workspace, CallForm::forward, INT64_MAX, 1),
+                         "T: 9223372036854775807 is out of range (1 to 2^31-1)", InputError);
+    CHECK_THROWS_WITH_AS(region_bytes(ir, BufferRole::saved, CallForm::forward, 64, 65536),
+                         "N: 65536 documents is out of range (1 to 65535)", InputError);
+    CHECK_THROWS_AS(region_bytes(ir, BufferRole::saved, CallForm::forward, 0, 1), InputError);
+    // The largest accepted sizes stay far from 2^64.
+    CHECK(region_bytes(ir, BufferRole::workspace, CallForm::backward, (1LL << 31) - 1, 65535) < (size_t{1} << 62));
+  }
 }

@@ -5,10 +5,10 @@
                                    spec={"save_mode": "light", "deterministic": True})
 """
 
-from ._lib import GdncError, InputError, SpecError, library
+from ._lib import CompileError, CudaError, GdncError, InputError, SpecError, library
 from .api import check_arguments, chunk_gated_delta_rule
 from .spec import build as build_spec
 from .spec import validate as validate_spec
 
 __all__ = ["chunk_gated_delta_rule", "check_arguments", "build_spec", "validate_spec", "library", "GdncError",
-           "InputError", "SpecError"]
+           "InputError", "SpecError", "CompileError", "CudaError"]

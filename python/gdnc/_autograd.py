@@ -42,7 +42,7 @@ def _in_backward_pass():
 
 class ChunkGatedDeltaRule(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state):
+    def forward(ctx, layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_cu_seqlens):
         T, N = q.shape[1], cu_seqlens.shape[0] - 1
         HV, V, K = v.shape[2], v.shape[3], q.shape[3]
         dev = q.device
@@ -67,6 +67,9 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         else:
             check(library().gdn_layer_forward_ws(*args, _ptr(o), _ptr(ht), _ptr(saved), saved.numel(), ws.handle,
                                                  stream))
+        if check_cu_seqlens:
+            # Synchronizes the stream and reads the chunk-table kernel's verdict on cu_seqlens.
+            check(library().gdn_layer_check_status(layer.handle, T, N, _ptr(saved), stream))
         ctx.layer, ctx.scale, ctx.cu64 = layer, scale, cu64
         # A plain forward's workspace is scratch, released now so training memory stays at light
         # saves; a recompute's waits in _recompute_workspaces for the backward that follows.
@@ -95,8 +98,9 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
             _ptr(dk), _ptr(dv), _ptr(dg), _ptr(dbeta), _ptr(dh0), _ptr(saved), saved.numel(), ws.handle, stream,
             ctypes.byref(handoff)))
         stats["handoffs"] += handoff.value
-        return None, dq, dk, dv, dg, dbeta, None, dh0, None, None
+        return None, dq, dk, dv, dg, dbeta, None, dh0, None, None, None
 
 
-def apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state):
-    return ChunkGatedDeltaRule.apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state)
+def apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_cu_seqlens=False):
+    return ChunkGatedDeltaRule.apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state,
+                                     check_cu_seqlens)

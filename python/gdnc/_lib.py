@@ -9,16 +9,28 @@ _lib = None
 GDN_OK, GDN_ERR_SPEC, GDN_ERR_INPUT, GDN_ERR_COMPILE, GDN_ERR_CUDA, GDN_ERR_OTHER = range(6)
 
 
-class GdncError(RuntimeError):
-    """A failure reported by libgdn (compile, CUDA or other); the message is libgdn's."""
+class GdncError(Exception):
+    """The base of every error gdnc raises, as gdn::Error is in C++: the message says what is wrong
+    and names the argument, the spec field or the path. Raised as such for failures of no finer
+    kind (libgdn cannot be loaded, GDN_ERR_OTHER)."""
 
 
-class SpecError(ValueError):
-    """An invalid layer spec; the message starts with the JSON pointer of the field."""
+class SpecError(GdncError, ValueError):
+    """An invalid layer spec; the message starts with the JSON pointer of the field, or with
+    "spec:" when the spec as a whole cannot be read."""
 
 
-class InputError(ValueError):
-    """Invalid call arguments (shapes, dtypes, sizes); the message names the argument."""
+class InputError(GdncError, ValueError):
+    """Invalid call arguments (types, shapes, dtypes, values, sizes); the message starts with the
+    argument's name."""
+
+
+class CompileError(GdncError, RuntimeError):
+    """NVRTC rejected a generated program; the message has the log and the source path."""
+
+
+class CudaError(GdncError, RuntimeError):
+    """The CUDA driver failed or is missing."""
 
 
 def _candidates():
@@ -55,11 +67,15 @@ def check(status):
     """Raises the exception that matches a libgdn status code, with libgdn's message."""
     if status == GDN_OK:
         return
-    message = library().gdn_last_error().decode()
+    message = library().gdn_last_error().decode(errors="replace")
     if status == GDN_ERR_SPEC:
         raise SpecError(message)
     if status == GDN_ERR_INPUT:
         raise InputError(message)
+    if status == GDN_ERR_COMPILE:
+        raise CompileError(message)
+    if status == GDN_ERR_CUDA:
+        raise CudaError(message)
     raise GdncError(message)
 
 

@@ -82,7 +82,93 @@ class ArgumentTests(unittest.TestCase):
             call(use_beta_sigmoid_in_kernel=True)
         with self.assertRaisesRegex(ValueError, r"chunk_size=32 is not supported \(supported: 64\)"):
             call(chunk_size=32)
-        self.assertEqual(call(cu_seqlens_cpu=object())[-1], 3)  # a sync-avoiding hint gdnc does not need
+        self.assertEqual(call(cu_seqlens_cpu=[0, 30, 60, 100])[-1], 3)  # FLA's hint: checked on the host
+
+    def test_arguments_that_are_not_tensors_are_named(self):
+        cases = [
+            (dict(q=[[1.0]]), "q: expected a tensor, got list"),
+            (dict(v=None), "v: expected a tensor, got None"),
+            (dict(beta=0.5), "beta: expected a tensor, got float"),
+            (dict(initial_state="zeros"), "initial_state: expected a tensor, got str"),
+            (dict(cu_seqlens=[0, 30, 60, 100]), "cu_seqlens: expected a tensor, got list"),
+        ]
+        for over, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(gdnc.InputError) as e:
+                    call(**over)
+                self.assertEqual(str(e.exception), message)
+
+    def test_empty_dimensions_are_named_not_divided_by(self):
+        # Zero heads raised ZeroDivisionError from HV % H.
+        with self.assertRaisesRegex(gdnc.InputError, r"^q: shape \(1, 100, 0, 128\) has an empty dimension$"):
+            call(q=FakeTensor((1, 100, 0, 128)), k=FakeTensor((1, 100, 0, 128)))
+        with self.assertRaisesRegex(gdnc.InputError, r"^v: shape \(1, 100, 0, 128\) has an empty dimension$"):
+            call(v=FakeTensor((1, 100, 0, 128)))
+
+    def test_scale_is_checked_before_the_library_sees_it(self):
+        self.assertEqual(gdnc.api.check_scale(None), 0.0)  # 0.0 tells libgdn: the spec's 1/sqrt(K)
+        self.assertEqual(gdnc.api.check_scale(2), 2.0)
+        self.assertAlmostEqual(gdnc.api.check_scale(0.1), 0.1, places=7)
+        for bad in (float("nan"), float("inf"), -1, 0, 0.0, "abc", True, [0.5], None.__class__):
+            with self.subTest(scale=bad):
+                with self.assertRaisesRegex(gdnc.InputError, r"^scale: .* must be a positive finite number or None"):
+                    call(scale=bad)
+        for bad in (1e39, 1e-50):  # finite doubles that a float32 turns into inf or 0
+            with self.subTest(scale=bad):
+                with self.assertRaisesRegex(gdnc.InputError, r"^scale: .* is outside what a float32 holds"):
+                    call(scale=bad)
+        self.assertEqual(call(scale=0.5)[-1], 3)
+
+    def test_flags_must_be_booleans(self):
+        for name in ("output_final_state", "use_qk_l2norm_in_kernel", "check_cu_seqlens"):
+            with self.subTest(name=name):
+                with self.assertRaisesRegex(gdnc.InputError, f"^{name}: expected True or False, got 'yes'$"):
+                    call(**{name: "yes"})
+        self.assertEqual(call(output_final_state=1, check_cu_seqlens=True)[-1], 3)
+
+    def test_the_spec_argument_is_checked_as_a_dict_or_json_text(self):
+        self.assertEqual(call(spec='{"save_mode": "full"}')[-1], 3)
+        cases = [
+            ([1], "spec: expected a dict, a JSON string or None, got list"),
+            ('{"save_mode": "full", "save_mode": "light"}', "spec: duplicate key 'save_mode' (each field may appear once)"),
+            ('{"scale": 1e400}', "spec: number '1e400' is out of range (it overflows a double)"),
+            ('{"scale": NaN}', "spec: NaN is not a JSON number"),
+            ('{"save_mode": ', "spec: invalid JSON at line 1, column 15: Expecting value"),
+            ('["full"]', "spec: expected a JSON object, got ['full']"),
+            ("[" * 100000 + "]" * 100000, "spec: nesting too deep"),
+        ]
+        for spec, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(gdnc.SpecError) as e:
+                    call(spec=spec)
+                self.assertEqual(str(e.exception), message)
+
+    def test_cu_seqlens_cpu_is_checked_like_the_device_checks_cu_seqlens(self):
+        cases = [
+            ([1, 30, 60, 100], "cu_seqlens[0]: 1 must be 0 (from cu_seqlens_cpu)"),
+            ([0, 30, 20, 100], "cu_seqlens[2]: 20 < cu_seqlens[1] (30): must be non-decreasing (from cu_seqlens_cpu)"),
+            ([0, 30, 60, 99], "cu_seqlens[3]: 99 must equal T (100) (from cu_seqlens_cpu)"),
+            ([0, 30, 100], "cu_seqlens_cpu: 3 offsets, cu_seqlens has 4"),
+            ([0, 30.0, 60, 100], "cu_seqlens_cpu[1]: 30.0 is not an integer"),
+            (object(), "cu_seqlens_cpu: expected a sequence of integers, got object"),
+        ]
+        for values, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(gdnc.InputError) as e:
+                    call(cu_seqlens_cpu=values)
+                self.assertEqual(str(e.exception), message)
+
+        class HostTensor:  # what torch gives: tolist()
+            def tolist(self):
+                return [0, 0, 100, 100]  # empty documents are valid
+        self.assertEqual(call(cu_seqlens_cpu=HostTensor())[-1], 3)
+        with self.assertRaisesRegex(gdnc.InputError, "^cu_seqlens_cpu: given without cu_seqlens$"):
+            call(cu_seqlens=None, initial_state=None, cu_seqlens_cpu=[0, 100])
+
+    def test_large_values_are_quoted_by_an_excerpt(self):
+        with self.assertRaises(NotImplementedError) as e:
+            call(head_first="x" * 100000)
+        self.assertLess(len(str(e.exception)), 200)
 
 
 class SpecTests(unittest.TestCase):
@@ -118,6 +204,65 @@ class SpecTests(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, r"unknown option\(s\) \['heads'\]"):
             gdnc.build_spec({"heads": {"qk": 1, "v": 1}}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
                             l2norm=True, initial_state=False, final_state=False)
+
+
+class HostileSpecTests(unittest.TestCase):
+    """Specs that crashed the interpreter, raised the wrong class or reached libgdn unchecked."""
+
+    def test_deep_nesting_is_a_spec_error_not_a_crash(self):
+        with self.assertRaisesRegex(gdnc.SpecError, "^/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0/0: nesting deeper than 16 levels$"):
+            gdnc.validate_spec("[" * 60000 + "]" * 60000)
+        deep = {}
+        for _ in range(100000):
+            deep = {"cp": deep}
+        with self.assertRaisesRegex(gdnc.SpecError, "^spec: nesting too deep$"):
+            gdnc.validate_spec(deep)
+
+    def test_library_side_json_errors_are_spec_errors_with_the_pointer(self):
+        base = '{"name":"x","heads":{"qk":2,"v":6}'
+        cases = [
+            (base + ',"scale":1e400}', "/scale: number 1e400 is out of range (it overflows a double)"),
+            (base + ',"heads":{"qk":2,"v":6}}', "/heads: duplicate key (each field may appear once)"),
+            ('{"name":"x","heads":{"qk":18446744073709551615,"v":6}}',
+             "/heads/qk: 18446744073709551615 is out of range (1 to 4096)"),
+            ('{"name":"shape\\u0000n","heads":{"qk":2,"v":6}}',
+             '/name: "shape\\u0000n" must be 1 to 64 characters of [A-Za-z0-9_-]'),
+            ("{", "invalid JSON at line 1, column 2: syntax error while parsing object key - unexpected end "
+                  "of input; expected string literal; last read: \"{\""),
+        ]
+        for text, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(gdnc.SpecError) as e:
+                    gdnc.validate_spec(text)
+                self.assertEqual(str(e.exception), message)
+
+    def test_python_side_errors_name_the_spec(self):
+        cases = [
+            (123, "spec: expected a dict or a JSON string, got int"),
+            ({"name": "x", "heads": {"qk": 2, "v": 6}, "scale": float("nan")},
+             "spec: cannot be written as JSON: 'Out of range float values are not JSON compliant'"),
+            ({"name": object()}, "spec: cannot be written as JSON: 'Object of type object is not JSON serializable'"),
+            ('{"name":"x","heads":{"qk":2,"v":6}}\0{"chunk":48}', "spec: a NUL character at index 35 (JSON text holds none)"),
+        ]
+        for spec, message in cases:
+            with self.subTest(message=message):
+                with self.assertRaises(gdnc.SpecError) as e:
+                    gdnc.validate_spec(spec)
+                self.assertEqual(str(e.exception), message)
+
+    def test_a_json_string_of_options_builds_like_the_dict(self):
+        s = gdnc.build_spec('{"save_mode": "full"}', heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
+                            l2norm=True, initial_state=False, final_state=False)
+        self.assertEqual(s["save_mode"], "full")
+
+
+class ErrorDesignTests(unittest.TestCase):
+    def test_every_error_derives_from_gdnc_error_and_its_builtin_kind(self):
+        for cls, builtin in ((gdnc.SpecError, ValueError), (gdnc.InputError, ValueError),
+                             (gdnc.CompileError, RuntimeError), (gdnc.CudaError, RuntimeError)):
+            with self.subTest(cls=cls.__name__):
+                self.assertTrue(issubclass(cls, gdnc.GdncError))
+                self.assertTrue(issubclass(cls, builtin))
 
 
 class LoadingTests(unittest.TestCase):

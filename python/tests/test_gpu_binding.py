@@ -120,6 +120,30 @@ class GpuBindingTests(unittest.TestCase):
                 for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta"), ins_g, ins_e):
                     self.assertTrue(torch.equal(a.grad, b.grad), f"graph {mode}: graphed {name}, seed {seed}")
 
+    def test_bad_cu_seqlens_raise_when_checked_and_never_sync_otherwise(self):
+        from unittest import mock
+        torch.manual_seed(0)
+        T, H, HV, D = 128, 1, 2, 128
+        q = torch.nn.functional.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).bfloat16()
+        k = torch.nn.functional.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).bfloat16()
+        v = torch.randn(1, T, HV, D, device="cuda").bfloat16()
+        g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda"))
+        beta = torch.sigmoid(torch.randn(1, T, HV, device="cuda"))
+        bad = torch.tensor([0, 64, 200], dtype=torch.int32, device="cuda")  # ends past T
+        good = torch.tensor([0, 64, T], dtype=torch.int32, device="cuda")
+        gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=bad)  # by default: no sync, no verdict
+        torch.cuda.synchronize()
+        with self.assertRaisesRegex(gdnc.InputError, r"^cu_seqlens\[2\]: 200 must equal T \(128\)$"):
+            gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=bad, check_cu_seqlens=True)
+        with self.assertRaisesRegex(gdnc.InputError, r"^cu_seqlens\[2\]: 200 must equal T \(128\) \(from cu_seqlens_cpu\)$"):
+            gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=bad, cu_seqlens_cpu=bad.cpu())
+        o, _ = gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=good, check_cu_seqlens=True,
+                                           cu_seqlens_cpu=good.cpu())
+        self.assertTrue(torch.isfinite(o.float()).all())
+        with mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=True):
+            with self.assertRaisesRegex(gdnc.InputError, "^check_cu_seqlens: True needs a host sync"):
+                gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=good, check_cu_seqlens=True)
+
     @unittest.skipUnless(HAVE_FLA, "needs FLA (fla-core 0.6.0 carried as a wheel)")
     def test_tiny_model_matches_fla(self):
         ours = train_tiny_model(gdnc_layer, ckpt=False)
