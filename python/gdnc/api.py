@@ -258,9 +258,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
                 initial_state is not None, bool(output_final_state), device_index)
     layer = _call_layers.get(call_key)
     if layer is None:
+        # JIT for the GPU the call runs on (a spec's own "targets" still wins).
+        target = _spec.target_of_capability(torch.cuda.get_device_capability(device_index))
         canonical = _spec.build(options, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
                                 l2norm=use_qk_l2norm_in_kernel, initial_state=initial_state is not None,
-                                final_state=output_final_state)
+                                final_state=output_final_state, target=target)
         layer = _call_layers[call_key] = _layer(canonical, device_index)
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)

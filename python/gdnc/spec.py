@@ -5,7 +5,7 @@ import ctypes
 import json
 import math
 
-from ._lib import SpecError, check, library
+from ._lib import InputError, SpecError, check, library
 
 # Spec fields a caller may set; the rest (heads, head_dim, norm, states) follow from the call.
 CODE_OPTIONS = ("name", "save_mode", "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "forward",
@@ -115,8 +115,26 @@ def options_of(options):
     raise SpecError(f"spec: expected a dict, a JSON string or None, got {type(options).__name__}")
 
 
-def build(options, *, heads_qk, heads_v, head_dim_k, head_dim_v, l2norm, initial_state, final_state):
-    """The spec of one call: the shapes and flags of the call, plus the caller's code options."""
+# Compute capability -> the target gdnc compiles for it.
+_TARGET_OF_CAPABILITY = {(9, 0): "sm_90a", (10, 0): "sm_100a", (10, 3): "sm_103a"}
+
+
+def target_of_capability(capability):
+    """The gdnc target for a device's (major, minor) compute capability; InputError naming the device's
+    architecture when gdnc has no target for it (sm_107a, for one, is not known to NVRTC 13.0)."""
+    major, minor = (int(x) for x in capability)
+    target = _TARGET_OF_CAPABILITY.get((major, minor))
+    if target is None:
+        supported = ", ".join(f"{t} (compute capability {a}.{b})" for (a, b), t in _TARGET_OF_CAPABILITY.items())
+        raise InputError(f"this GPU is sm_{major}{minor} (compute capability {major}.{minor}); gdnc compiles for "
+                         f"{supported} only")
+    return target
+
+
+def build(options, *, heads_qk, heads_v, head_dim_k, head_dim_v, l2norm, initial_state, final_state,
+          target="sm_90a"):
+    """The spec of one call: the shapes and flags of the call, plus the caller's code options.
+    `target` is the GPU's own (target_of_capability) unless the options name targets."""
     options = options_of(options)
     unknown = sorted(set(options) - set(CODE_OPTIONS))
     if unknown:
@@ -129,7 +147,7 @@ def build(options, *, heads_qk, heads_v, head_dim_k, head_dim_v, l2norm, initial
         "norm": "l2_in_kernel" if l2norm else "none",
         "initial_state": bool(initial_state),
         "final_state": bool(final_state),
-        "targets": ["sm_90a"],
+        "targets": [target],
     }
     spec.update(options)
     return validate(spec)

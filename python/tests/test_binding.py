@@ -200,6 +200,32 @@ class SpecTests(unittest.TestCase):
                             head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
         self.assertEqual(str(e.exception), "/cp/segments: 65 is not supported (supported: 1 to 64)")
 
+    def test_the_first_call_compiles_for_the_gpu_it_runs_on(self):
+        from gdnc import spec as spec_module
+        self.assertEqual(spec_module.target_of_capability((9, 0)), "sm_90a")
+        self.assertEqual(spec_module.target_of_capability((10, 0)), "sm_100a")
+        self.assertEqual(spec_module.target_of_capability((10, 3)), "sm_103a")
+        for capability, name in (((8, 0), "sm_80"), ((10, 7), "sm_107"), ((12, 0), "sm_120")):
+            with self.assertRaises(gdnc.InputError) as e:
+                spec_module.target_of_capability(capability)
+            self.assertIn(name, str(e.exception))
+            self.assertIn("sm_90a", str(e.exception))
+        s = gdnc.build_spec(None, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128, l2norm=True,
+                            initial_state=False, final_state=False, target="sm_100a")
+        self.assertEqual(s["targets"], ["sm_100a"])
+        s = gdnc.build_spec({"targets": ["sm_103a"]}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
+                            l2norm=True, initial_state=False, final_state=False, target="sm_90a")
+        self.assertEqual(s["targets"], ["sm_103a"])  # the caller's spec wins
+
+    def test_the_fused_forward_is_a_code_option(self):
+        s = gdnc.build_spec({"forward": "fused"}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
+                            l2norm=True, initial_state=False, final_state=False)
+        self.assertEqual(s["forward"], "fused")
+        with self.assertRaises(gdnc.SpecError) as e:
+            gdnc.build_spec({"forward": "fused", "save_mode": "full"}, heads_qk=2, heads_v=6, head_dim_k=128,
+                            head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
+        self.assertIn("/forward", str(e.exception))
+
     def test_options_that_follow_from_the_call_cannot_be_overridden(self):
         with self.assertRaisesRegex(TypeError, r"unknown option\(s\) \['heads'\]"):
             gdnc.build_spec({"heads": {"qk": 1, "v": 1}}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
