@@ -14,6 +14,7 @@
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
  *   --host-only   host time per call with launches discarded (no GPU needed)
  */
+#include "common/env.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/layer.hpp"
 
@@ -35,9 +36,9 @@ using namespace gdn;
 
 namespace {
 
-/// The repository root: $GDN_SOURCE_DIR on a machine the build was carried to.
+/// The repository root: $GDNC_SOURCE_DIR on a machine the build was carried to.
 const char* source_dir() {
-  const char* e = std::getenv("GDN_SOURCE_DIR");
+  const char* e = env_value("SOURCE_DIR");
   return e ? e : GDN_SOURCE_DIR;
 }
 

@@ -327,7 +327,7 @@ def main():
                     help="start no cell after this many seconds (the JSON so far stays; --resume continues)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--resume", help="an earlier output of the same commit, peer and order: its cells are kept")
-    ap.add_argument("--commit", default=os.environ.get("GDN_COMMIT", "unknown"))
+    ap.add_argument("--commit", default=os.environ.get("GDNC_COMMIT", os.environ.get("GDN_COMMIT", "unknown")))
     args = ap.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
     ops = [o for o in args.ops.split(",") if o]

@@ -5,6 +5,8 @@
  */
 #include "runtime/layer.hpp"
 
+#include "common/env.hpp"
+#include "common/json_input.hpp"
 #include "compiler/compiler.hpp"
 #include "params.cuh"
 
@@ -70,14 +72,16 @@ StubCompiler& stub_compiler() {
 std::string_view to_string(HostPath p) { return p == HostPath::llvm_stub ? "llvm" : "interpreted"; }
 
 HostPath default_host_path() {
-  if (const char* e = std::getenv("GDN_HOST_PATH")) {
+  std::string var;
+  if (const char* e = env_value("HOST_PATH", &var)) {
     const std::string v = e;
     if (v == "interpreted") return HostPath::interpreted;
     if (v == "llvm") {
-      if (!stubs_available()) throw InputError("GDN_HOST_PATH: \"llvm\", but this gdnc was built without LLVM");
+      if (!stubs_available()) throw InputError(fmt::format("{}: \"llvm\", but this gdnc was built without LLVM", var));
       return HostPath::llvm_stub;
     }
-    throw InputError(fmt::format("GDN_HOST_PATH: \"{}\" is not supported (supported: \"llvm\", \"interpreted\")", v));
+    throw InputError(fmt::format("{}: {} is not supported (supported: \"llvm\", \"interpreted\")", var,
+                                 value_excerpt(nlohmann::json(v))));
   }
   return stubs_available() ? HostPath::llvm_stub : HostPath::interpreted;
 }

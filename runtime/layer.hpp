@@ -79,7 +79,7 @@ class Launcher {
 /// interpreter over the same call plan (builds without LLVM, and for comparison).
 enum class HostPath { llvm_stub, interpreted };
 std::string_view to_string(HostPath);
-/// $GDN_HOST_PATH ("llvm" or "interpreted") if set, else llvm_stub where LLVM is built in.
+/// $GDNC_HOST_PATH ("llvm" or "interpreted"; the older GDN_HOST_PATH too) if set, else llvm_stub where LLVM is built in.
 /// Throws InputError for any other value of the variable.
 HostPath default_host_path();
 

@@ -3,7 +3,7 @@
 # and carried in .scratch_device/bin (see scripts/pack_device.sh). Logs go to $OUT.
 #
 # STEPS picks what runs, in this order (default: all but compare):
-#   tests     the GPU doctest suites (GPU_SUITES), GDN_DETERMINISM_REPEATS applies; each suite is
+#   tests     the GPU doctest suites (GPU_SUITES), GDNC_DETERMINISM_REPEATS applies; each suite is
 #             stopped after SUITE_TIMEOUT seconds (400) and prints its test cases' durations
 #   python    the binding's unittest files (torch of the machine; FLA if .whl is carried)
 #   programs  gdn_bench --programs (per-program GPU time, PROGRAM_SHAPES, default N,M)
@@ -25,13 +25,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
-export GDN_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}" PYTHONUNBUFFERED=1
+export GDNC_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}" PYTHONUNBUFFERED=1
 bin=.scratch_device/bin
 if [ -f .scratch_device/bin.tar.xz ]; then
   rm -rf "$bin" && mkdir -p "$bin" && tar xJf .scratch_device/bin.tar.xz -C "$bin" || exit 2
 fi
 chmod +x "$bin"/* 2>/dev/null
-export GDN_COMMIT="${GDN_COMMIT:-$(cat .scratch_device/TREE TREE 2>/dev/null | head -1)}"
+export GDNC_COMMIT="${GDNC_COMMIT:-${GDN_COMMIT:-$(cat .scratch_device/TREE TREE 2>/dev/null | head -1)}}"
 # FLA 0.6.0 hands its calls to FlashQLA when that is importable; "FLA" must time FLA.
 export FLA_FLASH_QLA=0
 export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -43,7 +43,7 @@ fi
 steps=" ${STEPS:-tests python programs host sweep bench} "
 has() { [[ "$steps" == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv | tee "$OUT/device.txt"
-echo "tree: ${GDN_COMMIT:-unknown commit} (the device copy has no .git)" | tee -a "$OUT/device.txt"
+echo "tree: ${GDNC_COMMIT:-unknown commit} (the device copy has no .git)" | tee -a "$OUT/device.txt"
 t0=$SECONDS
 "$bin/gdnc" compile examples/*.json --target sm_90a 2>&1 | tail -3
 echo "compile-ahead: $((SECONDS - t0)) s"

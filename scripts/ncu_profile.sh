@@ -13,7 +13,7 @@ OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
 bin=.scratch_device/bin
 chmod +x "$bin"/* 2>/dev/null || true
-export GDN_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}"
+export GDNC_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}"
 export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1 || true)"
 [ -n "$ncu_bin" ] || { echo "ncu_profile: no ncu on this machine" >&2; exit 2; }

@@ -5,7 +5,7 @@
  *
  * Every test works in its own fresh directory under temp_directory_path(). The
  * multi-process test needs the gdn_cache_stress executable, found through the environment
- * variable GDN_CACHE_STRESS_EXE, and is skipped with a message when that is unset.
+ * variable GDNC_CACHE_STRESS_EXE, and is skipped with a message when that is unset.
  */
 #include <doctest/doctest.h>
 
@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/env.hpp"
 #include "cache/cache.hpp"
 
 namespace {
@@ -647,9 +648,9 @@ TEST_SUITE("cache") {
   }
 
   TEST_CASE("8 processes racing on one key build it once") {
-    const char* exe = std::getenv("GDN_CACHE_STRESS_EXE");
+    const char* exe = gdn::env_value("CACHE_STRESS_EXE");
     if (!exe || !*exe) {
-      MESSAGE("skipped: set GDN_CACHE_STRESS_EXE to the gdn_cache_stress executable");
+      MESSAGE("skipped: set GDNC_CACHE_STRESS_EXE to the gdn_cache_stress executable");
       return;
     }
     REQUIRE(fs::exists(exe));

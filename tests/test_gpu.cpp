@@ -4,6 +4,7 @@
  *        programs against a CPU reference, the whole layer against the fp64 reference over the
  *        case matrix of the kernels issue, determinism bit for bit, and device-side input errors.
  */
+#include "common/env.hpp"
 #include "runtime/bf16.hpp"
 #include "tests/reference/gdn_reference.hpp"
 #include "tests/reference/layer_check.hpp"
@@ -25,9 +26,9 @@ using namespace gdn;
 
 namespace {
 
-/// The repository root: $GDN_SOURCE_DIR on a machine the build was carried to.
+/// The repository root: $GDNC_SOURCE_DIR on a machine the build was carried to.
 const char* source_dir() {
-  const char* e = std::getenv("GDN_SOURCE_DIR");
+  const char* e = env_value("SOURCE_DIR");
   return e ? e : GDN_SOURCE_DIR;
 }
 
@@ -436,8 +437,8 @@ TEST_SUITE("gpu_determinism") {
     c.doc_lens = {12000, 9000, 6000, 3768, 2000};
     c.with_reference = false;
     c.seed = 3;
-    // 20 by default; GDN_DETERMINISM_REPEATS lowers it where device time is short.
-    const char* env = std::getenv("GDN_DETERMINISM_REPEATS");
+    // 20 by default; GDNC_DETERMINISM_REPEATS lowers it where device time is short.
+    const char* env = env_value("DETERMINISM_REPEATS");
     c.repeats = env ? std::atoi(env) : 20;
     MESSAGE("determinism repeats: " << c.repeats);
     const check::Report first = check::run(*layer, c);

@@ -369,12 +369,21 @@ TEST_SUITE("launches") {
     }
   }
 
-  TEST_CASE("GDN_HOST_PATH is checked") {
-    setenv("GDN_HOST_PATH", "fast", 1);
-    CHECK_THROWS_WITH_AS(default_host_path(), R"(GDN_HOST_PATH: "fast" is not supported (supported: "llvm", "interpreted"))",
+  TEST_CASE("GDNC_HOST_PATH is checked, and the older GDN_HOST_PATH still read") {
+    setenv("GDNC_HOST_PATH", "fast", 1);
+    CHECK_THROWS_WITH_AS(default_host_path(), R"(GDNC_HOST_PATH: "fast" is not supported (supported: "llvm", "interpreted"))",
+                         InputError);
+    setenv("GDNC_HOST_PATH", "interpreted", 1);
+    CHECK(default_host_path() == HostPath::interpreted);
+    unsetenv("GDNC_HOST_PATH");
+    setenv("GDN_HOST_PATH", "slow", 1);  // deprecated name: read, and named in the message
+    CHECK_THROWS_WITH_AS(default_host_path(), R"(GDN_HOST_PATH: "slow" is not supported (supported: "llvm", "interpreted"))",
                          InputError);
     setenv("GDN_HOST_PATH", "interpreted", 1);
     CHECK(default_host_path() == HostPath::interpreted);
+    setenv("GDNC_HOST_PATH", "fast", 1);  // the new name wins
+    CHECK_THROWS_AS(default_host_path(), InputError);
+    unsetenv("GDNC_HOST_PATH");
     unsetenv("GDN_HOST_PATH");
     CHECK(default_host_path() == (stubs_available() ? HostPath::llvm_stub : HostPath::interpreted));
   }
