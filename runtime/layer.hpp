@@ -17,6 +17,7 @@
 #include "compiler/ir.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/graph.hpp"
+#include "runtime/launcher.hpp"
 #include "runtime/plan.hpp"
 #include "runtime/stub.hpp"
 
@@ -64,15 +65,6 @@ struct LayerGrads {
   float* dg = nullptr;         ///< [T, HV]
   float* dbeta = nullptr;
   float* dh0 = nullptr;        ///< [N, HV, K, V]; required iff the spec has initial_state
-};
-
-/// Where a layer's launches go: the device (the default), or a recorder in CPU tests.
-class Launcher {
- public:
-  virtual ~Launcher() = default;
-  /// Launches `program` with one by-value parameter block of `params_size` bytes.
-  virtual void launch(const Program& program, rt::dim3_t grid, const void* params, size_t params_size,
-                      CUstream stream) = 0;
 };
 
 /// How a layer turns a call into launches: a JIT-compiled LLVM host stub per call form, or the

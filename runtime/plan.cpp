@@ -8,7 +8,7 @@
 #include "fwd/geometry.hpp"
 #include "params.cuh"
 #include "prep/geometry.hpp"
-#include "runtime/layer.hpp"
+#include "runtime/launcher.hpp"
 
 #include <fmt/format.h>
 

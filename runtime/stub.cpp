@@ -4,7 +4,7 @@
  */
 #include "runtime/stub.hpp"
 
-#include "runtime/layer.hpp"
+#include "runtime/launcher.hpp"
 
 #include <fmt/format.h>
 
