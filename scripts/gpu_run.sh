@@ -49,7 +49,9 @@ t0=$SECONDS
 echo "compile-ahead: $((SECONDS - t0)) s"
 rc=0
 if has tests; then
-  for suite in ${GPU_SUITES:-gpu_errors gpu_wgmma gpu_prep gpu_layer gpu_determinism gpu_ckpt gpu_graph gpu_fused}; do
+  # Every TEST_SUITE of tests/test_gpu.cpp, in source order, unless GPU_SUITES names some.
+  all_suites=$(sed -n 's/^TEST_SUITE("\([A-Za-z0-9_]*\)").*/\1/p' tests/test_gpu.cpp | awk '!seen[$0]++' | tr '\n' ' ')
+  for suite in ${GPU_SUITES:-$all_suites}; do
     echo "=== $suite ($((SECONDS - t0)) s)"
     # A hung kernel would eat the whole device call: each suite gets SUITE_TIMEOUT seconds (the
     # slowest, gpu_determinism with its 20 repeats at M, took about 120 s on the H200).
