@@ -4,7 +4,7 @@
 # on first use: the CUDA toolkit here has no disassembler) and prints the registers and spills,
 # the instruction count by opcode, and the count between barriers (a kernel's phases, in order).
 # Comparing two commits' counts is how the backward's address-arithmetic overhead was found
-# (docs/PERF.md, session 5).
+# (docs/PERF.md).
 #
 #   scripts/sass_stats.sh examples/m.json chunk_bwd [sm_90a]     (SASS=1 also prints the listing)
 set -euo pipefail

@@ -209,7 +209,7 @@ struct DvLocal {
 
   __device__ static void run(const DvLocalParams& p) {
     // Chunks fastest (blockIdx order), not value heads fastest as in the forward's chunk_heads
-    // programs: measured 2 to 3.5 % faster here (docs/PERF.md, session 3).
+    // programs: measured faster on the H200 (docs/PERF.md).
     const ChunkInfo ci = p.chunks[blockIdx.x];
     if (ci.len == 0) return;
     const int j = blockIdx.y, h = j / Cfg::G, m = ci.len;

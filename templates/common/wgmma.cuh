@@ -4,9 +4,9 @@
  *        accumulators in registers) and the 128-byte-swizzled tile layout it reads. sm_90a only
  *        (GDN_HAS_WGMMA); the other targets keep the mma.sync tiles of mma.cuh.
  *
- * Status: groundwork for a Hopper chunk_bwd (docs/PERF.md, session 4: chunk_bwd is bound by the
- * shared-memory traffic of its mma.sync operands). Not used by any program yet; the GPU test
- * gpu_wgmma checks every operand form against a CPU product.
+ * Used by chunk_bwd on sm_90a (bwd/chunk_bwd_sm90.cuh: the mma.sync chunk_bwd was bound by the
+ * shared-memory traffic of its operands); the GPU test gpu_wgmma checks every operand form
+ * against a CPU product.
  *
  * The shared tiles use the 128-byte-swizzled layout of common/sw128.hpp, where the layout and
  * the descriptors' byte fields are defined (shared with the host's model test, test_sw128.cpp).

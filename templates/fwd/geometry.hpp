@@ -48,7 +48,7 @@ struct StateWalkGeometry {
   /// (HV * V / 64 >= 32), else bv(V). A 64-wide slab re-reads W and K through L2 half as often
   /// but gives half the blocks: on the H200 it took the walk at M (HV 48, 5 documents, 480 blocks)
   /// from 1.038 to 0.762 ms, and the whole forward at N (HV 6, 3 documents, 36 blocks) from 0.190
-  /// to 0.221 ms (docs/PERF.md, session 6). The threshold lies between the two measured points.
+  /// to 0.221 ms (docs/PERF.md). The threshold lies between the two measured points.
   static constexpr int auto_bv(int V, int HV) { return V % 64 == 0 && HV * (V / 64) >= 32 ? 64 : bv(V); }
   static constexpr int ld_bf(int d) { return d + 8; }
   // One pipeline stage holds W and K (all K columns), the U slab and gc of one chunk.
