@@ -38,7 +38,9 @@ def _candidates():
     if env:
         return [Path(env)]
     here = Path(__file__).resolve().parent
-    return [here / "libgdn.so", here.parent.parent / "build" / "libgdn.so"]
+    # Next to the package, a source tree's build/, then an installed libgdn (cmake --install into a
+    # prefix the loader searches, or LD_LIBRARY_PATH): the bare name goes to the dynamic loader.
+    return [here / "libgdn.so", here.parent.parent / "build" / "libgdn.so", "libgdn.so"]
 
 
 def library():
@@ -48,7 +50,7 @@ def library():
         return _lib
     tried = []
     for path in _candidates():
-        if not path.is_file():
+        if isinstance(path, Path) and not path.is_file():
             tried.append(f"{path} (missing)")
             continue
         try:
@@ -60,7 +62,7 @@ def library():
         _lib = lib
         return lib
     raise GdncError("cannot load libgdn.so; tried: " + "; ".join(tried) +
-                    ". Build it with ./scripts/test.sh or point GDNC_LIBRARY at it.")
+                    ". Build it with ./scripts/test.sh (or install it: cmake --install) or point GDNC_LIBRARY at it.")
 
 
 def check(status):

@@ -1,0 +1,106 @@
+"""The torch.autograd.Function over libgdn's forward, recompute and backward."""
+
+import ctypes
+
+import torch
+
+from ._lib import check, library
+
+
+def _ptr(t):
+    return ctypes.c_void_p(t.data_ptr()) if t is not None else None
+
+
+class _Workspace:
+    """Torch-allocated workspace memory with its libgdn stamp (the hand-off of a ckpt step)."""
+
+    def __init__(self, nbytes, device):
+        self.memory = torch.empty(max(nbytes, 16), dtype=torch.uint8, device=device)
+        handle = ctypes.c_void_p()
+        check(library().gdn_workspace_create(_ptr(self.memory), self.memory.numel(), ctypes.byref(handle)))
+        self.handle = handle
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            library().gdn_workspace_destroy(self.handle)
+
+
+# A recompute's stamped workspace, by the address of the saved region it wrote. Under
+# torch.utils.checkpoint(use_reentrant=False) the recompute runs our forward again with a new ctx,
+# and autograd hands its saved tensors (our `saved` region among them) to the ORIGINAL ctx's
+# backward; this map is how that backward finds the workspace holding the recompute's tapes.
+_recompute_workspaces = {}
+# Counters for tests and curious users: forwards run as a recompute, and backwards that bound the
+# recompute's tapes (the hand-off) instead of re-running the prep program and the walk.
+stats = {"recomputes": 0, "handoffs": 0}
+
+
+def _in_backward_pass():
+    # During torch.utils.checkpoint's recompute an autograd graph task is running.
+    return torch._C._current_graph_task_id() != -1
+
+
+class ChunkGatedDeltaRule(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_cu_seqlens):
+        T, N = q.shape[1], cu_seqlens.shape[0] - 1
+        HV, V, K = v.shape[2], v.shape[3], q.shape[3]
+        dev = q.device
+        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        o = torch.empty_like(v)
+        ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+        saved = torch.empty(layer.saved_bytes(T, N), dtype=torch.uint8, device=dev)
+        ws = _Workspace(layer.workspace_bytes(T, N), dev)
+        cu64 = int(cu_seqlens.dtype == torch.int64)
+        args = (layer.handle, T, N, _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(cu_seqlens), cu64,
+                _ptr(initial_state), scale)
+        recompute = _in_backward_pass()
+        if recompute:
+            handoff = ctypes.c_int(0)
+            check(library().gdn_layer_recompute(*args, 1, _ptr(o), _ptr(ht), _ptr(saved), saved.numel(), ws.handle,
+                                                stream, ctypes.byref(handoff)))
+            stats["recomputes"] += 1
+            if handoff.value:
+                while len(_recompute_workspaces) >= 64:  # a backward that never came: drop the oldest
+                    _recompute_workspaces.pop(next(iter(_recompute_workspaces)))
+                _recompute_workspaces[saved.data_ptr()] = ws
+        else:
+            check(library().gdn_layer_forward_ws(*args, _ptr(o), _ptr(ht), _ptr(saved), saved.numel(), ws.handle,
+                                                 stream))
+        if check_cu_seqlens:
+            # Synchronizes the stream and reads the chunk-table kernel's verdict on cu_seqlens.
+            check(library().gdn_layer_check_status(layer.handle, T, N, _ptr(saved), stream))
+        ctx.layer, ctx.scale, ctx.cu64 = layer, scale, cu64
+        # A plain forward's workspace is scratch, released now so training memory stays at light
+        # saves; a recompute's waits in _recompute_workspaces for the backward that follows.
+        ctx.has_h0 = initial_state is not None
+        ctx.save_for_backward(q, k, v, g, beta, cu_seqlens, initial_state, saved)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, cu_seqlens, initial_state, saved = ctx.saved_tensors
+        layer = ctx.layer
+        T, N = q.shape[1], cu_seqlens.shape[0] - 1
+        dev = q.device
+        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        do = do.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dg, dbeta = torch.empty_like(g), torch.empty_like(beta)
+        dh0 = torch.empty_like(initial_state) if ctx.has_h0 else None
+        ws = _recompute_workspaces.pop(saved.data_ptr(), None)
+        if ws is None:
+            ws = _Workspace(layer.workspace_bytes(T, N), dev)
+        handoff = ctypes.c_int(0)
+        check(library().gdn_layer_backward_ws(
+            layer.handle, T, N, _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(cu_seqlens), ctx.cu64,
+            _ptr(initial_state), ctx.scale, _ptr(do), _ptr(dht.contiguous() if dht is not None else None), _ptr(dq),
+            _ptr(dk), _ptr(dv), _ptr(dg), _ptr(dbeta), _ptr(dh0), _ptr(saved), saved.numel(), ws.handle, stream,
+            ctypes.byref(handoff)))
+        stats["handoffs"] += handoff.value
+        return None, dq, dk, dv, dg, dbeta, None, dh0, None, None, None
+
+
+def apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_cu_seqlens=False):
+    return ChunkGatedDeltaRule.apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state,
+                                     check_cu_seqlens)

@@ -1,0 +1,272 @@
+"""chunk_gated_delta_rule with FLA's argument names and [B, T, H, D] layout, on libgdn."""
+
+import ctypes
+import json
+import math
+import struct
+
+from . import spec as _spec
+from ._lib import InputError, check, library
+
+# FLA arguments gdnc does not implement: passing a non-default value raises, naming it.
+_UNSUPPORTED = {
+    "use_beta_sigmoid_in_kernel": False,
+    "allow_neg_eigval": False,
+    "state_v_first": False,
+    "transpose_state_layout": False,
+    "cp_context": None,
+    "use_gate_in_kernel": False,
+    "A_log": None,
+    "dt_bias": None,
+    "head_first": False,
+}
+# FLA hints that only avoid host syncs FLA would otherwise make. gdnc never syncs; it uses
+# cu_seqlens_cpu to check the values of cu_seqlens on the host, for free, when it is given.
+_HINTS = ("cu_seqlens_cpu", "chunk_indices")
+# gdnc's own options: the layer spec, and the opt-in synchronous check of cu_seqlens.
+_OWN = ("spec", "check_cu_seqlens")
+# Limits of libgdn's calls (runtime/plan.hpp, check_problem_size).
+_MAX_TOKENS = (1 << 31) - 1
+_MAX_DOCUMENTS = 65535
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _dtype_name(t):
+    return str(t.dtype).replace("torch.", "")
+
+
+def _shape(t):
+    return tuple(int(x) for x in t.shape)
+
+
+def _require_tensor(name, t, optional=False):
+    """A tensor-like argument, or the InputError that names it (a list, None, a number...)."""
+    if t is None and optional:
+        return
+    if not all(hasattr(t, attr) for attr in ("shape", "dtype", "is_cuda", "is_contiguous")):
+        raise InputError(f"{name}: expected a tensor, got {'None' if t is None else type(t).__name__}")
+    if any(int(x) < 1 for x in t.shape):
+        raise InputError(f"{name}: shape {_shape(t)} has an empty dimension")
+
+
+def _require_flag(name, value):
+    # 0 and 1 pass: they are what an int-typed config gives for False and True.
+    if not (isinstance(value, bool) or (isinstance(value, int) and value in (0, 1))):
+        raise InputError(f"{name}: expected True or False, got {_spec.excerpt(value)}")
+
+
+def check_scale(scale):
+    """The scale as libgdn receives it (a float32; 0.0 stands for None, 1/sqrt(K)), or the
+    InputError that names it: it must be None or a positive number that a float32 holds."""
+    if scale is None:
+        return 0.0
+    problem = f"scale: {_spec.excerpt(scale)} must be a positive finite number or None (1/sqrt(K))"
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) and not hasattr(scale, "__float__"):
+        raise InputError(problem)
+    try:
+        value = float(scale)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(problem) from None
+    if not (math.isfinite(value) and value > 0):
+        raise InputError(problem)
+    as_float32 = struct.unpack("f", struct.pack("f", value))[0] if value <= _FLOAT32_MAX else math.inf
+    if not (math.isfinite(as_float32) and as_float32 > 0):
+        raise InputError(f"scale: {_spec.excerpt(scale)} is outside what a float32 holds (about 1.2e-38 to 3.4e38)")
+    return as_float32
+
+
+def check_cu_seqlens_values(values, T, N, source="cu_seqlens_cpu"):
+    """The checks the chunk-table kernel makes on the device, on a host copy: values[0] == 0,
+    non-decreasing, values[N] == T. Raises InputError with the device's words, naming cu_seqlens."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    try:
+        values = list(values)
+    except TypeError:
+        raise InputError(f"{source}: expected a sequence of integers, got {type(values).__name__}") from None
+    if len(values) != N + 1:
+        raise InputError(f"{source}: {len(values)} offsets, cu_seqlens has {N + 1}")
+    for i, x in enumerate(values):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise InputError(f"{source}[{i}]: {_spec.excerpt(x)} is not an integer")
+    where = f" (from {source})"
+    if values[0] != 0:
+        raise InputError(f"cu_seqlens[0]: {values[0]} must be 0{where}")
+    for i in range(1, N + 1):
+        if values[i] < values[i - 1]:
+            raise InputError(f"cu_seqlens[{i}]: {values[i]} < cu_seqlens[{i - 1}] ({values[i - 1]}): must be "
+                             f"non-decreasing{where}")
+    if values[N] != T:
+        raise InputError(f"cu_seqlens[{N}]: {values[N]} must equal T ({T}){where}")
+
+
+def check_arguments(q, k, v, g, beta, initial_state=None, cu_seqlens=None, output_final_state=False, scale=None,
+                    use_qk_l2norm_in_kernel=False, **kwargs):
+    """Validates a call; returns (B, T, H, HV, K, V, N). Works on any tensor-like object with
+    shape, dtype, is_cuda and is_contiguous(), so it is testable without torch or a GPU. Every
+    argument is checked here, before libgdn sees it, and every error names it."""
+    unknown = sorted(set(kwargs) - set(_UNSUPPORTED) - set(_HINTS) - set(_OWN) - {"chunk_size"})
+    if unknown:
+        raise TypeError(f"chunk_gated_delta_rule: unexpected argument(s) {_spec.excerpt(unknown, 200)}")
+    for name, default in _UNSUPPORTED.items():
+        if name in kwargs and kwargs[name] is not default and kwargs[name] != default:
+            raise NotImplementedError(f"{name}={_spec.excerpt(kwargs[name])} is not supported by gdnc "
+                                      f"(only {default!r})")
+    if kwargs.get("chunk_size", 64) != 64:
+        raise ValueError(f"chunk_size={_spec.excerpt(kwargs['chunk_size'])} is not supported (supported: 64)")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        _require_tensor(name, t)
+    _require_tensor("initial_state", initial_state, optional=True)
+    _require_tensor("cu_seqlens", cu_seqlens, optional=True)
+    _require_flag("output_final_state", output_final_state)
+    _require_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    _require_flag("check_cu_seqlens", kwargs.get("check_cu_seqlens", False))
+    check_scale(scale)
+    _spec.options_of(kwargs.get("spec"))
+    if len(_shape(q)) != 4:
+        raise InputError(f"q: expected [B, T, H, K], got shape {_shape(q)}")
+    B, T, H, K = _shape(q)
+    if _shape(k) != (B, T, H, K):
+        raise InputError(f"k: shape {_shape(k)} differs from q's {(B, T, H, K)}")
+    if len(_shape(v)) != 4 or _shape(v)[:2] != (B, T):
+        raise InputError(f"v: expected [B={B}, T={T}, HV, V], got shape {_shape(v)}")
+    HV, V = _shape(v)[2:]
+    if HV % H != 0:
+        raise InputError(f"v: {HV} value heads is not a multiple of {H} q/k heads")
+    for name, t in (("g", g), ("beta", beta)):
+        if _shape(t) != (B, T, HV):
+            raise InputError(f"{name}: expected [B={B}, T={T}, HV={HV}], got shape {_shape(t)}")
+    for name, t, want in (("q", q, "bfloat16"), ("k", k, "bfloat16"), ("v", v, "bfloat16"), ("g", g, "float32"),
+                          ("beta", beta, "float32")):
+        if _dtype_name(t) != want:
+            raise InputError(f"{name}: dtype {_dtype_name(t)} is not supported (supported: {want})")
+    if B * T > _MAX_TOKENS:
+        raise InputError(f"q: {B * T} tokens (B x T) is out of range (1 to 2^31-1)")
+    if cu_seqlens is not None:
+        if B != 1:
+            raise InputError(f"q: batch {B} with cu_seqlens; pack the documents into B = 1")
+        if len(_shape(cu_seqlens)) != 1 or _shape(cu_seqlens)[0] < 2:
+            raise InputError(f"cu_seqlens: expected [N + 1] with N >= 1, got shape {_shape(cu_seqlens)}")
+        if _dtype_name(cu_seqlens) not in ("int32", "int64"):
+            raise InputError(f"cu_seqlens: dtype {_dtype_name(cu_seqlens)} is not supported (int32 or int64)")
+        N = _shape(cu_seqlens)[0] - 1
+        if "cu_seqlens_cpu" in kwargs and kwargs["cu_seqlens_cpu"] is not None:
+            check_cu_seqlens_values(kwargs["cu_seqlens_cpu"], T, N)
+    else:
+        if kwargs.get("cu_seqlens_cpu") is not None:
+            raise InputError("cu_seqlens_cpu: given without cu_seqlens")
+        N = B
+    if N > _MAX_DOCUMENTS:
+        raise InputError(f"cu_seqlens: {N} documents is out of range (1 to {_MAX_DOCUMENTS})")
+    if initial_state is not None:
+        if _shape(initial_state) != (N, HV, K, V):
+            raise InputError(f"initial_state: expected [N={N}, HV={HV}, K={K}, V={V}], got {_shape(initial_state)}")
+        if _dtype_name(initial_state) != "float32":
+            raise InputError(f"initial_state: dtype {_dtype_name(initial_state)} is not supported (float32)")
+    named = [("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("cu_seqlens", cu_seqlens),
+             ("initial_state", initial_state)]
+    for name, t in named:
+        if t is None:
+            continue
+        if not t.is_cuda:
+            raise InputError(f"{name}: must be on a CUDA device")
+        if not t.is_contiguous():
+            raise InputError(f"{name}: must be contiguous")
+    return B, T, H, HV, K, V, N
+
+
+class _Layer:
+    """One compiled layer (libgdn handle) per (canonical spec, device)."""
+
+    def __init__(self, canonical, device_index):
+        handle = ctypes.c_void_p()
+        check(library().gdn_layer_create(json.dumps(canonical).encode(), device_index, None, ctypes.byref(handle)))
+        self.handle = handle
+        self.spec = canonical
+        self._sizes = {}  # (T, N) -> (saved, workspace): asked once per shape, not per call
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            library().gdn_layer_destroy(self.handle)
+
+    def saved_bytes(self, T, N):
+        return self._sizes_of(T, N)[0]
+
+    def workspace_bytes(self, T, N):
+        return self._sizes_of(T, N)[1]
+
+    def _sizes_of(self, T, N):
+        if (T, N) not in self._sizes:
+            self._sizes[(T, N)] = (self._saved_bytes(T, N), self._workspace_bytes(T, N))
+        return self._sizes[(T, N)]
+
+    def _saved_bytes(self, T, N):
+        out = ctypes.c_size_t()
+        check(library().gdn_layer_saved_bytes(self.handle, T, N, ctypes.byref(out)))
+        return out.value
+
+    def _workspace_bytes(self, T, N):
+        sizes = []
+        for form in (0, 2):  # forward, backward: one workspace serves a whole checkpointed step
+            out = ctypes.c_size_t()
+            check(library().gdn_layer_workspace_bytes(self.handle, form, T, N, ctypes.byref(out)))
+            sizes.append(out.value)
+        return max(sizes)
+
+
+_layers = {}
+# (caller's options as JSON, the call's shapes and flags, device) -> layer: building and
+# validating the spec costs about 100 us, too much to pay on every call.
+_call_layers = {}
+
+
+def _layer(canonical, device_index):
+    key = (json.dumps(canonical, sort_keys=True), device_index)
+    if key not in _layers:
+        _layers[key] = _Layer(canonical, device_index)
+    return _layers[key]
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+    """FLA's chunk_gated_delta_rule on gdnc kernels. Returns (o [B, T, HV, V], final_state or None).
+
+    Code options come from `spec=` (a dict or a JSON string: save_mode, deterministic,
+    reuse_recompute_tapes, ...); call options from the arguments. Runs on torch's current stream;
+    memory comes from torch. Under torch.utils.checkpoint(use_reentrant=False) the recompute is
+    detected and its tapes are handed to the backward when the spec's reuse_recompute_tapes rule
+    says so.
+
+    cu_seqlens is checked on the device without a host sync; a bad one gives garbage, not an error.
+    To be told: pass FLA's cu_seqlens_cpu hint (checked on the host, free), or check_cu_seqlens=True,
+    which synchronizes after the forward and raises InputError naming cu_seqlens (not allowed during
+    CUDA graph capture).
+    """
+    B, T, H, HV, K, V, N = check_arguments(q, k, v, g, beta, initial_state, cu_seqlens, output_final_state,
+                                           scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                           **kwargs)
+    import torch  # only here: the module imports without torch
+    from ._autograd import apply
+
+    options = kwargs.get("spec")
+    check_cu_seqlens = bool(kwargs.get("check_cu_seqlens", False))
+    if check_cu_seqlens and torch.cuda.is_current_stream_capturing():
+        raise InputError("check_cu_seqlens: True needs a host sync, which CUDA graph capture forbids; pass "
+                         "cu_seqlens_cpu instead, or check outside the capture")
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    call_key = (_spec.options_key(options), H, HV, K, V, bool(use_qk_l2norm_in_kernel),
+                initial_state is not None, bool(output_final_state), device_index)
+    layer = _call_layers.get(call_key)
+    if layer is None:
+        # JIT for the GPU the call runs on (a spec's own "targets" still wins).
+        target = _spec.target_of_capability(torch.cuda.get_device_capability(device_index))
+        canonical = _spec.build(options, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
+                                l2norm=use_qk_l2norm_in_kernel, initial_state=initial_state is not None,
+                                final_state=output_final_state, target=target)
+        layer = _call_layers[call_key] = _layer(canonical, device_index)
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
+    o, ht = apply(layer, q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
+                  g.reshape(1, B * T, HV), beta.reshape(1, B * T, HV), cu_seqlens, initial_state,
+                  check_scale(scale), output_final_state, check_cu_seqlens)
+    return o.reshape(B, T, HV, V), ht
