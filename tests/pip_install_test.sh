@@ -5,7 +5,9 @@ set -euo pipefail
 src="$1" work="$2" lib="$3"
 rm -rf "$work" && mkdir -p "$work"
 python3 -m venv "$work/venv"
-"$work/venv/bin/python" -m pip install -q "$src/python"
+# From a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
+cp -r "$src/python" "$work/package"
+"$work/venv/bin/python" -m pip install -q "$work/package"
 cd "$work"
 GDNC_LIBRARY="$lib" "$work/venv/bin/python" - "$work" <<'PY'
 import sys
