@@ -13,7 +13,7 @@
 #include "compiler/nvrtc.hpp"
 #include "runtime/layer.hpp"
 #include "runtime/plan.hpp"
-#include "tests/reference/layer_check.hpp"
+#include "runtime/check/layer_check.hpp"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>

@@ -4,7 +4,7 @@
  *        forward carry, outputs re-run from the carry, the backward map M^T, and the whole rank
  *        protocol (partition, pre-processes, gathers, merges) over simulated ranks.
  */
-#include "tests/reference/cp_reference.hpp"
+#include "runtime/check/cp_reference.hpp"
 
 #include "runtime/cp_partition.hpp"
 

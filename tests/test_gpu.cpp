@@ -6,8 +6,8 @@
  */
 #include "common/env.hpp"
 #include "runtime/bf16.hpp"
-#include "tests/reference/gdn_reference.hpp"
-#include "tests/reference/layer_check.hpp"
+#include "runtime/check/gdn_reference.hpp"
+#include "runtime/check/layer_check.hpp"
 #include "tests/wgmma_probe.hpp"
 #include "compiler/nvrtc.hpp"
 

@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "tests/reference/gdn_reference.hpp"
-#include "tests/reference/layer_check.hpp"
+#include "runtime/check/gdn_reference.hpp"
+#include "runtime/check/layer_check.hpp"
 
 namespace {
 

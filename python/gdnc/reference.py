@@ -1,4 +1,4 @@
-"""The fp64 reference (tests/reference, libgdn_reference.so) from Python, for accuracy gates.
+"""The fp64 reference (runtime/check, libgdn_reference.so) from Python, for accuracy gates.
 
 Works on flat sequences of floats and on torch tensors (moved to the CPU as float64). Gradients are those of loss = sum(o * d_o) + sum(ht * dht), with respect to the RAW q
 and k (before the optional in-kernel L2 norm).

@@ -3,7 +3,7 @@
  * @brief A C entry point to the fp64 reference, for Python (the benchmark's accuracy gate and
  *        the binding's tests) through ctypes: libgdn_reference.so.
  */
-#include "tests/reference/gdn_reference.hpp"
+#include "runtime/check/gdn_reference.hpp"
 
 #include <cstdio>
 #include <cstring>

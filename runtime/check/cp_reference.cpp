@@ -2,7 +2,7 @@
  * @file cp_reference.cpp
  * @brief Segment summaries (M, S_ext) in fp64, chunk by chunk as docs/algorithm.md 4.2 writes them.
  */
-#include "tests/reference/cp_reference.hpp"
+#include "runtime/check/cp_reference.hpp"
 
 #include <cmath>
 #include <stdexcept>

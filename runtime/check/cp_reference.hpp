@@ -5,7 +5,7 @@
  */
 #pragma once
 
-#include "tests/reference/gdn_reference.hpp"
+#include "runtime/check/gdn_reference.hpp"
 
 #include <vector>
 

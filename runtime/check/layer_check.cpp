@@ -2,11 +2,11 @@
  * @file layer_check.cpp
  * @brief GPU run + fp64 reference comparison.
  */
-#include "tests/reference/layer_check.hpp"
+#include "runtime/check/layer_check.hpp"
 
 #include "compiler/nvrtc.hpp"
 #include "runtime/bf16.hpp"
-#include "tests/reference/gdn_reference.hpp"
+#include "runtime/check/gdn_reference.hpp"
 
 #include <fmt/format.h>
 

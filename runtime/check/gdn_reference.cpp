@@ -2,7 +2,7 @@
  * @file gdn_reference.cpp
  * @brief Implementation of the fp64 GDN reference (see gdn_reference.hpp).
  */
-#include "tests/reference/gdn_reference.hpp"
+#include "runtime/check/gdn_reference.hpp"
 
 #include <algorithm>
 #include <atomic>

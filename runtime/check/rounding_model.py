@@ -5,11 +5,11 @@ store or feed the tensor cores (templates/prep/l2norm.cuh, fwd/chunk_prep.cuh, f
 fwd/output.cuh), beside the fp64 per-token recurrence (docs/algorithm.md 1.1). Switching roundings off
 one at a time says which ones the output error comes from (docs/accuracy.md).
 
-    python3 tests/reference/rounding_model.py --check                   # the model without roundings
+    python3 runtime/check/rounding_model.py --check                   # the model without roundings
                                                                         # equals the recurrence (1e-12)
-    python3 tests/reference/rounding_model.py --tokens 1000,3000 --gate 0   # the ablation table
-    python3 tests/reference/rounding_model.py --fixes --tokens 3000,6000     # candidate fixes
-    python3 tests/reference/rounding_model.py --windows --tokens 6000        # error per 500 tokens
+    python3 runtime/check/rounding_model.py --tokens 1000,3000 --gate 0   # the ablation table
+    python3 runtime/check/rounding_model.py --fixes --tokens 3000,6000     # candidate fixes
+    python3 runtime/check/rounding_model.py --windows --tokens 6000        # error per 500 tokens
 
 Rounding names: qk_norm (normalized q, k stored in bf16), L32 (fp32 L, Tm, products), kb_op (the
 row-scaled operands bf16(beta exp2(gc) k), bf16(beta v)), Tm, WU (W and U in bf16), S_op (bf16(S)
