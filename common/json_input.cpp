@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <limits>
 #include <system_error>
 #include <vector>
@@ -254,10 +255,16 @@ std::string read_bounded_file(const std::filesystem::path& path, size_t max_byte
   if (!S_ISREG(st.st_mode)) throw JsonInputError("", fmt::format("{}, not a regular file", file_kind(st.st_mode)));
   if (static_cast<uint64_t>(st.st_size) > max_bytes)
     throw JsonInputError("", fmt::format("{} bytes, more than the {} allowed", st.st_size, max_bytes));
-  // One byte more than allowed tells a file that grew after fstat from one that fits.
-  std::string out(max_bytes + 1, '\0');
+  // Sized by the file, not by the limit (which for an artifact comes from its manifest and may
+  // be anything); one byte more tells a file that grew after fstat from one that fits.
+  const size_t limit = max_bytes == SIZE_MAX ? max_bytes : max_bytes + 1;
+  std::string out(std::min<size_t>(static_cast<size_t>(st.st_size) + 1, limit), '\0');
   size_t got = 0;
-  while (got < out.size()) {
+  for (;;) {
+    if (got == out.size()) {
+      if (out.size() >= limit) break;
+      out.resize(std::min(limit, std::max<size_t>(2 * out.size(), 4096)));
+    }
     const ssize_t n = ::read(fd, out.data() + got, out.size() - got);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {

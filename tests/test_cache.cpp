@@ -520,6 +520,23 @@ TEST_SUITE("cache") {
     }
   }
 
+  TEST_CASE("an artifact is read bounded by its file, not by the size its manifest claims") {
+    TempDir tmp;
+    gc::DiskCache cache(tmp.path());
+    const gc::Key key = sample_key();
+    CountingBuild b;
+    const fs::path manifest = cache.get_or_build(key, b.fn()).entry.dir / "manifest.json";
+    // A signed manifest claiming 2^62 bytes once made the reader allocate that much.
+    rewrite_signed(manifest, [](json& m) { m["files"][0]["bytes"] = int64_t{1} << 62; });
+    std::string why;
+    CHECK_FALSE(cache.find(key, &why).has_value());
+    CHECK(why.find("manifest says 4611686018427387904") != std::string::npos);
+    const auto listed = cache.list();
+    REQUIRE(listed.size() == 1);
+    CHECK_THROWS_WITH_AS(listed[0].read_file("program.cubin"), doctest::Contains("manifest says 4611686018427387904"),
+                         gc::CacheError);
+  }
+
   TEST_CASE("a format_version beyond int is another version, never ours") {
     TempDir tmp;
     gc::DiskCache cache(tmp.path());
