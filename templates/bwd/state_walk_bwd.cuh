@@ -72,11 +72,13 @@ struct StateWalkBwd {
     bwd::load_tile_async<C, BV, kThreads>(b + kOffL, PB, p.dv_local + (t0 * Cfg::HV + j) * V + v0,
                                           (long long)Cfg::HV * V, inputs ? m : 0);
   }
-  __device__ static void load_qw(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j) {
+  __device__ static void load_qw(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j,
+                                 bool inputs) {
     bf16_t* b = reinterpret_cast<bf16_t*>(st);
     const long long t0 = ci.start;
     const int h = j / Cfg::G, m = ci.len;
-    bwd::load_tile_async<C, K, kThreads>(b + kOffQ, PK, p.q + (t0 * Cfg::H + h) * K, (long long)Cfg::H * K, m);
+    if (inputs)  // the transition columns never read Q
+      bwd::load_tile_async<C, K, kThreads>(b + kOffQ, PK, p.q + (t0 * Cfg::H + h) * K, (long long)Cfg::H * K, m);
     bwd::load_tile_async<C, K, kThreads>(b + kOffW, PK, p.w + (t0 * Cfg::HV + j) * K, (long long)Cfg::HV * K, m);
   }
 
@@ -95,8 +97,8 @@ struct StateWalkBwd {
     int c_first = p.doc_chunk_offset[n], c_last = p.doc_chunk_offset[n + 1] - 1;
     if (SEG > 1) {
       const int first = c_first, nc = c_last + 1 - c_first;
-      c_first = first + nc * seg / SEG;
-      c_last = first + nc * (seg + 1) / SEG - 1;
+      c_first = first + static_cast<int>((long long)nc * seg / SEG);
+      c_last = first + static_cast<int>((long long)nc * (seg + 1) / SEG) - 1;
     }
     if (kPrescan && seg == 0) return;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -143,7 +145,7 @@ struct StateWalkBwd {
       bwd::cp_async_commit();
       load_kl(stage, p, ci, j, v0, inputs);
       bwd::cp_async_commit();
-      load_qw(stage, p, ci, j);
+      load_qw(stage, p, ci, j, inputs);
       bwd::cp_async_commit();
     }
 
@@ -163,7 +165,7 @@ struct StateWalkBwd {
       bwd::for_pairs(z, [&](int r, int cc, float& a, float& b) {
         *reinterpret_cast<u32*>(sZ + r * PB + cc) = pack_bf16x2(f2bf(a), f2bf(b));
       });
-      for (unsigned i = threadIdx.x; i < C * BV; i += kThreads) {
+      for (unsigned i = threadIdx.x; inputs && i < C * BV; i += kThreads) {  // no dO in the transition columns
         const int r = static_cast<int>(i / BV), cc = static_cast<int>(i % BV);
         // Rows >= m hold dO = 0 (zero-filled), so the gate value there is irrelevant.
         const float x = scale * exp2f(fminf(sg[r], 0.f)) * bf2f(sO[r * PB + cc]);
@@ -222,7 +224,7 @@ struct StateWalkBwd {
       }
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
       __syncthreads();  // B3: Q, W, sZ, sOh/sOl and sD are free
-      if (has_prev) load_qw(stage, p, prev, j);
+      if (has_prev) load_qw(stage, p, prev, j, inputs);
       bwd::cp_async_commit();
     }
     bwd::cp_async_wait<0>();

@@ -68,8 +68,8 @@ struct StateWalk {
     int c_begin = p.doc_chunk_offset[n], c_end = p.doc_chunk_offset[n + 1];
     if (SEG > 1) {
       const int first = c_begin, nc = c_end - c_begin;
-      c_begin = first + nc * seg / SEG;
-      c_end = first + nc * (seg + 1) / SEG;
+      c_begin = first + static_cast<int>((long long)nc * seg / SEG);
+      c_end = first + static_cast<int>((long long)nc * (seg + 1) / SEG);
     }
     if (kPrescan && seg == SEG - 1) return;  // the merge never needs the last segment's transition
 
