@@ -23,10 +23,12 @@ struct WgmmaProbe {
   bool a_m_major = false;  ///< A stored K x M (transposed) instead of M x K
   bool b_n_major = false;  ///< B stored K x N instead of N x K
   bool split = false;  ///< 4 warpgroups, each the N/4 columns of its slice (chunk_bwd's use)
+  bool a_registers = false;  ///< A from registers (the RS form; a_m_major is then meaningless)
   int threads() const { return split ? 512 : 128; }
   int smem_bytes() const { return 64 * kd * 2 + kd * n * 2; }
   std::string label() const {
-    return fmt::format("m64n{}k{} A {} B {}{}", n, kd, a_m_major ? "M-major" : "K-major",
+    return fmt::format("m64n{}k{} A {} B {}{}", n, kd,
+                       a_registers ? "in registers" : a_m_major ? "M-major" : "K-major",
                        b_n_major ? "N-major" : "K-major", split ? ", split over 4 warpgroups" : "");
   }
   Program program() const {
@@ -43,7 +45,7 @@ struct WgmmaProbe {
 #error "the wgmma probe needs sm_90a"
 #endif
 
-constexpr int N = {n}, KD = {kd}, TA = {ta}, TB = {tb}, SPLIT = {split}, THREADS = SPLIT ? 512 : 128;
+constexpr int N = {n}, KD = {kd}, TA = {ta}, TB = {tb}, SPLIT = {split}, AREG = {areg}, THREADS = SPLIT ? 512 : 128;
 constexpr int NW = SPLIT ? N / 4 : N;  // columns per warpgroup
 
 extern "C" __global__ void __launch_bounds__(THREADS) gdn_wgmma_probe(const gdn::bf16_t* a, const gdn::bf16_t* b,
@@ -63,21 +65,41 @@ extern "C" __global__ void __launch_bounds__(THREADS) gdn_wgmma_probe(const gdn:
   wg::fence_smem_for_async();
   __syncthreads();
   const int g = threadIdx.x / 128, col0 = g * NW;  // this warpgroup's columns
+  const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32;
   float acc[NW / 2];
 #pragma unroll
   for (int i = 0; i < NW / 2; ++i) acc[i] = 0.f;
+  // RS: every k-step's A fragment of this warp's 16 rows, straight from global memory.
+  u32 af[KD / 16][4];
+  if (AREG) {{
+    const auto pair = [&](int r, int c) {{
+      return static_cast<u32>(a[r * KD + c]) | (static_cast<u32>(a[r * KD + c + 1]) << 16);
+    }};
+#pragma unroll
+    for (int ks = 0; ks < KD / 16; ++ks) {{
+      const int r = 16 * w + l / 4, c = 16 * ks + 2 * (l % 4);
+      af[ks][0] = pair(r, c);
+      af[ks][1] = pair(r + 8, c);
+      af[ks][2] = pair(r, c + 8);
+      af[ks][3] = pair(r + 8, c + 8);
+      wg::fence_operand(af[ks]);
+    }}
+  }}
   wg::fence_acc(acc);
   wg::fence();
 #pragma unroll
   for (int ks = 0; ks < KD / 16; ++ks) {{
-    const wg::u64 da = TA ? wg::desc_mn_major(tile_a, KD, ks) : wg::desc_k_major(tile_a, 64, ks);
     const wg::u64 db = TB ? wg::desc_mn_major_cols(tile_b, KD, col0, ks) : wg::desc_k_major_rows(tile_b, N, col0, ks);
-    wg::mma_k16<NW, TA, TB>(acc, da, db, 1);
+    if (AREG) {{
+      wg::mma_rs_k16<NW, TB>(acc, af[ks], db, 1);
+    }} else {{
+      const wg::u64 da = TA ? wg::desc_mn_major(tile_a, KD, ks) : wg::desc_k_major(tile_a, 64, ks);
+      wg::mma_k16<NW, TA, TB>(acc, da, db, 1);
+    }}
   }}
   wg::commit();
   wg::wait<0>();
   wg::fence_acc(acc);
-  const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32;
 #pragma unroll
   for (int i = 0; i < NW / 8; ++i) {{
     const int r = 16 * w + l / 4, c = col0 + 8 * i + 2 * (l % 4);
@@ -90,12 +112,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) gdn_wgmma_probe(const gdn:
 )",
                        fmt::arg("label", label()), fmt::arg("n", n), fmt::arg("kd", kd),
                        fmt::arg("ta", a_m_major ? 1 : 0), fmt::arg("tb", b_n_major ? 1 : 0),
-                       fmt::arg("split", split ? 1 : 0));
+                       fmt::arg("split", split ? 1 : 0), fmt::arg("areg", a_registers ? 1 : 0));
   }
 };
 
-/// Every operand form the chunk backward would use, at both widths and depths, one warpgroup
-/// or four splitting the columns.
+/// Every operand form the chunk backward uses and the register-A forms, at both widths and
+/// depths, one warpgroup or four splitting the columns.
 inline std::vector<WgmmaProbe> all_wgmma_probes() {
   std::vector<WgmmaProbe> out;
   for (int n : {64, 128})
@@ -103,6 +125,11 @@ inline std::vector<WgmmaProbe> all_wgmma_probes() {
       for (bool ta : {false, true})
         for (bool tb : {false, true})
           for (bool split : {false, true}) out.push_back(WgmmaProbe{n, kd, ta, tb, split});
+  // The register-A (RS) forms the fused forward's design uses: A from registers, B either way.
+  for (int n : {64, 128})
+    for (int kd : {64, 128})
+      for (bool tb : {false, true})
+        for (bool split : {false, true}) out.push_back(WgmmaProbe{n, kd, false, tb, split, true});
   return out;
 }
 

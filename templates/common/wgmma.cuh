@@ -4,7 +4,7 @@
  *        accumulators in registers) and the 128-byte-swizzled tile layout it reads. sm_90a only
  *        (GDN_HAS_WGMMA); the other targets keep the mma.sync tiles of mma.cuh.
  *
- * Used by chunk_bwd on sm_90a (bwd/chunk_bwd_sm90.cuh: the mma.sync chunk_bwd was bound by the
+ * The shared-memory forms (SS) are used by chunk_bwd on sm_90a (bwd/chunk_bwd_sm90.cuh: the mma.sync chunk_bwd was bound by the
  * shared-memory traffic of its operands); the GPU test gpu_wgmma checks every operand form
  * against a CPU product.
  *
@@ -131,6 +131,79 @@ __device__ __forceinline__ void mma_k16(float (&d)[N / 2], u64 desc_a, u64 desc_
     mma_m64n64k16<TA, TB>(d, desc_a, desc_b, scale_d);
   else
     mma_m64n128k16<TA, TB>(d, desc_a, desc_b, scale_d);
+}
+
+
+/// The register-A forms (RS): d (+)= A[64 x 16] B[16 x N] with A in registers (N = 16 .. 128), the m16n8k16 A
+/// fragment of each warp's 16 rows (warp w of the warpgroup owns rows 16w..16w+15; lane l holds
+/// a[0] = (l/4, 2(l%4) .. +1), a[1] = the same 8 rows lower, a[2] / a[3] = columns 8 .. 15), bf16
+/// pairs packed low element first. A state or an intermediate kept in registers feeds the tensor
+/// cores without a round trip through shared memory. TB: 1 = B is N-major.
+template <int TB>
+__device__ __forceinline__ void mma_rs_m64n16k16(float (&d)[8], const u32 (&a)[4], u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, %14;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void mma_rs_m64n32k16(float (&d)[16], const u32 (&a)[4], u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void mma_rs_m64n64k16(float (&d)[32], const u32 (&a)[4], u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB));
+}
+
+template <int TB>
+__device__ __forceinline__ void mma_rs_m64n128k16(float (&d)[64], const u32 (&a)[4], u64 desc_b, int scale_d) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+        "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
+        "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
+        "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TB));
+}
+
+/// The RS form for N in {16, 32, 64, 128}, chosen at compile time.
+template <int N, int TB>
+__device__ __forceinline__ void mma_rs_k16(float (&d)[N / 2], const u32 (&a)[4], u64 desc_b, int scale_d) {
+  static_assert(N == 16 || N == 32 || N == 64 || N == 128, "wg::mma_rs_k16: N must be 16, 32, 64 or 128");
+  if constexpr (N == 16)
+    mma_rs_m64n16k16<TB>(d, a, desc_b, scale_d);
+  else if constexpr (N == 32)
+    mma_rs_m64n32k16<TB>(d, a, desc_b, scale_d);
+  else if constexpr (N == 64)
+    mma_rs_m64n64k16<TB>(d, a, desc_b, scale_d);
+  else
+    mma_rs_m64n128k16<TB>(d, a, desc_b, scale_d);
+}
+
+/// Keeps the compiler from moving writes of a register A operand across the asynchronous MMA.
+__device__ __forceinline__ void fence_operand(u32 (&a)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[i])::"memory");
 }
 
 }  // namespace wg
