@@ -6,6 +6,7 @@
 #include "compiler/compiler.hpp"
 #include "compiler/nvrtc.hpp"
 #include "compiler/templates.hpp"
+#include "tests/pipeline_probe.hpp"
 #include "tests/wgmma_probe.hpp"
 
 #include <doctest/doctest.h>
@@ -202,6 +203,20 @@ TEST_SUITE("compile") {
         CHECK(e.log().find("the wgmma probe needs sm_90a") != std::string::npos);
         fs::remove(e.source_path());
       }
+    }
+  }
+
+  TEST_CASE("the pipeline probe (mbarriers, cp.async arrivals, named barriers, elect) compiles for sm_90a only") {
+    const gdn::test::PipelineProbe probe;
+    const gdn::CompiledProgram c = gdn::nvrtc_compile(probe.program(), gdn::Target::sm_90a, probe.source());
+    CHECK(!c.cubin.empty());
+    CHECK(c.spill_store_bytes == 0);
+    try {
+      gdn::nvrtc_compile(probe.program(), gdn::Target::sm_100a, probe.source());
+      FAIL("expected the sm_90a-only guard to fire");
+    } catch (const gdn::CompileError& e) {
+      CHECK(e.log().find("the pipeline probe needs sm_90a") != std::string::npos);
+      fs::remove(e.source_path());
     }
   }
 

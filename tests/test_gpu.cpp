@@ -8,6 +8,7 @@
 #include "runtime/bf16.hpp"
 #include "runtime/check/gdn_reference.hpp"
 #include "runtime/check/layer_check.hpp"
+#include "tests/pipeline_probe.hpp"
 #include "tests/wgmma_probe.hpp"
 #include "compiler/nvrtc.hpp"
 
@@ -965,6 +966,47 @@ TEST_SUITE("gpu_fused") {
     CHECK(std::isfinite(b.rel_rms.at("o")));
     CHECK(b.rel_rms.at("o") <= a.rel_rms.at("o"));
     CHECK(b.rel_rms.at("ht") <= 1.1 * a.rel_rms.at("ht"));
+  }
+}
+
+// The warp-specialization primitives of templates/common/pipeline.cuh: a producer warp filling a
+// ring of shared stages with cp.async (completion on mbarriers), a consumer warpgroup draining it.
+// The probe's waits are bounded, so a wrong phase shows as err = 1, not as a hung GPU.
+TEST_SUITE("gpu_pipeline") {
+  TEST_CASE("a producer/consumer ring over mbarriers moves every tile, in order, for 1 to 4 stages") {
+    context();
+    for (int stages : {1, 2, 3, 4}) {
+      const test::PipelineProbe probe{stages, 37};
+      INFO("stages " << stages);
+      const CompiledProgram c = nvrtc_compile(probe.program(), Target::sm_90a, probe.source());
+      const rt::Module mod = rt::Module::load(c.cubin, probe.program().entry(), 256, probe.smem_bytes());
+      std::vector<float> in(size_t(probe.tiles) * 64 * 64);
+      for (size_t i = 0; i < in.size(); ++i) in[i] = float((i * 7 + stages) % 13);  // small integers: exact sums
+      auto din = rt::DeviceBuffer::create(in.size() * 4), dout = rt::DeviceBuffer::create(size_t(probe.tiles) * 64 * 4);
+      auto derr = rt::DeviceBuffer::create(4);
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(din.handle(), in.data(), in.size() * 4), "upload");
+      GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(dout.handle(), 0, dout.bytes()), "clear out");
+      GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(derr.handle(), 0, 4), "clear err");
+      CUdeviceptr a = din.handle(), b = dout.handle(), e = derr.handle();
+      void* params[] = {&a, &b, &e};
+      GDN_CHECK_CU(rt::drv().cuLaunchKernel(mod.function(), 1, 1, 1, 256, 1, 1, probe.smem_bytes(), nullptr, params,
+                                            nullptr),
+                   "launch pipeline probe");
+      GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "pipeline probe");
+      int err = -1;
+      std::vector<float> out(size_t(probe.tiles) * 64);
+      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(&err, derr.handle(), 4), "download err");
+      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(out.data(), dout.handle(), out.size() * 4), "download out");
+      REQUIRE_MESSAGE(err == 0, "a barrier phase never completed");
+      int bad = 0;
+      for (int t = 0; t < probe.tiles; ++t)
+        for (int col = 0; col < 64; ++col) {
+          double want = 0;
+          for (int r = 0; r < 64; ++r) want += in[(size_t(t) * 64 + r) * 64 + col];
+          bad += out[size_t(t) * 64 + col] != want;
+        }
+      CHECK(bad == 0);
+    }
   }
 }
 

@@ -1,0 +1,91 @@
+/**
+ * @file pipeline.cuh
+ * @brief Hopper's warp-specialization primitives (sm_90a, GDN_HAS_WGMMA): shared-memory mbarriers
+ *        with transaction counts, cp.async completion signalled on an mbarrier, named barriers and
+ *        elected lanes. (setmaxnreg is not here yet: it needs the kernel's register count pinned
+ *        with a .maxnreg directive, which the generated entry does not emit.)
+ *
+ * A producer warp fills a ring of stages and consumer warpgroups drain it: `full[s]` completes when
+ * stage s holds its data (the producer's arrivals, or cp.async's), `empty[s]` when every consumer
+ * is done with it. Each barrier's phase flips when its expected arrivals are in; a waiter names
+ * the parity of the phase it waits for, which for a ring of S stages is (use / S) & 1.
+ * tests/pipeline_probe.hpp runs a producer/consumer ring through all of it (gpu_pipeline).
+ */
+#pragma once
+
+#include "arch.cuh"
+#include "common/numeric.cuh"
+
+#if GDN_HAS_WGMMA
+
+namespace gdn {
+namespace pipe {
+
+__device__ __forceinline__ u32 smem_u32(const void* p) { return static_cast<u32>(__cvta_generic_to_shared(p)); }
+
+/// One thread initializes; a fence and a block barrier must follow before any other thread uses it.
+__device__ __forceinline__ void mbar_init(unsigned long long* bar, u32 arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
+}
+/// Makes mbarrier initializations visible to the async proxy (cp.async.bulk, wgmma) too.
+__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+
+__device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+}
+/// Arrives and adds `bytes` to the transactions the current phase waits for (bulk copies).
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u32 bytes) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
+                   smem_u32(bar)),
+               "r"(bytes)
+               : "memory");
+}
+/// The barrier receives one arrival when every cp.async this thread issued before has landed
+/// (.noinc: the arrival counts against the barrier's expected count, which must include it).
+__device__ __forceinline__ void cp_async_arrive(unsigned long long* bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
+}
+/// One test of whether the phase of parity `parity` has completed (the hardware may suspend the
+/// thread briefly before answering no).
+__device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, u32 parity) {
+  u32 done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+/// Spins until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned long long* bar, u32 parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nwait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+/// A barrier among `threads` threads (a multiple of 32) of the block, id 1..15 (0 is __syncthreads).
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+/// True in exactly one lane of the (fully active) warp.
+__device__ __forceinline__ bool elect_one() {
+  u32 pred = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(pred)
+      :
+      : "memory");
+  return pred != 0;
+}
+
+}  // namespace pipe
+}  // namespace gdn
+
+#endif  // GDN_HAS_WGMMA
