@@ -106,6 +106,71 @@ __device__ __forceinline__ void tile_to_global(bf16_t* dst, long long dst_stride
 
 __device__ __forceinline__ u32 pack_f2bf(float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); }
 
+/// Row block rb (16 rows) of the causal scores: P = Q K^T over the column blocks 0..rb (the later
+/// ones are not computed). Q and K are padded row-major tiles with row stride LDK.
+template <int K, int C, int LDK>
+__device__ __forceinline__ void causal_scores(float (&P)[C / 8][4], const bf16_t* sQ, const bf16_t* sK, int rb) {
+#pragma unroll
+  for (int n = 0; n < C / 8; ++n) P[n][0] = P[n][1] = P[n][2] = P[n][3] = 0.f;
+#pragma unroll
+  for (int k0 = 0; k0 < K; k0 += 16) {
+    u32 a[4];
+    load_a(a, sQ, LDK, rb * 16, k0);
+#pragma unroll
+    for (int np = 0; np < C / 16; ++np) {
+      if (np > rb) break;
+      u32 b[4];
+      load_b_nk(b, sK, LDK, np * 16, k0);
+      mma_pair(P[2 * np], P[2 * np + 1], a, b);
+    }
+  }
+}
+
+/// P's gate exp2(gc_i - gc_j) where j <= i < len (0 elsewhere), rounded to the bf16 A fragments of
+/// the P V' product: Pa[kk] for k-block kk <= rb (the later ones are not written). g_lo / g_hi are
+/// gc of the thread's rows rb * 16 + gr (+8); sg holds the chunk's gc.
+template <int C>
+__device__ __forceinline__ void gate_scores(u32 (&Pa)[C / 16][4], const float (&P)[C / 8][4], const float* sg,
+                                            float g_lo, float g_hi, int rb, int len, int gr, int tq) {
+  const int r_lo = rb * 16 + gr, r_hi = r_lo + 8;
+#pragma unroll
+  for (int kk = 0; kk < C / 16; ++kk) {
+    if (kk > rb) break;  // not read: the P V' loop stops there too
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int n = 2 * kk + half, col = n * 8 + tq;
+      const float gc0 = sg[col], gc1 = sg[col + 1];
+      const float p00 = P[n][0] * gate_exp2(g_lo - gc0, col <= r_lo && r_lo < len);
+      const float p01 = P[n][1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
+      const float p10 = P[n][2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
+      const float p11 = P[n][3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
+      Pa[kk][2 * half] = pack_f2bf(p00, p01);
+      Pa[kk][2 * half + 1] = pack_f2bf(p10, p11);
+    }
+  }
+}
+
+/// acc = Tm X for row block rb (16 rows) and the NC columns from c0 of X: Tm (sT, row stride LDT)
+/// is lower triangular, so only its k-blocks 0..rb are read; X is a padded row-major tile [C][..].
+template <int C, int NC, int LDT, int LDX>
+__device__ __forceinline__ void lower_tri_product(float (&acc)[NC / 8][4], const bf16_t* sT, const bf16_t* sX,
+                                                  int rb, int c0) {
+#pragma unroll
+  for (int n = 0; n < NC / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < C / 16; ++kk) {
+    if (kk > rb) break;
+    u32 a[4];
+    load_a(a, sT, LDT, rb * 16, kk * 16);
+#pragma unroll
+    for (int np = 0; np < NC / 16; ++np) {
+      u32 b[4];
+      load_b_kn(b, sX, LDX, kk * 16, c0 + np * 16);
+      mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
+    }
+  }
+}
+
 }  // namespace fwd
 
 template <class Cfg>
@@ -232,20 +297,7 @@ struct ChunkPrep {
     constexpr int kHalf = D / 2;
     const int rb = warp & 3, c0 = (warp >> 2) * kHalf;
     float acc[kHalf / 8][4];
-#pragma unroll
-    for (int n = 0; n < kHalf / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      if (kk > rb) break;
-      u32 a[4];
-      fwd::load_a(a, sTb, LDT, rb * 16, kk * 16);
-#pragma unroll
-      for (int np = 0; np < kHalf / 16; ++np) {
-        u32 b[4];
-        fwd::load_b_kn(b, sX, LD, kk * 16, c0 + np * 16);
-        fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
-      }
-    }
+    fwd::lower_tri_product<C, kHalf, LDT, LD>(acc, sTb, sX, rb, c0);
     __syncthreads();  // every warp is done reading sX
 #pragma unroll
     for (int n = 0; n < kHalf / 8; ++n) {

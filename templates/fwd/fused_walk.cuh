@@ -119,35 +119,8 @@ struct FusedWalk {
       u32 Pa[C / 16][4];
       {
         float P[C / 8][4];
-#pragma unroll
-        for (int q = 0; q < C / 8; ++q) P[q][0] = P[q][1] = P[q][2] = P[q][3] = 0.f;
-#pragma unroll
-        for (int k0 = 0; k0 < K; k0 += 16) {
-          u32 a[4];
-          fwd::load_a(a, sQ, LDK, rb * 16, k0);
-#pragma unroll
-          for (int np = 0; np < C / 16; ++np) {
-            if (np > rb) break;
-            u32 b[4];
-            fwd::load_b_nk(b, sK, LDK, np * 16, k0);
-            fwd::mma_pair(P[2 * np], P[2 * np + 1], a, b);
-          }
-        }
-#pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk) {
-          if (kk > rb) break;
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int q = 2 * kk + half, col = q * 8 + tq;
-            const float gc0 = sg[col], gc1 = sg[col + 1];
-            const float p00 = P[q][0] * gate_exp2(g_lo - gc0, col <= r_lo && r_lo < len);
-            const float p01 = P[q][1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
-            const float p10 = P[q][2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
-            const float p11 = P[q][3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
-            Pa[kk][2 * half] = fwd::pack_f2bf(p00, p01);
-            Pa[kk][2 * half + 1] = fwd::pack_f2bf(p10, p11);
-          }
-        }
+        fwd::causal_scores<K, C, LDK>(P, sQ, sK, rb);
+        fwd::gate_scores<C>(Pa, P, sg, g_lo, g_hi, rb, len, gr, tq);
       }
 
       // X = K Sb and O = Q Sb, rows rb, this warp's column half.
@@ -196,20 +169,7 @@ struct FusedWalk {
       // V' = Tm Wf (Tm is lower triangular: k-blocks 0..rb), then Vn and Vg.
       {
         float Vp[kHalf / 8][4];
-#pragma unroll
-        for (int q = 0; q < kHalf / 8; ++q) Vp[q][0] = Vp[q][1] = Vp[q][2] = Vp[q][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < C / 16; ++kk) {
-          if (kk > rb) break;
-          u32 a[4];
-          fwd::load_a(a, sT, LDT, rb * 16, kk * 16);
-#pragma unroll
-          for (int np = 0; np < kHalf / 16; ++np) {
-            u32 b[4];
-            fwd::load_b_kn(b, sWf, LDS, kk * 16, c0 + np * 16);
-            fwd::mma_pair(Vp[2 * np], Vp[2 * np + 1], a, b);
-          }
-        }
+        fwd::lower_tri_product<C, kHalf, LDT, LDS>(Vp, sT, sWf, rb, c0);
         const float gl = sg[len - 1];
         const float d_lo = gate_exp2(gl - g_lo, r_lo < len), d_hi = gate_exp2(gl - g_hi, r_hi < len);
 #pragma unroll

@@ -64,40 +64,13 @@ struct Output {
 
     // P = Q K^T for the causal blocks 0..rb.
     float P[C / 8][4];
-#pragma unroll
-    for (int n = 0; n < C / 8; ++n) P[n][0] = P[n][1] = P[n][2] = P[n][3] = 0.f;
-#pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 16) {
-      u32 a[4];
-      fwd::load_a(a, sQ, LDK, rb * 16, k0);
-#pragma unroll
-      for (int np = 0; np < C / 16; ++np) {
-        if (np > rb) break;
-        u32 b[4];
-        fwd::load_b_nk(b, sK, LDK, np * 16, k0);
-        fwd::mma_pair(P[2 * np], P[2 * np + 1], a, b);
-      }
-    }
+    fwd::causal_scores<K, C, LDK>(P, sQ, sK, rb);
     // Gate, mask and round P to bf16 A fragments now: half the registers of the fp32 tile, which
     // the Q h accumulators need (the values are those the P V' product used to pack in place).
     const int r_lo = rb * 16 + gr, r_hi = r_lo + 8;
     const float g_lo = sg[r_lo], g_hi = sg[r_hi];
     u32 Pa[C / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < C / 16; ++kk) {
-      if (kk > rb) break;  // not read: the P V' loop stops there too
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int n = 2 * kk + half, col = n * 8 + tq;
-        const float gc0 = sg[col], gc1 = sg[col + 1];
-        const float p00 = P[n][0] * gate_exp2(g_lo - gc0, col <= r_lo && r_lo < len);
-        const float p01 = P[n][1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
-        const float p10 = P[n][2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
-        const float p11 = P[n][3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
-        Pa[kk][2 * half] = fwd::pack_f2bf(p00, p01);
-        Pa[kk][2 * half + 1] = fwd::pack_f2bf(p10, p11);
-      }
-    }
+    fwd::gate_scores<C>(Pa, P, sg, g_lo, g_hi, rb, len, gr, tq);
     __syncthreads();  // every warp is done reading K: v_new takes its bytes
     fwd::tile_to_smem_async<kThreads>(sVn, LDV, p.v_new + (t0 * HV + j) * V, (long long)HV * V, C, V, len);
     fwd::cp_async_commit();
