@@ -74,6 +74,29 @@ void expect_within_bounds(const check::Report& r, const std::string& label) {
   MESSAGE(label << rel_rms_text(r));
 }
 
+/// The case matrix of the kernels' tests, each against the fp64 reference within FLA's bounds:
+/// mixed lengths with partial chunks, 96 single-token documents (enough that rel-RMS measures more
+/// than one dot product), no decay, strong decay, beta 0 with int64 cu_seqlens, beta 1.
+void expect_case_matrix_within_bounds(const Layer& layer, uint64_t seed, const std::string& name) {
+  check::Case c;
+  c.seed = seed;
+  c.doc_lens = {1, 63, 64, 65, 700, 1, 129};
+  expect_within_bounds(check::run(layer, c), name + " mixed");
+  c.doc_lens.assign(96, 1);
+  expect_within_bounds(check::run(layer, c), name + " 96 single-token documents");
+  c.doc_lens = {300, 200};
+  c.gate_value = 0.0;
+  expect_within_bounds(check::run(layer, c), name + " g=0");
+  c.gate_value = -20.0;
+  expect_within_bounds(check::run(layer, c), name + " g=-20");
+  c.gate_value.reset();
+  c.beta_value = 0.0;
+  c.cu_type = IndexType::int64;
+  expect_within_bounds(check::run(layer, c), name + " beta=0 int64");
+  c.beta_value = 1.0;
+  expect_within_bounds(check::run(layer, c), name + " beta=1");
+}
+
 /// `segments` intra-card segments must not add to the layer's error: on the same inputs every
 /// tensor's rel-RMS against fp64 stays finite and within 10 % of the unsegmented layer's.
 void expect_segments_no_worse(Spec plain, int segments, const check::Case& c, const std::string& label) {
@@ -209,25 +232,7 @@ TEST_SUITE("gpu_layer") {
       s.initial_state = v.h0 ? StateFlag::present : StateFlag::absent;
       s.final_state = v.ht ? StateFlag::present : StateFlag::absent;
       s.norm = v.norm ? Norm::l2_in_kernel : Norm::none;
-      auto layer = make(s);
-      check::Case c;
-      c.seed = seed;
-      c.doc_lens = {1, 63, 64, 65, 700, 1, 129};
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " mixed");
-      // Single-token documents, enough of them that rel-RMS measures more than one dot product.
-      c.doc_lens.assign(96, 1);
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " 96 single-token documents");
-      c.doc_lens = {300, 200};
-      c.gate_value = 0.0;
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=0");
-      c.gate_value = -20.0;
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=-20");
-      c.gate_value.reset();
-      c.beta_value = 0.0;
-      c.cu_type = IndexType::int64;
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " beta=0 int64");
-      c.beta_value = 1.0;
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " beta=1");
+      expect_case_matrix_within_bounds(*make(s), seed, v.name);
     }
   }
 
@@ -890,24 +895,7 @@ TEST_SUITE("gpu_fused") {
       s.initial_state = v.h0 ? StateFlag::present : StateFlag::absent;
       s.final_state = v.ht ? StateFlag::present : StateFlag::absent;
       s.norm = v.norm ? Norm::l2_in_kernel : Norm::none;
-      auto layer = make(s);
-      check::Case c;
-      c.seed = seed;
-      c.doc_lens = {1, 63, 64, 65, 700, 1, 129};
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " mixed");
-      c.doc_lens.assign(96, 1);
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " 96 single-token documents");
-      c.doc_lens = {300, 200};
-      c.gate_value = 0.0;
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=0");
-      c.gate_value = -20.0;
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " g=-20");
-      c.gate_value.reset();
-      c.beta_value = 0.0;
-      c.cu_type = IndexType::int64;
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " beta=0 int64");
-      c.beta_value = 1.0;
-      expect_within_bounds(check::run(*layer, c), std::string(v.name) + " beta=1");
+      expect_case_matrix_within_bounds(*make(s), seed, v.name);
     }
     auto m = make(fused_of("m", "fused_m"));
     check::Case c;
