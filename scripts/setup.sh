@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages gdnc builds against. Idempotent: installs only what is missing.
 set -euo pipefail
+# clang-14 and libclang-rt-14-dev (libFuzzer, ASan, UBSan; only recommended by clang-14) build the
+# fuzz targets that scripts/fuzz.sh runs in CI.
 packages=(cmake g++ ninja-build libfmt-dev nlohmann-json3-dev doctest-dev libcli11-dev libssl-dev
-          llvm-14-dev zlib1g-dev libzstd-dev libtinfo-dev libxml2-dev libedit-dev libffi-dev)
+          llvm-14-dev zlib1g-dev libzstd-dev libtinfo-dev libxml2-dev libedit-dev libffi-dev
+          clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds everything with the tests and runs them. Without a GPU the tests labelled "gpu" are
-# skipped, and the count of skipped GPU tests is printed.
+# skipped, and the count of skipped GPU tests is printed. Then the readers of untrusted input are
+# fuzzed for a fixed seed and run count (scripts/fuzz.sh), and the CPU suites run again under
+# ASan + UBSan (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
@@ -14,3 +16,5 @@ else
   n=$(ctest --test-dir build -N -L gpu | sed -n 's/^Total Tests: //p')
   echo "SKIPPED ${n} GPU test suites (label gpu): no GPU on this machine. Run them on the H200 with scripts/gpu_run.sh."
 fi
+./scripts/fuzz.sh
+./scripts/sanitize.sh
