@@ -34,10 +34,10 @@ struct Fixture {
   fs::path entry;
 
   Fixture() {
-    // GDN_FUZZ_DIR: a fixed directory (scripts/fuzz.sh gives one), so the paths in messages, and
+    // GDNC_FUZZ_DIR: a fixed directory (scripts/fuzz.sh gives one), so the paths in messages, and
     // with them the comparisons libFuzzer learns from, are the same on every run. Else a fresh
     // one on tmpfs where there is one: every run rewrites the entry, and a disk makes that the cost.
-    if (const char* dir = std::getenv("GDN_FUZZ_DIR"); dir && *dir) {
+    if (const char* dir = std::getenv("GDNC_FUZZ_DIR"); dir && *dir) {
       root = dir;
       clear_cache_dirs();
       fs::create_directories(root);
@@ -54,7 +54,7 @@ struct Fixture {
     std::error_code ec;
     fs::remove(root, ec);  // only if nothing else is in it
   }
-  /// The cache's own folders only: GDN_FUZZ_DIR may name a directory that holds more.
+  /// The cache's own folders only: GDNC_FUZZ_DIR may name a directory that holds more.
   void clear_cache_dirs() const {
     std::error_code ec;
     for (const char* sub : {"entries", "locks", "tmp"}) fs::remove_all(root / sub, ec);

@@ -21,7 +21,7 @@ setarch -R true 2>/dev/null && norandom=(setarch -R)
 [ ${#norandom[@]} -eq 0 ] && echo "fuzz: setarch -R is not allowed here; runs may differ between machines"
 scratch=/dev/shm
 [ -d "$scratch" ] || scratch=$PWD/build-fuzz
-export GDN_FUZZ_DIR="$scratch/gdn_fuzz_manifest.$(printf %s "$PWD" | sha1sum | cut -c1-12)"
+export GDNC_FUZZ_DIR="$scratch/gdn_fuzz_manifest.$(printf %s "$PWD" | sha1sum | cut -c1-12)"
 failed=0
 run_target() {
   local name=$1 runs=$2
