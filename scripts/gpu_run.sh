@@ -19,6 +19,9 @@
 #             .peers/flashqla.tar.xz carried (scripts/flashqla_bundle.sh), FLA needs .whl
 #             (fla-core 0.6.0, einops). Out: compare.md, compare.png, compare.tar.xz (run files,
 #             logs, table JSON)
+#   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a small layer
+#             (gdnc check: fwd+bwd, ckpt, graph replay); per run the ERROR SUMMARY, logs packed in
+#             $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT (300 s) fails the step
 #   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3): SHA-256 of every
 #             result; diff two runs' $OUT/digests.txt to show a change kept every bit
 set -uo pipefail
@@ -87,6 +90,27 @@ if has bench; then
   # A shortened protocol by default so tests and benchmark fit one 10-minute call.
   bench ${BENCH_ARGS:---shapes N,M,G,A --groups 3 --samples 6 --warmup 4} | tee "$OUT/bench.log"
 fi
+if has sanitize; then
+  echo "=== compute-sanitizer ($((SECONDS - t0)) s)"
+  sdir=/tmp/sanitize && rm -rf "$sdir" && mkdir -p "$sdir"
+  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  sed 's/"graph": "off"/"graph": "replay"/; s/"name": "shape_n"/"name": "shape_n_replay"/' examples/n.json > "$sdir/n_replay.json"
+  runs=("examples/n.json --docs 65,700 --seed 3" "examples/n.json --docs 65,700 --seed 3 --ckpt"
+        "$sdir/n_replay.json --docs 65,700 --seed 3")
+  for tool in memcheck racecheck synccheck initcheck; do
+    for i in "${!runs[@]}"; do
+      log="$sdir/${tool}_$i.log"
+      # shellcheck disable=SC2086  # the arguments are meant to split
+      timeout -k 10 "${SANITIZE_TIMEOUT:-300}" "$sanitizer" --tool "$tool" --error-exitcode 99 \
+        "$bin/gdnc" check ${runs[$i]} > "$log" 2>&1
+      st=$?
+      summary=$(grep -h "ERROR SUMMARY" "$log" | tail -1)
+      echo "$tool | gdnc check ${runs[$i]} | exit $st | ${summary:-no summary}" | tee -a "$sdir/summary.txt"
+      [ "$st" -eq 0 ] || rc=1
+    done
+  done
+  tar -C "$sdir" -cJf "$OUT/sanitize.tar.xz" .
+fi
 if has digests; then
   echo "=== digests ($((SECONDS - t0)) s)"
   : > "$OUT/digests.txt"
@@ -143,5 +167,5 @@ fi
 if { has python || has compare; } && [ -n "$(find "$TRITON_CACHE_DIR" -newer /tmp/triton-cache.stamp -type f | head -1)" ]; then
   tar -I "xz -T0" -cf "$OUT/triton-cache.tar.xz" -C "$TRITON_CACHE_DIR" .
 fi
-echo "=== done ($((SECONDS - t0)) s), rc=$rc (tests, python, digests, compare)"
+echo "=== done ($((SECONDS - t0)) s), rc=$rc (tests, python, sanitize, digests, compare)"
 exit $rc
