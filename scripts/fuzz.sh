@@ -13,15 +13,19 @@ seed="${FUZZ_SEED:-1}"
 cmake --preset fuzz >/dev/null
 cmake --build --preset fuzz -j"$(nproc)"
 mkdir -p build-fuzz/crashes
-# What else would differ between two runs of one seed: addresses (ASLR changes the comparisons
-# libFuzzer learns from, so setarch -R turns it off where the kernel lets us) and the manifest
-# target's directory (a fixed one per checkout, on tmpfs where there is one, for speed).
-norandom=()
-setarch -R true 2>/dev/null && norandom=(setarch -R)
-[ ${#norandom[@]} -eq 0 ] && echo "fuzz: setarch -R is not allowed here; runs may differ between machines"
+# What else would make two runs of one seed differ is addresses: libFuzzer learns from the
+# operands of comparisons, pointers among them. So ASLR is off (setarch -R, where the kernel lets
+# us), the environment is fixed (its size moves the stack), and the manifest target's directory is
+# fixed per checkout (on tmpfs where there is one, for speed).
 scratch=/dev/shm
 [ -d "$scratch" ] || scratch=$PWD/build-fuzz
-export GDNC_FUZZ_DIR="$scratch/gdn_fuzz_manifest.$(printf %s "$PWD" | sha1sum | cut -c1-12)"
+fixture="$scratch/gdn_fuzz_manifest.$(printf %s "$PWD" | sha1sum | cut -c1-12)"
+launch=(env -i PATH=/usr/lib/llvm-14/bin:/usr/bin:/bin GDNC_FUZZ_DIR="$fixture")
+if setarch -R true 2>/dev/null; then
+  launch+=(setarch -R)
+else
+  echo "fuzz: setarch -R is not allowed here; runs may differ from one machine to another"
+fi
 failed=0
 run_target() {
   local name=$1 runs=$2
@@ -32,7 +36,7 @@ run_target() {
   mkdir -p "$corpus"
   local start=$SECONDS rc=0
   # -reload=0: no periodic rereading of the corpus directory (a timer).
-  "${norandom[@]}" build-fuzz/fuzz/gdn_fuzz_"$name" -seed="$seed" -runs="$runs" -max_len=4096 -reload=0 -timeout=10 \
+  "${launch[@]}" build-fuzz/fuzz/gdn_fuzz_"$name" -seed="$seed" -runs="$runs" -max_len=4096 -reload=0 -timeout=10 \
     -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=build-fuzz/crashes/"$name"- "$corpus" "$@" >"$log" 2>&1 \
     || rc=$?
   local executions crashes
