@@ -55,8 +55,11 @@ struct Shape {
 const Shape kShapes[] = {
     {"N", "n", {2049, 3001, 3142}, {0.626, 3.138, 5.339}, {0.011, 0.043, 0.054}},
     {"M", "m", {12000, 9000, 6000, 3768, 2000}, {2.909, 11.363, 14.378}, {0.352, 1.36, 1.712}},
-    {"G", "g", {3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000},
-     {11.440, 45.777, 57.577}, {1.406, 5.45, 6.856}},
+    {"G",
+     "g",
+     {3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000},
+     {11.440, 45.777, 57.577},
+     {1.406, 5.45, 6.856}},
     {"A", "a", {98304, 65536, 57344, 40960}, {23.182, 95.348, 118.855}, {2.812, 10.90, 13.712}},
     // Single long documents, where the walks' chains are the bound (intra-card segments' case).
     // FLA 0.5.2 was not measured on them (NaN: printed as such); the floors scale with
@@ -76,7 +79,8 @@ std::string canonical_shapes(const std::string& given) {
     if (name.empty()) continue;
     bool known = false;
     for (const Shape& sh : kShapes) known = known || name == sh.name;
-    if (!known) throw std::invalid_argument(fmt::format("--shapes: unknown shape '{}' (known: N, M, G, A, L, M1)", name));
+    if (!known)
+      throw std::invalid_argument(fmt::format("--shapes: unknown shape '{}' (known: N, M, G, A, L, M1)", name));
     out += (out.empty() ? "" : ",") + name;
     name.clear();
   }
@@ -147,7 +151,8 @@ int host_only() {
   fmt::print("host time per call, launches discarded (median of 31 rounds of 2000 calls)\n");
   fmt::print("{:<6} {:<12} {:>12} {:>12}\n", "shape", "path", "fwd us", "bwd us");
   for (const char* name : {"n", "m"}) {
-    Spec spec = spec_from_file((std::filesystem::path(source_dir()) / "examples" / (std::string(name) + ".json")).string());
+    Spec spec =
+        spec_from_file((std::filesystem::path(source_dir()) / "examples" / (std::string(name) + ".json")).string());
     for (HostPath path : {HostPath::llvm_stub, HostPath::interpreted}) {
       if (path == HostPath::llvm_stub && !stubs_available()) continue;
       auto null = std::make_shared<NullLauncher>();
@@ -183,8 +188,8 @@ struct Problem {
   ProblemShape shape;
   rt::DeviceBuffer q, k, v, d_o, g, beta, cu, h0, ht, dh0, o, dq, dk, dv, dg, db;
   LayerInputs in() const {
-    return {q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), cu.get(), IndexType::int32,
-            h0.get<float>(), 0};
+    return {q.get(),          k.get(),         v.get(), g.get<float>(), beta.get<float>(), cu.get(),
+            IndexType::int32, h0.get<float>(), 0};
   }
   LayerOutputs out() const { return {o.get(), ht.get<float>()}; }
   LayerOutputs no_output() const { return {nullptr, ht.get<float>()}; }
@@ -197,9 +202,13 @@ Problem make_problem(const std::vector<long long>& docs, int H, int HV) {
   long long T = 0;
   for (auto d : docs) T += d;
   const int N = static_cast<int>(docs.size());
-  Problem p{{T, N}, random_buffer(size_t(T) * H * 128, 0, 1), random_buffer(size_t(T) * H * 128, 0, 2),
-            random_buffer(size_t(T) * HV * 128, 0, 3), random_buffer(size_t(T) * HV * 128, 0, 4),
-            random_buffer(size_t(T) * HV, 1, 5), random_buffer(size_t(T) * HV, 2, 6)};
+  Problem p{{T, N},
+            random_buffer(size_t(T) * H * 128, 0, 1),
+            random_buffer(size_t(T) * H * 128, 0, 2),
+            random_buffer(size_t(T) * HV * 128, 0, 3),
+            random_buffer(size_t(T) * HV * 128, 0, 4),
+            random_buffer(size_t(T) * HV, 1, 5),
+            random_buffer(size_t(T) * HV, 2, 6)};
   std::vector<int> cu = {0};
   for (auto d : docs) cu.push_back(cu.back() + static_cast<int>(d));
   p.cu = rt::DeviceBuffer::create(cu.size() * 4);
@@ -291,9 +300,9 @@ struct Bench {
     e1.record(stream.handle());
     return static_cast<double>(rt::Event::elapsed_ms(e0, e1));
   }
-  /// The benchmark's timing protocol (docs/benchmark.md): `groups` groups; each visits every arm twice in mirrored order
-  /// (A B C C B A), each visit `warmup` untimed calls then `samples` timed ones. Returns per arm
-  /// the median of all samples and the drift (first vs last group median, % of the median).
+  /// The benchmark's timing protocol (docs/benchmark.md): `groups` groups; each visits every arm twice in mirrored
+  /// order (A B C C B A), each visit `warmup` untimed calls then `samples` timed ones. Returns per arm the median of
+  /// all samples and the drift (first vs last group median, % of the median).
   std::vector<std::pair<double, double>> protocol(std::vector<Arm>& arms, const Problem& p, int op) {
     std::vector<std::vector<std::vector<double>>> by_group(arms.size(), std::vector<std::vector<double>>(groups));
     for (int grp = 0; grp < groups; ++grp)
@@ -332,13 +341,20 @@ struct ArmKind {
   bool fused = false;     ///< the spec's forward "fused"
 };
 const std::map<std::string, ArmKind> kArms = {
-    {"spec", {false, true, false}},   {"spec-aa", {false, true, false}},          {"no-handoff", {false, false, false}},
-    {"graph", {true, true, false}},   {"graph-no-handoff", {true, false, false}},
+    {"spec", {false, true, false}},
+    {"spec-aa", {false, true, false}},
+    {"no-handoff", {false, false, false}},
+    {"graph", {true, true, false}},
+    {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
-    {"walk32", {false, true, false, 32}}, {"walk64", {false, true, false, 64}},  // the forward walk's slab width
-    {"walkbwd64", {false, true, false, 0, 64}}, {"walks64", {false, true, false, 64, 64}},  // the backward's, both
-    {"seg2", {false, true, false, 0, 0, 2}}, {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
-    {"seg8", {false, true, false, 0, 0, 8}}, {"seg16", {false, true, false, 0, 0, 16}},
+    {"walk32", {false, true, false, 32}},
+    {"walk64", {false, true, false, 64}},  // the forward walk's slab width
+    {"walkbwd64", {false, true, false, 0, 64}},
+    {"walks64", {false, true, false, 64, 64}},  // the backward's, both
+    {"seg2", {false, true, false, 0, 0, 2}},
+    {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
+    {"seg8", {false, true, false, 0, 0, 8}},
+    {"seg16", {false, true, false, 0, 0, 16}},
     {"fused", {false, true, false, 0, 0, 0, true}},  // forward "fused": the walk and the output in one program
 };
 
@@ -511,15 +527,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> arm_names = {"spec", "spec-aa", "no-handoff", "graph"};
   int groups = 5, samples = 12, warmup = 10;
   bool programs = false, host = false, sweep = false, host_only_mode = false;
-  app.add_option("--shapes", shapes, "comma-separated subset of N,M,G,A and the single long documents L (N's heads, "
-                                     "32768 tokens) and M1 (M's heads, 32768 tokens)");
+  app.add_option("--shapes", shapes,
+                 "comma-separated subset of N,M,G,A and the single long documents L (N's heads, "
+                 "32768 tokens) and M1 (M's heads, 32768 tokens)");
   app.add_option("--arms", arm_names,
                  "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
                  "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
                  "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64), "
                  "seg2, seg4, seg8, seg16 (cp.segments), fused (forward \"fused\")")
-      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32", "walk64",
-                             "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "fused"}))
+      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32",
+                             "walk64", "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "fused"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
@@ -547,9 +564,15 @@ int main(int argc, char** argv) {
   try {
     if (host_only_mode) return host_only();
     shapes = canonical_shapes(shapes);
-    Bench b{rt::Context::create(0), cache::DiskCache(), rt::Stream::create(),
+    Bench b{rt::Context::create(0),
+            cache::DiskCache(),
+            rt::Stream::create(),
             rt::DeviceBuffer::create(256u << 20),  // > the H200's 60 MB L2
-            rt::Event::create(), rt::Event::create(), groups, samples, warmup};
+            rt::Event::create(),
+            rt::Event::create(),
+            groups,
+            samples,
+            warmup};
     b.tensor_cores = tensor_cores == "auto" ? TensorCores::automatic : TensorCores::mma_sync;
     b.walk_slab = walk_slab == "auto" ? 0 : std::stoi(walk_slab);
     b.walk_bwd_slab = walk_bwd_slab == "auto" ? 0 : std::stoi(walk_bwd_slab);

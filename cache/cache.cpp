@@ -43,8 +43,7 @@ constexpr size_t kMinRemovePrefix = 6;
 constexpr auto kStaleTmpAge = std::chrono::hours(1);
 
 bool allowed_name_char(char c) {
-  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-';
+  return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
 }
 
 std::string sanitize_readable(std::string_view s) {
@@ -83,7 +82,8 @@ constexpr JsonLimits kManifestJsonLimits{1 << 20, 32};
 
 /// Is 64 lower-case hex digits, as sha256_hex() writes.
 bool is_sha256_hex(std::string_view s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+  return s.size() == 64 &&
+         std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
 
 /// Creates @p p exclusively, writes @p bytes and fsyncs, so that the later rename() never
@@ -137,8 +137,7 @@ void make_dirs(const fs::path& p) {
 
 /// A name no other thread or process will pick: pid plus 64 random bits.
 std::string unique_name(std::string_view stem) {
-  thread_local std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                                   std::random_device{}()};
+  thread_local std::mt19937_64 rng{(static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}()};
   return fmt::format("{}.{}.{:016x}", stem, ::getpid(), rng());
 }
 
@@ -161,7 +160,7 @@ class FileLock {
         const int e = errno;
         throw CacheError(fmt::format("cannot open lock file {}: {}", path.string(), errno_text(e)), path);
       }
-      struct flock fl{};
+      struct flock fl {};
       fl.l_type = F_WRLCK;
       fl.l_whence = SEEK_SET;  // l_start = l_len = 0: the whole file; l_pid must be 0 for OFD
       int rc;
@@ -175,9 +174,10 @@ class FileLock {
       // remove()/gc() unlink the lock file while holding it. A waiter that opened the old
       // inode then wins a lock nobody else will ever contend for, so it must start over on
       // the current file (same check as jitify2's FileLock).
-      struct stat held{}, current{};
-      if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &current) == 0 &&
-          held.st_ino == current.st_ino && held.st_dev == current.st_dev) {
+      struct stat held {
+      }, current{};
+      if (::fstat(fd, &held) == 0 && ::stat(path.c_str(), &current) == 0 && held.st_ino == current.st_ino &&
+          held.st_dev == current.st_dev) {
         fd_ = fd;
         return;
       }
@@ -241,7 +241,8 @@ ManifestFields read_manifest_fields(const json& m) {
   ManifestFields out;
   out.key_digest = r.string("key_digest");
   if (!is_sha256_hex(out.key_digest))
-    throw JsonInputError("/key_digest", fmt::format("{} is not 64 lower-case hex digits", quoted_excerpt(out.key_digest)));
+    throw JsonInputError("/key_digest",
+                         fmt::format("{} is not 64 lower-case hex digits", quoted_excerpt(out.key_digest)));
   out.readable = r.string("readable");
   if (out.readable != sanitize_readable(out.readable))
     throw JsonInputError("/readable", fmt::format("{} is not a sanitized label", quoted_excerpt(out.readable)));
@@ -255,9 +256,11 @@ ManifestFields read_manifest_fields(const json& m) {
     f.only({"name", "bytes", "sha256"});
     ListedFile listed{f.string("name"), static_cast<uint64_t>(f.integer("bytes", 0, INT64_MAX)), f.string("sha256")};
     if (!valid_file_name(listed.name) || !seen.insert(listed.name).second)
-      throw JsonInputError(f.pointer("name"), fmt::format("{} is an invalid or duplicate file name", quoted_excerpt(listed.name)));
+      throw JsonInputError(f.pointer("name"),
+                           fmt::format("{} is an invalid or duplicate file name", quoted_excerpt(listed.name)));
     if (!is_sha256_hex(listed.sha256))
-      throw JsonInputError(f.pointer("sha256"), fmt::format("{} is not 64 lower-case hex digits", quoted_excerpt(listed.sha256)));
+      throw JsonInputError(f.pointer("sha256"),
+                           fmt::format("{} is not 64 lower-case hex digits", quoted_excerpt(listed.sha256)));
     out.files.push_back(std::move(listed));
   }
   r.integer("created_unix", INT64_MIN, INT64_MAX);
@@ -270,7 +273,7 @@ ManifestFields read_manifest_fields(const json& m) {
 
 /// Reads and checks one file listed in a manifest. Returns the problem, or "" if it matches.
 std::string check_listed_file(const fs::path& p, uint64_t want_size, const std::string& want_sha) {
-  struct stat st{};
+  struct stat st {};
   if (::stat(p.c_str(), &st) != 0) {
     const int e = errno;
     return e == ENOENT ? fmt::format("{}: file listed in manifest is missing", p.string())
@@ -298,7 +301,7 @@ std::string check_listed_file(const fs::path& p, uint64_t want_size, const std::
 /// ours (else State::other_version) and, then, every field follows the schema.
 Check read_manifest(const fs::path& dir, ManifestFields* fields) {
   auto bad = [](std::string r) { return Check{State::corrupt, std::move(r), {}}; };
-  struct stat st{};
+  struct stat st {};
   if (::lstat(dir.c_str(), &st) != 0) {
     const int e = errno;
     if (e == ENOENT) return {State::absent, fmt::format("no entry at {}", dir.string()), {}};
@@ -326,16 +329,14 @@ Check read_manifest(const fs::path& dir, ManifestFields* fields) {
   // not as "another gdnc version". Every format version must keep manifest_sha256 with this
   // definition (docs/cache.md).
   const auto it = m.find("manifest_sha256");
-  if (it == m.end() || !it->is_string())
-    return bad(fmt::format("{}: manifest has no manifest_sha256", mpath.string()));
+  if (it == m.end() || !it->is_string()) return bad(fmt::format("{}: manifest has no manifest_sha256", mpath.string()));
   if (const std::string got = manifest_digest_of(m); got != it->get_ref<const std::string&>())
     return bad(fmt::format("{}: manifest integrity check failed (manifest_sha256 {} != computed {})", mpath.string(),
                            quoted_excerpt(it->get_ref<const std::string&>(), 64), got));
 
   // Compared as written: a version that does not fit in int (4294967297) must not wrap to ours.
   const auto version_field = m.find("format_version");
-  const std::optional<int64_t> version =
-      version_field == m.end() ? std::nullopt : as_int64(*version_field);
+  const std::optional<int64_t> version = version_field == m.end() ? std::nullopt : as_int64(*version_field);
   if (!version)
     return bad(fmt::format("{}: manifest does not follow the schema: /format_version: expected an integer, got {}",
                            mpath.string(), version_field == m.end() ? "nothing" : value_excerpt(*version_field)));
@@ -461,8 +462,7 @@ Key make_key(json key_inputs, std::string readable) {
 CacheError::CacheError(const std::string& message, fs::path path)
     : Error("gdnc cache: " + message), path_(std::move(path)) {}
 
-CacheError CacheError::corrupt(const std::string& problem, const fs::path& path,
-                               const fs::path& entry_dir) {
+CacheError CacheError::corrupt(const std::string& problem, const fs::path& path, const fs::path& entry_dir) {
   return CacheError(fmt::format("{}; remove the entry with `gdnc cache rm {}` (it is rebuilt on next "
                                 "use)",
                                 problem, entry_dir.filename().string()),
@@ -476,8 +476,7 @@ std::string Entry::read_file(std::string_view name) const {
     for (const json& f : *files)
       if (f.is_object() && f.value("name", std::string()) == name) listed = &f;
   if (!listed)
-    throw CacheError::corrupt(fmt::format("{}: no file '{}' in this entry's manifest", dir.string(), name),
-                              p, dir);
+    throw CacheError::corrupt(fmt::format("{}: no file '{}' in this entry's manifest", dir.string(), name), p, dir);
   uint64_t want_size = 0;
   std::string want_sha;
   try {
@@ -547,9 +546,8 @@ Fetched DiskCache::get_or_build(const Key& key, const std::function<BuildResult(
     const fs::path aside = tmp_dir() / unique_name(name + ".corrupt");
     if (::rename(final_dir.c_str(), aside.c_str()) != 0 && errno != ENOENT) {
       const int e = errno;
-      throw CacheError::corrupt(
-          fmt::format("{} (and moving it aside failed: {})", corrupt_reason, errno_text(e)), final_dir,
-          final_dir);
+      throw CacheError::corrupt(fmt::format("{} (and moving it aside failed: {})", corrupt_reason, errno_text(e)),
+                                final_dir, final_dir);
     }
     std::error_code ec;
     fs::remove_all(aside, ec);
@@ -562,10 +560,10 @@ Fetched DiskCache::get_or_build(const Key& key, const std::function<BuildResult(
   std::set<std::string> seen;
   for (const File& f : result.files) {
     if (!valid_file_name(f.name) || !seen.insert(f.name).second)
-      throw std::invalid_argument(fmt::format(
-          "gdn::cache: build() returned invalid or duplicate file name '{}' (allowed: [A-Za-z0-9._-], "
-          "not '{}')",
-          f.name, kManifestName));
+      throw std::invalid_argument(
+          fmt::format("gdn::cache: build() returned invalid or duplicate file name '{}' (allowed: [A-Za-z0-9._-], "
+                      "not '{}')",
+                      f.name, kManifestName));
     files.push_back({{"name", f.name}, {"bytes", f.bytes.size()}, {"sha256", sha256_hex(f.bytes)}});
   }
   json manifest = {
@@ -575,9 +573,8 @@ Fetched DiskCache::get_or_build(const Key& key, const std::function<BuildResult(
       {"key_inputs", key.inputs},
       {"info", result.info},
       {"files", std::move(files)},
-      {"created_unix", std::chrono::duration_cast<std::chrono::seconds>(
-                           std::chrono::system_clock::now().time_since_epoch())
-                           .count()},
+      {"created_unix",
+       std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count()},
       {"created_by", {{"pid", ::getpid()}, {"host", host_name()}}},
   };
   manifest["manifest_sha256"] = manifest_digest_of(manifest);
@@ -602,8 +599,7 @@ Fetched DiskCache::get_or_build(const Key& key, const std::function<BuildResult(
       if (Check again = check_entry(final_dir, &key.digest); again.state == State::ok)
         return {Entry{final_dir, std::move(again.manifest)}, Outcome::hit, {}};
     }
-    throw CacheError(fmt::format("cannot publish {} as {}: {}", work.string(), final_dir.string(),
-                                 errno_text(e)),
+    throw CacheError(fmt::format("cannot publish {} as {}: {}", work.string(), final_dir.string(), errno_text(e)),
                      final_dir);
   }
   cleanup.release();
@@ -619,8 +615,10 @@ std::vector<Entry> DiskCache::list(std::vector<VerifyReport>* skipped) const {
   std::vector<Entry> out;
   for (const fs::path& dir : children(entries_dir())) {
     Check c = read_manifest(dir, nullptr);
-    if (c.state == State::ok || c.state == State::other_version) out.push_back(Entry{dir, std::move(c.manifest)});
-    else if (c.state == State::corrupt && skipped) skipped->push_back({dir, false, std::move(c.reason)});
+    if (c.state == State::ok || c.state == State::other_version)
+      out.push_back(Entry{dir, std::move(c.manifest)});
+    else if (c.state == State::corrupt && skipped)
+      skipped->push_back({dir, false, std::move(c.reason)});
   }
   return out;
 }
@@ -631,13 +629,12 @@ std::vector<DiskCache::VerifyReport> DiskCache::verify() const {
     Check c = check_entry(dir, nullptr);
     switch (c.state) {
       case State::ok: out.push_back({dir, true, {}}); break;
-      case State::other_version:
-        out.push_back({dir, true, "skipped: " + c.reason}); break;
+      case State::other_version: out.push_back({dir, true, "skipped: " + c.reason}); break;
       case State::absent:  // removed while we were listing
         break;
       case State::corrupt:
-        out.push_back({dir, false, c.reason + fmt::format("; remove with `gdnc cache rm {}`",
-                                                          dir.filename().string())});
+        out.push_back(
+            {dir, false, c.reason + fmt::format("; remove with `gdnc cache rm {}`", dir.filename().string())});
         break;
     }
   }
@@ -691,8 +688,7 @@ uint64_t DiskCache::entry_bytes(const Entry& entry) {
   uint64_t total = 0;
   if (auto files = entry.manifest.find("files"); files != entry.manifest.end() && files->is_array())
     for (const json& f : *files)
-      if (f.is_object() && f.contains("bytes") && f["bytes"].is_number_unsigned())
-        total += f["bytes"].get<uint64_t>();
+      if (f.is_object() && f.contains("bytes") && f["bytes"].is_number_unsigned()) total += f["bytes"].get<uint64_t>();
   return total;
 }
 
@@ -714,9 +710,8 @@ std::vector<fs::path> DiskCache::gc(uint64_t max_bytes) {
     items.push_back({dir, t, b});
     total += b;
   }
-  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
-    return a.used != b.used ? a.used < b.used : a.dir < b.dir;
-  });
+  std::sort(items.begin(), items.end(),
+            [](const Item& a, const Item& b) { return a.used != b.used ? a.used < b.used : a.dir < b.dir; });
   std::vector<fs::path> removed;
   for (const Item& it : items) {
     if (total <= max_bytes) break;

@@ -60,7 +60,7 @@ Key make_key(nlohmann::json key_inputs, std::string readable);
 
 /// One artifact of an entry, e.g. {"program.cubin", <bytes>}.
 struct File {
-  std::string name;   ///< plain file name: `[A-Za-z0-9._-]`, not "manifest.json", not "."/".."
+  std::string name;  ///< plain file name: `[A-Za-z0-9._-]`, not "manifest.json", not "."/".."
   std::string bytes;
 };
 

@@ -106,8 +106,12 @@ int cmd_compile(const std::vector<std::string>& specs, const std::vector<std::st
     const auto targets = parse_targets(target_names, &spec);
     for (const CompiledEntry& e : compile_layer(ir, targets, cache, jobs)) {
       if (as_json) {
-        all.push_back({{"layer", e.layer}, {"program", e.program}, {"target", to_string(e.target)},
-                       {"key", e.key.dir_name()}, {"outcome", outcome_text(e.outcome)}, {"seconds", e.seconds}});
+        all.push_back({{"layer", e.layer},
+                       {"program", e.program},
+                       {"target", to_string(e.target)},
+                       {"key", e.key.dir_name()},
+                       {"outcome", outcome_text(e.outcome)},
+                       {"seconds", e.seconds}});
         continue;
       }
       fmt::print("{:<12} {:<15} {:<8} {}  {:6.2f}s  {}{}\n", e.layer, e.program, to_string(e.target), e.key.dir_name(),
@@ -121,8 +125,10 @@ int cmd_compile(const std::vector<std::string>& specs, const std::vector<std::st
 
 int cmd_ir(const std::string& path, bool as_json) {
   const LayerIR ir = lower(spec_from_file(path));
-  if (as_json) fmt::print("{}\n", to_json(ir).dump(2));
-  else fmt::print("{}", to_text(ir));
+  if (as_json)
+    fmt::print("{}\n", to_json(ir).dump(2));
+  else
+    fmt::print("{}", to_text(ir));
   return kOk;
 }
 
@@ -160,14 +166,15 @@ int cmd_targets(bool as_json) {
     const bool ok = std::find(archs.begin(), archs.end(), target_cc(t)) != archs.end();
     fmt::print("  {:<8} {}\n", to_string(t), ok ? "supported" : "NOT supported by this NVRTC");
   }
-  fmt::print("  (sm_107a and other targets are not supported by gdnc{})\n",
-             std::find(archs.begin(), archs.end(), 107) == archs.end() ? "; this NVRTC does not know sm_107 either" : "");
+  fmt::print(
+      "  (sm_107a and other targets are not supported by gdnc{})\n",
+      std::find(archs.begin(), archs.end(), 107) == archs.end() ? "; this NVRTC does not know sm_107 either" : "");
   return kOk;
 }
 
 std::string age_text(int64_t created) {
-  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
-                       std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto now =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   const long long s = std::max<long long>(0, now - created);
   if (s < 120) return fmt::format("{}s", s);
   if (s < 7200) return fmt::format("{}m", s / 60);
@@ -202,7 +209,9 @@ int cmd_cache_ls(bool as_json) {
     const json& info = field_or_null(e.manifest, "info");
     const std::optional<int64_t> created = integer_field(e.manifest, "created_unix");
     if (as_json) {
-      arr.push_back({{"key", e.dir.filename().string()}, {"bytes", bytes}, {"info", info},
+      arr.push_back({{"key", e.dir.filename().string()},
+                     {"bytes", bytes},
+                     {"info", info},
                      {"created_unix", created ? json(*created) : json(nullptr)}});
       continue;
     }
@@ -244,8 +253,10 @@ int cmd_cache_verify(bool as_json) {
   json arr = json::array();
   for (const auto& r : cache.verify()) {
     bad += !r.ok;
-    if (as_json) arr.push_back({{"dir", r.dir.string()}, {"ok", r.ok}, {"problem", r.problem}});
-    else fmt::print("{} {}{}\n", r.ok ? "ok     " : "CORRUPT", r.dir.string(), r.problem.empty() ? "" : ": " + r.problem);
+    if (as_json)
+      arr.push_back({{"dir", r.dir.string()}, {"ok", r.ok}, {"problem", r.problem}});
+    else
+      fmt::print("{} {}{}\n", r.ok ? "ok     " : "CORRUPT", r.dir.string(), r.problem.empty() ? "" : ": " + r.problem);
   }
   if (as_json) fmt::print("{}\n", arr.dump(2));
   return bad ? kCache : kOk;
@@ -257,9 +268,14 @@ int cmd_sizes(const std::string& path, long long tokens, int docs, bool as_json)
   const size_t fwd = region_bytes(ir, BufferRole::workspace, CallForm::forward, tokens, docs);
   const size_t bwd = region_bytes(ir, BufferRole::workspace, CallForm::backward, tokens, docs);
   if (as_json) {
-    fmt::print("{}\n", json{{"layer", ir.spec.name}, {"tokens", tokens}, {"docs", docs}, {"saved", saved},
-                             {"workspace_forward", fwd}, {"workspace_backward", bwd},
-                             {"workspace_step", std::max(fwd, bwd)}}.dump(2));
+    fmt::print("{}\n", json{{"layer", ir.spec.name},
+                            {"tokens", tokens},
+                            {"docs", docs},
+                            {"saved", saved},
+                            {"workspace_forward", fwd},
+                            {"workspace_backward", bwd},
+                            {"workspace_step", std::max(fwd, bwd)}}
+                           .dump(2));
     return kOk;
   }
   fmt::print("layer {} at T={} N={}:\n", ir.spec.name, tokens, docs);
@@ -279,8 +295,8 @@ struct CheckOverrides {
   int segments = 0;            ///< the spec's cp.segments (0: the file's)
 };
 
-int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs,
-              uint64_t seed, bool forward_only, bool ckpt, bool digests, const CheckOverrides& over) {
+int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs, uint64_t seed,
+              bool forward_only, bool ckpt, bool digests, const CheckOverrides& over) {
   Spec spec = spec_from_file(path);
   if (over.segments != 0) {
     spec.cp_segments = over.segments;
@@ -330,8 +346,9 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
 int main(int argc, char** argv) {
   CLI::App app{"gdnc: JIT kernel compiler and runtime for Gated DeltaNet training layers"};
   app.require_subcommand(1);
-  app.footer("Exit codes: 0 ok, 2 usage, 3 invalid spec, 4 compile error, 5 cache error, 6 no GPU, 7 check failed, 1 other.\n"
-             "Cache root: $GDNC_CACHE_DIR, else $XDG_CACHE_HOME/gdnc, else ~/.cache/gdnc.");
+  app.footer(
+      "Exit codes: 0 ok, 2 usage, 3 invalid spec, 4 compile error, 5 cache error, 6 no GPU, 7 check failed, 1 other.\n"
+      "Cache root: $GDNC_CACHE_DIR, else $XDG_CACHE_HOME/gdnc, else ~/.cache/gdnc.");
   std::vector<std::string> specs, targets;
   // Numbers are taken as text and converted by whole_number()/real_number() after parsing.
   std::string jobs = std::to_string(std::max(1u, std::thread::hardware_concurrency()));
@@ -387,9 +404,11 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--seed", seed, "random seed (default: the time)");
   check_cmd->add_flag("--forward-only", forward_only, "skip the backward");
   check_cmd->add_flag("--ckpt", ckpt, "run the checkpointed step: forward, recompute, backward on one workspace");
-  check_cmd->add_flag("--digests", digests, "also print the SHA-256 of every result's bytes (compare builds bit for bit)");
+  check_cmd->add_flag("--digests", digests,
+                      "also print the SHA-256 of every result's bytes (compare builds bit for bit)");
   std::string gate, beta, segments;
-  check_cmd->add_option("--gate", gate, "every g equal to this log decay (-10000 to 0; e.g. 0: no decay, -20), instead of random");
+  check_cmd->add_option("--gate", gate,
+                        "every g equal to this log decay (-10000 to 0; e.g. 0: no decay, -20), instead of random");
   check_cmd->add_option("--beta", beta, "every beta equal to this (0 to 1), instead of random");
   check_cmd->add_option("--segments", segments, "the spec's cp.segments, instead of the file's");
 
@@ -416,8 +435,7 @@ int main(int argc, char** argv) {
       return kOk;
     }
     if (*gc) {
-      const auto removed =
-          cache::DiskCache().gc(whole_number<uint64_t>("--max-bytes", max_bytes, 0, UINT64_MAX));
+      const auto removed = cache::DiskCache().gc(whole_number<uint64_t>("--max-bytes", max_bytes, 0, UINT64_MAX));
       for (const auto& p : removed) fmt::print("removed {}\n", p.string());
       fmt::print("removed {} entries\n", removed.size());
       return kOk;

@@ -112,7 +112,8 @@ class BoundedDomBuilder {
   }
 
   static std::string beyond_64_bits(const std::string& integer_literal) {
-    return fmt::format("integer {} is out of range (it needs more than 64 bits)", printable_excerpt(integer_literal, 24));
+    return fmt::format("integer {} is out of range (it needs more than 64 bits)",
+                       printable_excerpt(integer_literal, 24));
   }
 
   template <class Value>
@@ -122,8 +123,10 @@ class BoundedDomBuilder {
       return true;
     }
     json& parent = *stack_.back();
-    if (parent.is_array()) parent.emplace_back(std::forward<Value>(v));
-    else *member_ = json(std::forward<Value>(v));
+    if (parent.is_array())
+      parent.emplace_back(std::forward<Value>(v));
+    else
+      *member_ = json(std::forward<Value>(v));
     return true;
   }
 
@@ -247,7 +250,7 @@ std::string read_bounded_file(const std::filesystem::path& path, size_t max_byte
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st{};
+  struct stat st {};
   if (::fstat(fd, &st) != 0) {
     const int e = errno;
     throw JsonInputError("", fmt::format("cannot stat: {}", errno_text(e)), e);
@@ -312,9 +315,12 @@ std::string value_excerpt(const json& value, size_t max_chars) {
 std::string child_pointer(std::string_view parent, std::string_view key) {
   std::string token;
   for (char c : key.substr(0, std::min(key.size(), kKeyExcerpt))) {
-    if (c == '~') token += "~0";
-    else if (c == '/') token += "~1";
-    else token += c;
+    if (c == '~')
+      token += "~0";
+    else if (c == '/')
+      token += "~1";
+    else
+      token += c;
   }
   token = printable_excerpt(token, std::numeric_limits<size_t>::max());
   if (key.size() > kKeyExcerpt) token += length_note(key.size());
@@ -323,7 +329,8 @@ std::string child_pointer(std::string_view parent, std::string_view key) {
 
 FieldReader::FieldReader(const json& value, std::string pointer) : object_(value), pointer_(std::move(pointer)) {
   if (!object_.is_object())
-    throw JsonInputError(pointer_.empty() ? "/" : pointer_, fmt::format("expected an object, got {}", value_excerpt(object_)));
+    throw JsonInputError(pointer_.empty() ? "/" : pointer_,
+                         fmt::format("expected an object, got {}", value_excerpt(object_)));
 }
 
 void FieldReader::only(std::initializer_list<std::string_view> known) const {
@@ -347,7 +354,8 @@ const json& FieldReader::require(std::string_view key) const {
 
 int64_t FieldReader::integer(std::string_view key, int64_t min, int64_t max) const {
   const json& v = require(key);
-  if (!v.is_number_integer()) throw JsonInputError(pointer(key), fmt::format("expected an integer, got {}", value_excerpt(v)));
+  if (!v.is_number_integer())
+    throw JsonInputError(pointer(key), fmt::format("expected an integer, got {}", value_excerpt(v)));
   const auto x = as_int64(v);
   if (!x || *x < min || *x > max)
     throw JsonInputError(pointer(key), fmt::format("{} is out of range ({} to {})", value_excerpt(v), min, max));

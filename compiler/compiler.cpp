@@ -40,8 +40,8 @@ cache::Key program_key(const Program& p, Target t) {
   return cache::make_key(std::move(inputs), fmt::format("{}.{}.nvrtc{}", p.name, to_string(t), nv.text()));
 }
 
-std::vector<CompiledEntry> compile_layer(const LayerIR& ir, const std::vector<Target>& targets,
-                                         cache::DiskCache& cache, int jobs) {
+std::vector<CompiledEntry> compile_layer(const LayerIR& ir, const std::vector<Target>& targets, cache::DiskCache& cache,
+                                         int jobs) {
   struct Work {
     const Program* program;
     Target target;
@@ -69,15 +69,19 @@ std::vector<CompiledEntry> compile_layer(const LayerIR& ir, const std::vector<Ta
           cache::BuildResult b;
           b.files.push_back({kCubinFile, std::move(c.cubin)});
           b.files.push_back({"source.cu", generate_source(p)});
-          b.info = {{"entry", p.entry()},        {"threads", p.threads},
-                    {"dynamic_smem_bytes", p.smem_bytes}, {"registers", c.registers},
-                    {"spill_store_bytes", c.spill_store_bytes}, {"static_smem_bytes", c.static_smem_bytes},
-                    {"layer", ir.spec.name},     {"ptxas_log", c.log}};
+          b.info = {{"entry", p.entry()},
+                    {"threads", p.threads},
+                    {"dynamic_smem_bytes", p.smem_bytes},
+                    {"registers", c.registers},
+                    {"spill_store_bytes", c.spill_store_bytes},
+                    {"static_smem_bytes", c.static_smem_bytes},
+                    {"layer", ir.spec.name},
+                    {"ptxas_log", c.log}};
           return b;
         });
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        results[i] = CompiledEntry{ir.spec.name, p.name, t, std::move(key), f.outcome, f.corrupt_reason, secs,
-                                   std::move(f.entry)};
+        results[i] = CompiledEntry{ir.spec.name, p.name,           t,    std::move(key),
+                                   f.outcome,    f.corrupt_reason, secs, std::move(f.entry)};
       } catch (...) {
         std::lock_guard<std::mutex> lock(error_mutex);
         if (!first_error) first_error = std::current_exception();

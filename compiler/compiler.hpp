@@ -33,8 +33,8 @@ struct CompiledEntry {
 
 /// Compiles (or finds in the cache) every program of `ir` for every target in `targets`, with
 /// at most `jobs` compiles at once. Throws CompileError for the first program that fails.
-std::vector<CompiledEntry> compile_layer(const LayerIR& ir, const std::vector<Target>& targets,
-                                         cache::DiskCache& cache, int jobs);
+std::vector<CompiledEntry> compile_layer(const LayerIR& ir, const std::vector<Target>& targets, cache::DiskCache& cache,
+                                         int jobs);
 
 /// The file name of the cubin inside a cache entry.
 inline constexpr const char* kCubinFile = "program.cubin";

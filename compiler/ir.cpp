@@ -105,8 +105,7 @@ LayerIR lower(const Spec& s) {
   validate(s);
   LayerIR ir;
   ir.spec = s;
-  ir.decisions = {s.save_mode, s.reuse_recompute_tapes, s.determinism, s.graph,
-                  s.save_mode == SaveMode::light};
+  ir.decisions = {s.save_mode, s.reuse_recompute_tapes, s.determinism, s.graph, s.save_mode == SaveMode::light};
   const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;
   const bool norm = s.norm == Norm::l2_in_kernel;
   ir.walk_bv = s.walk_slab != 0 ? s.walk_slab : StateWalkGeometry::auto_bv(V, HV);
@@ -217,7 +216,8 @@ LayerIR lower(const Spec& s) {
   const std::vector<CallForm> fwd_only = {CallForm::forward, CallForm::recompute};
   const std::vector<CallForm> bwd_only = {CallForm::backward};
   buf("w", tape_role, "bf16", "[T, HV, K]", {hv * K * 2}, full ? std::vector<CallForm>{} : both);
-  buf("h_tape", tape_role, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2}, full ? std::vector<CallForm>{} : both);
+  buf("h_tape", tape_role, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2},
+      full ? std::vector<CallForm>{} : both);
   buf("v_new", tape_role, "bf16", "[T, HV, V]", {hv * V * 2}, full ? std::vector<CallForm>{} : both);
   buf("u", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, full ? fwd_only : both);
   // Before the backward-only slots: a hand-off needs the forward's workspace slots to be a prefix
@@ -229,8 +229,7 @@ LayerIR lower(const Spec& s) {
     const std::vector<CallForm> walk_forms = full ? fwd_only : both;
     buf("seg_hm", BufferRole::workspace, "fp32", "[N * segments, HV, K, V + K]",
         {0, 1LL * segments * HV * K * (V + K) * 4}, walk_forms);
-    buf("seg_h0", BufferRole::workspace, "fp32", "[N * segments, HV, K, V]", {0, 1LL * segments * state},
-        walk_forms);
+    buf("seg_h0", BufferRole::workspace, "fp32", "[N * segments, HV, K, V]", {0, 1LL * segments * state}, walk_forms);
   }
   buf("dv_local", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
   buf("dh_tape", BufferRole::workspace, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2}, bwd_only);
@@ -290,8 +289,8 @@ LayerIR lower(const Spec& s) {
     const char* needed = "the output is needed";
     const char* not_needed = "the output is not needed";
     rec.push_back({"chunk_prep", "solve Tm, write W, U", not_needed});
-    rec.push_back({"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht",
-                   not_needed});
+    rec.push_back(
+        {"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht", not_needed});
     rec.push_back({"chunk_prep", "solve Tm only", needed});
     rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
   } else {
@@ -345,8 +344,8 @@ std::string to_text(const LayerIR& ir) {
     for (const auto& [k, v] : p.constants) consts += fmt::format("{}{}={}", consts.empty() ? "" : " ", k, v);
     line(fmt::format("  {:<15} {:<24} {}<{}>  threads={}{} smem={} grid={}", p.name, p.template_path, p.class_name,
                      consts, p.threads,
-                     p.min_blocks_per_sm > 1 ? fmt::format(" min_blocks={}", p.min_blocks_per_sm) : "",
-                     p.smem_bytes, to_string(p.grid)));
+                     p.min_blocks_per_sm > 1 ? fmt::format(" min_blocks={}", p.min_blocks_per_sm) : "", p.smem_bytes,
+                     to_string(p.grid)));
   }
   line("buffers (bytes with NT = T/chunk + N):");
   for (const auto& b : ir.buffers) {
@@ -369,19 +368,31 @@ json to_json(const LayerIR& ir) {
   for (const auto& p : ir.programs) {
     json c = json::object();
     for (const auto& [k, v] : p.constants) c[k] = v;
-    progs.push_back({{"name", p.name}, {"template", p.template_path}, {"class", p.class_name},
-                     {"params", p.params_type}, {"constants", c}, {"threads", p.threads},
+    progs.push_back({{"name", p.name},
+                     {"template", p.template_path},
+                     {"class", p.class_name},
+                     {"params", p.params_type},
+                     {"constants", c},
+                     {"threads", p.threads},
                      {"min_blocks_per_sm", p.min_blocks_per_sm},
-                     {"smem_bytes", p.smem_bytes}, {"grid", to_string(p.grid)}, {"entry", p.entry()}});
+                     {"smem_bytes", p.smem_bytes},
+                     {"grid", to_string(p.grid)},
+                     {"entry", p.entry()}});
   }
   json bufs = json::array();
   for (const auto& b : ir.buffers) {
     json forms = json::array();
     for (CallForm f : b.forms) forms.push_back(to_string(f));
-    bufs.push_back({{"name", b.name}, {"role", to_string(b.role)}, {"dtype", b.dtype}, {"shape", b.shape},
-                    {"bytes", {{"per_token", b.bytes.per_token}, {"per_doc", b.bytes.per_doc},
-                               {"per_chunk", b.bytes.per_chunk}, {"constant", b.bytes.constant},
-                               {"text", b.bytes.text()}}},
+    bufs.push_back({{"name", b.name},
+                    {"role", to_string(b.role)},
+                    {"dtype", b.dtype},
+                    {"shape", b.shape},
+                    {"bytes",
+                     {{"per_token", b.bytes.per_token},
+                      {"per_doc", b.bytes.per_doc},
+                      {"per_chunk", b.bytes.per_chunk},
+                      {"constant", b.bytes.constant},
+                      {"text", b.bytes.text()}}},
                     {"forms", forms}});
     if (!b.lives_in.empty()) bufs.back()["lives_in"] = b.lives_in;
   }
@@ -392,12 +403,13 @@ json to_json(const LayerIR& ir) {
     forms.push_back({{"form", to_string(cf.form)}, {"launches", ls}});
   }
   return {{"spec", to_json(ir.spec)},
-          {"decisions", {{"forward", to_string(ir.spec.forward)},
-                         {"save_mode", to_string(ir.decisions.save_mode)},
-                         {"handoff", to_string(ir.decisions.handoff)},
-                         {"deterministic", ir.decisions.determinism == Determinism::deterministic},
-                         {"graph", to_string(ir.decisions.graph)},
-                         {"backward_reruns_prep", ir.decisions.backward_reruns_prep}}},
+          {"decisions",
+           {{"forward", to_string(ir.spec.forward)},
+            {"save_mode", to_string(ir.decisions.save_mode)},
+            {"handoff", to_string(ir.decisions.handoff)},
+            {"deterministic", ir.decisions.determinism == Determinism::deterministic},
+            {"graph", to_string(ir.decisions.graph)},
+            {"backward_reruns_prep", ir.decisions.backward_reruns_prep}}},
           {"walk_bv", ir.walk_bv},
           {"walk_bwd_bv", ir.walk_bwd_bv},
           {"programs", progs},

@@ -22,15 +22,15 @@ std::string_view to_string(CallForm);
 
 /// How a program's grid follows from the problem size.
 enum class GridKind {
-  single,       ///< (1, 1, 1)
-  rows_qk,      ///< (ceil(T * H / rows per block), 1, 1)
-  chunk_heads,  ///< (NT, HV, 1)
+  single,             ///< (1, 1, 1)
+  rows_qk,            ///< (ceil(T * H / rows per block), 1, 1)
+  chunk_heads,        ///< (NT, HV, 1)
   chunk_head_groups,  ///< (NT, ceil(HV / heads per block), 1)
-  walk,         ///< (V / BV, HV, N)
-  walk_segments,  ///< (V / BV, HV, N * segments)
-  walk_prescan,   ///< ((V + K) / BV, HV, N * segments)
-  walk_merge,     ///< (V / 32, HV, N)
-  finalize,     ///< (FinalizeGeometry::grid_x(T, H), 1, 1)
+  walk,               ///< (V / BV, HV, N)
+  walk_segments,      ///< (V / BV, HV, N * segments)
+  walk_prescan,       ///< ((V + K) / BV, HV, N * segments)
+  walk_merge,         ///< (V / 32, HV, N)
+  finalize,           ///< (FinalizeGeometry::grid_x(T, H), 1, 1)
 };
 
 /// bytes = per_token * T + per_doc * N + per_chunk * NT + constant, with NT = T / chunk + N.
@@ -60,10 +60,10 @@ struct Buffer {
 };
 
 struct Program {
-  std::string name;           ///< e.g. "chunk_prep"; the kernel entry is "gdn_" + name
-  std::string template_path;  ///< relative to templates/, e.g. "fwd/chunk_prep.cuh"
-  std::string class_name;     ///< e.g. "ChunkPrep"
-  std::string params_type;    ///< e.g. "ChunkPrepParams"
+  std::string name;                                            ///< e.g. "chunk_prep"; the kernel entry is "gdn_" + name
+  std::string template_path;                                   ///< relative to templates/, e.g. "fwd/chunk_prep.cuh"
+  std::string class_name;                                      ///< e.g. "ChunkPrep"
+  std::string params_type;                                     ///< e.g. "ChunkPrepParams"
   std::vector<std::pair<std::string, std::string>> constants;  ///< Cfg members, in order
   int threads = 0;
   int min_blocks_per_sm = 1;  ///< second __launch_bounds__ argument (caps registers) when > 1

@@ -107,7 +107,8 @@ int fold_ints(const std::string& log, const char* pattern, F f) {
 }
 
 std::string write_failed_source(const Program& p, Target t, const std::string& source) {
-  auto path = std::filesystem::temp_directory_path() / fmt::format("gdnc-{}-{}-{}.cu", p.name, to_string(t), ::getpid());
+  auto path =
+      std::filesystem::temp_directory_path() / fmt::format("gdnc-{}-{}-{}.cu", p.name, to_string(t), ::getpid());
   std::ofstream(path) << source;
   return path.string();
 }

@@ -47,8 +47,8 @@ class CompileError : public Error {
 
 struct CompiledProgram {
   std::string cubin;
-  std::string log;     ///< ptxas -v output
-  int registers = -1;  ///< per thread: the most any function of the program uses (ptxas -v)
+  std::string log;             ///< ptxas -v output
+  int registers = -1;          ///< per thread: the most any function of the program uses (ptxas -v)
   int spill_store_bytes = -1;  ///< summed over the kernel and every function it calls
   int static_smem_bytes = -1;
 };

@@ -57,9 +57,7 @@ const std::vector<Target>& supported_targets() {
   return all;
 }
 
-double Spec::effective_scale() const {
-  return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim_k));
-}
+double Spec::effective_scale() const { return scale ? *scale : 1.0 / std::sqrt(static_cast<double>(head_dim_k)); }
 
 namespace {
 
@@ -115,7 +113,8 @@ void validate(const Spec& s) {
   check(kHeadDimK, s.head_dim_k);
   check(kHeadDimV, s.head_dim_v);
   auto check_dtype = [](const char* ptr, const std::string& got, const char* want) {
-    if (got != want) throw SpecError(ptr, fmt::format("{} is not supported (supported: \"{}\")", quoted_excerpt(got), want));
+    if (got != want)
+      throw SpecError(ptr, fmt::format("{} is not supported (supported: \"{}\")", quoted_excerpt(got), want));
   };
   check_dtype("/dtypes/qkv", s.dtype_qkv, "bf16");
   check_dtype("/dtypes/gate", s.dtype_gate, "fp32");
@@ -128,7 +127,8 @@ void validate(const Spec& s) {
   if (s.walk_slab != 0 && s.walk_slab != 32 && s.walk_slab != 64)
     throw SpecError("/walk_slab", fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_slab));
   if (s.walk_bwd_slab != 0 && s.walk_bwd_slab != 32 && s.walk_bwd_slab != 64)
-    throw SpecError("/walk_bwd_slab", fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_bwd_slab));
+    throw SpecError("/walk_bwd_slab",
+                    fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_bwd_slab));
   check(kChunk, s.chunk);
   if (s.targets.empty()) throw SpecError("/targets", "must list at least one target");
   for (size_t i = 0; i < s.targets.size(); ++i)
@@ -142,8 +142,8 @@ void validate(const Spec& s) {
   if (s.forward == ForwardPath::fused && s.save_mode == SaveMode::full)
     throw SpecError("/forward", "\"fused\" is not supported with save_mode \"full\" yet (supported: \"light\")");
   if (s.forward == ForwardPath::fused && s.cp_segments > 1)
-    throw SpecError("/forward", fmt::format("\"fused\" is not supported with cp.segments {} yet (supported: 1)",
-                                            s.cp_segments));
+    throw SpecError("/forward",
+                    fmt::format("\"fused\" is not supported with cp.segments {} yet (supported: 1)", s.cp_segments));
 }
 
 namespace {
@@ -160,7 +160,8 @@ class Reader {
   }
   void integer(std::string_view key, const IntegerField& field, int& out, bool required = false) const {
     if (const json* v = get(key, required)) {
-      if (!v->is_number_integer()) throw SpecError(at(key), fmt::format("expected an integer, got {}", value_excerpt(*v)));
+      if (!v->is_number_integer())
+        throw SpecError(at(key), fmt::format("expected an integer, got {}", value_excerpt(*v)));
       const auto x = as_int64(*v);
       if (!x || *x < field.min || *x > field.max)
         throw SpecError(field.pointer, fmt::format("{} {}", value_excerpt(*v), field.outside));
@@ -186,7 +187,10 @@ class Reader {
     if (!v) return;
     std::string list;
     for (auto& [name, value] : choices) {
-      if (v->is_string() && v->get<std::string>() == name) { out = value; return; }
+      if (v->is_string() && v->get<std::string>() == name) {
+        out = value;
+        return;
+      }
       list += (list.empty() ? "\"" : ", \"") + std::string(name) + "\"";
     }
     throw SpecError(at(key), fmt::format("{} is not supported (supported: {})", value_excerpt(*v), list));
@@ -199,9 +203,9 @@ class Reader {
 Spec read_spec(const json& j) {
   Spec s;
   Reader r(j, "");
-  r.known({"name", "heads", "head_dim", "dtypes", "norm", "scale", "chunk", "save_mode",
-           "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "forward", "initial_state", "final_state",
-           "targets", "cp"});
+  r.known({"name", "heads", "head_dim", "dtypes", "norm", "scale", "chunk", "save_mode", "reuse_recompute_tapes",
+           "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "forward", "initial_state",
+           "final_state", "targets", "cp"});
   r.string("name", s.name, true);
   {
     Reader h(*r.get("heads", true), "/heads");
@@ -226,16 +230,23 @@ Spec read_spec(const json& j) {
   }
   r.choice("norm", s.norm, {{"l2_in_kernel", Norm::l2_in_kernel}, {"none", Norm::none}});
   if (const json* sc = r.get("scale", false)) {
-    if (sc->is_null()) s.scale.reset();
-    else if (sc->is_number()) s.scale = sc->get<double>();
-    else throw SpecError("/scale", fmt::format("expected a number or null, got {}", value_excerpt(*sc)));
+    if (sc->is_null())
+      s.scale.reset();
+    else if (sc->is_number())
+      s.scale = sc->get<double>();
+    else
+      throw SpecError("/scale", fmt::format("expected a number or null, got {}", value_excerpt(*sc)));
   }
   r.integer("chunk", kChunk, s.chunk);
   r.choice("save_mode", s.save_mode, {{"light", SaveMode::light}, {"full", SaveMode::full}});
   if (const json* re = r.get("reuse_recompute_tapes", false)) {
-    if (re->is_boolean()) s.reuse_recompute_tapes = re->get<bool>() ? ReuseTapes::yes : ReuseTapes::no;
-    else if (re->is_string() && re->get<std::string>() == "auto") s.reuse_recompute_tapes = ReuseTapes::automatic;
-    else throw SpecError("/reuse_recompute_tapes", fmt::format("{} is not supported (supported: true, false, \"auto\")", value_excerpt(*re)));
+    if (re->is_boolean())
+      s.reuse_recompute_tapes = re->get<bool>() ? ReuseTapes::yes : ReuseTapes::no;
+    else if (re->is_string() && re->get<std::string>() == "auto")
+      s.reuse_recompute_tapes = ReuseTapes::automatic;
+    else
+      throw SpecError("/reuse_recompute_tapes",
+                      fmt::format("{} is not supported (supported: true, false, \"auto\")", value_excerpt(*re)));
   }
   bool det = true;
   r.boolean("deterministic", det);
@@ -244,10 +255,13 @@ Spec read_spec(const json& j) {
   r.choice("tensor_cores", s.tensor_cores, {{"auto", TensorCores::automatic}, {"mma_sync", TensorCores::mma_sync}});
   auto slab = [&](const char* key, int& out) {
     if (const json* ws = r.get(key, false)) {
-      if (ws->is_string() && ws->get<std::string>() == "auto") out = 0;
+      if (ws->is_string() && ws->get<std::string>() == "auto")
+        out = 0;
       else if (const auto width = as_int64(*ws); ws->is_number_integer() && width && (*width == 32 || *width == 64))
         out = static_cast<int>(*width);
-      else throw SpecError(std::string("/") + key, fmt::format("{} is not supported (supported: \"auto\", 32, 64)", value_excerpt(*ws)));
+      else
+        throw SpecError(std::string("/") + key,
+                        fmt::format("{} is not supported (supported: \"auto\", 32, 64)", value_excerpt(*ws)));
     }
   };
   slab("walk_slab", s.walk_slab);
@@ -259,13 +273,15 @@ Spec read_spec(const json& j) {
   s.initial_state = h0 ? StateFlag::present : StateFlag::absent;
   s.final_state = ht ? StateFlag::present : StateFlag::absent;
   if (const json* ts = r.get("targets", false)) {
-    if (!ts->is_array()) throw SpecError("/targets", fmt::format("expected an array of target names, got {}", value_excerpt(*ts)));
+    if (!ts->is_array())
+      throw SpecError("/targets", fmt::format("expected an array of target names, got {}", value_excerpt(*ts)));
     s.targets.clear();
     for (size_t i = 0; i < ts->size(); ++i) {
       const json& t = (*ts)[i];
       auto parsed = t.is_string() ? parse_target(t.get<std::string>()) : std::nullopt;
       if (!parsed)
-        throw SpecError(fmt::format("/targets/{}", i), fmt::format("{} is not supported (supported: {})", value_excerpt(t), supported_targets_text()));
+        throw SpecError(fmt::format("/targets/{}", i),
+                        fmt::format("{} is not supported (supported: {})", value_excerpt(t), supported_targets_text()));
       s.targets.push_back(*parsed);
     }
   }
@@ -329,8 +345,12 @@ json to_json(const Spec& s) {
       {"name", s.name},
       {"heads", {{"qk", s.heads_qk}, {"v", s.heads_v}}},
       {"head_dim", {{"k", s.head_dim_k}, {"v", s.head_dim_v}}},
-      {"dtypes", {{"qkv", s.dtype_qkv}, {"gate", s.dtype_gate}, {"beta", s.dtype_beta},
-                  {"state", s.dtype_state}, {"output", s.dtype_output}}},
+      {"dtypes",
+       {{"qkv", s.dtype_qkv},
+        {"gate", s.dtype_gate},
+        {"beta", s.dtype_beta},
+        {"state", s.dtype_state},
+        {"output", s.dtype_output}}},
       {"norm", to_string(s.norm)},
       {"scale", s.scale ? json(*s.scale) : json(nullptr)},
       {"chunk", s.chunk},

@@ -66,10 +66,10 @@ class SpecError : public Error {
 /// One GDN layer. Defaults match the benchmark shapes (K = V = 128, chunk 64, light saves).
 struct Spec {
   std::string name;
-  int heads_qk = 0;          ///< H: q/k heads
-  int heads_v = 0;           ///< HV: value heads (a multiple of H)
-  int head_dim_k = 128;      ///< K
-  int head_dim_v = 128;      ///< V
+  int heads_qk = 0;      ///< H: q/k heads
+  int heads_v = 0;       ///< HV: value heads (a multiple of H)
+  int head_dim_k = 128;  ///< K
+  int head_dim_v = 128;  ///< V
   std::string dtype_qkv = "bf16";
   std::string dtype_gate = "fp32";
   std::string dtype_beta = "fp32";

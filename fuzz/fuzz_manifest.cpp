@@ -42,7 +42,8 @@ struct Fixture {
       clear_cache_dirs();
       fs::create_directories(root);
     } else {
-      std::string pattern = fs::is_directory("/dev/shm") ? "/dev/shm/gdn_fuzz_manifest.XXXXXX" : "/tmp/gdn_fuzz_manifest.XXXXXX";
+      std::string pattern =
+          fs::is_directory("/dev/shm") ? "/dev/shm/gdn_fuzz_manifest.XXXXXX" : "/tmp/gdn_fuzz_manifest.XXXXXX";
       if (!::mkdtemp(pattern.data())) std::abort();
       root = pattern;
     }

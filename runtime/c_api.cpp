@@ -50,8 +50,8 @@ int guarded(F&& f) {
   }
 }
 
-gdn::LayerInputs inputs(const void* q, const void* k, const void* v, const float* g, const float* beta,
-                        const void* cu, int cu64, const float* h0, float scale) {
+gdn::LayerInputs inputs(const void* q, const void* k, const void* v, const float* g, const float* beta, const void* cu,
+                        int cu64, const float* h0, float scale) {
   return {q, k, v, g, beta, cu, cu64 ? gdn::IndexType::int64 : gdn::IndexType::int32, h0, scale};
 }
 
@@ -130,13 +130,13 @@ int gdn_layer_workspace_bytes(const gdn_layer* l, int form, int64_t T, int N, si
   return guarded([&] { *out = l->layer->workspace_bytes(form_of(form), {T, N}); });
 }
 
-int gdn_layer_forward(const gdn_layer* l, int64_t T, int N, const void* q, const void* k, const void* v,
-                      const float* g, const float* beta, const void* cu, int cu64, const float* h0, float scale,
-                      void* o, float* ht, void* saved, size_t saved_bytes, void* ws, size_t ws_bytes, void* stream) {
+int gdn_layer_forward(const gdn_layer* l, int64_t T, int N, const void* q, const void* k, const void* v, const float* g,
+                      const float* beta, const void* cu, int cu64, const float* h0, float scale, void* o, float* ht,
+                      void* saved, size_t saved_bytes, void* ws, size_t ws_bytes, void* stream) {
   return guarded([&] {
     l->ctx.make_current();
-    l->layer->forward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved, saved_bytes, ws,
-                      ws_bytes, static_cast<CUstream>(stream));
+    l->layer->forward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved, saved_bytes, ws, ws_bytes,
+                      static_cast<CUstream>(stream));
   });
 }
 
@@ -146,9 +146,8 @@ int gdn_layer_backward(const gdn_layer* l, int64_t T, int N, const void* q, cons
                        float* dh0, const void* saved, size_t saved_bytes, void* ws, size_t ws_bytes, void* stream) {
   return guarded([&] {
     l->ctx.make_current();
-    l->layer->backward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale),
-                       {d_o, dht, dq, dk, dv, dg, dbeta, dh0}, saved, saved_bytes, ws, ws_bytes,
-                       static_cast<CUstream>(stream));
+    l->layer->backward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {d_o, dht, dq, dk, dv, dg, dbeta, dh0},
+                       saved, saved_bytes, ws, ws_bytes, static_cast<CUstream>(stream));
   });
 }
 
@@ -168,10 +167,9 @@ int gdn_layer_recompute(const gdn_layer* l, int64_t T, int N, const void* q, con
                         void* stream, int* handoff) {
   return guarded([&] {
     l->ctx.make_current();
-    const gdn::HandOff h = l->layer->recompute(
-        {T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht},
-        output_needed ? gdn::OutputNeeded::yes : gdn::OutputNeeded::no, saved, saved_bytes, workspace_of(ws),
-        static_cast<CUstream>(stream));
+    const gdn::HandOff h = l->layer->recompute({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht},
+                                               output_needed ? gdn::OutputNeeded::yes : gdn::OutputNeeded::no, saved,
+                                               saved_bytes, workspace_of(ws), static_cast<CUstream>(stream));
     if (handoff) *handoff = h == gdn::HandOff::taken;
   });
 }

@@ -18,12 +18,12 @@ namespace gdn {
 /// One rank's share of a packed varlen batch split over `world` ranks.
 struct CpRankPart {
   int rank = 0;
-  int64_t token_begin = 0;           ///< global tokens [token_begin, token_end): rank * P .. (rank + 1) * P
+  int64_t token_begin = 0;  ///< global tokens [token_begin, token_end): rank * P .. (rank + 1) * P
   int64_t token_end = 0;
-  std::vector<int64_t> cu_seqlens;   ///< local document offsets 0 .. P: the global ones clamped, empty parts dropped
-  std::vector<int> docs;             ///< the global document index of each local sequence
-  int pre_num_ranks = 0;             ///< earlier ranks holding part of the first local sequence
-  int post_num_ranks = 0;            ///< later ranks holding part of the last local sequence
+  std::vector<int64_t> cu_seqlens;  ///< local document offsets 0 .. P: the global ones clamped, empty parts dropped
+  std::vector<int> docs;            ///< the global document index of each local sequence
+  int pre_num_ranks = 0;            ///< earlier ranks holding part of the first local sequence
+  int post_num_ranks = 0;           ///< later ranks holding part of the last local sequence
   bool is_first_rank() const { return pre_num_ranks == 0; }
   bool is_last_rank() const { return post_num_ranks == 0; }
 };

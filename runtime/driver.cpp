@@ -17,8 +17,7 @@ std::string result_name(CUresult rc) {
   const char* name = nullptr;
   try {
     if (drv().cuGetErrorName) drv().cuGetErrorName(rc, &name);
-  } catch (...) {
-  }
+  } catch (...) {}
   return name ? name : fmt::format("CUresult {}", static_cast<int>(rc));
 }
 
@@ -41,16 +40,17 @@ const Driver& Driver::get() {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
       const char* e = dlerror();
-      error = fmt::format("cannot load the CUDA driver (libcuda.so.1): {}. Is an NVIDIA driver installed? "
-                          "Compile-ahead (gdnc compile) and cache commands work without one.",
-                          e ? e : "unknown error");
+      error = fmt::format(
+          "cannot load the CUDA driver (libcuda.so.1): {}. Is an NVIDIA driver installed? "
+          "Compile-ahead (gdnc compile) and cache commands work without one.",
+          e ? e : "unknown error");
       return;
     }
-#define GDN_RESOLVE(name)                                                                  \
-  d.name = reinterpret_cast<decltype(d.name)>(dlsym(lib, #name));                          \
-  if (!d.name) {                                                                           \
+#define GDN_RESOLVE(name)                                                                          \
+  d.name = reinterpret_cast<decltype(d.name)>(dlsym(lib, #name));                                  \
+  if (!d.name) {                                                                                   \
     error = fmt::format("the CUDA driver (libcuda.so.1) has no symbol {}: driver too old", #name); \
-    return;                                                                                \
+    return;                                                                                        \
   }
     GDN_DRIVER_FUNCTIONS(GDN_RESOLVE)
 #undef GDN_RESOLVE
@@ -191,8 +191,11 @@ Module Module::load(const std::string& cubin, const std::string& entry, int thre
 }
 
 Module::Module(Module&& o) noexcept
-    : mod_(std::exchange(o.mod_, nullptr)), fn_(std::exchange(o.fn_, nullptr)), entry_(std::move(o.entry_)),
-      threads_(o.threads_), smem_(o.smem_) {}
+    : mod_(std::exchange(o.mod_, nullptr)),
+      fn_(std::exchange(o.fn_, nullptr)),
+      entry_(std::move(o.entry_)),
+      threads_(o.threads_),
+      smem_(o.smem_) {}
 
 Module& Module::operator=(Module&& o) noexcept {
   if (this != &o) {

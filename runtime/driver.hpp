@@ -39,16 +39,50 @@ class DriverError : public Error {
   using Error::Error;
 };
 
-#define GDN_DRIVER_FUNCTIONS(X)                                                                        \
-  X(cuInit) X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetCount)                 \
-  X(cuDeviceGetAttribute) X(cuDeviceGetName) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease_v2) \
-  X(cuCtxSetCurrent) X(cuCtxSynchronize) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction) \
-  X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuMemAlloc_v2) X(cuMemFree_v2) X(cuMemcpyHtoD_v2)         \
-  X(cuMemcpyDtoH_v2) X(cuMemcpyDtoHAsync_v2) X(cuMemsetD8Async) X(cuMemsetD8_v2) X(cuStreamCreate)    \
-  X(cuStreamDestroy_v2) X(cuStreamSynchronize) X(cuEventCreate) X(cuEventDestroy_v2) X(cuEventRecord) \
-  X(cuEventSynchronize) X(cuEventElapsedTime_v2) X(cuMemcpyDtoDAsync_v2) X(cuDriverGetVersion)              \
-  X(cuStreamBeginCapture_v2) X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGraphLaunch)         \
-  X(cuGraphExecDestroy) X(cuGraphDestroy) X(cuGraphGetNodes) X(cuStreamIsCapturing)
+// clang-format off
+#define GDN_DRIVER_FUNCTIONS(X) \
+  X(cuInit) \
+  X(cuGetErrorName) \
+  X(cuGetErrorString) \
+  X(cuDeviceGet) \
+  X(cuDeviceGetCount) \
+  X(cuDeviceGetAttribute) \
+  X(cuDeviceGetName) \
+  X(cuDevicePrimaryCtxRetain) \
+  X(cuDevicePrimaryCtxRelease_v2) \
+  X(cuCtxSetCurrent) \
+  X(cuCtxSynchronize) \
+  X(cuModuleLoadData) \
+  X(cuModuleUnload) \
+  X(cuModuleGetFunction) \
+  X(cuFuncSetAttribute) \
+  X(cuLaunchKernel) \
+  X(cuMemAlloc_v2) \
+  X(cuMemFree_v2) \
+  X(cuMemcpyHtoD_v2) \
+  X(cuMemcpyDtoH_v2) \
+  X(cuMemcpyDtoHAsync_v2) \
+  X(cuMemsetD8Async) \
+  X(cuMemsetD8_v2) \
+  X(cuStreamCreate) \
+  X(cuStreamDestroy_v2) \
+  X(cuStreamSynchronize) \
+  X(cuEventCreate) \
+  X(cuEventDestroy_v2) \
+  X(cuEventRecord) \
+  X(cuEventSynchronize) \
+  X(cuEventElapsedTime_v2) \
+  X(cuMemcpyDtoDAsync_v2) \
+  X(cuDriverGetVersion) \
+  X(cuStreamBeginCapture_v2) \
+  X(cuStreamEndCapture) \
+  X(cuGraphInstantiateWithFlags) \
+  X(cuGraphLaunch) \
+  X(cuGraphExecDestroy) \
+  X(cuGraphDestroy) \
+  X(cuGraphGetNodes) \
+  X(cuStreamIsCapturing)
+// clang-format on
 
 /// Function pointers into libcuda.so.1, resolved once.
 struct Driver {
@@ -62,9 +96,9 @@ struct Driver {
 inline const Driver& drv() { return Driver::get(); }
 
 /// Throws CudaError built lazily from the format arguments when `expr` fails.
-#define GDN_CHECK_CU(expr, ...)                                                          \
-  do {                                                                                   \
-    const CUresult gdn_rc_ = (expr);                                                     \
+#define GDN_CHECK_CU(expr, ...)                                                                 \
+  do {                                                                                          \
+    const CUresult gdn_rc_ = (expr);                                                            \
     if (gdn_rc_ != CUDA_SUCCESS) throw ::gdn::rt::CudaError(gdn_rc_, fmt::format(__VA_ARGS__)); \
   } while (0)
 
@@ -100,7 +134,9 @@ class DeviceBuffer {
   ~DeviceBuffer();
   CUdeviceptr handle() const { return ptr_; }
   template <class T = void>
-  T* get() const { return reinterpret_cast<T*>(ptr_); }
+  T* get() const {
+    return reinterpret_cast<T*>(ptr_);
+  }
   size_t bytes() const { return bytes_; }
 
  private:

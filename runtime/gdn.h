@@ -18,7 +18,14 @@ typedef struct gdn_layer gdn_layer;
 /** A caller-held workspace with the host-side stamp of the checkpointed step's hand-off. */
 typedef struct gdn_workspace gdn_workspace;
 
-enum gdn_status { GDN_OK = 0, GDN_ERR_SPEC = 1, GDN_ERR_INPUT = 2, GDN_ERR_COMPILE = 3, GDN_ERR_CUDA = 4, GDN_ERR_OTHER = 5 };
+enum gdn_status {
+  GDN_OK = 0,
+  GDN_ERR_SPEC = 1,
+  GDN_ERR_INPUT = 2,
+  GDN_ERR_COMPILE = 3,
+  GDN_ERR_CUDA = 4,
+  GDN_ERR_OTHER = 5
+};
 enum gdn_call_form { GDN_FORWARD = 0, GDN_RECOMPUTE = 1, GDN_BACKWARD = 2 };
 
 const char* gdn_last_error(void);
@@ -28,37 +35,37 @@ void gdn_layer_destroy(gdn_layer*);
 int gdn_layer_saved_bytes(const gdn_layer*, int64_t T, int N, size_t* out);
 int gdn_layer_workspace_bytes(const gdn_layer*, int form, int64_t T, int N, size_t* out);
 /** cu_is_int64: 0 for int32 cu_seqlens, 1 for int64. scale: 0 for the spec's. */
-int gdn_layer_forward(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v,
-                      const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64,
-                      const float* h0, float scale, void* o, float* ht, void* saved, size_t saved_bytes,
-                      void* workspace, size_t workspace_bytes, void* stream);
-int gdn_layer_backward(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v,
-                       const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64,
-                       const float* h0, float scale, const void* d_o, const float* dht, void* dq, void* dk,
-                       void* dv, float* dg, float* dbeta, float* dh0, const void* saved, size_t saved_bytes,
-                       void* workspace, size_t workspace_bytes, void* stream);
+int gdn_layer_forward(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v, const float* g,
+                      const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0, float scale, void* o,
+                      float* ht, void* saved, size_t saved_bytes, void* workspace, size_t workspace_bytes,
+                      void* stream);
+int gdn_layer_backward(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v, const float* g,
+                       const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0, float scale,
+                       const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg, float* dbeta,
+                       float* dh0, const void* saved, size_t saved_bytes, void* workspace, size_t workspace_bytes,
+                       void* stream);
 /** Wraps caller memory as a stamped workspace (no allocation on the device). */
 int gdn_workspace_create(void* data, size_t bytes, gdn_workspace** out);
 void gdn_workspace_destroy(gdn_workspace*);
 
 /** The forward on a stamped workspace (clears any pending hand-off). */
 int gdn_layer_forward_ws(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v,
-                         const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64,
-                         const float* h0, float scale, void* o, float* ht, void* saved, size_t saved_bytes,
-                         gdn_workspace* workspace, void* stream);
+                         const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0,
+                         float scale, void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* workspace,
+                         void* stream);
 /** The recompute of a checkpointed step. output_needed = 0 skips the output program (o may be
  *  NULL). *handoff (if not NULL) is set to 1 when the tapes were kept for the next backward. */
-int gdn_layer_recompute(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v,
-                        const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64,
-                        const float* h0, float scale, int output_needed, void* o, float* ht, void* saved,
-                        size_t saved_bytes, gdn_workspace* workspace, void* stream, int* handoff);
+int gdn_layer_recompute(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v, const float* g,
+                        const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0, float scale,
+                        int output_needed, void* o, float* ht, void* saved, size_t saved_bytes,
+                        gdn_workspace* workspace, void* stream, int* handoff);
 /** The backward on a stamped workspace: binds a fresh hand-off, else re-runs the prep program and
  *  the walk (same bits). *handoff (if not NULL) is set to 1 when it bound the recompute's tapes. */
 int gdn_layer_backward_ws(const gdn_layer*, int64_t T, int N, const void* q, const void* k, const void* v,
-                          const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64,
-                          const float* h0, float scale, const void* d_o, const float* dht, void* dq, void* dk,
-                          void* dv, float* dg, float* dbeta, float* dh0, const void* saved, size_t saved_bytes,
-                          gdn_workspace* workspace, void* stream, int* handoff);
+                          const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0,
+                          float scale, const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg,
+                          float* dbeta, float* dh0, const void* saved, size_t saved_bytes, gdn_workspace* workspace,
+                          void* stream, int* handoff);
 
 /** Validates a JSON spec without a GPU; GDN_ERR_SPEC with "<json pointer>: <problem>" if invalid.
  *  If canonical is not NULL, the canonical JSON (defaults filled in) is written there, up to

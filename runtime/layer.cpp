@@ -117,8 +117,8 @@ std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, c
   auto device = std::make_shared<DeviceLauncher>();
   for (const CompiledEntry& e : compile_layer(layer->ir_, {target}, cache, jobs)) {
     const Program& p = layer->ir_.program(e.program);
-    device->modules.emplace(p.name, rt::Module::load(e.entry.read_file(kCubinFile), p.entry(), p.threads,
-                                                     p.smem_bytes));
+    device->modules.emplace(p.name,
+                            rt::Module::load(e.entry.read_file(kCubinFile), p.entry(), p.threads, p.smem_bytes));
   }
   layer->launcher_ = std::move(device);
   layer->make_plans(path);
@@ -184,8 +184,10 @@ void Layer::observe_launches(LaunchObserver observer) {
 }
 
 void Layer::run_eager(const Compiled& c, const CallFrame& f) const {
-  if (host_path_ == HostPath::llvm_stub) run_stub(c.stub, ir_, f, *launcher_);
-  else run_plan(c.plan, ir_, f, *launcher_);
+  if (host_path_ == HostPath::llvm_stub)
+    run_stub(c.stub, ir_, f, *launcher_);
+  else
+    run_plan(c.plan, ir_, f, *launcher_);
 }
 
 void Layer::run(const Compiled& c, const CallFrame& f) const {
@@ -251,9 +253,7 @@ size_t total_bytes(const std::vector<ByteFormula>& slots, ProblemShape s, int ch
 
 }  // namespace
 
-size_t Layer::saved_bytes(ProblemShape s) const {
-  return total_bytes(forward_.plan.saved_slots, s, ir_.spec.chunk);
-}
+size_t Layer::saved_bytes(ProblemShape s) const { return total_bytes(forward_.plan.saved_slots, s, ir_.spec.chunk); }
 
 size_t Layer::workspace_bytes(CallForm f, ProblemShape s) const {
   const CallPlan& plan = f == CallForm::backward ? backward_.plan : forward_.plan;
@@ -274,9 +274,10 @@ void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_siz
   check_problem_size(s.T, s.N);
   // The segmented walks run one block row per (document, segment) on the grid's z axis.
   if (sp.cp_segments > 1 && s.N * sp.cp_segments > 65535)
-    throw InputError(fmt::format("N: {} documents x cp.segments {} = {} blocks exceeds the grid's z limit 65535 "
-                                 "(at most {} documents with this layer)",
-                                 s.N, sp.cp_segments, s.N * sp.cp_segments, 65535 / sp.cp_segments));
+    throw InputError(
+        fmt::format("N: {} documents x cp.segments {} = {} blocks exceeds the grid's z limit 65535 "
+                    "(at most {} documents with this layer)",
+                    s.N, sp.cp_segments, s.N * sp.cp_segments, 65535 / sp.cp_segments));
   require_aligned(in.q, "q");
   require_aligned(in.k, "k");
   require_aligned(in.v, "v");
@@ -346,8 +347,8 @@ void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& o
   run(forward_, forward_frame(s, in, out, saved, saved_size, ws, ws_size, stream, OutputNeeded::yes));
 }
 
-void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
-                     size_t saved_size, void* ws, size_t ws_size, CUstream stream) const {
+void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved, size_t saved_size,
+                     void* ws, size_t ws_size, CUstream stream) const {
   run(backward_, backward_frame(s, in, gr, saved, saved_size, ws, ws_size, stream));
 }
 
@@ -412,23 +413,22 @@ CallFrame Layer::frame_of(ProblemShape s, const LayerInputs& in, void* saved, vo
 void Layer::check_device_status(const void* saved, ProblemShape s, CUstream stream) const {
   const RegionLayout sl = saved_layout(s);
   DeviceStatus st{};
-  GDN_CHECK_CU(rt::drv().cuMemcpyDtoHAsync_v2(&st, reinterpret_cast<CUdeviceptr>(at(saved, sl, "status")),
-                                              sizeof st, stream),
-               "reading the device status of layer '{}'", ir_.spec.name);
+  GDN_CHECK_CU(
+      rt::drv().cuMemcpyDtoHAsync_v2(&st, reinterpret_cast<CUdeviceptr>(at(saved, sl, "status")), sizeof st, stream),
+      "reading the device status of layer '{}'", ir_.spec.name);
   GDN_CHECK_CU(rt::drv().cuStreamSynchronize(stream), "cuStreamSynchronize");
   switch (st.code) {
     case kCuOk: return;
-    case kCuFirstNotZero:
-      throw InputError(fmt::format("cu_seqlens[0]: {} must be 0", st.value));
+    case kCuFirstNotZero: throw InputError(fmt::format("cu_seqlens[0]: {} must be 0", st.value));
     case kCuDecreasing:
       throw InputError(fmt::format("cu_seqlens[{}]: {} < cu_seqlens[{}] ({}): must be non-decreasing", st.index,
                                    st.value, st.index - 1, st.expected));
     case kCuLastNotT:
       throw InputError(fmt::format("cu_seqlens[{}]: {} must equal T ({})", st.index, st.value, st.expected));
     case kCuTooManyChunks:
-      throw InputError(fmt::format("cu_seqlens: {} chunks exceed the bound {} (empty documents?)", st.value, st.expected));
-    default:
-      throw InputError(fmt::format("device status: unknown code {}", st.code));
+      throw InputError(
+          fmt::format("cu_seqlens: {} chunks exceed the bound {} (empty documents?)", st.value, st.expected));
+    default: throw InputError(fmt::format("device status: unknown code {}", st.code));
   }
 }
 

@@ -40,11 +40,11 @@ struct ProblemShape {
 
 /// Device pointers. bf16 tensors are raw 16-bit data; all must be 16-byte aligned.
 struct LayerInputs {
-  const void* q = nullptr;  ///< [T, H, K] bf16
-  const void* k = nullptr;  ///< [T, H, K] bf16
-  const void* v = nullptr;  ///< [T, HV, V] bf16
-  const float* g = nullptr;     ///< [T, HV]
-  const float* beta = nullptr;  ///< [T, HV]
+  const void* q = nullptr;           ///< [T, H, K] bf16
+  const void* k = nullptr;           ///< [T, H, K] bf16
+  const void* v = nullptr;           ///< [T, HV, V] bf16
+  const float* g = nullptr;          ///< [T, HV]
+  const float* beta = nullptr;       ///< [T, HV]
   const void* cu_seqlens = nullptr;  ///< [N + 1]
   IndexType cu_type = IndexType::int32;
   const float* h0 = nullptr;  ///< [N, HV, K, V]; required iff the spec has initial_state
@@ -52,8 +52,8 @@ struct LayerInputs {
 };
 
 struct LayerOutputs {
-  void* o = nullptr;     ///< [T, HV, V] bf16
-  float* ht = nullptr;   ///< [N, HV, K, V]; required iff the spec has final_state
+  void* o = nullptr;    ///< [T, HV, V] bf16
+  float* ht = nullptr;  ///< [N, HV, K, V]; required iff the spec has final_state
 };
 
 struct LayerGrads {
@@ -61,18 +61,18 @@ struct LayerGrads {
   const float* dht = nullptr;  ///< [N, HV, K, V] or null (zero)
   void* dq = nullptr;          ///< [T, H, K] bf16
   void* dk = nullptr;
-  void* dv = nullptr;          ///< [T, HV, V] bf16
-  float* dg = nullptr;         ///< [T, HV]
+  void* dv = nullptr;   ///< [T, HV, V] bf16
+  float* dg = nullptr;  ///< [T, HV]
   float* dbeta = nullptr;
-  float* dh0 = nullptr;        ///< [N, HV, K, V]; required iff the spec has initial_state
+  float* dh0 = nullptr;  ///< [N, HV, K, V]; required iff the spec has initial_state
 };
 
 /// How a layer turns a call into launches: a JIT-compiled LLVM host stub per call form, or the
 /// interpreter over the same call plan (builds without LLVM, and for comparison).
 enum class HostPath { llvm_stub, interpreted };
 std::string_view to_string(HostPath);
-/// $GDNC_HOST_PATH ("llvm" or "interpreted"; the older GDN_HOST_PATH too) if set, else llvm_stub where LLVM is built in.
-/// Throws InputError for any other value of the variable.
+/// $GDNC_HOST_PATH ("llvm" or "interpreted"; the older GDN_HOST_PATH too) if set, else llvm_stub where LLVM is built
+/// in. Throws InputError for any other value of the variable.
 HostPath default_host_path();
 
 /// The hand-off rule of a checkpointed step: rows = tokens x value heads on this rank; "auto"
@@ -155,8 +155,8 @@ class Layer {
   size_t saved_bytes(ProblemShape) const;
   size_t workspace_bytes(CallForm, ProblemShape) const;
 
-  void forward(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
-               void* workspace, size_t workspace_size, CUstream) const;
+  void forward(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size, void* workspace,
+               size_t workspace_size, CUstream) const;
   /// `inputs` are the forward's inputs; `saved` is what that forward wrote.
   void backward(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
                 void* workspace, size_t workspace_size, CUstream) const;
@@ -167,8 +167,8 @@ class Layer {
   /// The forward that a checkpointed step runs in its backward phase. With OutputNeeded::no the
   /// output program is not launched (out.o may be null). Stamps `ws` for the next backward when
   /// decide_handoff() says so and the save mode is light (full saves need no hand-off).
-  HandOff recompute(ProblemShape, const LayerInputs&, const LayerOutputs&, OutputNeeded, void* saved,
-                    size_t saved_size, Workspace&, CUstream) const;
+  HandOff recompute(ProblemShape, const LayerInputs&, const LayerOutputs&, OutputNeeded, void* saved, size_t saved_size,
+                    Workspace&, CUstream) const;
   /// Binds the recompute's tapes when the stamp is fresh, else re-runs the prep program and the
   /// walk: the same bits either way.
   HandOff backward(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
@@ -191,8 +191,8 @@ class Layer {
   void run(const Compiled&, const CallFrame&) const;
   CallFrame forward_frame(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
                           void* ws, size_t ws_size, CUstream, OutputNeeded) const;
-  CallFrame backward_frame(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved,
-                           size_t saved_size, void* ws, size_t ws_size, CUstream) const;
+  CallFrame backward_frame(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
+                           void* ws, size_t ws_size, CUstream) const;
   RegionLayout region_layout(BufferRole, CallForm, ProblemShape) const;
   CallFrame frame_of(ProblemShape, const LayerInputs&, void* saved, void* ws, CUstream) const;
   void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm) const;
@@ -205,7 +205,7 @@ class Layer {
   Compiled forward_;
   Compiled forward_without_output_;
   Compiled backward_;
-  Compiled backward_with_handoff_;  ///< light saves only
+  Compiled backward_with_handoff_;               ///< light saves only
   std::shared_ptr<GraphBackend> graph_backend_;  ///< set in graph mode
   mutable std::mutex graph_mutex_;
   mutable std::unique_ptr<GraphCache> graphs_;

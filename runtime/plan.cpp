@@ -105,7 +105,8 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
       const int per_doc = p.grid == GridKind::walk ? 1 : s.cp_segments;
       return {Lin{0, 0, 0, slabs, 1}, heads, Lin{0, per_doc, 0, 0, 1}};
     }
-    case GridKind::walk_merge: return {Lin{0, 0, 0, s.head_dim_v / WalkMergeGeometry::kColumns, 1}, heads, Lin{0, 1, 0, 0, 1}};
+    case GridKind::walk_merge:
+      return {Lin{0, 0, 0, s.head_dim_v / WalkMergeGeometry::kColumns, 1}, heads, Lin{0, 1, 0, 0, 1}};
     case GridKind::finalize: return {Lin{s.heads_qk, 0, 0, 0, FinalizeGeometry::kRowsPerBlock}, one, one};
   }
   throw std::logic_error("plan: unknown grid kind");

@@ -25,8 +25,31 @@ class Launcher;
 
 /// The 64-bit words of a call frame. Sizes, flags and the scale occupy the low bytes.
 enum class Frame : uint8_t {
-  T, N, saved, ws, q, k, v, g, beta, cu_seqlens, cu_is_int64, h0, o, ht,
-  d_o, dht, dq, dk, dv, dg, dbeta, dh0, scale_bits, stream, count
+  T,
+  N,
+  saved,
+  ws,
+  q,
+  k,
+  v,
+  g,
+  beta,
+  cu_seqlens,
+  cu_is_int64,
+  h0,
+  o,
+  ht,
+  d_o,
+  dht,
+  dq,
+  dk,
+  dv,
+  dg,
+  dbeta,
+  dh0,
+  scale_bits,
+  stream,
+  count
 };
 inline constexpr int kFrameWords = static_cast<int>(Frame::count);
 
@@ -76,8 +99,8 @@ struct CallPlan {
 };
 
 /// Which launches a plan contains.
-enum class OutputLaunch { yes, no };      ///< a recompute may skip the output program
-enum class PrepRerun { yes, no };         ///< a backward binds handed-off tapes instead
+enum class OutputLaunch { yes, no };  ///< a recompute may skip the output program
+enum class PrepRerun { yes, no };     ///< a backward binds handed-off tapes instead
 
 CallPlan plan_forward(const LayerIR&, OutputLaunch);
 CallPlan plan_backward(const LayerIR&, PrepRerun);

@@ -11,8 +11,9 @@ namespace gdn {
 bool stubs_available() { return false; }
 
 std::unique_ptr<StubCompiler> StubCompiler::create() {
-  throw std::runtime_error("this gdnc was built without LLVM (GDN_WITH_LLVM=OFF): host stubs are unavailable; "
-                           "layers run their call plans with the interpreter");
+  throw std::runtime_error(
+      "this gdnc was built without LLVM (GDN_WITH_LLVM=OFF): host stubs are unavailable; "
+      "layers run their call plans with the interpreter");
 }
 
 void run_stub(StubFn, const LayerIR&, const CallFrame&, Launcher&) {

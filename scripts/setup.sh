@@ -5,7 +5,7 @@ set -euo pipefail
 # fuzz targets that scripts/fuzz.sh runs in CI.
 packages=(cmake g++ ninja-build libfmt-dev nlohmann-json3-dev doctest-dev libcli11-dev libssl-dev
           llvm-14-dev zlib1g-dev libzstd-dev libtinfo-dev libxml2-dev libedit-dev libffi-dev
-          clang-14 libclang-rt-14-dev)
+          clang-14 libclang-rt-14-dev clang-format-14)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

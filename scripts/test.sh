@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds everything with the tests and runs them. Without a GPU the tests labelled "gpu" are
+# Checks the formatting, builds everything with the tests and runs them. Without a GPU the tests labelled "gpu" are
 # skipped, and the count of skipped GPU tests is printed. Then the readers of untrusted input are
 # fuzzed for a fixed seed and run count (scripts/fuzz.sh), and the CPU suites run again under
 # ASan + UBSan (scripts/sanitize.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+./scripts/format.sh --check
 cmake --preset release >/dev/null
 cmake --build --preset release -j"$(nproc)"
 export GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-$PWD/build/kernel-cache}"

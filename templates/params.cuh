@@ -46,11 +46,11 @@ struct ChunkTableParams {
   int cu_is_int64;
   int T;
   int N;
-  int nt_max;              ///< host bound on the chunk count: T / CHUNK + N
-  ChunkInfo* chunks;       ///< [nt_max]; entries past num_chunks get len = 0
-  int* doc_chunk_offset;   ///< [N + 1]
-  int* num_chunks;         ///< [1]
-  DeviceStatus* status;    ///< [1]
+  int nt_max;             ///< host bound on the chunk count: T / CHUNK + N
+  ChunkInfo* chunks;      ///< [nt_max]; entries past num_chunks get len = 0
+  int* doc_chunk_offset;  ///< [N + 1]
+  int* num_chunks;        ///< [1]
+  DeviceStatus* status;   ///< [1]
 };
 
 struct L2NormParams {
@@ -61,8 +61,8 @@ struct L2NormParams {
 };
 
 struct GateCumsumParams {
-  const float* g;          ///< [T, HV]
-  float* gc;               ///< [T, HV]: chunk-local inclusive cumsum, times 1/ln 2
+  const float* g;  ///< [T, HV]
+  float* gc;       ///< [T, HV]: chunk-local inclusive cumsum, times 1/ln 2
   const ChunkInfo* chunks;
   int nt_max;
   int pad_end;
@@ -70,18 +70,18 @@ struct GateCumsumParams {
 
 /// Chunk-local prep (F1 to F3): L, Tm = (I + L)^-1, W and U.
 struct ChunkPrepParams {
-  const bf16_t* k;         ///< [T, H, K] (normalized when the norm is on)
-  const bf16_t* v;         ///< [T, HV, V]
-  const float* beta;       ///< [T, HV]
-  const float* gc;         ///< [T, HV]
+  const bf16_t* k;    ///< [T, H, K] (normalized when the norm is on)
+  const bf16_t* v;    ///< [T, HV, V]
+  const float* beta;  ///< [T, HV]
+  const float* gc;    ///< [T, HV]
   const ChunkInfo* chunks;
   int nt_max;
   int pad_nt;
-  bf16_t* tm;              ///< [T, HV, CHUNK]: row t holds Tm's row for token t (written unless tm_is_input)
-  int tm_is_input;         ///< 1: read Tm from `tm` instead of solving again (backward of light saves)
-  int write_wu;            ///< 0: solve and write Tm only (the fused forward forms its products itself)
-  bf16_t* w;               ///< [T, HV, K]
-  bf16_t* u;               ///< [T, HV, V]
+  bf16_t* tm;       ///< [T, HV, CHUNK]: row t holds Tm's row for token t (written unless tm_is_input)
+  int tm_is_input;  ///< 1: read Tm from `tm` instead of solving again (backward of light saves)
+  int write_wu;     ///< 0: solve and write Tm only (the fused forward forms its products itself)
+  bf16_t* w;        ///< [T, HV, K]
+  bf16_t* u;        ///< [T, HV, V]
 };
 
 /// Forward state walk (F4), one program per (V slab, value head, document).
@@ -94,41 +94,41 @@ struct StateWalkParams {
   const int* doc_chunk_offset;  ///< [N + 1]
   int N;
   int pad_n;
-  const float* h0;              ///< [N, HV, K, V] or null
-  float* ht;                    ///< [N, HV, K, V] or null
-  bf16_t* h_tape;               ///< [nt_max, HV, K, V]: state entering each chunk
-  bf16_t* v_new;                ///< [T, HV, V]
+  const float* h0;  ///< [N, HV, K, V] or null
+  float* ht;        ///< [N, HV, K, V] or null
+  bf16_t* h_tape;   ///< [nt_max, HV, K, V]: state entering each chunk
+  bf16_t* v_new;    ///< [T, HV, V]
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise). Segment i of document n is block
   // z = n * SEGMENTS + i and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
-  float* seg_hm;                ///< [N * SEGMENTS, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
-  const float* seg_h0;          ///< [N * SEGMENTS, HV, K, V]: the state entering each segment (walk_merge)
+  float* seg_hm;        ///< [N * SEGMENTS, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
+  const float* seg_h0;  ///< [N * SEGMENTS, HV, K, V]: the state entering each segment (walk_merge)
 };
 
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value
 /// head, document).
 struct FusedWalkParams {
-  const bf16_t* q;              ///< [T, H, K] (normalized when the norm is on)
+  const bf16_t* q;  ///< [T, H, K] (normalized when the norm is on)
   const bf16_t* k;
-  const bf16_t* v;              ///< [T, HV, V]
-  const float* beta;            ///< [T, HV]
-  const float* gc;              ///< [T, HV]
-  const bf16_t* tm;             ///< [T, HV, CHUNK], chunk_prep's gated inverse
+  const bf16_t* v;    ///< [T, HV, V]
+  const float* beta;  ///< [T, HV]
+  const float* gc;    ///< [T, HV]
+  const bf16_t* tm;   ///< [T, HV, CHUNK], chunk_prep's gated inverse
   const ChunkInfo* chunks;
   const int* doc_chunk_offset;  ///< [N + 1]
   int N;
   float scale;
-  const float* h0;              ///< [N, HV, K, V] or null
-  float* ht;                    ///< [N, HV, K, V] or null
-  bf16_t* o;                    ///< [T, HV, V]
+  const float* h0;  ///< [N, HV, K, V] or null
+  float* ht;        ///< [N, HV, K, V] or null
+  bf16_t* o;        ///< [T, HV, V]
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
 /// (32 columns, value head, document). The backward's merge uses the same block: (dZ_ext, A) per
 /// segment, dht, and the gradient at each segment's end, chained from the last segment.
 struct WalkMergeParams {
-  const float* seg_hm;          ///< [N * SEGMENTS, HV, K, V + K]
-  const float* h0;              ///< [N, HV, K, V] or null
-  float* seg_h0;                ///< [N * SEGMENTS, HV, K, V]
+  const float* seg_hm;  ///< [N * SEGMENTS, HV, K, V + K]
+  const float* h0;      ///< [N, HV, K, V] or null
+  float* seg_h0;        ///< [N * SEGMENTS, HV, K, V]
 };
 
 /// Forward output (F5), one program per (chunk, value head).
@@ -141,7 +141,7 @@ struct OutputParams {
   const ChunkInfo* chunks;
   int nt_max;
   float scale;
-  bf16_t* o;                ///< [T, HV, V]
+  bf16_t* o;  ///< [T, HV, V]
 };
 
 /// Backward B2: dV'_local = P^T dO, one program per (chunk, value head).
@@ -149,11 +149,11 @@ struct DvLocalParams {
   const bf16_t* q;
   const bf16_t* k;
   const float* gc;
-  const bf16_t* d_o;        ///< [T, HV, V]
+  const bf16_t* d_o;  ///< [T, HV, V]
   const ChunkInfo* chunks;
   int nt_max;
   float scale;
-  bf16_t* dv_local;         ///< [T, HV, V]
+  bf16_t* dv_local;  ///< [T, HV, V]
 };
 
 /// Backward B3: reverse state walk, one program per (V slab, value head, document).
@@ -168,15 +168,15 @@ struct StateWalkBwdParams {
   const int* doc_chunk_offset;
   int N;
   float scale;
-  const float* dht;         ///< [N, HV, K, V] or null
-  float* dh0;               ///< [N, HV, K, V] or null
-  bf16_t* dh_tape;          ///< [nt_max, HV, K, V]: gradient w.r.t. the state at the END of each chunk
-  bf16_t* dv_new;           ///< [T, HV, V]: full gradient w.r.t. v_new
+  const float* dht;  ///< [N, HV, K, V] or null
+  float* dh0;        ///< [N, HV, K, V] or null
+  bf16_t* dh_tape;   ///< [nt_max, HV, K, V]: gradient w.r.t. the state at the END of each chunk
+  bf16_t* dv_new;    ///< [T, HV, V]: full gradient w.r.t. v_new
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), block z = n * SEGMENTS + segment as
   // in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
-  float* seg_dzm;           ///< [N * SEGMENTS, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
-  const float* seg_dz;      ///< [N * SEGMENTS, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
+  float* seg_dzm;       ///< [N * SEGMENTS, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
+  const float* seg_dz;  ///< [N * SEGMENTS, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -195,22 +195,22 @@ struct ChunkBwdParams {
   const ChunkInfo* chunks;
   int nt_max;
   float scale;
-  bf16_t* dq_v;             ///< [T, HV, K] bf16 per value head (summed over the group by Finalize)
+  bf16_t* dq_v;  ///< [T, HV, K] bf16 per value head (summed over the group by Finalize)
   bf16_t* dk_v;
-  bf16_t* dv;               ///< [T, HV, V]
-  float* dbeta;             ///< [T, HV]
-  float* dg;                ///< [T, HV]: dL/dg in natural-log units (reverse cumsum done)
+  bf16_t* dv;    ///< [T, HV, V]
+  float* dbeta;  ///< [T, HV]
+  float* dg;     ///< [T, HV]: dL/dg in natural-log units (reverse cumsum done)
 };
 
 /// Backward B7: group sum over the HV/H value heads (fixed order) and the L2-norm backward.
 struct FinalizeParams {
-  const bf16_t* dq_v;       ///< [T, HV, K] bf16, as ChunkBwdParams::dq_v
+  const bf16_t* dq_v;  ///< [T, HV, K] bf16, as ChunkBwdParams::dq_v
   const bf16_t* dk_v;
-  const bf16_t* qn;         ///< normalized q (or raw q when the norm is off)
+  const bf16_t* qn;  ///< normalized q (or raw q when the norm is off)
   const bf16_t* kn;
-  const float* rstd_q;      ///< null when the norm is off
+  const float* rstd_q;  ///< null when the norm is off
   const float* rstd_k;
-  bf16_t* dq;               ///< [T, H, K]
+  bf16_t* dq;  ///< [T, H, K]
   bf16_t* dk;
   int T;
   int pad_end;

@@ -43,8 +43,8 @@ struct Region {
 inline std::string render(const std::vector<LaunchRecord>& records, const std::vector<Region>& regions) {
   std::string out;
   for (const auto& r : records) {
-    out += fmt::format("{} grid=({}, {}, {}) threads={} smem={}\n", r.program, r.grid.x, r.grid.y, r.grid.z,
-                       r.threads, r.smem);
+    out += fmt::format("{} grid=({}, {}, {}) threads={} smem={}\n", r.program, r.grid.x, r.grid.y, r.grid.z, r.threads,
+                       r.smem);
     for (size_t off = 0; off < r.params.size(); off += 8) {
       uint64_t w = 0;
       std::memcpy(&w, r.params.data() + off, std::min<size_t>(8, r.params.size() - off));

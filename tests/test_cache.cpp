@@ -39,8 +39,7 @@ class TempDir {
  public:
   TempDir() {
     std::random_device rd;
-    path_ = fs::temp_directory_path() /
-            ("gdn_cache_test." + std::to_string(::getpid()) + "." + std::to_string(rd()));
+    path_ = fs::temp_directory_path() / ("gdn_cache_test." + std::to_string(::getpid()) + "." + std::to_string(rd()));
     fs::create_directories(path_);
   }
   ~TempDir() {
@@ -88,13 +87,16 @@ void spit(const fs::path& p, const std::string& bytes) {
   out << bytes;
 }
 
-const std::string kCubin = std::string("\x7f" "ELF", 4) + std::string(1000, '\x5a');
+const std::string kCubin = std::string(
+                               "\x7f"
+                               "ELF",
+                               4) +
+                           std::string(1000, '\x5a');
 
 gc::Key sample_key(const std::string& variant = "fwd") {
-  return gc::make_key({{"spec", {{"heads", 16}, {"head_dim", 128}, {"variant", variant}}},
-                       {"arch", "sm_90a"},
-                       {"nvrtc", "13.0.48"}},
-                      "m_layer." + variant + ".sm_90a");
+  return gc::make_key(
+      {{"spec", {{"heads", 16}, {"head_dim", 128}, {"variant", variant}}}, {"arch", "sm_90a"}, {"nvrtc", "13.0.48"}},
+      "m_layer." + variant + ".sm_90a");
 }
 
 /// Edits a published manifest and signs it again, as someone who knows the format would: only
@@ -385,10 +387,16 @@ TEST_SUITE("cache") {
     // Invalid artifacts are refused before anything is written.
     for (const char* bad_name : {"manifest.json", "../evil", "", "a/b", "sp ace"}) {
       CAPTURE(bad_name);
-      CHECK_THROWS_AS(cache.get_or_build(key, [&] { return gc::BuildResult{{{bad_name, "x"}}, {}}; }),
+      CHECK_THROWS_AS(cache.get_or_build(key,
+                                         [&] {
+                                           return gc::BuildResult{{{bad_name, "x"}}, {}};
+                                         }),
                       std::invalid_argument);
     }
-    CHECK_THROWS_AS(cache.get_or_build(key, [] { return gc::BuildResult{{{"a", "1"}, {"a", "2"}}, {}}; }),
+    CHECK_THROWS_AS(cache.get_or_build(key,
+                                       [] {
+                                         return gc::BuildResult{{{"a", "1"}, {"a", "2"}}, {}};
+                                       }),
                     std::invalid_argument);
     CHECK(count_children(tmp.path() / "tmp") == 0);
     CHECK(count_children(tmp.path() / "entries") == 0);
@@ -480,8 +488,7 @@ TEST_SUITE("cache") {
          "/files/0/bytes: 18446744073709551615 is out of range"},
         {"file name with a slash", [](json& m) { m["files"][0]["name"] = "../x"; },
          "/files/0/name: \"../x\" is an invalid or duplicate file name"},
-        {"key_digest not hex", [](json& m) { m["key_digest"] = std::string(64, 'Z'); },
-         "/key_digest: \"ZZZZ"},
+        {"key_digest not hex", [](json& m) { m["key_digest"] = std::string(64, 'Z'); }, "/key_digest: \"ZZZZ"},
         {"created_by missing", [](json& m) { m.erase("created_by"); }, "/created_by: is required"},
         {"an unknown field", [](json& m) { m["extra"] = 1; }, "/extra: unknown field"},
         {"format_version 1.0", [](json& m) { m["format_version"] = 1.0; },
@@ -563,14 +570,26 @@ TEST_SUITE("cache") {
       const char* problem;
     };
     const std::vector<Case> cases = {
-        {"FIFO manifest", [](const fs::path& d) { fs::remove(d / "manifest.json"); REQUIRE(::mkfifo((d / "manifest.json").c_str(), 0644) == 0); },
+        {"FIFO manifest",
+         [](const fs::path& d) {
+           fs::remove(d / "manifest.json");
+           REQUIRE(::mkfifo((d / "manifest.json").c_str(), 0644) == 0);
+         },
          "cannot read manifest: a FIFO, not a regular file"},
         {"manifest linked to /dev/zero",
-         [](const fs::path& d) { fs::remove(d / "manifest.json"); fs::create_symlink("/dev/zero", d / "manifest.json"); },
+         [](const fs::path& d) {
+           fs::remove(d / "manifest.json");
+           fs::create_symlink("/dev/zero", d / "manifest.json");
+         },
          "cannot read manifest: a character device, not a regular file"},
-        {"FIFO artifact", [](const fs::path& d) { fs::remove(d / "program.cubin"); REQUIRE(::mkfifo((d / "program.cubin").c_str(), 0644) == 0); },
+        {"FIFO artifact",
+         [](const fs::path& d) {
+           fs::remove(d / "program.cubin");
+           REQUIRE(::mkfifo((d / "program.cubin").c_str(), 0644) == 0);
+         },
          "program.cubin: a FIFO, not a regular file"},
-        {"deep manifest", [](const fs::path& d) { spit(d / "manifest.json", std::string(60000, '[') + std::string(60000, ']')); },
+        {"deep manifest",
+         [](const fs::path& d) { spit(d / "manifest.json", std::string(60000, '[') + std::string(60000, ']')); },
          "manifest is not a valid JSON object: /0/0/0/0"},
         {"manifest with a duplicate key",
          [](const fs::path& d) { spit(d / "manifest.json", R"({"format_version":1,"format_version":1})"); },
@@ -689,8 +708,10 @@ TEST_SUITE("cache") {
       const int status = ::pclose(p);
       CAPTURE(out);
       CHECK(status == 0);
-      if (out == "built\n") ++built;
-      else if (out == "hit\n") ++hit;
+      if (out == "built\n")
+        ++built;
+      else if (out == "hit\n")
+        ++hit;
     }
     CHECK(built == 1);
     CHECK(hit == 7);

@@ -29,7 +29,8 @@ struct Run {
 
 Run gdnc_in(const fs::path& cache_dir, const std::string& args) {
   // timeout: a gdnc that waits on a FIFO must fail the test, not hang it.
-  const std::string cmd = "GDNC_CACHE_DIR='" + cache_dir.string() + "' timeout 60 '" + GDN_GDNC_EXE + "' " + args + " 2>&1";
+  const std::string cmd =
+      "GDNC_CACHE_DIR='" + cache_dir.string() + "' timeout 60 '" + GDN_GDNC_EXE + "' " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   REQUIRE(p);
   std::string out;

@@ -41,7 +41,9 @@ TEST_SUITE("compile") {
       CAPTURE(gdn::to_string(e.target));
       const std::string cubin = e.entry.read_file(gdn::kCubinFile);
       REQUIRE(cubin.size() > 4);
-      CHECK(cubin.substr(0, 4) == "\x7f" "ELF");
+      CHECK(cubin.substr(0, 4) ==
+            "\x7f"
+            "ELF");
       CHECK(e.entry.manifest["info"]["registers"].get<int>() > 0);
     }
     const auto second = gdn::compile_layer(ir, gdn::supported_targets(), shared_cache(), 2);
@@ -58,7 +60,9 @@ TEST_SUITE("compile") {
       if (e.program != "walk_prescan" && e.program != "walk_merge" && e.program != "state_walk") continue;
       CAPTURE(e.program);
       CAPTURE(gdn::to_string(e.target));
-      CHECK(e.entry.read_file(gdn::kCubinFile).substr(0, 4) == "\x7f" "ELF");
+      CHECK(e.entry.read_file(gdn::kCubinFile).substr(0, 4) ==
+            "\x7f"
+            "ELF");
       CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() == 0);
       ++segment_programs;
     }
@@ -82,10 +86,12 @@ TEST_SUITE("compile") {
     spec.name = "renamed";
     auto b = gdn::lower(spec);
     const auto& pa = a.program("chunk_prep");
-    CHECK(gdn::program_key(pa, gdn::Target::sm_90a).digest == gdn::program_key(b.program("chunk_prep"), gdn::Target::sm_90a).digest);
+    CHECK(gdn::program_key(pa, gdn::Target::sm_90a).digest ==
+          gdn::program_key(b.program("chunk_prep"), gdn::Target::sm_90a).digest);
     CHECK(gdn::program_key(pa, gdn::Target::sm_90a).digest != gdn::program_key(pa, gdn::Target::sm_100a).digest);
     const auto m = gdn::lower(example("m"));
-    CHECK(gdn::program_key(pa, gdn::Target::sm_90a).digest != gdn::program_key(m.program("chunk_prep"), gdn::Target::sm_90a).digest);
+    CHECK(gdn::program_key(pa, gdn::Target::sm_90a).digest !=
+          gdn::program_key(m.program("chunk_prep"), gdn::Target::sm_90a).digest);
   }
 
   TEST_CASE("the template include graph is closed and hashed") {

@@ -232,10 +232,12 @@ TEST_SUITE("reference") {
           for (int a = 0; a < K; ++a)
             for (int c = 0; c < V; ++c)
               for (int b = 0; b < K; ++b)
-                next[static_cast<size_t>(a) * V + c] += M[static_cast<size_t>(b) * K + a] * Z[static_cast<size_t>(b) * V + c];
+                next[static_cast<size_t>(a) * V + c] +=
+                    M[static_cast<size_t>(b) * K + a] * Z[static_cast<size_t>(b) * V + c];
           Z = std::move(next);
         }
-        std::copy(Z.begin(), Z.end(), dht.begin() + static_cast<long>((static_cast<size_t>(last_doc(r)) * HV + j) * KV));
+        std::copy(Z.begin(), Z.end(),
+                  dht.begin() + static_cast<long>((static_cast<size_t>(last_doc(r)) * HV + j) * KV));
       }
       const Grads got = backward(ranks[r].p, ranks[r].x, ranks[r].d_o, dht);
       const size_t tb = static_cast<size_t>(part.token_begin);

@@ -107,8 +107,8 @@ void expect_segments_no_worse(Spec plain, int segments, const check::Case& c, co
   split.name = fmt::format("seg{}_compared", segments);
   const check::Report seg = check::run(*make(split), c);
   for (const auto& [name, err] : seg.rel_rms) {
-    INFO(label << ": " << name << " rel-RMS " << err << " with " << segments << " segments, "
-               << base.rel_rms.at(name) << " without");
+    INFO(label << ": " << name << " rel-RMS " << err << " with " << segments << " segments, " << base.rel_rms.at(name)
+               << " without");
     CHECK(std::isfinite(err));
     CHECK(err <= 1.1 * base.rel_rms.at(name));
   }
@@ -129,16 +129,25 @@ TEST_SUITE("gpu_prep") {
     c.seed = 7;
     // Rerun the forward by hand to read the saved slots.
     ref::Problem p;
-    p.H = s.heads_qk; p.HV = s.heads_v; p.K = 128; p.V = 128; p.l2norm = true; p.has_h0 = true;
+    p.H = s.heads_qk;
+    p.HV = s.heads_v;
+    p.K = 128;
+    p.V = 128;
+    p.l2norm = true;
+    p.has_h0 = true;
     p.cu_seqlens = {0, 1, 64, 128, 193, 393};
     p.T = 393;
     ref::Inputs in = ref::random_inputs(p, 11);
     std::vector<uint16_t> q16(in.q.size()), k16(in.k.size()), v16(in.v.size());
     auto bf = [](double x) { return to_bf16(static_cast<float>(x)); };
     auto unbf = [](uint16_t b) { return from_bf16(b); };
-    for (size_t i = 0; i < q16.size(); ++i) { q16[i] = bf(in.q[i]); k16[i] = bf(in.k[i]); }
+    for (size_t i = 0; i < q16.size(); ++i) {
+      q16[i] = bf(in.q[i]);
+      k16[i] = bf(in.k[i]);
+    }
     for (size_t i = 0; i < v16.size(); ++i) v16[i] = bf(in.v[i]);
-    std::vector<float> g(in.g.begin(), in.g.end()), beta(in.beta.begin(), in.beta.end()), h0(in.h0.begin(), in.h0.end());
+    std::vector<float> g(in.g.begin(), in.g.end()), beta(in.beta.begin(), in.beta.end()),
+        h0(in.h0.begin(), in.h0.end());
     std::vector<int> cu(p.cu_seqlens.begin(), p.cu_seqlens.end());
     const ProblemShape shape{p.T, 5};
     auto up = [](const auto& v) {
@@ -153,7 +162,9 @@ TEST_SUITE("gpu_prep") {
     auto ws = rt::DeviceBuffer::create(layer->workspace_bytes(CallForm::forward, shape));
     rt::Stream st = rt::Stream::create();
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(saved.handle(), 0xFF, saved.bytes(), st.handle()), "poison");
-    layer->forward(shape, {dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dcu.get(), IndexType::int32, dh0.get<float>(), 0},
+    layer->forward(shape,
+                   {dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dcu.get(), IndexType::int32,
+                    dh0.get<float>(), 0},
                    {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), ws.bytes(), st.handle());
     layer->check_device_status(saved.get(), shape, st.handle());
     const RegionLayout sl = layer->saved_layout(shape);
@@ -361,7 +372,8 @@ TEST_SUITE("gpu_determinism") {
       const check::Report r = check::run(*layer, c);
       CHECK(r.bytes.size() == 8);
       for (const auto& m : r.mismatches) FAIL_CHECK(s.name << " repeat differs: " << m);
-      if (first.empty()) first = r.bytes;
+      if (first.empty())
+        first = r.bytes;
       else
         expect_same_bits(first, r, s.name + " vs light");
       c.step = check::Case::Step::ckpt;
@@ -392,8 +404,8 @@ TEST_SUITE("gpu_determinism") {
   }
 
   // Users training with RL need a document's logprobs (and a trainer its gradients) not to depend
-  // on what else is in the batch (a known FLA issue on GB300). Every program works per document or per (chunk, head), so a
-  // document's results must keep their bits alone, packed with others and in another order.
+  // on what else is in the batch (a known FLA issue on GB300). Every program works per document or per (chunk, head),
+  // so a document's results must keep their bits alone, packed with others and in another order.
   TEST_CASE("batch invariance: a document's outputs and gradients have the same bits alone, packed, reordered") {
     const std::vector<long long> lens = {700, 65, 1, 2000, 129, 64};
     const std::vector<uint64_t> seeds = {11, 12, 13, 14, 15, 16};
@@ -491,7 +503,8 @@ TEST_SUITE("gpu_determinism") {
         s.name = fmt::format("m_walk{}_{}_{}", fwd_slab, bwd_slab, to_string(save));
         const check::Report r = check::run(*make(s), c);
         CHECK(r.bytes.size() == 8);
-        if (first.empty()) first = r.bytes;
+        if (first.empty())
+          first = r.bytes;
         else
           expect_same_bits(first, r, s.name);
       }
@@ -537,10 +550,10 @@ TEST_SUITE("gpu_ckpt") {
       c.doc_lens = {2049, 3001, 3142};
       c.seed = 29;
       c.with_reference = false;
-      c.repeats = graph == GraphMode::replay ? 3 : 1;  // capture, then replays
+      c.repeats = graph == GraphMode::replay ? 3 : 1;         // capture, then replays
       const check::Report reference = check::run(*layer, c);  // fwd+bwd
-      for (auto step : {check::Case::Step::ckpt, check::Case::Step::ckpt_intervening,
-                        check::Case::Step::ckpt_other_stream}) {
+      for (auto step :
+           {check::Case::Step::ckpt, check::Case::Step::ckpt_intervening, check::Case::Step::ckpt_other_stream}) {
         c.step = step;
         const check::Report r = check::run(*layer, c);
         const std::string label = s.name + " step " + std::to_string(static_cast<int>(step));
@@ -569,7 +582,12 @@ TEST_SUITE("gpu_ckpt") {
         GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host, n), "upload");
       };
       ref::Problem p;
-      p.H = H; p.HV = HV; p.K = D; p.V = D; p.l2norm = true; p.has_h0 = true;
+      p.H = H;
+      p.HV = HV;
+      p.K = D;
+      p.V = D;
+      p.l2norm = true;
+      p.has_h0 = true;
       p.cu_seqlens = {0, 65, 195, T};
       p.T = T;
       const ref::Inputs in = ref::random_inputs(p, 31);
@@ -584,13 +602,19 @@ TEST_SUITE("gpu_ckpt") {
            db = buf(g.size() * 4), dh0 = buf(h0.size() * 4), o = buf(v.size() * 2), ht = buf(h0.size() * 4);
       auto dq_in = buf(q.size() * 2), dk_in = buf(k.size() * 2), dv_in = buf(v.size() * 2), do_in = buf(v.size() * 2);
       auto g_in = buf(g.size() * 4), b_in = buf(g.size() * 4), h0_in = buf(h0.size() * 4), cu_in = buf(cu.size() * 4);
-      up(dq_in, q.data(), q.size() * 2); up(dk_in, k.data(), k.size() * 2); up(dv_in, v.data(), v.size() * 2);
-      up(do_in, d_o.data(), d_o.size() * 2); up(g_in, g.data(), g.size() * 4); up(b_in, beta.data(), beta.size() * 4);
-      up(h0_in, h0.data(), h0.size() * 4); up(cu_in, cu.data(), cu.size() * 4);
-      const LayerInputs li{dq_in.get(), dk_in.get(), dv_in.get(), g_in.get<float>(), b_in.get<float>(), cu_in.get(),
-                           IndexType::int32, h0_in.get<float>(), 0};
-      const LayerGrads lg{do_in.get(), nullptr, dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(),
-                          dh0.get<float>()};
+      up(dq_in, q.data(), q.size() * 2);
+      up(dk_in, k.data(), k.size() * 2);
+      up(dv_in, v.data(), v.size() * 2);
+      up(do_in, d_o.data(), d_o.size() * 2);
+      up(g_in, g.data(), g.size() * 4);
+      up(b_in, beta.data(), beta.size() * 4);
+      up(h0_in, h0.data(), h0.size() * 4);
+      up(cu_in, cu.data(), cu.size() * 4);
+      const LayerInputs li{dq_in.get(),       dk_in.get(),        dv_in.get(),
+                           g_in.get<float>(), b_in.get<float>(),  cu_in.get(),
+                           IndexType::int32,  h0_in.get<float>(), 0};
+      const LayerGrads lg{do_in.get(), nullptr,         dq.get(),        dk.get(),
+                          dv.get(),    dg.get<float>(), db.get<float>(), dh0.get<float>()};
       auto saved = buf(layer->saved_bytes(shape));
       const size_t extra = 1 << 20;  // room past the figure: a write beyond it would show
       for (CallForm form : {CallForm::forward, CallForm::backward}) {
@@ -624,8 +648,9 @@ TEST_SUITE("gpu_ckpt") {
         for (const auto& sl : slots) formulas.push_back(sl.second);
         const auto offsets = slot_offsets(formulas, T, N, s.chunk);
         const size_t last_end = offsets[offsets.size() - 2] + static_cast<size_t>(formulas.back().eval(T, N, s.chunk));
-        INFO("segments " << segments << ", call form " << to_string(form) << ": figure " << figure << " bytes, last slot (" << slots.back().first
-                          << ") ends at " << last_end << ", measured peak " << peak);
+        INFO("segments " << segments << ", call form " << to_string(form) << ": figure " << figure
+                         << " bytes, last slot (" << slots.back().first << ") ends at " << last_end
+                         << ", measured peak " << peak);
         CHECK(figure == offsets.back());
         CHECK(figure == (last_end + 255) / 256 * 256);
         CHECK(peak == last_end);
@@ -686,12 +711,13 @@ TEST_SUITE("gpu_graph") {
     auto o = buf(size_t(T_max) * HV * D * 2), ht = buf(size_t(HV) * D * D * 4), cu = buf(2 * 4);
     const ProblemShape biggest{T_max, 1};
     auto saved = buf(layer->saved_bytes(biggest)), ws = buf(layer->workspace_bytes(CallForm::forward, biggest));
-    const LayerInputs li{q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), cu.get(), IndexType::int32,
-                         h0.get<float>(), 0};
+    const LayerInputs li{q.get(),          k.get(),         v.get(), g.get<float>(), beta.get<float>(), cu.get(),
+                         IndexType::int32, h0.get<float>(), 0};
     rt::Stream st = rt::Stream::create();
     for (auto [entries, bytes] : {std::pair<size_t, size_t>{64, size_t{1} << 30}, {1000000, size_t{0}}}) {
       // The second pair leaves the entry bound loose; the byte bound is set to a few graphs' bytes below.
-      if (bytes == 0) bytes = 8 * std::max<size_t>(layer->graph_stats().bytes / std::max<size_t>(1, layer->graph_stats().entries), 1);
+      if (bytes == 0)
+        bytes = 8 * std::max<size_t>(layer->graph_stats().bytes / std::max<size_t>(1, layer->graph_stats().entries), 1);
       layer->set_graph_cache_limits({entries, bytes});
       size_t max_entries = 0, max_bytes = 0;
       for (int t = 1; t <= 1000; ++t) {
@@ -705,8 +731,8 @@ TEST_SUITE("gpu_graph") {
         max_bytes = std::max(max_bytes, layer->graph_stats().bytes);
       }
       st.synchronize();
-      INFO("limits: " << entries << " entries, " << bytes << " bytes; seen " << max_entries << " entries, "
-                      << max_bytes << " bytes");
+      INFO("limits: " << entries << " entries, " << bytes << " bytes; seen " << max_entries << " entries, " << max_bytes
+                      << " bytes");
       CHECK(max_entries <= entries);
       CHECK(max_bytes <= bytes);
       CHECK(max_entries > 1);
@@ -734,7 +760,12 @@ TEST_SUITE("gpu_graph") {
     rt::Stream st = rt::Stream::create();
     for (int round = 0; round < 3; ++round) {
       ref::Problem p;
-      p.H = H; p.HV = HV; p.K = D; p.V = D; p.l2norm = true; p.has_h0 = true;
+      p.H = H;
+      p.HV = HV;
+      p.K = D;
+      p.V = D;
+      p.l2norm = true;
+      p.has_h0 = true;
       p.cu_seqlens = {0, 300, T};
       p.T = T;
       const ref::Inputs in = ref::random_inputs(p, 100 + static_cast<uint64_t>(round));
@@ -747,11 +778,16 @@ TEST_SUITE("gpu_graph") {
       auto up = [](const rt::DeviceBuffer& b, const auto& host) {
         GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host.data(), host.size() * sizeof(host[0])), "upload");
       };
-      up(q, bf(in.q)); up(k, bf(in.k)); up(v, bf(in.v)); up(g, f32(in.g)); up(beta, f32(in.beta)); up(h0, f32(in.h0));
+      up(q, bf(in.q));
+      up(k, bf(in.k));
+      up(v, bf(in.v));
+      up(g, f32(in.g));
+      up(beta, f32(in.beta));
+      up(h0, f32(in.h0));
       up(cu, std::vector<int>{0, 300, T});
       GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "upload");  // legacy stream vs the layers' stream
-      const LayerInputs li{q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), cu.get(), IndexType::int32,
-                           h0.get<float>(), 0};
+      const LayerInputs li{q.get(),          k.get(),         v.get(), g.get<float>(), beta.get<float>(), cu.get(),
+                           IndexType::int32, h0.get<float>(), 0};
       eager->forward(shape, li, {o_e.get(), ht_e.get<float>()}, saved_e.get(), saved_e.bytes(), ws_e.get(),
                      ws_e.bytes(), st.handle());
       graph->forward(shape, li, {o_g.get(), ht_g.get<float>()}, saved_g.get(), saved_g.bytes(), ws_g.get(),
@@ -774,13 +810,16 @@ TEST_SUITE("gpu_errors") {
     auto run_with = [&](std::vector<int> cu) -> std::string {
       auto b = [](size_t n) { return rt::DeviceBuffer::create(n); };
       auto q = b(128 * 2 * 128 * 2), k = b(128 * 2 * 128 * 2), v = b(128 * 6 * 128 * 2), g = b(128 * 6 * 4),
-           beta = b(128 * 6 * 4), h0 = b(2 * 6 * 128 * 128 * 4), o = b(128 * 6 * 128 * 2), ht = b(2 * 6 * 128 * 128 * 4);
+           beta = b(128 * 6 * 4), h0 = b(2 * 6 * 128 * 128 * 4), o = b(128 * 6 * 128 * 2),
+           ht = b(2 * 6 * 128 * 128 * 4);
       auto dcu = b(cu.size() * 4);
       GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(dcu.handle(), cu.data(), cu.size() * 4), "upload");
       GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "upload");  // legacy stream vs the layer's stream
       auto saved = b(layer->saved_bytes(shape)), ws = b(layer->workspace_bytes(CallForm::forward, shape));
       rt::Stream st = rt::Stream::create();
-      layer->forward(shape, {q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32, h0.get<float>(), 0},
+      layer->forward(shape,
+                     {q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32,
+                      h0.get<float>(), 0},
                      {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), ws.bytes(), st.handle());
       try {
         layer->check_device_status(saved.get(), shape, st.handle());
@@ -801,15 +840,19 @@ TEST_SUITE("gpu_errors") {
     auto buf = rt::DeviceBuffer::create(1 << 20);
     auto big = rt::DeviceBuffer::create(layer->saved_bytes(shape));
     const size_t need = layer->workspace_bytes(CallForm::forward, shape);
-    LayerInputs in{buf.get(), buf.get(), buf.get(), buf.get<float>(), buf.get<float>(), buf.get(), IndexType::int32, buf.get<float>(), 0};
-    CHECK_THROWS_WITH_AS(layer->forward(shape, in, {buf.get(), buf.get<float>()}, big.get(), big.bytes(), buf.get(), need - 1, nullptr),
-                         fmt::format("workspace: {} bytes given, {} needed for the forward (T=128, N=1)", need - 1, need).c_str(),
-                         InputError);
-    CHECK_THROWS_WITH_AS(layer->forward(shape, in, {buf.get(), buf.get<float>()}, big.get(), 100, buf.get(), need, nullptr),
-                         doctest::Contains("saved: 100 bytes given"), InputError);
+    LayerInputs in{buf.get(),        buf.get(),        buf.get(), buf.get<float>(), buf.get<float>(), buf.get(),
+                   IndexType::int32, buf.get<float>(), 0};
+    CHECK_THROWS_WITH_AS(
+        layer->forward(shape, in, {buf.get(), buf.get<float>()}, big.get(), big.bytes(), buf.get(), need - 1, nullptr),
+        fmt::format("workspace: {} bytes given, {} needed for the forward (T=128, N=1)", need - 1, need).c_str(),
+        InputError);
+    CHECK_THROWS_WITH_AS(
+        layer->forward(shape, in, {buf.get(), buf.get<float>()}, big.get(), 100, buf.get(), need, nullptr),
+        doctest::Contains("saved: 100 bytes given"), InputError);
     LayerInputs misaligned = in;
     misaligned.q = static_cast<char*>(buf.get()) + 2;
-    CHECK_THROWS_WITH_AS(layer->forward(shape, misaligned, {buf.get(), buf.get<float>()}, big.get(), big.bytes(), buf.get(), need, nullptr),
+    CHECK_THROWS_WITH_AS(layer->forward(shape, misaligned, {buf.get(), buf.get<float>()}, big.get(), big.bytes(),
+                                        buf.get(), need, nullptr),
                          doctest::Contains("q: address"), InputError);
   }
 }
@@ -841,9 +884,9 @@ TEST_SUITE("gpu_wgmma") {
       CUfunction fn = mod.function();
       Args args{da.handle(), db.handle(), dd.handle(), derr.handle()};
       void* params[] = {&args.a, &args.b, &args.d, &args.err};
-      GDN_CHECK_CU(rt::drv().cuLaunchKernel(fn, 1, 1, 1, probe.threads(), 1, 1, probe.smem_bytes(), nullptr, params,
-                                            nullptr),
-                   "launch {}", probe.label());
+      GDN_CHECK_CU(
+          rt::drv().cuLaunchKernel(fn, 1, 1, 1, probe.threads(), 1, 1, probe.smem_bytes(), nullptr, params, nullptr),
+          "launch {}", probe.label());
       GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "wgmma probe {}", probe.label());
       std::vector<float> d(64 * probe.n);
       int err = -1;
@@ -887,8 +930,9 @@ TEST_SUITE("gpu_fused") {
       int H, HV;
       bool h0, ht, norm;
     };
-    for (const Variant& v : {Variant{"fused_n", 2, 6, true, true, true}, Variant{"fused_g1_noh0_noht", 2, 2, false, false, true},
-                             Variant{"fused_g8_nonorm", 1, 8, true, true, false}}) {
+    for (const Variant& v :
+         {Variant{"fused_n", 2, 6, true, true, true}, Variant{"fused_g1_noh0_noht", 2, 2, false, false, true},
+          Variant{"fused_g8_nonorm", 1, 8, true, true, false}}) {
       Spec s = fused_of("n", v.name);
       s.heads_qk = v.H;
       s.heads_v = v.HV;
@@ -977,9 +1021,9 @@ TEST_SUITE("gpu_pipeline") {
       GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(derr.handle(), 0, 4), "clear err");
       CUdeviceptr a = din.handle(), b = dout.handle(), e = derr.handle();
       void* params[] = {&a, &b, &e};
-      GDN_CHECK_CU(rt::drv().cuLaunchKernel(mod.function(), 1, 1, 1, 256, 1, 1, probe.smem_bytes(), nullptr, params,
-                                            nullptr),
-                   "launch pipeline probe");
+      GDN_CHECK_CU(
+          rt::drv().cuLaunchKernel(mod.function(), 1, 1, 1, 256, 1, 1, probe.smem_bytes(), nullptr, params, nullptr),
+          "launch pipeline probe");
       GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "pipeline probe");
       int err = -1;
       std::vector<float> out(size_t(probe.tiles) * 64);
@@ -997,4 +1041,3 @@ TEST_SUITE("gpu_pipeline") {
     }
   }
 }
-

@@ -25,11 +25,11 @@ std::string constant_of(const gdn::Program& p, const std::string& name) {
 }
 }  // namespace
 
-
 TEST_SUITE("ir") {
   TEST_CASE("IR text goldens of the example specs") {
     for (const char* name : {"n", "m"}) {
-      const auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(name) + ".json")).string());
+      const auto spec =
+          gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(name) + ".json")).string());
       gdn::testing::check_golden(std::string("ir_") + name + ".txt", gdn::to_text(gdn::lower(spec)));
     }
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
@@ -82,14 +82,16 @@ TEST_SUITE("ir") {
       CHECK_MESSAGE(p.smem_bytes == q.smem_bytes, p.name);
     }
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).walk_slab == 64);
-    CHECK(gdn::to_json(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()))["walk_slab"] == "auto");
+    CHECK(gdn::to_json(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()))["walk_slab"] ==
+          "auto");
     spec.walk_slab = 48;
     CHECK_THROWS_WITH_AS(gdn::lower(spec), doctest::Contains("/walk_slab"), gdn::SpecError);
   }
 
   TEST_CASE("walk_slab \"auto\" is 64 where one document gives 32 or more 64-wide slabs, else 32") {
     for (const auto& [example, heads_v, want] : {std::tuple{"m", 48, 64}, std::tuple{"n", 6, 32}}) {
-      auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(example) + ".json")).string());
+      auto spec =
+          gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(example) + ".json")).string());
       REQUIRE(spec.heads_v == heads_v);
       REQUIRE(spec.walk_slab == 0);
       CHECK_MESSAGE(gdn::lower(spec).walk_bv == want, example);
@@ -122,8 +124,9 @@ TEST_SUITE("ir") {
       CHECK_MESSAGE(p.threads == q.threads, p.name);
     }
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).walk_bwd_slab == 64);
-    CHECK_THROWS_WITH_AS(gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"walk_bwd_slab":16})")),
-                         "/walk_bwd_slab: 16 is not supported (supported: \"auto\", 32, 64)", gdn::SpecError);
+    CHECK_THROWS_WITH_AS(
+        gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"walk_bwd_slab":16})")),
+        "/walk_bwd_slab: 16 is not supported (supported: \"auto\", 32, 64)", gdn::SpecError);
   }
 
   TEST_CASE("forward \"fused\": chunk_prep solves Tm only and fused_walk writes o; the recompute keeps the pair") {
@@ -162,7 +165,8 @@ TEST_SUITE("ir") {
     CHECK(gdn::to_text(fused).find("decisions: forward=fused") != std::string::npos);
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).forward == gdn::ForwardPath::fused);
     spec.save_mode = gdn::SaveMode::full;
-    CHECK_THROWS_WITH_AS(gdn::lower(spec), "/forward: \"fused\" is not supported with save_mode \"full\" yet (supported: \"light\")",
+    CHECK_THROWS_WITH_AS(gdn::lower(spec),
+                         "/forward: \"fused\" is not supported with save_mode \"full\" yet (supported: \"light\")",
                          gdn::SpecError);
   }
 

@@ -26,8 +26,9 @@ const gdn::JsonLimits kSmall{1 << 10, 4};
 
 /// A fresh file path under the temp directory, removed afterwards.
 struct TempPath {
-  fs::path path = fs::temp_directory_path() / ("gdn_json_input." + std::to_string(::getpid()) + "." +
-                                               std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  fs::path path =
+      fs::temp_directory_path() / ("gdn_json_input." + std::to_string(::getpid()) + "." +
+                                   std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
   ~TempPath() {
     std::error_code ec;
     fs::remove_all(path, ec);
@@ -73,9 +74,9 @@ TEST_SUITE("json_input") {
   TEST_CASE("a file larger than the limit is refused by its size") {
     TempPath big;
     std::ofstream(big.path) << std::string(gdn::kSpecJsonLimits.max_bytes + 1, ' ');
-    CHECK(spec_error_of(big.path.string()) ==
-          big.path.string() + ": 1048577 bytes, more than the 1048576 allowed");
-    CHECK_THROWS_WITH(gdn::parse_bounded_json(std::string(2000, ' '), kSmall), "2000 bytes, more than the 1024 allowed");
+    CHECK(spec_error_of(big.path.string()) == big.path.string() + ": 1048577 bytes, more than the 1048576 allowed");
+    CHECK_THROWS_WITH(gdn::parse_bounded_json(std::string(2000, ' '), kSmall),
+                      "2000 bytes, more than the 1024 allowed");
     std::ofstream(big.path) << "{}";
     CHECK(gdn::read_bounded_file(big.path, 2) == "{}");
   }
@@ -95,7 +96,8 @@ TEST_SUITE("json_input") {
   }
 
   TEST_CASE("duplicate keys are refused at any depth, naming the key") {
-    CHECK_THROWS_WITH(gdn::parse_bounded_json(R"({"a":1,"a":1})", kSmall), "/a: duplicate key (each field may appear once)");
+    CHECK_THROWS_WITH(gdn::parse_bounded_json(R"({"a":1,"a":1})", kSmall),
+                      "/a: duplicate key (each field may appear once)");
     CHECK_THROWS_WITH(gdn::parse_bounded_json(R"([{"x":{"a/b~":1,"a/b~":2}}])", kSmall),
                       "/0/x/a~1b~0: duplicate key (each field may appear once)");
     CHECK(gdn::parse_bounded_json(R"([{"a":1},{"a":1}])", kSmall).size() == 2);  // same key, two objects
@@ -104,7 +106,8 @@ TEST_SUITE("json_input") {
   TEST_CASE("numbers are range-checked as written, before any conversion") {
     CHECK_THROWS_WITH(gdn::parse_bounded_json(R"({"n":[1e400]})", kSmall),
                       "/n/0: number 1e400 is out of range (it overflows a double)");
-    CHECK_THROWS_WITH(gdn::parse_bounded_json("-1e400", kSmall), "number -1e400 is out of range (it overflows a double)");
+    CHECK_THROWS_WITH(gdn::parse_bounded_json("-1e400", kSmall),
+                      "number -1e400 is out of range (it overflows a double)");
     CHECK_THROWS_WITH(gdn::parse_bounded_json(R"({"n":18446744073709551616})", kSmall),
                       "/n: integer 18446744073709551616 is out of range (it needs more than 64 bits)");
     // A 100,000-digit integer is quoted by a short excerpt, not echoed whole.
@@ -144,7 +147,8 @@ TEST_SUITE("json_input") {
     CHECK(gdn::quoted_excerpt("\x1b[31mred") == "\"\\u001b[31mred\"");
     CHECK(gdn::quoted_excerpt(std::string(10 << 20, 'n'), 4) == "\"nnnn\"... (10485760 bytes in all)");
     CHECK(gdn::quoted_excerpt("\xff\xfe") == "\"\\ufffd\\ufffd\"");  // invalid UTF-8 becomes U+FFFD
-    CHECK(gdn::quoted_excerpt("\xc2\x9b" "2J\x7f") == "\"\\u009b2J\\u007f\"");  // C1 CSI and DEL
+    CHECK(gdn::quoted_excerpt("\xc2\x9b"
+                              "2J\x7f") == "\"\\u009b2J\\u007f\"");  // C1 CSI and DEL
     CHECK(gdn::printable_excerpt("line\nbreak") == "line\\nbreak");
     CHECK(gdn::child_pointer("/a", "b/c~d") == "/a/b~1c~0d");
     std::string long_key_pointer(33, 'k');
@@ -164,7 +168,8 @@ TEST_SUITE("json_input") {
     const std::string huge = R"({"name":")" + std::string(10 << 20, 'n') + R"(","heads":{"qk":2,"v":6}})";
     // The 10 MB name is over the size limit; a shorter bad name is quoted by an excerpt.
     CHECK_THROWS_WITH_AS(gdn::spec_from_text(huge),
-                         (std::to_string(huge.size()) + " bytes, more than the 1048576 allowed").c_str(), gdn::SpecError);
+                         (std::to_string(huge.size()) + " bytes, more than the 1048576 allowed").c_str(),
+                         gdn::SpecError);
     try {
       gdn::spec_from_text(R"({"name":")" + std::string(1000, 'n') + "\x1b[0m" + R"(","heads":{"qk":2,"v":6}})");
       FAIL("expected a SpecError");

@@ -21,7 +21,6 @@ using namespace gdn;
 
 namespace {
 
-
 struct FakeCall {
   std::vector<testing::Region> regions;
   LayerInputs in;
@@ -45,18 +44,18 @@ FakeCall fake_call(const Layer& layer, ProblemShape s) {
   auto fptr = [&](const char* name) { return reinterpret_cast<float*>(addr(name)); };
   const Spec& sp = layer.ir().spec;
   const bool h0 = sp.initial_state == StateFlag::present, ht = sp.final_state == StateFlag::present;
-  f.in = {ptr("q"), ptr("k"), ptr("v"), fptr("g"), fptr("beta"), ptr("cu_seqlens"), IndexType::int32,
-          h0 ? fptr("h0") : nullptr, 0.f};
+  f.in = {ptr("q"),     ptr("k"),          ptr("v"),         fptr("g"),
+          fptr("beta"), ptr("cu_seqlens"), IndexType::int32, h0 ? fptr("h0") : nullptr,
+          0.f};
   f.out = {ptr("o"), ht ? fptr("ht") : nullptr};
-  f.grads = {ptr("do"), ht ? fptr("dht") : nullptr, ptr("dq"), ptr("dk"), ptr("dv"), fptr("dg"), fptr("dbeta"),
-             h0 ? fptr("dh0") : nullptr};
+  f.grads = {ptr("do"),     ht ? fptr("dht") : nullptr, ptr("dq"), ptr("dk"), ptr("dv"), fptr("dg"),
+             fptr("dbeta"), h0 ? fptr("dh0") : nullptr};
   f.saved_size = layer.saved_bytes(s);
   f.ws_size = std::max(layer.workspace_bytes(CallForm::forward, s), layer.workspace_bytes(CallForm::backward, s));
   f.saved = 0x100000000ull;
   f.ws = 0x200000000ull;
   // Slots are printed by name: one region per slot of each layout.
-  for (const auto& [name, off] : layer.saved_layout(s).offset)
-    f.regions.push_back({"saved." + name, f.saved + off, 1});
+  for (const auto& [name, off] : layer.saved_layout(s).offset) f.regions.push_back({"saved." + name, f.saved + off, 1});
   // Buffers that share bytes (IR lives_in) share a name: "ws.dk_v/dv_local/u".
   std::map<size_t, std::string> ws_names;
   for (const auto& [name, off] : layer.workspace_layout(CallForm::backward, s).offset)
@@ -80,8 +79,7 @@ std::string record(const Spec& spec, ProblemShape s) {
   std::vector<std::string> want_fwd, want_bwd, got_fwd, got_bwd;
   for (const auto& l : layer->ir().call_forms[0].launches) want_fwd.push_back(l.program);
   for (const auto& l : layer->ir().call_forms[2].launches) want_bwd.push_back(l.program);
-  for (size_t i = 0; i < rec->records.size(); ++i)
-    (i < n_fwd ? got_fwd : got_bwd).push_back(rec->records[i].program);
+  for (size_t i = 0; i < rec->records.size(); ++i) (i < n_fwd ? got_fwd : got_bwd).push_back(rec->records[i].program);
   CHECK(got_fwd == want_fwd);
   CHECK(got_bwd == want_bwd);
   return testing::render(rec->records, f.regions);
@@ -152,10 +150,10 @@ TEST_SUITE("launches") {
         auto layer = Layer::with_launcher(spec, rec);
         const ProblemShape s{12345, 7};
         const FakeCall f = fake_call(*layer, s);
-        layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size,
-                       reinterpret_cast<void*>(f.ws), f.ws_size, nullptr);
-        layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size,
-                        reinterpret_cast<void*>(f.ws), f.ws_size, nullptr);
+        layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                       f.ws_size, nullptr);
+        layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                        f.ws_size, nullptr);
         // Each slot's end: its offset plus its own byte formula (before alignment).
         uint64_t saved_end = 0, ws_end = 0;
         std::map<uint64_t, uint64_t> slot_bytes;
@@ -169,8 +167,10 @@ TEST_SUITE("launches") {
             std::memcpy(&w, r.params.data() + off, 8);
             auto it = slot_bytes.find(w);
             if (it == slot_bytes.end()) continue;
-            if (w >= f.ws) ws_end = std::max(ws_end, w - f.ws + it->second);
-            else saved_end = std::max(saved_end, w - f.saved + it->second);
+            if (w >= f.ws)
+              ws_end = std::max(ws_end, w - f.ws + it->second);
+            else
+              saved_end = std::max(saved_end, w - f.saved + it->second);
           }
         CAPTURE(name);
         CHECK((saved_end + 255) / 256 * 256 == layer->saved_bytes(s));
@@ -229,8 +229,8 @@ TEST_SUITE("launches") {
     const ProblemShape s{128, 1};
     FakeCall f = fake_call(*layer, s);
     auto fwd = [&](FakeCall c, ProblemShape shape) {
-      layer->forward(shape, c.in, c.out, reinterpret_cast<void*>(c.saved), c.saved_size,
-                     reinterpret_cast<void*>(c.ws), c.ws_size, nullptr);
+      layer->forward(shape, c.in, c.out, reinterpret_cast<void*>(c.saved), c.saved_size, reinterpret_cast<void*>(c.ws),
+                     c.ws_size, nullptr);
     };
     FakeCall bad = f;
     bad.in.h0 = nullptr;
@@ -360,8 +360,8 @@ TEST_SUITE("launches") {
       const FakeCall f = fake_call(*layer, s);
       layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
                      f.ws_size, nullptr);
-      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size,
-                      reinterpret_cast<void*>(f.ws), f.ws_size, nullptr);
+      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                      f.ws_size, nullptr);
       std::ifstream in(fs::path(GDN_SOURCE_DIR) / "tests/goldens/launches_n_light.txt");
       std::stringstream golden;
       golden << in.rdbuf();
@@ -371,14 +371,14 @@ TEST_SUITE("launches") {
 
   TEST_CASE("GDNC_HOST_PATH is checked, and the older GDN_HOST_PATH still read") {
     setenv("GDNC_HOST_PATH", "fast", 1);
-    CHECK_THROWS_WITH_AS(default_host_path(), R"(GDNC_HOST_PATH: "fast" is not supported (supported: "llvm", "interpreted"))",
-                         InputError);
+    CHECK_THROWS_WITH_AS(default_host_path(),
+                         R"(GDNC_HOST_PATH: "fast" is not supported (supported: "llvm", "interpreted"))", InputError);
     setenv("GDNC_HOST_PATH", "interpreted", 1);
     CHECK(default_host_path() == HostPath::interpreted);
     unsetenv("GDNC_HOST_PATH");
     setenv("GDN_HOST_PATH", "slow", 1);  // deprecated name: read, and named in the message
-    CHECK_THROWS_WITH_AS(default_host_path(), R"(GDN_HOST_PATH: "slow" is not supported (supported: "llvm", "interpreted"))",
-                         InputError);
+    CHECK_THROWS_WITH_AS(default_host_path(),
+                         R"(GDN_HOST_PATH: "slow" is not supported (supported: "llvm", "interpreted"))", InputError);
     setenv("GDN_HOST_PATH", "interpreted", 1);
     CHECK(default_host_path() == HostPath::interpreted);
     setenv("GDNC_HOST_PATH", "fast", 1);  // the new name wins

@@ -28,8 +28,7 @@ using gdn::ref::Inputs;
 using gdn::ref::Outputs;
 using gdn::ref::Problem;
 
-Problem make_problem(std::vector<int64_t> cu, int H, int HV, int K, int V, bool l2norm,
-                     bool has_h0) {
+Problem make_problem(std::vector<int64_t> cu, int H, int HV, int K, int V, bool l2norm, bool has_h0) {
   Problem p;
   p.T = cu.back();
   p.H = H;
@@ -43,8 +42,7 @@ Problem make_problem(std::vector<int64_t> cu, int H, int HV, int K, int V, bool 
 }
 
 bool bitwise_equal(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() &&
-         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0);
 }
 
 double max_magnitude(const std::vector<double>& x) {
@@ -77,12 +75,9 @@ TEST_SUITE("reference") {
         int64_t per_token;  // elements per token, 0 for h0
       };
       const Case cases[] = {
-          {"q", &Inputs::q, &gr.dq, int64_t{p.H} * p.K},
-          {"k", &Inputs::k, &gr.dk, int64_t{p.H} * p.K},
-          {"v", &Inputs::v, &gr.dv, int64_t{p.HV} * p.V},
-          {"g", &Inputs::g, &gr.dg, p.HV},
-          {"beta", &Inputs::beta, &gr.dbeta, p.HV},
-          {"h0", &Inputs::h0, &gr.dh0, 0},
+          {"q", &Inputs::q, &gr.dq, int64_t{p.H} * p.K},  {"k", &Inputs::k, &gr.dk, int64_t{p.H} * p.K},
+          {"v", &Inputs::v, &gr.dv, int64_t{p.HV} * p.V}, {"g", &Inputs::g, &gr.dg, p.HV},
+          {"beta", &Inputs::beta, &gr.dbeta, p.HV},       {"h0", &Inputs::h0, &gr.dh0, 0},
       };
       std::mt19937_64 pick(l2norm ? 3 : 5);
       for (const Case& c : cases) {
@@ -102,8 +97,7 @@ TEST_SUITE("reference") {
           Inputs plus = in, minus = in;
           (plus.*c.x)[e] += kStep;
           (minus.*c.x)[e] -= kStep;
-          const double fd =
-              (gdn::ref::loss(p, plus, dO, dht) - gdn::ref::loss(p, minus, dO, dht)) / (2 * kStep);
+          const double fd = (gdn::ref::loss(p, plus, dO, dht) - gdn::ref::loss(p, minus, dO, dht)) / (2 * kStep);
           const double err = std::abs(fd - grad[e]) / std::max(1.0, std::abs(grad[e]));
           CAPTURE(e);
           CAPTURE(fd);
@@ -173,8 +167,7 @@ TEST_SUITE("reference") {
     const Problem p = make_problem({0, 10}, 2, 4, 4, 3, false, true);
     Inputs in = gdn::ref::random_inputs(p, 9);
     for (int64_t t = 0; t < p.T; ++t)
-      for (int i = 0; i < p.K; ++i)
-        in.q[(t * p.H + 1) * p.K + i] = in.k[(t * p.H + 1) * p.K + i] = 0;
+      for (int i = 0; i < p.K; ++i) in.q[(t * p.H + 1) * p.K + i] = in.k[(t * p.H + 1) * p.K + i] = 0;
     const Outputs out = gdn::ref::forward(p, in);
     for (int j = 0; j < p.HV; ++j) {
       double m = 0;
@@ -227,28 +220,23 @@ TEST_SUITE("reference") {
 
     Problem p = good;
     p.cu_seqlens = {0, 9, 5, 20};
-    CHECK_THROWS_WITH_AS(gdn::ref::validate(p), "cu_seqlens[2]: 5 < cu_seqlens[1] (9)",
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(gdn::ref::validate(p), "cu_seqlens[2]: 5 < cu_seqlens[1] (9)", std::invalid_argument);
     p.cu_seqlens = {3, 9, 20};
     CHECK_THROWS_WITH_AS(gdn::ref::validate(p), "cu_seqlens[0]: 3 != 0", std::invalid_argument);
     p.cu_seqlens = {0, 9, 19};
-    CHECK_THROWS_WITH_AS(gdn::ref::validate(p), "cu_seqlens[2]: 19 != T (20)",
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(gdn::ref::validate(p), "cu_seqlens[2]: 19 != T (20)", std::invalid_argument);
     p.cu_seqlens = {0};
-    CHECK_THROWS_WITH_AS(gdn::ref::validate(p), doctest::Contains("cu_seqlens:"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(gdn::ref::validate(p), doctest::Contains("cu_seqlens:"), std::invalid_argument);
 
     p = good;
     p.HV = 6;
     p.H = 4;
-    CHECK_THROWS_WITH_AS(gdn::ref::validate(p), "HV: 6 is not a multiple of H (4)",
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(gdn::ref::validate(p), "HV: 6 is not a multiple of H (4)", std::invalid_argument);
 
     // forward() checks input sizes against the problem, naming the tensor.
     Inputs in = gdn::ref::random_inputs(good, 1);
     in.beta.pop_back();
-    CHECK_THROWS_WITH_AS(gdn::ref::forward(good, in), doctest::Contains("beta: size"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(gdn::ref::forward(good, in), doctest::Contains("beta: size"), std::invalid_argument);
   }
 
   TEST_CASE("rel_rms and max_abs flag non-finite values") {
@@ -308,11 +296,9 @@ TEST_SUITE("reference") {
     const Outputs f1 = gdn::ref::forward(p, in, 1), f7 = gdn::ref::forward(p, in, 7);
     CHECK(bitwise_equal(f1.o, f7.o));
     CHECK(bitwise_equal(f1.ht, f7.ht));
-    const Outputs c1 = gdn::ref::forward_chunked(p, in, 64, 1),
-                  c7 = gdn::ref::forward_chunked(p, in, 64, 7);
+    const Outputs c1 = gdn::ref::forward_chunked(p, in, 64, 1), c7 = gdn::ref::forward_chunked(p, in, 64, 7);
     CHECK(bitwise_equal(c1.o, c7.o));
-    const Grads g1 = gdn::ref::backward(p, in, dO, dht, 1),
-                g7 = gdn::ref::backward(p, in, dO, dht, 7);
+    const Grads g1 = gdn::ref::backward(p, in, dO, dht, 1), g7 = gdn::ref::backward(p, in, dO, dht, 7);
     CHECK(bitwise_equal(g1.dq, g7.dq));
     CHECK(bitwise_equal(g1.dk, g7.dk));
     CHECK(bitwise_equal(g1.dv, g7.dv));
@@ -340,7 +326,8 @@ TEST_SUITE("reference") {
     fill("dg", T * HV * 4, HV * 4);
     fill("ht", N * HV * K * V * 4, HV * K * V * 4);
     for (const auto& [tensor, per_row] :
-         {std::pair{std::string("o"), HV * V * 2}, std::pair{std::string("dq"), H * K * 2}, std::pair{std::string("dg"), HV * 4}}) {
+         {std::pair{std::string("o"), HV * V * 2}, std::pair{std::string("dq"), H * K * 2},
+          std::pair{std::string("dg"), HV * 4}}) {
       const std::string second = gdn::check::document_bytes(r, tensor, spec, lens, 1);  // token 3 only
       CHECK(second.size() == per_row);
       CHECK(second == std::string(per_row, static_cast<char>(3)));

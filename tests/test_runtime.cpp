@@ -54,8 +54,8 @@ struct Rig {
 };
 
 const std::vector<std::string> kBackwardWithHandoff = {"dv_local", "state_walk_bwd", "chunk_bwd", "finalize"};
-const std::vector<std::string> kBackwardRerun = {"chunk_prep", "state_walk", "dv_local", "state_walk_bwd",
-                                                 "chunk_bwd", "finalize"};
+const std::vector<std::string> kBackwardRerun = {"chunk_prep",     "state_walk", "dv_local",
+                                                 "state_walk_bwd", "chunk_bwd",  "finalize"};
 
 /// A recompute then a backward of `spec`, neither taking a hand-off; the backward's programs.
 std::vector<std::string> backward_after_recompute_without_handoff(const Spec& spec) {
@@ -127,8 +127,8 @@ TEST_SUITE("runtime") {
     Rig eager(example("n"));
     auto stream = reinterpret_cast<CUstream>(0x5);
     for (int i = 0; i < 3; ++i)
-      layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
-                     eager.ws.bytes(), stream);
+      layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(), eager.ws.bytes(),
+                     stream);
     eager.layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
                          eager.ws.bytes(), stream);
     CHECK(layer->graph_stats().captures == 1);
@@ -142,13 +142,13 @@ TEST_SUITE("runtime") {
     layer->forward(eager.shape, moved, eager.out, eager.saved, eager.saved_size, eager.ws.data(), eager.ws.bytes(),
                    stream);
     CHECK(layer->graph_stats().captures == 2);
-    layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
-                   eager.ws.bytes(), reinterpret_cast<CUstream>(0x6));  // another stream is another key
+    layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(), eager.ws.bytes(),
+                   reinterpret_cast<CUstream>(0x6));  // another stream is another key
     CHECK(layer->graph_stats().captures == 3);
     // The legacy default stream cannot be captured; the capture runs on the backend's own stream
     // and the replay on the caller's.
-    layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(),
-                   eager.ws.bytes(), nullptr);
+    layer->forward(eager.shape, eager.in, eager.out, eager.saved, eager.saved_size, eager.ws.data(), eager.ws.bytes(),
+                   nullptr);
     CHECK(layer->graph_stats().captures == 4);
     CHECK(backend->replay_streams.back() == nullptr);
     CHECK(rec->records.back().stream == FakeGraphBackend::kCaptureStream);

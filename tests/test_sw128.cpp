@@ -98,8 +98,8 @@ TEST_SUITE("sw128") {
               for (int g = 0; g < (split ? 4 : 1); ++g) {
                 const int col0 = g * width;
                 for (int ks = 0; ks < depth / 16; ++ks) {
-                  const DescFields da = a_m_major ? gdn::sw128::mn_major(tile_a, depth, ks)
-                                                  : gdn::sw128::k_major(tile_a, 64, ks);
+                  const DescFields da =
+                      a_m_major ? gdn::sw128::mn_major(tile_a, depth, ks) : gdn::sw128::k_major(tile_a, 64, ks);
                   const DescFields db = b_n_major ? gdn::sw128::mn_major_cols(tile_b, depth, col0, ks)
                                                   : gdn::sw128::k_major_rows(tile_b, n, col0, ks);
                   for (int m = 0; m < 64; ++m)

@@ -69,8 +69,8 @@ std::vector<std::string> all_conflicts(const LayerIR& ir) {
   std::vector<std::string> out;
   for (const auto& seq : std::vector<std::vector<const CallPlan*>>{
            {&fwd}, {&bwd}, {&fwd, &bwd}, {&rec, &bwd}, {&fwd, &bound}, {&rec, &bound}})
-    for (auto& c : sharing_conflicts(seq, light)) out.push_back(fmt::format("{} then {}: {}", seq.front()->name,
-                                                                     seq.back()->name, c));
+    for (auto& c : sharing_conflicts(seq, light))
+      out.push_back(fmt::format("{} then {}: {}", seq.front()->name, seq.back()->name, c));
   return out;
 }
 
@@ -105,7 +105,7 @@ TEST_SUITE("workspace") {
               ++variants;
             }
     CHECK(variants == 56);  // 2 shapes x 2 norms x 2 states x (light: 4, full: 3)
-    CHECK(shared > 0);  // the property was checked on real sharing, not vacuously
+    CHECK(shared > 0);      // the property was checked on real sharing, not vacuously
   }
 
   TEST_CASE("the proof catches a buffer placed in bytes that are still live") {
@@ -122,7 +122,8 @@ TEST_SUITE("workspace") {
     const int64_t T = 32768, N = 5;
     size_t own = 0;
     for (const Buffer& b : ir.buffers)
-      if (b.role == BufferRole::workspace && std::find(b.forms.begin(), b.forms.end(), CallForm::backward) != b.forms.end())
+      if (b.role == BufferRole::workspace &&
+          std::find(b.forms.begin(), b.forms.end(), CallForm::backward) != b.forms.end())
         own += (static_cast<size_t>(b.bytes.eval(T, N, 64)) + 255) / 256 * 256;
     const size_t shared = 3 * static_cast<size_t>(T) * 48 * 128 * 2;  // dv_local, dq_v, dk_v
     CHECK(region_bytes(ir, BufferRole::workspace, CallForm::backward, T, N) == own - shared);

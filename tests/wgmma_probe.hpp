@@ -18,17 +18,19 @@
 namespace gdn::test {
 
 struct WgmmaProbe {
-  int n = 128;    ///< 64 or 128
-  int kd = 128;   ///< depth, a multiple of 64
-  bool a_m_major = false;  ///< A stored K x M (transposed) instead of M x K
-  bool b_n_major = false;  ///< B stored K x N instead of N x K
-  bool split = false;  ///< 4 warpgroups, each the N/4 columns of its slice (chunk_bwd's use)
+  int n = 128;               ///< 64 or 128
+  int kd = 128;              ///< depth, a multiple of 64
+  bool a_m_major = false;    ///< A stored K x M (transposed) instead of M x K
+  bool b_n_major = false;    ///< B stored K x N instead of N x K
+  bool split = false;        ///< 4 warpgroups, each the N/4 columns of its slice (chunk_bwd's use)
   bool a_registers = false;  ///< A from registers (the RS form; a_m_major is then meaningless)
   int threads() const { return split ? 512 : 128; }
   int smem_bytes() const { return 64 * kd * 2 + kd * n * 2; }
   std::string label() const {
     return fmt::format("m64n{}k{} A {} B {}{}", n, kd,
-                       a_registers ? "in registers" : a_m_major ? "M-major" : "K-major",
+                       a_registers ? "in registers"
+                       : a_m_major ? "M-major"
+                                   : "K-major",
                        b_n_major ? "N-major" : "K-major", split ? ", split over 4 warpgroups" : "");
   }
   Program program() const {

@@ -29,8 +29,8 @@ constexpr int64_t kCheckpointEvery = 64;
 
 void check_size(const char* name, const std::vector<double>& x, int64_t want, const char* formula) {
   if (static_cast<int64_t>(x.size()) != want)
-    fail(std::string(name) + ": size " + std::to_string(x.size()) + " != " + formula + " (" +
-         std::to_string(want) + ")");
+    fail(std::string(name) + ": size " + std::to_string(x.size()) + " != " + formula + " (" + std::to_string(want) +
+         ")");
 }
 
 void check_inputs(const Problem& p, const Inputs& in) {
@@ -203,18 +203,13 @@ void fill_normal(double* x, std::size_t n, uint64_t seed, uint64_t stream) {
   for (auto& th : pool) th.join();
 }
 
-
-double logsigmoid(double x) {
-  return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x));
-}
+double logsigmoid(double x) { return x >= 0 ? -std::log1p(std::exp(-x)) : x - std::log1p(std::exp(x)); }
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 }  // namespace
 
-int64_t Problem::num_docs() const {
-  return cu_seqlens.empty() ? 0 : static_cast<int64_t>(cu_seqlens.size()) - 1;
-}
+int64_t Problem::num_docs() const { return cu_seqlens.empty() ? 0 : static_cast<int64_t>(cu_seqlens.size()) - 1; }
 
 void validate(const Problem& p) {
   const auto s = [](auto x) { return std::to_string(x); };
@@ -230,10 +225,8 @@ void validate(const Problem& p) {
   if (cu[0] != 0) fail("cu_seqlens[0]: " + s(cu[0]) + " != 0");
   for (size_t n = 1; n < cu.size(); ++n)
     if (cu[n] < cu[n - 1])
-      fail("cu_seqlens[" + s(n) + "]: " + s(cu[n]) + " < cu_seqlens[" + s(n - 1) + "] (" +
-           s(cu[n - 1]) + ")");
-  if (cu.back() != p.T)
-    fail("cu_seqlens[" + s(cu.size() - 1) + "]: " + s(cu.back()) + " != T (" + s(p.T) + ")");
+      fail("cu_seqlens[" + s(n) + "]: " + s(cu[n]) + " < cu_seqlens[" + s(n - 1) + "] (" + s(cu[n - 1]) + ")");
+  if (cu.back() != p.T) fail("cu_seqlens[" + s(cu.size() - 1) + "]: " + s(cu.back()) + " != T (" + s(p.T) + ")");
 }
 
 Outputs forward(const Problem& p, const Inputs& in, unsigned threads) {
@@ -263,8 +256,8 @@ Outputs forward_chunked(const Problem& p, const Inputs& in, int chunk, unsigned 
     const int j = static_cast<int>(task % p.HV);
     double* S = out.ht.data() + pr.state_offset(n, j);
     pr.initial_state(n, j, S);
-    std::vector<double> gc(chunk), D(chunk * chunk), L(chunk * chunk), U(chunk * V), W(chunk * K),
-        vn(chunk * V), Snext(int64_t{K} * V);
+    std::vector<double> gc(chunk), D(chunk * chunk), L(chunk * chunk), U(chunk * V), W(chunk * K), vn(chunk * V),
+        Snext(int64_t{K} * V);
     for (int64_t s = p.cu_seqlens[n]; s < p.cu_seqlens[n + 1]; s += chunk) {
       const int m = static_cast<int>(std::min<int64_t>(chunk, p.cu_seqlens[n + 1] - s));
       const auto dot = [&](const double* x, const double* y) {
@@ -279,8 +272,7 @@ Outputs forward_chunked(const Problem& p, const Inputs& in, int chunk, unsigned 
       // F1: L = tril1(diag(beta) K K^T * D).
       for (int a = 0; a < m; ++a)
         for (int b = 0; b < a; ++b)
-          L[a * chunk + b] =
-              pr.beta(s + a, j) * dot(pr.k_row(s + a, j), pr.k_row(s + b, j)) * D[a * chunk + b];
+          L[a * chunk + b] = pr.beta(s + a, j) * dot(pr.k_row(s + a, j), pr.k_row(s + b, j)) * D[a * chunk + b];
       // F2+F3: U = (I+L)^{-1} diag(beta) V and W = (I+L)^{-1} diag(beta exp(gc)) K, by forward
       // substitution since I+L is unit lower triangular.
       for (int a = 0; a < m; ++a) {
@@ -331,8 +323,8 @@ Outputs forward_chunked(const Problem& p, const Inputs& in, int chunk, unsigned 
   return out;
 }
 
-Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dO,
-               const std::vector<double>& dht, unsigned threads) {
+Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dO, const std::vector<double>& dht,
+               unsigned threads) {
   const Prepared pr(p, in);
   const int K = p.K, V = p.V, H = p.H, HV = p.HV, G = pr.G;
   const int64_t T = p.T, N = p.num_docs(), KV = pr.kv();
@@ -359,8 +351,7 @@ Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dO
     std::vector<double> S(KV);
     pr.initial_state(n, j, S.data());
     for (int64_t t = 0; t < Tn; ++t) {
-      if (t % kCheckpointEvery == 0)
-        std::copy(S.begin(), S.end(), ckpt.begin() + (t / kCheckpointEvery) * KV);
+      if (t % kCheckpointEvery == 0) std::copy(S.begin(), S.end(), ckpt.begin() + (t / kCheckpointEvery) * KV);
       pr.step(S.data(), t0 + t, j, r.data());
     }
 
@@ -449,8 +440,7 @@ Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dO
         }
   if (p.l2norm) {
     // y = x rstd  =>  dx = rstd (dy - (dy . y) y).
-    const auto l2_backward = [&](std::vector<double>& d, const double* y,
-                                 const std::vector<double>& rstd) {
+    const auto l2_backward = [&](std::vector<double>& d, const double* y, const std::vector<double>& rstd) {
       for (int64_t row = 0; row < T * H; ++row) {
         double* dr = d.data() + row * K;
         const double* yr = y + row * K;
@@ -465,8 +455,7 @@ Grads backward(const Problem& p, const Inputs& in, const std::vector<double>& dO
   return gr;
 }
 
-double loss(const Problem& p, const Inputs& in, const std::vector<double>& dO,
-            const std::vector<double>& dht) {
+double loss(const Problem& p, const Inputs& in, const std::vector<double>& dO, const std::vector<double>& dht) {
   const Outputs out = forward(p, in);
   check_size("dO", dO, static_cast<int64_t>(out.o.size()), "T*HV*V");
   if (!dht.empty()) check_size("dht", dht, static_cast<int64_t>(out.ht.size()), "N*HV*K*V");

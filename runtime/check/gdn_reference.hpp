@@ -81,12 +81,11 @@ Outputs forward_chunked(const Problem&, const Inputs&, int chunk = 64, unsigned 
  * @param dO  [T, HV, V] cotangent of o.
  * @param dht [N, HV, K, V] cotangent of the final states; empty means zero.
  */
-Grads backward(const Problem&, const Inputs&, const std::vector<double>& dO,
-               const std::vector<double>& dht, unsigned threads = 0);
+Grads backward(const Problem&, const Inputs&, const std::vector<double>& dO, const std::vector<double>& dht,
+               unsigned threads = 0);
 
 /// The scalar whose gradient backward() returns: sum(o .* dO) + sum(ht .* dht); dht may be empty.
-double loss(const Problem&, const Inputs&, const std::vector<double>& dO,
-            const std::vector<double>& dht);
+double loss(const Problem&, const Inputs&, const std::vector<double>& dO, const std::vector<double>& dht);
 
 /**
  * @brief FLA's metric rms(ref - got) / (rms(ref) + 1e-8).

@@ -37,8 +37,7 @@ std::vector<uint16_t> round_bf16(std::vector<double>& x) {
 /// difference first, so a broken comparator cannot pass every repeat.
 class DeviceDiff {
  public:
-  explicit DeviceDiff(Target target)
-      : module_(load(target)), count_(rt::DeviceBuffer::create(8)) {
+  explicit DeviceDiff(Target target) : module_(load(target)), count_(rt::DeviceBuffer::create(8)) {
     std::vector<unsigned> host(1024, 0u);
     auto a = rt::DeviceBuffer::create(4096), b = rt::DeviceBuffer::create(4096);
     GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(a.handle(), host.data(), 4096), "diff self-check");
@@ -47,10 +46,12 @@ class DeviceDiff {
     const unsigned long long same = words_differing(a.handle(), a.handle(), 4096, nullptr);
     const unsigned long long three = words_differing(a.handle(), b.handle(), 4096, nullptr);
     if (same != 0 || three != 3)
-      throw std::logic_error(fmt::format("the device comparator counts {} and {} differing words (0 and 3 expected)", same, three));
+      throw std::logic_error(
+          fmt::format("the device comparator counts {} and {} differing words (0 and 3 expected)", same, three));
   }
   unsigned long long words_differing(CUdeviceptr a, CUdeviceptr b, size_t bytes, CUstream stream) const {
-    if (bytes % 4 != 0) throw std::invalid_argument(fmt::format("DeviceDiff: {} bytes is not whole 32-bit words", bytes));
+    if (bytes % 4 != 0)
+      throw std::invalid_argument(fmt::format("DeviceDiff: {} bytes is not whole 32-bit words", bytes));
     struct Params {
       CUdeviceptr a, b;
       unsigned long long words;
@@ -173,12 +174,12 @@ Report run(const Layer& layer, const Case& c) {
   const int N = static_cast<int>(c.doc_lens.size());
   ref::Inputs in = ref::random_inputs(p, c.seed, c.gate_shift);
   std::vector<double> d_o = ref::random_normal(static_cast<size_t>(p.T) * p.HV * p.V, c.seed + 101);
-  std::vector<double> dht = has_ht ? ref::random_normal(static_cast<size_t>(N) * p.HV * p.K * p.V, c.seed + 202)
-                                   : std::vector<double>{};
+  std::vector<double> dht =
+      has_ht ? ref::random_normal(static_cast<size_t>(N) * p.HV * p.K * p.V, c.seed + 202) : std::vector<double>{};
   if (!c.doc_seeds.empty()) {
     if (c.doc_seeds.size() != c.doc_lens.size())
-      throw std::invalid_argument(fmt::format("check::Case: {} doc_seeds for {} documents", c.doc_seeds.size(),
-                                              c.doc_lens.size()));
+      throw std::invalid_argument(
+          fmt::format("check::Case: {} doc_seeds for {} documents", c.doc_seeds.size(), c.doc_lens.size()));
     const size_t state = static_cast<size_t>(p.HV) * p.K * p.V;
     for (size_t n = 0; n < c.doc_lens.size(); ++n) {
       ref::Problem one = p;
@@ -216,10 +217,17 @@ Report run(const Layer& layer, const Case& c) {
   const size_t tqk = static_cast<size_t>(p.T) * p.H * p.K;
   Dev o = Dev::poisoned(tv * p.V * 2), ht = Dev::poisoned(state * 4);
   Dev saved = Dev::poisoned(layer.saved_bytes(shape));
-  Dev ws = Dev::poisoned(std::max(layer.workspace_bytes(CallForm::forward, shape),
-                                  layer.workspace_bytes(CallForm::backward, shape)));
-  LayerInputs li{q.get(), k.get(), v.get(), static_cast<const float*>(g.get()), static_cast<const float*>(beta.get()),
-                 cu.get(), c.cu_type, p.has_h0 ? static_cast<const float*>(h0.get()) : nullptr, 0.f};
+  Dev ws = Dev::poisoned(
+      std::max(layer.workspace_bytes(CallForm::forward, shape), layer.workspace_bytes(CallForm::backward, shape)));
+  LayerInputs li{q.get(),
+                 k.get(),
+                 v.get(),
+                 static_cast<const float*>(g.get()),
+                 static_cast<const float*>(beta.get()),
+                 cu.get(),
+                 c.cu_type,
+                 p.has_h0 ? static_cast<const float*>(h0.get()) : nullptr,
+                 0.f};
   LayerOutputs lo{o.get(), has_ht ? static_cast<float*>(ht.get()) : nullptr};
   rt::Stream stream = rt::Stream::create(), other_stream = rt::Stream::create();
   const size_t grad_state = p.has_h0 ? state * 4 : 0;
@@ -241,14 +249,18 @@ Report run(const Layer& layer, const Case& c) {
     std::vector<std::tuple<std::string, const Dev*, size_t>> results = {{"o", &o, tv * p.V * 2}};
     if (has_ht) results.emplace_back("ht", &ht, state * 4);
     if (c.backward) {
-      LayerGrads lg{dod.get(), has_ht ? static_cast<const float*>(dhtd.get()) : nullptr, dq.get(), dk.get(), dv.get(),
-                    static_cast<float*>(dg.get()), static_cast<float*>(db.get()),
+      LayerGrads lg{dod.get(),
+                    has_ht ? static_cast<const float*>(dhtd.get()) : nullptr,
+                    dq.get(),
+                    dk.get(),
+                    dv.get(),
+                    static_cast<float*>(dg.get()),
+                    static_cast<float*>(db.get()),
                     p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
       CUstream backward_stream = run_on;
       if (c.step != Case::Step::fwd_bwd) {
         const LayerOutputs no_output{nullptr, lo.ht};
-        layer.recompute(shape, li, no_output, OutputNeeded::no, saved.get(), saved.buf.bytes(), stamped,
-                        run_on);
+        layer.recompute(shape, li, no_output, OutputNeeded::no, saved.get(), saved.buf.bytes(), stamped, run_on);
       }
       if (c.step == Case::Step::ckpt_intervening)
         layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, run_on);
@@ -259,9 +271,9 @@ Report run(const Layer& layer, const Case& c) {
       r.handoff = layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), stamped, backward_stream);
       GDN_CHECK_CU(rt::drv().cuStreamSynchronize(backward_stream), "backward");
       sync(run_on);
-      for (auto [name, dev, bytes] : {std::tuple{"dq", &dq, tqk * 2}, std::tuple{"dk", &dk, tqk * 2},
-                                      std::tuple{"dv", &dv, tv * p.V * 2}, std::tuple{"dg", &dg, tv * 4},
-                                      std::tuple{"dbeta", &db, tv * 4}})
+      for (auto [name, dev, bytes] :
+           {std::tuple{"dq", &dq, tqk * 2}, std::tuple{"dk", &dk, tqk * 2}, std::tuple{"dv", &dv, tv * p.V * 2},
+            std::tuple{"dg", &dg, tv * 4}, std::tuple{"dbeta", &db, tv * 4}})
         results.emplace_back(name, dev, bytes);
       if (grad_state) results.emplace_back("dh0", &dh0, grad_state);
     }
@@ -271,7 +283,8 @@ Report run(const Layer& layer, const Case& c) {
         r.bytes[name] = dev->download(bytes);
         if (diff) {
           Dev copy{rt::DeviceBuffer::create(std::max<size_t>(bytes, 16))};
-          GDN_CHECK_CU(rt::drv().cuMemcpyDtoDAsync_v2(copy.handle(), dev->handle(), bytes, run_on), "keep the first run");
+          GDN_CHECK_CU(rt::drv().cuMemcpyDtoDAsync_v2(copy.handle(), dev->handle(), bytes, run_on),
+                       "keep the first run");
           first_run.emplace(name, std::move(copy));
         }
       }
@@ -310,18 +323,22 @@ std::string document_bytes(const Report& r, const std::string& tensor, const Spe
   for (long long len : doc_lens) tokens += static_cast<size_t>(len);
   const auto expect_total = [&](size_t want) {
     if (all.size() != want)
-      throw std::invalid_argument(fmt::format("document_bytes: {} has {} bytes, {} expected for these documents",
-                                              tensor, all.size(), want));
+      throw std::invalid_argument(
+          fmt::format("document_bytes: {} has {} bytes, {} expected for these documents", tensor, all.size(), want));
   };
   if (tensor == "ht" || tensor == "dh0") {
     expect_total(doc_lens.size() * HV * K * V * 4);
     return all.substr(doc * HV * K * V * 4, HV * K * V * 4);
   }
   size_t per_token = 0;
-  if (tensor == "o" || tensor == "dv") per_token = HV * V * 2;
-  else if (tensor == "dq" || tensor == "dk") per_token = H * K * 2;
-  else if (tensor == "dg" || tensor == "dbeta") per_token = HV * 4;
-  else throw std::invalid_argument("document_bytes: unknown tensor " + tensor);
+  if (tensor == "o" || tensor == "dv")
+    per_token = HV * V * 2;
+  else if (tensor == "dq" || tensor == "dk")
+    per_token = H * K * 2;
+  else if (tensor == "dg" || tensor == "dbeta")
+    per_token = HV * 4;
+  else
+    throw std::invalid_argument("document_bytes: unknown tensor " + tensor);
   expect_total(tokens * per_token);
   size_t t0 = 0;
   for (size_t n = 0; n < doc; ++n) t0 += static_cast<size_t>(doc_lens[n]);

@@ -16,20 +16,20 @@
 namespace gdn::check {
 
 struct Case {
-  std::vector<long long> doc_lens;       ///< document lengths; T is their sum
+  std::vector<long long> doc_lens;  ///< document lengths; T is their sum
   uint64_t seed = 1;
   /// One seed per document: each document's inputs (q, k, v, g, beta, h0, dO, dht) come from its
   /// own seed whatever else is packed with it, so a document can be run alone, packed with others
   /// or in another order on the same values (batch invariance). Empty: all from `seed`.
   std::vector<uint64_t> doc_seeds;
-  double gate_shift = 0;                 ///< g = logsigmoid(x) - gate_shift
-  std::optional<double> gate_value;      ///< every g equal to this (e.g. 0 or -20)
-  std::optional<double> beta_value;      ///< every beta equal to this (e.g. 0 or 1)
+  double gate_shift = 0;             ///< g = logsigmoid(x) - gate_shift
+  std::optional<double> gate_value;  ///< every g equal to this (e.g. 0 or -20)
+  std::optional<double> beta_value;  ///< every beta equal to this (e.g. 0 or 1)
   bool backward = true;
-  bool with_reference = true;            ///< false: run the GPU only (determinism, timing)
+  bool with_reference = true;  ///< false: run the GPU only (determinism, timing)
   IndexType cu_type = IndexType::int32;
-  int repeats = 1;                       ///< run the whole call sequence this many times on the same inputs
-  bool legacy_stream = false;            ///< run on the legacy default stream (what torch uses by default)
+  int repeats = 1;             ///< run the whole call sequence this many times on the same inputs
+  bool legacy_stream = false;  ///< run on the legacy default stream (what torch uses by default)
   /// fwd_bwd: forward then backward. ckpt: a forward, then the recompute (output skipped) and the
   /// backward on one stamped Workspace, as a checkpointed step runs them. The stale variants make
   /// the hand-off stale on purpose: ckpt_intervening runs another forward (same inputs) on the

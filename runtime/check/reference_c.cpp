@@ -18,9 +18,8 @@ extern "C" {
  */
 int gdn_ref_run(int64_t T, int H, int HV, int K, int V, const int64_t* cu_seqlens, int N, double scale, int l2norm,
                 const double* q, const double* k, const double* v, const double* g, const double* beta,
-                const double* h0, int backward, const double* d_o, const double* dht, double* o, double* ht,
-                double* dq, double* dk, double* dv, double* dg, double* dbeta, double* dh0, char* err,
-                size_t err_size) {
+                const double* h0, int backward, const double* d_o, const double* dht, double* o, double* ht, double* dq,
+                double* dk, double* dv, double* dg, double* dbeta, double* dh0, char* err, size_t err_size) {
   try {
     gdn::ref::Problem p;
     p.T = T;

@@ -22,7 +22,6 @@
 
 namespace gdn {
 
-
 template <class Cfg>
 struct ChunkBwdMmaSync {
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV;
@@ -77,8 +76,8 @@ struct ChunkBwdMmaSync {
     float* sgam = sb + C;   // dL/dgamma per row
     float* sdb = sgam + C;  // dL/dbeta per row
     float* stmp = sdb + C;
-    float* spart = stmp + C;               // [C][K/8] or [C cols][C/16] partials
-    float* sred = spart + C * (K / 8);     // [64] block-sum scratch
+    float* spart = stmp + C;            // [C][K/8] or [C cols][C/16] partials
+    float* sred = spart + C * (K / 8);  // [64] block-sum scratch
 
     {
       const long long qs = (long long)H * K, vs = (long long)HV * V;
@@ -132,7 +131,8 @@ struct ChunkBwdMmaSync {
       dq.zero();
       bwd::mma(dq, MatRef{sO, PV, 1}, transposed(MatRef{sS, PV, 1}), V);
       dq.for_each([&](int r, int, float& x) { x *= r < m ? scale * exp2f(fminf(sg[r], 0.f)) : 0.f; });
-      bwd::row_partials(dq, [&](int r, int c, float x) { return x * bf2f(sQ[r * PK + c]); }, spart);
+      bwd::row_partials(
+          dq, [&](int r, int c, float x) { return x * bf2f(sQ[r * PK + c]); }, spart);
       bwd::mma(dq, MatRef{sDS, PC, 1}, MatRef{sK, PK, 1}, C);
       store_group_grad(p.dq_v, dq, t0, j, m);
     }
@@ -147,8 +147,10 @@ struct ChunkBwdMmaSync {
       qk.zero();
       bwd::mma(qk, MatRef{sQ, PK, 1}, transposed(MatRef{sK, PK, 1}), K);
       qk.for_each([&](int r, int c, float& v) { v = r > c ? v * bf2f(sDS[r * PC + c]) : 0.f; });
-      bwd::row_partials(qk, [](int, int, float v) { return v; }, spart);
-      bwd::col_partials(qk, [](int, int, float v) { return v; }, spart + C * (C / 8));
+      bwd::row_partials(
+          qk, [](int, int, float v) { return v; }, spart);
+      bwd::col_partials(
+          qk, [](int, int, float v) { return v; }, spart + C * (C / 8));
     }
     __syncthreads();
     if (tid < C && tid < m)
@@ -173,7 +175,8 @@ struct ChunkBwdMmaSync {
     dk.zero();
     bwd::mma(dk, MatRef{sVn, PV, 1}, transposed(MatRef{sZ, PV, 1}), V);
     dk.for_each([&](int r, int, float& x) { x *= r < m ? gate_exp2(gL - sg[r], true) : 0.f; });
-    bwd::row_partials(dk, [&](int r, int c, float x) { return x * K_at(r, c); }, spart);
+    bwd::row_partials(
+        dk, [&](int r, int c, float x) { return x * K_at(r, c); }, spart);
     __syncthreads();
     if (tid < C) stmp[tid] = bwd::partials_sum<K / 8>(spart, tid);
     __syncthreads();
@@ -202,7 +205,8 @@ struct ChunkBwdMmaSync {
       AccCK x;
       x.zero();
       bwd::mma(x, transposed(MatRef{sT, PC, 1}), MatRef{sDW, PK, 1}, C);
-      bwd::row_partials(x, [&](int r, int c, float v) { return v * K_at(r, c); }, spart);
+      bwd::row_partials(
+          x, [&](int r, int c, float v) { return v * K_at(r, c); }, spart);
       // Element-wise combine: every Acc of one shape maps elements to threads identically.
 #pragma unroll
       for (int q = 0; q < AccCK::kSlots; ++q) {
@@ -231,7 +235,8 @@ struct ChunkBwdMmaSync {
         if (r < m) bwd::store_bf16x2(out + (long long)r * HV * V + c, sb[r] * a, sb[r] * b);
       });
       __syncthreads();  // spart of R1 consumed above
-      bwd::row_partials(x, [&](int r, int c, float v) { return v * bf2f(sV[r * PV + c]); }, spart);
+      bwd::row_partials(
+          x, [&](int r, int c, float v) { return v * bf2f(sV[r * PV + c]); }, spart);
     }
     {  // dTm = tril1((dW Kc^T) diag(b Gam) + (dV' Vc^T) diag(b)), split into bf16 hi + lo.
       AccCC t1, t2;
@@ -299,8 +304,10 @@ struct ChunkBwdMmaSync {
       for (int q = 0; q < AccCC::kSlots; ++q)
 #pragma unroll
         for (int e = 0; e < 4; ++e) kk.c[q][e] *= x.c[q][e];
-      bwd::row_partials(kk, [&](int, int, float v) { return v; }, spart);
-      bwd::col_partials(kk, [&](int r, int, float v) { return sb[r] * v; }, spart + C * (C / 8));
+      bwd::row_partials(
+          kk, [&](int, int, float v) { return v; }, spart);
+      bwd::col_partials(
+          kk, [&](int r, int, float v) { return sb[r] * v; }, spart + C * (C / 8));
     }
     __syncthreads();
     if (tid < C && tid < m) {

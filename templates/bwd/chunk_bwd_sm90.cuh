@@ -99,8 +99,8 @@ __device__ __forceinline__ void wmma_issue(WgAcc<N>& acc, const SwTile& a, const
   wg::fence();
   for (int ks = 0; ks < depth / 16; ++ks) {
     const wg::u64 da = TA ? wg::desc_mn_major(a.addr(), a.rows, ks) : wg::desc_k_major(a.addr(), a.rows, ks);
-    const wg::u64 db = TB ? wg::desc_mn_major_cols(b.addr(), b.rows, col0, ks)
-                          : wg::desc_k_major_rows(b.addr(), b.rows, col0, ks);
+    const wg::u64 db =
+        TB ? wg::desc_mn_major_cols(b.addr(), b.rows, col0, ks) : wg::desc_k_major_rows(b.addr(), b.rows, col0, ks);
     wg::mma_k16<NW, TA, TB>(d, da, db, 1);
   }
 }
@@ -138,11 +138,11 @@ struct ChunkBwdSm90 {
   static_assert(HV == H * Cfg::G, "ChunkBwdSm90: HV must equal H * G");
 
   // Tile sizes in elements; every tile is a multiple of 1024 bytes, so each stays 1024-aligned.
-  static constexpr int kTok = C * K;   // [64 tokens x 128]
-  static constexpr int kSq = K * V;    // [128 x 128]
-  static constexpr int kCC = C * C;    // [64 x 64]
-  static constexpr int kPersist = 4 * kTok + kCC;           // Q, K, V, dV', Tm
-  static constexpr int kPhase = 2 * kSq + 2 * kTok + kCC;   // S, Z, dO, V', dS~
+  static constexpr int kTok = C * K;                       // [64 tokens x 128]
+  static constexpr int kSq = K * V;                        // [128 x 128]
+  static constexpr int kCC = C * C;                        // [64 x 64]
+  static constexpr int kPersist = 4 * kTok + kCC;          // Q, K, V, dV', Tm
+  static constexpr int kPhase = 2 * kSq + 2 * kTok + kCC;  // S, Z, dO, V', dS~
   static_assert(kTok + 6 * kCC <= kPhase, "ChunkBwdSm90: B5 tiles overflow the B4 region");
   static constexpr int kScalarOffsetBytes = 2 * (kPersist + kPhase);
   static constexpr int kSmemBytes = kScalarOffsetBytes + 4 * (5 * C + C * (K / 8) + 64);
@@ -228,7 +228,8 @@ struct ChunkBwdSm90 {
       dq.zero();
       sm90::wmma<0, 0>(dq, sO, sS, V);
       dq.for_each([&](int r, int, float& x) { x *= r < m ? scale * exp2f(fminf(sg[r], 0.f)) : 0.f; });
-      bwd::row_partials(dq, [&](int r, int c, float x) { return x * bf2f(sQ.at(r, c)); }, spart);
+      bwd::row_partials(
+          dq, [&](int r, int c, float x) { return x * bf2f(sQ.at(r, c)); }, spart);
       sm90::wmma<0, 1>(dq, sDS, sK, C);
       store_group_grad(p.dq_v, dq, t0, j, m);
     }
@@ -240,8 +241,10 @@ struct ChunkBwdSm90 {
       qk.zero();
       sm90::wmma<0, 0>(qk, sQ, sK, K);
       qk.for_each([&](int r, int c, float& v) { v = r > c ? v * bf2f(sDS.at(r, c)) : 0.f; });
-      bwd::row_partials(qk, [](int, int, float v) { return v; }, spart);
-      bwd::col_partials(qk, [](int, int, float v) { return v; }, spart + C * (C / 8));
+      bwd::row_partials(
+          qk, [](int, int, float v) { return v; }, spart);
+      bwd::col_partials(
+          qk, [](int, int, float v) { return v; }, spart + C * (C / 8));
     }
     __syncthreads();
     if (tid < C && tid < m)
@@ -270,7 +273,8 @@ struct ChunkBwdSm90 {
     }
     sm90::wmma_wait(dk);
     dk.for_each([&](int r, int, float& x) { x *= r < m ? gate_exp2(gL - sg[r], true) : 0.f; });
-    bwd::row_partials(dk, [&](int r, int c, float x) { return x * bf2f(sK.at(r, c)); }, spart);
+    bwd::row_partials(
+        dk, [&](int r, int c, float x) { return x * bf2f(sK.at(r, c)); }, spart);
     __syncthreads();
     if (tid < C) stmp[tid] = bwd::partials_sum<K / 8>(spart, tid);
     __syncthreads();
@@ -299,7 +303,8 @@ struct ChunkBwdSm90 {
       AccCK x;
       x.zero();
       sm90::wmma<1, 1>(x, sT, sDW, C);
-      bwd::row_partials(x, [&](int r, int c, float v) { return v * bf2f(sK.at(r, c)); }, spart);
+      bwd::row_partials(
+          x, [&](int r, int c, float v) { return v * bf2f(sK.at(r, c)); }, spart);
 #pragma unroll
       for (int q = 0; q < AccCK::kSlots; ++q) {
         const int r0 = AccCK::tile_row(tid / 32, q) * 16 + (tid % 32) / 4;
@@ -327,7 +332,8 @@ struct ChunkBwdSm90 {
         if (r < m) bwd::store_bf16x2(out + (long long)r * HV * V + c, sb[r] * a, sb[r] * b);
       });
       __syncthreads();  // spart of R1 consumed above
-      bwd::row_partials(x, [&](int r, int c, float v) { return v * bf2f(sV.at(r, c)); }, spart);
+      bwd::row_partials(
+          x, [&](int r, int c, float v) { return v * bf2f(sV.at(r, c)); }, spart);
     }
     {  // dTm = tril1((dW Kc^T) diag(b Gam) + (dV' Vc^T) diag(b)), split into bf16 hi + lo.
       AccCC t1, t2;
@@ -395,8 +401,10 @@ struct ChunkBwdSm90 {
       for (int q = 0; q < AccCC::kSlots; ++q)
 #pragma unroll
         for (int e = 0; e < 4; ++e) kk.c[q][e] *= x.c[q][e];
-      bwd::row_partials(kk, [&](int, int, float v) { return v; }, spart);
-      bwd::col_partials(kk, [&](int r, int, float v) { return sb[r] * v; }, spart + C * (C / 8));
+      bwd::row_partials(
+          kk, [&](int, int, float v) { return v; }, spart);
+      bwd::col_partials(
+          kk, [&](int r, int, float v) { return sb[r] * v; }, spart + C * (C / 8));
     }
     sm90::sync_for_wgmma();
     if (tid < C && tid < m) {

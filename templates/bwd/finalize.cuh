@@ -21,8 +21,8 @@ struct Finalize {
   static_assert(K % 32 == 0, "Finalize: K must be a multiple of 32 (one warp per row)");
   static_assert(HV == H * G, "Finalize: HV must equal H * G");
 
-  __device__ static void one(const bf16_t* dxv, const bf16_t* y, const float* rstd, bf16_t* dx, long long t,
-                             int h, int lane) {
+  __device__ static void one(const bf16_t* dxv, const bf16_t* y, const float* rstd, bf16_t* dx, long long t, int h,
+                             int lane) {
     float d[kPerLane];
 #pragma unroll
     for (int e = 0; e < kPerLane; ++e) d[e] = 0.f;

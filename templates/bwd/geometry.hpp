@@ -69,9 +69,7 @@ struct ChunkBwdGeometry {
 struct FinalizeGeometry {
   static constexpr int kThreads = 256;
   static constexpr int kRowsPerBlock = kThreads / 32;
-  static constexpr long long grid_x(long long T, int H) {
-    return (T * H + kRowsPerBlock - 1) / kRowsPerBlock;
-  }
+  static constexpr long long grid_x(long long T, int H) { return (T * H + kRowsPerBlock - 1) / kRowsPerBlock; }
   static constexpr int smem_bytes(int K, int V, int chunk) { return 0 * (K + V + chunk); }
 };
 

@@ -32,7 +32,8 @@ struct StateWalkBwd {
   static constexpr int kThreads = StateWalkBwdGeometry::threads(BV), kWarps = kThreads / 32;
   static constexpr int PK = bwd_pitch(K), PB = bwd_pitch(BV);
   static_assert(C == 64, "StateWalkBwd: only chunk size 64 is supported");
-  static_assert((BV == 32 || BV == 64) && V % BV == 0, "StateWalkBwd: V must be a multiple of the 32- or 64-column slab");
+  static_assert((BV == 32 || BV == 64) && V % BV == 0,
+                "StateWalkBwd: V must be a multiple of the 32- or 64-column slab");
   static_assert(K % 16 == 0 && K <= 256, "StateWalkBwd: K must be a multiple of 16 and at most 256");
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "StateWalkBwd: HV must equal H * G");
 
@@ -51,20 +52,20 @@ struct StateWalkBwd {
   static_assert(SEG >= 1, "Cfg::SEGMENTS must be at least 1");
 
   // `inputs` false (the prescan's transition columns): the dO and dv_local slabs load as zeros.
-  __device__ static void load_og(unsigned char* st, float* g, const StateWalkBwdParams& p, const ChunkInfo& ci,
-                                 int j, int v0, bool inputs) {
+  __device__ static void load_og(unsigned char* st, float* g, const StateWalkBwdParams& p, const ChunkInfo& ci, int j,
+                                 int v0, bool inputs) {
     bf16_t* b = reinterpret_cast<bf16_t*>(st);
     const long long t0 = ci.start;
     const int m = ci.len;
-    bwd::load_tile_async<C, BV, kThreads>(b + kOffO, PB, p.d_o + (t0 * Cfg::HV + j) * V + v0,
-                                          (long long)Cfg::HV * V, inputs ? m : 0);
+    bwd::load_tile_async<C, BV, kThreads>(b + kOffO, PB, p.d_o + (t0 * Cfg::HV + j) * V + v0, (long long)Cfg::HV * V,
+                                          inputs ? m : 0);
     if (threadIdx.x < C) {
       const bool ok = threadIdx.x < m;
       bwd::cp_async4(g + threadIdx.x, ok ? p.gc + (t0 + threadIdx.x) * Cfg::HV + j : p.gc, ok);
     }
   }
-  __device__ static void load_kl(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j,
-                                 int v0, bool inputs) {
+  __device__ static void load_kl(unsigned char* st, const StateWalkBwdParams& p, const ChunkInfo& ci, int j, int v0,
+                                 bool inputs) {
     bf16_t* b = reinterpret_cast<bf16_t*>(st);
     const long long t0 = ci.start;
     const int h = j / Cfg::G, m = ci.len;
@@ -117,7 +118,8 @@ struct StateWalkBwd {
     Acc<K, BV, kWarps> z;
     z.zero();
     if (kPrescan) {
-      if (transition) bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
+      if (transition)
+        bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
           a = r == v0 + c ? 1.f : 0.f;
           b = r == v0 + c + 1 ? 1.f : 0.f;
         });

@@ -30,7 +30,9 @@ struct Transposed {
   __device__ __forceinline__ bf16_t operator()(int r, int c) const { return a(c, r); }
 };
 template <class A>
-__device__ __forceinline__ Transposed<A> transposed(A a) { return Transposed<A>{a}; }
+__device__ __forceinline__ Transposed<A> transposed(A a) {
+  return Transposed<A>{a};
+}
 
 __device__ __forceinline__ u32 pack_bf16x2(bf16_t lo, bf16_t hi) {
   return static_cast<u32>(lo) | (static_cast<u32>(hi) << 16);

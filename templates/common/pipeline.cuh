@@ -28,17 +28,20 @@ __device__ __forceinline__ void mbar_init(unsigned long long* bar, u32 arrivals)
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(bar)), "r"(arrivals) : "memory");
 }
 /// Makes mbarrier initializations visible to the async proxy (cp.async.bulk, wgmma) too.
-__device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_mbar_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
 
 __device__ __forceinline__ void mbar_arrive(unsigned long long* bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar)) : "memory");
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(smem_u32(bar))
+               : "memory");
 }
 /// Arrives and adds `bytes` to the transactions the current phase waits for (bulk copies).
 __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u32 bytes) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(
-                   smem_u32(bar)),
-               "r"(bytes)
-               : "memory");
+  asm volatile(
+      "{\n.reg .b64 state;\nmbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(bytes)
+      : "memory");
 }
 /// The barrier receives one arrival when every cp.async this thread issued before has landed
 /// (.noinc: the arrival counts against the barrier's expected count, which must include it).
@@ -49,11 +52,10 @@ __device__ __forceinline__ void cp_async_arrive(unsigned long long* bar) {
 /// thread briefly before answering no).
 __device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, u32 parity) {
   u32 done = 0;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(done)
+               : "r"(smem_u32(bar)), "r"(parity)
+               : "memory");
   return done != 0;
 }
 /// Spins until the phase of parity `parity` has completed.
@@ -77,11 +79,7 @@ __device__ __forceinline__ void named_arrive(int id, int threads) {
 /// True in exactly one lane of the (fully active) warp.
 __device__ __forceinline__ bool elect_one() {
   u32 pred = 0;
-  asm volatile(
-      "{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(pred)
-      :
-      : "memory");
+  asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(pred) : : "memory");
   return pred != 0;
 }
 

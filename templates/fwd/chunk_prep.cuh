@@ -70,8 +70,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool src_
                : "memory");
 }
 __device__ __forceinline__ void cp_async4(void* dst, const void* src, bool src_valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
-               "r"(src_valid ? 4 : 0)
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(src_valid ? 4 : 0)
                : "memory");
 }
 using gdn::cp_async_commit;
@@ -94,8 +93,8 @@ __device__ __forceinline__ void tile_to_smem_async(bf16_t* dst, int ld, const bf
 
 /// Stores rows < valid of a padded shared bf16 tile to global memory with 16-byte stores.
 template <int THREADS>
-__device__ __forceinline__ void tile_to_global(bf16_t* dst, long long dst_stride, const bf16_t* src, int ld,
-                                               int cols, int valid, int first = -1, int stride = THREADS) {
+__device__ __forceinline__ void tile_to_global(bf16_t* dst, long long dst_stride, const bf16_t* src, int ld, int cols,
+                                               int valid, int first = -1, int stride = THREADS) {
   const int per_row = cols / 8;
   if (first < 0) first = threadIdx.x;  // block-wide by default; warp-level callers pass (lane, 32)
   for (int i = first; i < valid * per_row; i += stride) {
@@ -153,8 +152,8 @@ __device__ __forceinline__ void gate_scores(u32 (&Pa)[C / 16][4], const float (&
 /// acc = Tm X for row block rb (16 rows) and the NC columns from c0 of X: Tm (sT, row stride LDT)
 /// is lower triangular, so only its k-blocks 0..rb are read; X is a padded row-major tile [C][..].
 template <int C, int NC, int LDT, int LDX>
-__device__ __forceinline__ void lower_tri_product(float (&acc)[NC / 8][4], const bf16_t* sT, const bf16_t* sX,
-                                                  int rb, int c0) {
+__device__ __forceinline__ void lower_tri_product(float (&acc)[NC / 8][4], const bf16_t* sT, const bf16_t* sX, int rb,
+                                                  int c0) {
 #pragma unroll
   for (int n = 0; n < NC / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
@@ -183,7 +182,8 @@ struct ChunkPrep {
                 "ChunkPrep assumes 8 warps: warp w owns chunk rows 16 (w % 4) .. +15 and half w / 4 of the columns");
   static_assert(ChunkPrepGeometry::ld_bf(Cfg::CHUNK) * 2 <= ChunkPrepGeometry::ld_f(Cfg::CHUNK) * 4,
                 "the bf16 Tm tile must fit in the bytes of the fp32 L tile it reuses");
-  static_assert(ChunkPrepGeometry::off_p(Cfg::K, Cfg::V, Cfg::CHUNK) - ChunkPrepGeometry::off_v(Cfg::K, Cfg::V, Cfg::CHUNK) >=
+  static_assert(ChunkPrepGeometry::off_p(Cfg::K, Cfg::V, Cfg::CHUNK) -
+                        ChunkPrepGeometry::off_v(Cfg::K, Cfg::V, Cfg::CHUNK) >=
                     Cfg::CHUNK * ChunkPrepGeometry::ld_bf(Cfg::V) * 2,
                 "the V tile must fit in the bytes it shares with the fp32 Tm");
 
@@ -262,8 +262,7 @@ struct ChunkPrep {
     scale_rows<K, LDK>(sK, [&](int r) { return r < len ? sb[r] * exp2f(sg[r]) : 0.f; });
     __syncthreads();
 
-    if (!p.tm_is_input)
-      fwd::tile_to_global<kThreads>(p.tm + (t0 * HV + j) * C, (long long)HV * C, sTb, LDT, C, len);
+    if (!p.tm_is_input) fwd::tile_to_global<kThreads>(p.tm + (t0 * HV + j) * C, (long long)HV * C, sTb, LDT, C, len);
 
     // W then U; warp w owns output rows 16 (w % 4) .. +15 and column half w / 4 and, Tm being
     // lower triangular, needs only the k-blocks 0..w % 4. Results are staged in the warp's own
@@ -292,8 +291,8 @@ struct ChunkPrep {
   }
 
   template <int D, int LD>
-  __device__ static void wu_product(const bf16_t* sTb, bf16_t* sX, bf16_t* dst, long long dst_stride, int len,
-                                    int warp, int lane, int gr, int tq) {
+  __device__ static void wu_product(const bf16_t* sTb, bf16_t* sX, bf16_t* dst, long long dst_stride, int len, int warp,
+                                    int lane, int gr, int tq) {
     constexpr int kHalf = D / 2;
     const int rb = warp & 3, c0 = (warp >> 2) * kHalf;
     float acc[kHalf / 8][4];
@@ -308,8 +307,8 @@ struct ChunkPrep {
     __syncwarp();
     const int rows = min(16, len - rb * 16);
     if (rows > 0)
-      fwd::tile_to_global<32>(dst + (long long)rb * 16 * dst_stride + c0, dst_stride, sX + rb * 16 * LD + c0, LD,
-                              kHalf, rows, lane, 32);
+      fwd::tile_to_global<32>(dst + (long long)rb * 16 * dst_stride + c0, dst_stride, sX + rb * 16 * LD + c0, LD, kHalf,
+                              rows, lane, 32);
   }
 
   /// s + l * t per component, each as one fmaf (l first, as the scalar merge wrote it).

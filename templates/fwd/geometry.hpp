@@ -19,7 +19,7 @@ struct ChunkPrepGeometry {
   /// better; with the layout below 4 blocks (32 warps) fit on an SM.
   static constexpr int kThreads = 256;
   static constexpr int kMinBlocks = 4;  ///< __launch_bounds__: 64 registers, so the registers allow 4 too
-  static constexpr int ld_bf(int d) { return d + 8; }       ///< bf16 row stride (elements)
+  static constexpr int ld_bf(int d) { return d + 8; }         ///< bf16 row stride (elements)
   static constexpr int ld_f(int chunk) { return chunk + 4; }  ///< fp32 row stride of L and Tm
   // Layout: K tile (bf16 [chunk][ld_bf]), L (fp32), Tm (fp32), merge scratch, gc, beta. Tm in
   // bf16 reuses L's bytes (L is dead once the merge is done) and the V tile reuses the fp32 Tm's

@@ -130,8 +130,8 @@ struct Output {
     __syncwarp();
     const int rows = min(16, len - rb * 16);
     if (rows > 0)
-      fwd::tile_to_global<32>(p.o + ((t0 + rb * 16) * HV + j) * V + c0, (long long)HV * V, sQ + rb * 16 * LDK + c0,
-                              LDK, kHalf, rows, lane, 32);
+      fwd::tile_to_global<32>(p.o + ((t0 + rb * 16) * HV + j) * V + c0, (long long)HV * V, sQ + rb * 16 * LDK + c0, LDK,
+                              kHalf, rows, lane, 32);
   }
 };
 

@@ -110,7 +110,6 @@ struct StateWalk {
 
     unsigned char* stage = smem;
     for (int c = c_begin; c < c_end; ++c) {
-
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -167,7 +166,8 @@ struct StateWalk {
       if (c + 1 < c_end) issue_wug(p, c + 1, stage, j, v0, !transition);
       fwd::cp_async_commit();
 
-      if (!kPrescan) fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len);
+      if (!kPrescan)
+        fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len);
 
       // S = exp2(gcL) S + K^T Vg; k-steps past the chunk length only add zeros, so skip them.
       const float decay = exp2f(gl);
@@ -232,7 +232,8 @@ struct StateWalk {
     bf16_t* sU = reinterpret_cast<bf16_t*>(stage + kOff_u);
     float* sg = reinterpret_cast<float*>(stage + kOff_g);
     fwd::tile_to_smem_async<kThreads>(sW, LDK, p.w + (t0 * HV + j) * K, (long long)HV * K, C, K, ci.len);
-    if (with_u) fwd::tile_to_smem_async<kThreads>(sU, LDS, p.u + (t0 * HV + j) * V + v0, (long long)HV * V, C, BV, ci.len);
+    if (with_u)
+      fwd::tile_to_smem_async<kThreads>(sU, LDS, p.u + (t0 * HV + j) * V + v0, (long long)HV * V, C, BV, ci.len);
     if (threadIdx.x < C) {
       const bool ok = threadIdx.x < ci.len;
       fwd::cp_async4(sg + threadIdx.x, ok ? p.gc + (t0 + threadIdx.x) * HV + j : p.gc, ok);

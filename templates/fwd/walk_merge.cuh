@@ -48,7 +48,8 @@ struct WalkMerge {
       // Row r of S_ext and of M, 16 floats per 128-bit load: the loads of a k-block are in flight
       // together instead of one dependent load per k (the row stride, 4 (V + K) bytes, keeps them
       // 16-byte aligned).
-      const float4* row = reinterpret_cast<const float4*>(p.seg_hm + (z * HV + j) * K * (V + K) + (long long)r * (V + K));
+      const float4* row =
+          reinterpret_cast<const float4*>(p.seg_hm + (z * HV + j) * K * (V + K) + (long long)r * (V + K));
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
         const float4 t = row[(c0 + half) / 4 + q];  // S_ext

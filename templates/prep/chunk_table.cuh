@@ -25,7 +25,7 @@ struct ChunkTable {
   }
 
   __device__ static void run(const ChunkTableParams& p) {
-    __shared__ int first_bad;      // lowest failing index, or INT_MAX
+    __shared__ int first_bad;  // lowest failing index, or INT_MAX
     __shared__ int scan[kThreads];
     __shared__ int total;
     const int tid = threadIdx.x;
@@ -46,7 +46,8 @@ struct ChunkTable {
     const int d0 = min(p.N, tid * per), d1 = min(p.N, d0 + per);
     int mine = 0;
     if (valid)
-      for (int d = d0; d < d1; ++d) mine += static_cast<int>((cu_at(p, d + 1) - cu_at(p, d) + Cfg::CHUNK - 1) / Cfg::CHUNK);
+      for (int d = d0; d < d1; ++d)
+        mine += static_cast<int>((cu_at(p, d + 1) - cu_at(p, d) + Cfg::CHUNK - 1) / Cfg::CHUNK);
     scan[tid] = mine;
     __syncthreads();
     for (int off = 1; off < kThreads; off <<= 1) {
@@ -88,11 +89,23 @@ struct ChunkTable {
       if (!valid) {
         const int i = first_bad;
         st.index = i;
-        if (i == 0 && cu_at(p, 0) != 0) { st.code = kCuFirstNotZero; st.value = cu_at(p, 0); st.expected = 0; }
-        else if (i > 0 && cu_at(p, i) < cu_at(p, i - 1)) { st.code = kCuDecreasing; st.value = cu_at(p, i); st.expected = cu_at(p, i - 1); }
-        else { st.code = kCuLastNotT; st.value = cu_at(p, p.N); st.expected = p.T; }
+        if (i == 0 && cu_at(p, 0) != 0) {
+          st.code = kCuFirstNotZero;
+          st.value = cu_at(p, 0);
+          st.expected = 0;
+        } else if (i > 0 && cu_at(p, i) < cu_at(p, i - 1)) {
+          st.code = kCuDecreasing;
+          st.value = cu_at(p, i);
+          st.expected = cu_at(p, i - 1);
+        } else {
+          st.code = kCuLastNotT;
+          st.value = cu_at(p, p.N);
+          st.expected = p.T;
+        }
       } else if (!fits) {
-        st.code = kCuTooManyChunks; st.value = total; st.expected = p.nt_max;
+        st.code = kCuTooManyChunks;
+        st.value = total;
+        st.expected = p.nt_max;
       }
       *p.status = st;
     }
