@@ -5,7 +5,7 @@
 # sections differ" (the .text is identical, attribute or constant sections are not), "DIFF code".
 # A program whose code is identical to a GPU-tested commit's carries that commit's GPU results.
 #
-#   scripts/compare_cubins.sh 7ec4ba3      # builds gdnc at 7ec4ba3 in a temporary worktree
+#   scripts/compare_cubins.sh REV      # builds gdnc at commit REV in a temporary worktree
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rev="${1:?usage: scripts/compare_cubins.sh <commit>}"

@@ -469,7 +469,7 @@ TEST_SUITE("gpu_determinism") {
     expect_same_bits(first.bytes, f, "light vs full");
   }
 
-  // Measured on the H200 (20b8e3f): the wgmma chunk_bwd accumulates every product in the same k order
+  // Measured on the H200: the wgmma chunk_bwd accumulates every product in the same k order
   // as the mma.sync kernel and gives the same bits, so tensor_cores is a speed choice only. A change
   // to either kernel that breaks this must say so here and in docs/spec.md.
   TEST_CASE("tensor_cores auto (wgmma chunk_bwd) and mma_sync give the same bits") {
