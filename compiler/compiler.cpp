@@ -30,6 +30,7 @@ cache::Key program_key(const Program& p, Target t) {
       {"constants", constants},
       {"threads", p.threads},
       {"min_blocks_per_sm", p.min_blocks_per_sm},
+      {"max_registers", p.max_registers},
       {"templates_sha256", templates_digest(p.template_path)},
       {"source_sha256", cache::sha256_hex(generate_source(p))},
       {"target", to_string(t)},

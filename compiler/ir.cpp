@@ -342,10 +342,10 @@ std::string to_text(const LayerIR& ir) {
   for (const auto& p : ir.programs) {
     std::string consts;
     for (const auto& [k, v] : p.constants) consts += fmt::format("{}{}={}", consts.empty() ? "" : " ", k, v);
-    line(fmt::format("  {:<15} {:<24} {}<{}>  threads={}{} smem={} grid={}", p.name, p.template_path, p.class_name,
-                     consts, p.threads,
-                     p.min_blocks_per_sm > 1 ? fmt::format(" min_blocks={}", p.min_blocks_per_sm) : "", p.smem_bytes,
-                     to_string(p.grid)));
+    line(fmt::format(
+        "  {:<15} {:<24} {}<{}>  threads={}{}{} smem={} grid={}", p.name, p.template_path, p.class_name, consts,
+        p.threads, p.min_blocks_per_sm > 1 ? fmt::format(" min_blocks={}", p.min_blocks_per_sm) : "",
+        p.max_registers > 0 ? fmt::format(" max_registers={}", p.max_registers) : "", p.smem_bytes, to_string(p.grid)));
   }
   line("buffers (bytes with NT = T/chunk + N):");
   for (const auto& b : ir.buffers) {
@@ -375,6 +375,7 @@ json to_json(const LayerIR& ir) {
                      {"constants", c},
                      {"threads", p.threads},
                      {"min_blocks_per_sm", p.min_blocks_per_sm},
+                     {"max_registers", p.max_registers},
                      {"smem_bytes", p.smem_bytes},
                      {"grid", to_string(p.grid)},
                      {"entry", p.entry()}});

@@ -69,6 +69,10 @@ struct Program {
   int min_blocks_per_sm = 1;  ///< second __launch_bounds__ argument (caps registers) when > 1
   int smem_bytes = 0;
   GridKind grid = GridKind::single;
+  /// > 0: the entry is declared __maxnreg__(max_registers) instead of __launch_bounds__, which pins
+  /// the per-thread register count the block is launched with: what setmaxnreg's rebalancing
+  /// between warpgroups needs. Exclusive with min_blocks_per_sm > 1.
+  int max_registers = 0;
   std::string entry() const { return "gdn_" + name; }
 };
 

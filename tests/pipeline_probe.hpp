@@ -3,10 +3,10 @@
  * @brief A warp-specialized producer/consumer kernel over templates/common/pipeline.cuh, for the
  *        CPU compile test and the GPU test gpu_pipeline (which checks its sums against the CPU).
  *
- * Warpgroup 0 is the producer: its first warp's lanes copy `tiles` tiles of
+ * Warpgroup 0 is the producer (setmaxnreg.dec to 40 registers): its first warp's lanes copy `tiles` tiles of
  * 64 rows x 64 floats from global memory into a ring of `stages` shared stages with cp.async, each
  * lane signalling completion on the stage's `full` barrier; it waits on `empty` before refilling.
- * Warpgroup 1 consumes: waits on `full`, sums each tile's rows into out[tile][64],
+ * Warpgroup 1 consumes (setmaxnreg.inc to 216): waits on `full`, sums each tile's rows into out[tile][64],
  * syncs on a named barrier, and one elected lane per warp arrives on `empty`. An odd tile count
  * and more tiles than stages exercise the phase parities. Waits are bounded: err[0] = 1 instead
  * of a hang when a phase never completes.
@@ -53,7 +53,9 @@ __device__ __forceinline__ bool wait_bounded(unsigned long long* bar, unsigned p
   return false;
 }}
 
-extern "C" __global__ void __launch_bounds__(256, 1) gdn_pipeline_probe(const float* in, float* out, int* err) {{
+// 256 threads launched at 128 registers each: the producer warpgroup gives 88 of its registers
+// back (40), the consumer warpgroup takes them (216).
+extern "C" __global__ void __maxnreg__(128) gdn_pipeline_probe(const float* in, float* out, int* err) {{
   using namespace gdn;
   extern __shared__ __align__(16) unsigned char smem[];
   float* stage = reinterpret_cast<float*>(smem);
@@ -69,6 +71,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gdn_pipeline_probe(const fl
   }}
   __syncthreads();
   if (wg == 0) {{
+    pipe::setmaxnreg_dec<40>();
     if (warp == 0) {{
       for (int t = 0; t < TILES; ++t) {{
         const int s = t % S;
@@ -79,6 +82,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) gdn_pipeline_probe(const fl
       }}
     }}
   }} else {{
+    pipe::setmaxnreg_inc<216>();
     const int c = threadIdx.x - 128;  // 128 consumer threads: column c / 2, half the rows each
     for (int t = 0; t < TILES; ++t) {{
       const int s = t % S;

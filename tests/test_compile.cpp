@@ -212,11 +212,13 @@ TEST_SUITE("compile") {
     }
   }
 
-  TEST_CASE("the pipeline probe (mbarriers, cp.async arrivals, named barriers, elect) compiles for sm_90a only") {
+  TEST_CASE(
+      "the pipeline probe (mbarriers, cp.async arrivals, named barriers, elect, setmaxnreg) compiles for sm_90a only") {
     const gdn::test::PipelineProbe probe;
     const gdn::CompiledProgram c = gdn::nvrtc_compile(probe.program(), gdn::Target::sm_90a, probe.source());
     CHECK(!c.cubin.empty());
     CHECK(c.spill_store_bytes == 0);
+    CHECK(c.registers == 128);  // __maxnreg__ pins what setmaxnreg rebalances
     try {
       gdn::nvrtc_compile(probe.program(), gdn::Target::sm_100a, probe.source());
       FAIL("expected the sm_90a-only guard to fire");
@@ -224,6 +226,23 @@ TEST_SUITE("compile") {
       CHECK(e.log().find("the pipeline probe needs sm_90a") != std::string::npos);
       fs::remove(e.source_path());
     }
+  }
+
+  TEST_CASE("max_registers pins the entry's register count with __maxnreg__ instead of __launch_bounds__") {
+    gdn::Program p = gdn::lower(example("n")).program("gate_cumsum");
+    p.max_registers = 64;
+    const std::string src = gdn::generate_source(p);
+    CHECK(src.find("__maxnreg__(64)") != std::string::npos);
+    CHECK(src.find("__launch_bounds__") == std::string::npos);
+    const gdn::CompiledProgram c = gdn::nvrtc_compile(p, gdn::Target::sm_90a, src);
+    CHECK(c.registers <= 64);
+    CHECK(gdn::program_key(p, gdn::Target::sm_90a).digest != [&] {
+      gdn::Program q = p;
+      q.max_registers = 0;
+      return gdn::program_key(q, gdn::Target::sm_90a).digest;
+    }());
+    p.min_blocks_per_sm = 2;
+    CHECK_THROWS_AS(gdn::generate_source(p), std::logic_error);
   }
 
   TEST_CASE("the generated translation unit is tiny and names the entry") {

@@ -1,9 +1,9 @@
 /**
  * @file pipeline.cuh
  * @brief Hopper's warp-specialization primitives (sm_90a, GDN_HAS_WGMMA): shared-memory mbarriers
- *        with transaction counts, cp.async completion signalled on an mbarrier, named barriers and
- *        elected lanes. (setmaxnreg is not here yet: it needs the kernel's register count pinned
- *        with a .maxnreg directive, which the generated entry does not emit.)
+ *        with transaction counts, cp.async completion signalled on an mbarrier, named barriers,
+ *        elected lanes and setmaxnreg's register rebalancing between warpgroups (the entry must
+ *        pin its register count: Program::max_registers, __maxnreg__).
  *
  * A producer warp fills a ring of stages and consumer warpgroups drain it: `full[s]` completes when
  * stage s holds its data (the producer's arrivals, or cp.async's), `empty[s]` when every consumer
@@ -81,6 +81,20 @@ __device__ __forceinline__ bool elect_one() {
   u32 pred = 0;
   asm volatile("{\n.reg .pred p;\nelect.sync _|p, 0xffffffff;\nselp.u32 %0, 1, 0, p;\n}\n" : "=r"(pred) : : "memory");
   return pred != 0;
+}
+
+/// Register rebalancing between warpgroups: every warp of a warpgroup executes the same one, and
+/// the block's total may not exceed what it was launched with (threads x the pinned count), e.g.
+/// 256 threads at 128: one warpgroup dec to 40, the other inc to 216. Counts: 24..256, multiples of 8.
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: 24..256, a multiple of 8");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  static_assert(kRegs % 8 == 0 && kRegs >= 24 && kRegs <= 256, "setmaxnreg: 24..256, a multiple of 8");
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
 }  // namespace pipe
