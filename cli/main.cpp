@@ -290,18 +290,18 @@ const std::vector<long long> kDefaultCheckDocs = {1, 63, 64, 65, 700, 2049};
 
 /// Overrides of `gdnc check`'s random inputs and spec, for accuracy questions from the command line.
 struct CheckOverrides {
-  std::optional<double> gate;  ///< every g equal to this
-  std::optional<double> beta;  ///< every beta equal to this
-  int segments = 0;            ///< the spec's cp.segments (0: the file's)
+  std::optional<double> gate;          ///< every g equal to this
+  std::optional<double> beta;          ///< every beta equal to this
+  int segments = 0;                    ///< the spec's cp.segments (0: the file's)
+  std::optional<ForwardPath> forward;  ///< the spec's forward (none: the file's)
 };
 
 int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs, uint64_t seed,
               bool forward_only, bool ckpt, bool digests, const CheckOverrides& over) {
   Spec spec = spec_from_file(path);
-  if (over.segments != 0) {
-    spec.cp_segments = over.segments;
-    validate(spec);  // names /cp/segments and the value before any GPU work
-  }
+  if (over.segments != 0) spec.cp_segments = over.segments;
+  if (over.forward) spec.forward = *over.forward;
+  validate(spec);  // names /cp/segments or /forward and the value before any GPU work
   std::vector<long long> lens = docs;
   if (lens.empty() && (tokens > 0 || n_docs > 0)) {
     if (tokens <= 0 || n_docs <= 0) throw UsageError("--tokens/--n-docs", "give both --tokens T and --n-docs N");
@@ -323,11 +323,12 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   const check::Report r = check::run(*layer, c);
   long long T = 0;
   for (auto l : lens) T += l;
-  fmt::print("layer {} on {} ({}), T={} N={} seed={}{}{}{}{}\n", spec.name, ctx.name(), to_string(layer->target()), T,
+  fmt::print("layer {} on {} ({}), T={} N={} seed={}{}{}{}{}{}\n", spec.name, ctx.name(), to_string(layer->target()), T,
              lens.size(), seed,
              ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "",
              over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
-             spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments) : "");
+             spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments) : "",
+             spec.forward == ForwardPath::fused ? ", forward=fused" : "");
   bool ok = true;
   for (const auto& [name, err] : r.rel_rms) {
     const bool pass = err <= check::tolerance(name);
@@ -406,11 +407,12 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--ckpt", ckpt, "run the checkpointed step: forward, recompute, backward on one workspace");
   check_cmd->add_flag("--digests", digests,
                       "also print the SHA-256 of every result's bytes (compare builds bit for bit)");
-  std::string gate, beta, segments;
+  std::string gate, beta, segments, forward;
   check_cmd->add_option("--gate", gate,
                         "every g equal to this log decay (-10000 to 0; e.g. 0: no decay, -20), instead of random");
   check_cmd->add_option("--beta", beta, "every beta equal to this (0 to 1), instead of random");
   check_cmd->add_option("--segments", segments, "the spec's cp.segments, instead of the file's");
+  check_cmd->add_option("--forward", forward, "the spec's forward (programs or fused), instead of the file's");
 
   try {
     app.parse(argc, argv);
@@ -450,6 +452,13 @@ int main(int argc, char** argv) {
       if (!gate.empty()) over.gate = real_number("--gate", gate, -1e4, 0.0);
       if (!beta.empty()) over.beta = real_number("--beta", beta, 0.0, 1.0);
       if (!segments.empty()) over.segments = whole_number<int>("--segments", segments, INT_MIN, INT_MAX);
+      if (forward == "programs")
+        over.forward = ForwardPath::programs;
+      else if (forward == "fused")
+        over.forward = ForwardPath::fused;
+      else if (!forward.empty())
+        throw UsageError("--forward", fmt::format("{} is not supported (supported: programs, fused)",
+                                                  printable_excerpt(forward, 40)));
       return cmd_check(spec_path, lens, tokens.empty() ? 0 : whole_number<long long>("--tokens", tokens, 1, kMaxTokens),
                        n_docs.empty() ? 0 : whole_number<int>("--n-docs", n_docs, 1, 65535),
                        whole_number<uint64_t>("--seed", seed, 0, UINT64_MAX), forward_only, ckpt, digests, over);

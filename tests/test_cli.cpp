@@ -179,8 +179,16 @@ TEST_SUITE("cli") {
     r = gdnc("check " + src("examples/n.json") + " --segments 65");
     CHECK(r.code == 3);
     CHECK(r.out.find("/cp/segments: 65 is not supported (supported: 1 to 64)") != std::string::npos);
-    if (!fs::exists("/dev/nvidia0"))  // valid overrides get as far as the driver
+    r = gdnc("check " + src("examples/n.json") + " --forward fast");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("--forward") != std::string::npos);
+    r = gdnc("check " + src("examples/n.json") + " --forward fused --segments 4");
+    CHECK(r.code == 3);
+    CHECK(r.out.find("/forward: \"fused\" is not supported with cp.segments 4 yet") != std::string::npos);
+    if (!fs::exists("/dev/nvidia0")) {  // valid overrides get as far as the driver
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --gate 0 --beta 1 --segments 4").code == 6);
+      CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused").code == 6);
+    }
   }
 
   TEST_CASE("check with --tokens but no --n-docs (or the reverse) is a usage error naming both") {
