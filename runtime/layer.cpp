@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -152,6 +153,11 @@ Layer::Compiled Layer::compile_plan(CallPlan plan, int id, int index) const {
   if (host_path_ == HostPath::llvm_stub)
     c.stub = stub_compiler().compile(plan, fmt::format("gdn_stub_{}_{}_{}", id, ir_.spec.name, plan.name));
   c.plan = std::move(plan);
+  const auto walk =
+      std::find_if(ir_.programs.begin(), ir_.programs.end(), [](const Program& p) { return p.name == "state_walk"; });
+  c.writes_tapes = std::any_of(c.plan.launches.begin(), c.plan.launches.end(), [&](const PlannedLaunch& l) {
+    return walk != ir_.programs.end() && l.program == walk - ir_.programs.begin();
+  });
   return c;
 }
 
@@ -365,10 +371,10 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
   const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, output);
   ++ws.calls_;
   ws.has_handoff_ = false;
-  run(output == OutputNeeded::yes ? forward_ : forward_without_output_, f);
-  // The fused forward writes no tapes: only its recompute without the output (the pair) has any.
-  const bool wrote_tapes = ir_.spec.forward == ForwardPath::programs || output == OutputNeeded::no;
-  const bool take = ir_.spec.save_mode == SaveMode::light && wrote_tapes &&
+  const Compiled& ran = output == OutputNeeded::yes ? forward_ : forward_without_output_;
+  run(ran, f);
+  // Only a plan that ran the forward walk has tapes to hand over (the fused forward has none).
+  const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes &&
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;

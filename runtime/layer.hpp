@@ -184,7 +184,8 @@ class Layer {
   struct Compiled {
     CallPlan plan;
     StubFn stub = nullptr;
-    uint64_t graph_id = 0;  ///< (layer serial, plan) for graph keys
+    uint64_t graph_id = 0;      ///< (layer serial, plan) for graph keys
+    bool writes_tapes = false;  ///< the plan runs the forward walk that leaves the backward's tapes
   };
   Compiled compile_plan(CallPlan plan, int id, int index) const;
   void run_eager(const Compiled&, const CallFrame&) const;

@@ -226,6 +226,26 @@ TEST_SUITE("runtime") {
     CHECK(r.ws.calls() == 3);
   }
 
+  TEST_CASE("forward fused: only the recompute without the output leaves tapes to hand over") {
+    Spec spec = example("n");
+    spec.forward = ForwardPath::fused;
+    Rig r(spec);
+    size_t mark = r.rec->records.size();
+    CHECK(r.recompute(nullptr, OutputNeeded::yes) == HandOff::not_taken);
+    CHECK(r.programs_since(mark) ==
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_prep", "fused_walk"});
+    mark = r.rec->records.size();
+    CHECK(r.backward() == HandOff::not_taken);
+    CHECK(r.programs_since(mark) == kBackwardRerun);
+    mark = r.rec->records.size();
+    CHECK(r.recompute(nullptr, OutputNeeded::no) == HandOff::taken);
+    CHECK(r.programs_since(mark) ==
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_prep", "state_walk"});
+    mark = r.rec->records.size();
+    CHECK(r.backward() == HandOff::taken);
+    CHECK(r.programs_since(mark) == kBackwardWithHandoff);
+  }
+
   TEST_CASE("the hand-off backward launches what the re-run backward launches, minus the re-run") {
     Rig a(example("n")), b(example("n"));
     a.recompute(nullptr, OutputNeeded::yes);

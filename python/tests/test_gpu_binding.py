@@ -41,16 +41,22 @@ def naive(q, k, v, g, beta, scale):
     return o
 
 
+def unit_inputs(T, H, HV, D):
+    """q, k (unit rows, bf16), v (bf16), g (logsigmoid) and beta (sigmoid) of one packed sequence."""
+    q = torch.nn.functional.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).bfloat16()
+    v = torch.randn(1, T, HV, D, device="cuda").bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda"))
+    beta = torch.sigmoid(torch.randn(1, T, HV, device="cuda"))
+    return q, k, v, g, beta
+
+
 @unittest.skipUnless(HAVE_CUDA, "needs torch with CUDA")
 class GpuBindingTests(unittest.TestCase):
     def test_forward_matches_a_naive_recurrence(self):
         torch.manual_seed(0)
         T, H, HV, D = 130, 1, 2, 128
-        q = torch.nn.functional.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).bfloat16()
-        k = torch.nn.functional.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).bfloat16()
-        v = torch.randn(1, T, HV, D, device="cuda").bfloat16()
-        g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda"))
-        beta = torch.sigmoid(torch.randn(1, T, HV, device="cuda"))
+        q, k, v, g, beta = unit_inputs(T, H, HV, D)
         o, _ = gdnc.chunk_gated_delta_rule(q, k, v, g, beta)
         ref = naive(q[0], k[0], v[0], g[0], beta[0], D ** -0.5)
         err = ((o[0].float() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
@@ -124,11 +130,7 @@ class GpuBindingTests(unittest.TestCase):
         from unittest import mock
         torch.manual_seed(0)
         T, H, HV, D = 128, 1, 2, 128
-        q = torch.nn.functional.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).bfloat16()
-        k = torch.nn.functional.normalize(torch.randn(1, T, H, D, device="cuda"), dim=-1).bfloat16()
-        v = torch.randn(1, T, HV, D, device="cuda").bfloat16()
-        g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, device="cuda"))
-        beta = torch.sigmoid(torch.randn(1, T, HV, device="cuda"))
+        q, k, v, g, beta = unit_inputs(T, H, HV, D)
         bad = torch.tensor([0, 64, 200], dtype=torch.int32, device="cuda")  # ends past T
         good = torch.tensor([0, 64, T], dtype=torch.int32, device="cuda")
         gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=bad)  # by default: no sync, no verdict

@@ -109,8 +109,6 @@ struct FusedWalk {
       }
       fwd::cp_async_wait<0>();
       __syncthreads();
-      // Tm comes back as bf16; masked like the solver's output (rows >= len and the upper part 0).
-      mask_tm(sT, len);
 
       const int r_lo = rb * 16 + gr, r_hi = r_lo + 8;
       const float g_lo = sg[r_lo], g_hi = sg[r_hi];
@@ -248,6 +246,8 @@ struct FusedWalk {
 
  private:
   /// Starts the asynchronous loads of chunk c's Q, K, V slab and Tm (rows past len zero-filled).
+  /// Tm needs no masking here: chunk_prep stores its rows < len zero above the diagonal (so also
+  /// in the columns >= len), and its rows >= len arrive as zeros.
   __device__ static void issue_chunk(const FusedWalkParams& p, int c, unsigned char* smem, int j, int hq, int v0) {
     const ChunkInfo ci = p.chunks[c];
     const long long t0 = ci.start;  // token offsets times heads times K outgrow int
@@ -259,22 +259,6 @@ struct FusedWalk {
                                       (long long)HV * V, C, BV, ci.len);
     fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_t), LDT, p.tm + (t0 * HV + j) * C,
                                       (long long)HV * C, C, C, ci.len);
-  }
-
-  /// Zeroes Tm above the diagonal and in the columns >= len (rows >= len are zero-filled already),
-  /// as the solver masks it, so Wf's rows past the chunk never meet a stale product.
-  __device__ static void mask_tm(bf16_t* sT, int len) {
-    for (int i = threadIdx.x; i < C * (C / 8); i += kThreads) {
-      const int r = i / (C / 8), c8 = (i % (C / 8)) * 8;
-      if (c8 + 7 <= r && c8 + 7 < len) continue;  // the whole 8-column group is kept
-      bf16_t e[8];
-      *reinterpret_cast<uint4*>(e) = *reinterpret_cast<const uint4*>(sT + r * LDT + c8);
-#pragma unroll
-      for (int q = 0; q < 8; ++q)
-        if (c8 + q > r || c8 + q >= len) e[q] = 0;
-      *reinterpret_cast<uint4*>(sT + r * LDT + c8) = *reinterpret_cast<uint4*>(e);
-    }
-    __syncthreads();
   }
 };
 
