@@ -142,10 +142,16 @@ LayerIR lower(const Spec& s) {
       ir.walk_bv);
   ir.programs.back().constants.push_back(seg_constant);
   const bool fused = s.forward == ForwardPath::fused;
-  if (fused)
+  if (fused) {
+    // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
+    // warpgroup to the walking one, which needs the entry's count pinned (128 = two blocks per SM).
+    const bool wgmma = s.tensor_cores == TensorCores::automatic;
     add("fused_walk", "fwd/fused_walk.cuh", "FusedWalk", "FusedWalkParams", FusedWalkGeometry::kThreads,
-        FusedWalkGeometry::smem_bytes(K, C), GridKind::walk, FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
-  else
+        FusedWalkGeometry::smem_bytes(K, C), GridKind::walk, FusedWalkGeometry::kBV,
+        wgmma ? 1 : FusedWalkGeometry::kMinBlocks);
+    ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
+    if (wgmma) ir.programs.back().max_registers = 65536 / (FusedWalkGeometry::kThreads * FusedWalkGeometry::kMinBlocks);
+  } else
     add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
         OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
   add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
@@ -153,8 +159,9 @@ LayerIR lower(const Spec& s) {
   // With segments the backward walk is segmented too: its prescan and merge run before it.
   if (segments > 1) {
     add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
-        StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
-        GridKind::walk_prescan, ir.walk_bwd_bv, StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
+        StateWalkBwdGeometry::threads(ir.walk_bwd_bv),
+        StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bwd_bv), GridKind::walk_prescan, ir.walk_bwd_bv,
+        StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
     ir.programs.back().constants.push_back(seg_constant);
     add("walk_merge_bwd", "fwd/walk_merge.cuh", "WalkMergeBwd", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);

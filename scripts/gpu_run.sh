@@ -104,7 +104,8 @@ if has sanitize; then
       timeout -k 10 "${SANITIZE_TIMEOUT:-300}" "$sanitizer" --tool "$tool" --error-exitcode 99 \
         "$bin/gdnc" check ${runs[$i]} > "$log" 2>&1
       st=$?
-      summary=$(grep -h "ERROR SUMMARY" "$log" | tail -1)
+      # racecheck ends with a RACECHECK SUMMARY (hazards) where the other tools print an ERROR SUMMARY.
+      summary=$(grep -hE "(ERROR|RACECHECK) SUMMARY" "$log" | tail -1)
       echo "$tool | gdnc check ${runs[$i]} | exit $st | ${summary:-no summary}" | tee -a "$sdir/summary.txt"
       [ "$st" -eq 0 ] || rc=1
     done

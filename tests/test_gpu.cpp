@@ -962,6 +962,48 @@ TEST_SUITE("gpu_fused") {
       CHECK_MESSAGE(fused.bytes.at(grad) == programs.bytes.at(grad), grad);
   }
 
+  // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores
+  // "mma_sync" runs the portable body. Every product keeps its k order and every element its
+  // rounding, so o and ht must come out with the same bits (tails, empty and one-token documents).
+  TEST_CASE("fused forward: the sm_90a warp-specialized walk gives the portable walk's bits") {
+    for (const char* example : {"n", "m"}) {
+      check::Case c;
+      c.doc_lens = {1, 63, 64, 65, 3000, 0, 700, 129};
+      c.with_reference = false;
+      c.backward = false;
+      c.seed = 71;
+      Spec portable = fused_of(example, "fused_portable_bits");
+      portable.tensor_cores = TensorCores::mma_sync;
+      const check::Report a = check::run(*make(portable), c);
+      const check::Report b = check::run(*make(fused_of(example, "fused_sm90_bits")), c);
+      for (const char* out : {"o", "ht"}) {
+        const std::string &x = a.bytes.at(out), &y = b.bytes.at(out);
+        REQUIRE(x.size() == y.size());
+        // Where bits differ, how much: o is bf16, ht fp32.
+        const bool bf16 = std::string(out) == "o";
+        const size_t width = bf16 ? 2 : 4;
+        size_t differing = 0;
+        double worst = 0;
+        for (size_t i = 0; i + width <= x.size(); i += width) {
+          if (std::memcmp(x.data() + i, y.data() + i, width) == 0) continue;
+          ++differing;
+          auto value = [&](const std::string& bytes) {
+            uint32_t bits = 0;
+            std::memcpy(&bits, bytes.data() + i, width);
+            if (bf16) bits <<= 16;
+            float f;
+            std::memcpy(&f, &bits, 4);
+            return double(f);
+          };
+          const double u = value(x), w = value(y);
+          worst = std::max(worst, std::abs(u - w) / std::max(1e-30, std::abs(u)));
+        }
+        CHECK_MESSAGE(differing == 0, example << ": " << out << ": " << differing << " of " << x.size() / width
+                                              << " elements differ, worst relative difference " << worst);
+      }
+    }
+  }
+
   TEST_CASE("fused forward: ckpt with and without the hand-off is bitwise equal to fwd+bwd") {
     std::map<std::string, std::string> reference;
     for (ReuseTapes reuse : {ReuseTapes::no, ReuseTapes::yes}) {

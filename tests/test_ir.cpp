@@ -139,8 +139,20 @@ TEST_SUITE("ir") {
     const gdn::Program& fw = fused.program("fused_walk");
     CHECK(fw.grid == gdn::GridKind::walk);
     CHECK(constant_of(fw, "BV") == std::to_string(gdn::FusedWalkGeometry::kBV));
-    CHECK(fw.min_blocks_per_sm == 2);
+    // tensor_cores "auto": the sm_90a body rebalances registers with setmaxnreg, so the entry pins
+    // 128 (two blocks per SM) instead of bounding them; "mma_sync" keeps __launch_bounds__(256, 2).
+    CHECK(constant_of(fw, "WGMMA") == "true");
+    CHECK(fw.max_registers == 128);
+    CHECK(fw.min_blocks_per_sm == 1);
     CHECK(2 * fw.smem_bytes <= 227 * 1024);
+    {
+      auto portable = spec;
+      portable.tensor_cores = gdn::TensorCores::mma_sync;
+      const gdn::Program& pw = gdn::lower(portable).program("fused_walk");
+      CHECK(constant_of(pw, "WGMMA") == "false");
+      CHECK(pw.max_registers == 0);
+      CHECK(pw.min_blocks_per_sm == 2);
+    }
     auto launches = [&](gdn::CallForm f) {
       std::vector<std::string> out;
       for (const auto& cf : fused.call_forms)

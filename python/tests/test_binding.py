@@ -264,17 +264,19 @@ class HostileSpecTests(unittest.TestCase):
 
     def test_python_side_errors_name_the_spec(self):
         cases = [
-            (123, "spec: expected a dict or a JSON string, got int"),
+            (123, r"spec: expected a dict or a JSON string, got int"),
             ({"name": "x", "heads": {"qk": 2, "v": 6}, "scale": float("nan")},
-             "spec: cannot be written as JSON: 'Out of range float values are not JSON compliant'"),
-            ({"name": object()}, "spec: cannot be written as JSON: 'Object of type object is not JSON serializable'"),
-            ('{"name":"x","heads":{"qk":2,"v":6}}\0{"chunk":48}', "spec: a NUL character at index 35 (JSON text holds none)"),
+             # Python 3.12 appends the value (": nan"); 3.11 does not.
+             r"spec: cannot be written as JSON: 'Out of range float values are not JSON compliant(: nan)?'"),
+            ({"name": object()}, r"spec: cannot be written as JSON: 'Object of type object is not JSON serializable'"),
+            ('{"name":"x","heads":{"qk":2,"v":6}}\0{"chunk":48}',
+             r"spec: a NUL character at index 35 \(JSON text holds none\)"),
         ]
-        for spec, message in cases:
-            with self.subTest(message=message):
+        for spec, pattern in cases:
+            with self.subTest(message=pattern):
                 with self.assertRaises(gdnc.SpecError) as e:
                     gdnc.validate_spec(spec)
-                self.assertEqual(str(e.exception), message)
+                self.assertRegex(str(e.exception), "^" + pattern + "$")
 
     def test_a_json_string_of_options_builds_like_the_dict(self):
         s = gdnc.build_spec('{"save_mode": "full"}', heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,

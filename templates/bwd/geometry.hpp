@@ -43,6 +43,10 @@ struct StateWalkBwdGeometry {
            + 2 * (2 * chunk * bwd_pitch(bvw) + K * bwd_pitch(bvw) + chunk * bwd_pitch(bvw));
   }
   static constexpr int smem_bytes(int K, int V, int chunk) { return smem_bytes_bv(K, chunk, bv(V)); }
+  /// The prescan adds the lo parts of Z and dV'.
+  static constexpr int prescan_smem_bytes_bv(int K, int chunk, int bvw) {
+    return smem_bytes_bv(K, chunk, bvw) + 2 * (K * bwd_pitch(bvw) + chunk * bwd_pitch(bvw));
+  }
 };
 
 /// B4 + B5 + B6: one block per (chunk, value head).

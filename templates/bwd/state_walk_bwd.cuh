@@ -16,7 +16,7 @@
  * Intra-card segments (Cfg::SEGMENTS > 1, docs/algorithm.md 4.4 and 4.6): the reverse walk is affine
  * in the gradient at a segment's end, Z_start = A Z_end + dZ_ext with A = M^T. StateWalkBwdPrescan
  * walks every segment but each document's first from Z = 0 (dZ_ext, V columns) and, with dO and
- * dv_local taken as zero, from Z = I (A, K columns), in the walk's own roundings; WalkMergeBwd
+ * dv_local taken as zero, from Z = I (A, K columns), with Z and dV' as bf16 hi + lo pairs; WalkMergeBwd
  * chains them in fp32 from dht; then every segment walks from its merged end gradient.
  */
 #pragma once
@@ -109,6 +109,11 @@ struct StateWalkBwd {
     bf16_t* sOl = sOh + C * PB;
     bf16_t* sZ = sOl + C * PB;
     bf16_t* sD = sZ + K * PB;  // holds -bf16(dV') so the W^T product subtracts through an add
+    // The prescan carries Z and dV' as bf16 hi + lo pairs: its (dZ_ext, A) then hold the segment's
+    // affine map to about fp32 accuracy, and the merged end gradients carry no rounding of their own
+    // (with bf16 alone, A's roundings add to the walk's: dg 11 % worse with 8 segments at g = 0).
+    bf16_t* sZl = sD + C * PB;
+    bf16_t* sDl = sZl + K * PB;
     const bf16_t* sK = reinterpret_cast<const bf16_t*>(stage) + kOffK;
     const bf16_t* sQ = reinterpret_cast<const bf16_t*>(stage) + kOffQ;
     const bf16_t* sW = reinterpret_cast<const bf16_t*>(stage) + kOffW;
@@ -165,7 +170,15 @@ struct StateWalkBwd {
       const float gL = sg[m - 1];
 
       bwd::for_pairs(z, [&](int r, int cc, float& a, float& b) {
-        *reinterpret_cast<u32*>(sZ + r * PB + cc) = pack_bf16x2(f2bf(a), f2bf(b));
+        if (kPrescan) {
+          bf16_t h0, l0, h1, l1;
+          bwd::split_bf16(a, h0, l0);
+          bwd::split_bf16(b, h1, l1);
+          *reinterpret_cast<u32*>(sZ + r * PB + cc) = pack_bf16x2(h0, h1);
+          *reinterpret_cast<u32*>(sZl + r * PB + cc) = pack_bf16x2(l0, l1);
+        } else {
+          *reinterpret_cast<u32*>(sZ + r * PB + cc) = pack_bf16x2(f2bf(a), f2bf(b));
+        }
       });
       for (unsigned i = threadIdx.x; inputs && i < C * BV; i += kThreads) {  // no dO in the transition columns
         const int r = static_cast<int>(i / BV), cc = static_cast<int>(i % BV);
@@ -191,6 +204,7 @@ struct StateWalkBwd {
       Acc<C, BV, kWarps> d;
       d.zero();
       bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZ, PB, 1}, K);
+      if (kPrescan) bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZl, PB, 1}, K);
       bwd::for_pairs(d, [&](int r, int cc, float& a, float& b) {
         float x0 = 0.f, x1 = 0.f;
         if (r < m) {
@@ -199,7 +213,15 @@ struct StateWalkBwd {
           x1 = e * b + bf2f(sL[r * PB + cc + 1]);
         }
         // Negating a bf16 is exact: flip the sign bit.
-        *reinterpret_cast<u32*>(sD + r * PB + cc) = pack_bf16x2(f2bf(x0) ^ 0x8000u, f2bf(x1) ^ 0x8000u);
+        if (kPrescan) {
+          bf16_t h0, l0, h1, l1;
+          bwd::split_bf16(x0, h0, l0);
+          bwd::split_bf16(x1, h1, l1);
+          *reinterpret_cast<u32*>(sD + r * PB + cc) = pack_bf16x2(h0 ^ 0x8000u, h1 ^ 0x8000u);
+          *reinterpret_cast<u32*>(sDl + r * PB + cc) = pack_bf16x2(l0 ^ 0x8000u, l1 ^ 0x8000u);
+        } else {
+          *reinterpret_cast<u32*>(sD + r * PB + cc) = pack_bf16x2(f2bf(x0) ^ 0x8000u, f2bf(x1) ^ 0x8000u);
+        }
       });
       bwd::cp_async_wait<1>();  // QW of this chunk
       __syncthreads();          // B2: -bf16(dV'), Q and W visible; K and dv_local are free
@@ -225,6 +247,7 @@ struct StateWalkBwd {
         bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
       }
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
+      if (kPrescan) bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sDl, PB, 1}, C);
       __syncthreads();  // B3: Q, W, sZ, sOh/sOl and sD are free
       if (has_prev) load_qw(stage, p, prev, j, inputs);
       bwd::cp_async_commit();

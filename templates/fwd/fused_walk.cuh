@@ -23,11 +23,12 @@
 #pragma once
 
 #include "fwd/chunk_prep.cuh"
+#include "fwd/fused_walk_sm90.cuh"
 
 namespace gdn {
 
 template <class Cfg>
-struct FusedWalk {
+struct FusedWalkMmaSync {
   static_assert(Cfg::K == 128, "FusedWalk supports K == 128 only (8 warps x 16 state rows)");
   static_assert(Cfg::V == 128, "FusedWalk supports V == 128 only");
   static_assert(Cfg::CHUNK == 64, "FusedWalk supports CHUNK == 64 only (4 row blocks of 16 chunk rows)");
@@ -261,5 +262,20 @@ struct FusedWalk {
                                       (long long)HV * C, C, C, ci.len);
   }
 };
+
+/// The program's class: the warp-specialized body (fused_walk_sm90.cuh) on sm_90a when the spec's
+/// tensor_cores is "auto" (Cfg::WGMMA), the mma.sync one otherwise and on every other target.
+template <class Cfg, bool kWgmma>
+struct FusedWalkPick {
+  using type = FusedWalkMmaSync<Cfg>;
+};
+#if GDN_HAS_WGMMA
+template <class Cfg>
+struct FusedWalkPick<Cfg, true> {
+  using type = FusedWalkSm90<Cfg>;
+};
+#endif
+template <class Cfg>
+using FusedWalk = typename FusedWalkPick<Cfg, Cfg::WGMMA>::type;
 
 }  // namespace gdn

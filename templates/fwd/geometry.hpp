@@ -89,8 +89,36 @@ struct FusedWalkGeometry {
   static constexpr int off_vg(int K, int chunk, int bv) { return off_vn(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
   static constexpr int off_g(int K, int chunk, int bv) { return off_vg(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
   static constexpr int off_b(int K, int chunk, int bv) { return off_g(K, chunk, bv) + chunk * 4; }
-  static constexpr int smem_bytes(int K, int chunk) { return off_b(K, chunk, kBV) + chunk * 4; }
+  static constexpr int portable_smem_bytes(int K, int chunk) { return off_b(K, chunk, kBV) + chunk * 4; }
+  static constexpr int smem_bytes(int K, int chunk);
 };
+
+/// The sm_90a body of the fused walk (fwd/fused_walk_sm90.cuh): the same grid and 256 threads,
+/// warpgroup 0 loads and computes the gated Q K^T, warpgroup 1 walks the slab. Two stages of
+/// SW128 tiles (Q and K [chunk][K], the V slab [chunk][bv], Tm [chunk][chunk], then gc and beta),
+/// one gated P tile, the ring's mbarriers; each piece starts 1024-byte aligned, and the dynamic
+/// shared window gets 1 KB of slack to align its base. About 107 KB at K = 128: two blocks per SM.
+struct FusedWalkSm90Layout {
+  static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
+  static constexpr int kStages = 2;
+  static constexpr int off_q(int, int) { return 0; }
+  static constexpr int off_k(int K, int chunk) { return chunk * K * 2; }
+  static constexpr int off_v(int K, int chunk) { return 2 * chunk * K * 2; }
+  static constexpr int off_t(int K, int chunk) { return off_v(K, chunk) + chunk * FusedWalkGeometry::kBV * 2; }
+  static constexpr int off_g(int K, int chunk) { return off_t(K, chunk) + chunk * chunk * 2; }
+  static constexpr int off_b(int K, int chunk) { return off_g(K, chunk) + chunk * 4; }
+  static constexpr int stage_bytes(int K, int chunk) { return align1k(off_b(K, chunk) + chunk * 4); }
+  static constexpr int off_p(int K, int chunk) { return kStages * stage_bytes(K, chunk); }
+  static constexpr int off_bar(int K, int chunk) { return off_p(K, chunk) + chunk * chunk * 2; }
+  static constexpr int kBarriers = 2 * kStages + 2;  ///< full[s], empty[s], pfull, pempty
+  static constexpr int smem_bytes(int K, int chunk) { return off_bar(K, chunk) + kBarriers * 8 + 1024; }
+};
+
+constexpr int FusedWalkGeometry::smem_bytes(int K, int chunk) {
+  return portable_smem_bytes(K, chunk) > FusedWalkSm90Layout::smem_bytes(K, chunk)
+             ? portable_smem_bytes(K, chunk)
+             : FusedWalkSm90Layout::smem_bytes(K, chunk);
+}
 
 /// Intra-card segments: the fp32 chain of the segments' transitions (WalkMerge), one block per
 /// (32 state columns, value head, document); static shared memory only.

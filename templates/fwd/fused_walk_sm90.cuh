@@ -1,0 +1,363 @@
+/**
+ * @file fused_walk_sm90.cuh
+ * @brief The fused forward walk on sm_90a: the math and rounding points of fused_walk.cuh (read
+ *        its comment), the same grid and 256 threads, warp-specialized:
+ *  - warpgroup 0 (64 registers after setmaxnreg) loads chunk c + 1 into a ring of two stages by
+ *    cp.async at 128-byte-swizzled positions, each thread's copies completing as one arrival on
+ *    the stage's `full` barrier, then computes chunk c's gated Q K^T (wgmma from shared memory),
+ *    rounds it to bf16 and publishes it in the P tile (`pfull`; `pempty` when read);
+ *  - warpgroup 1 (192 registers) walks the slab: the state is kept transposed, S^T (BV x K fp32,
+ *    the accumulator of the state update, 64 registers), so every product has the slab's
+ *    columns on M and takes its left operand from registers (the RS form): bf16(S)^T, Wf^T,
+ *    Vn^T and Vg^T never pass through shared memory, and no block-wide barrier is on the chain.
+ *      X^T  = Sb^T K^T,  O^T = Sb^T Q^T            8 + 8 x m64n64k16
+ *      V'^T = Wf^T Tm^T                            4 x m64n64k16
+ *      S^T  = exp2(gcL) S^T + Vg^T K               4 x m64n128k16 (K read N-major)
+ *      O^T += Vn^T P^T                             4 x m64n64k16
+ * Each k loop keeps fused_walk's order and each element its rounding, so both bodies are meant
+ * to give the same bits (gpu_fused compares them). The O tile leaves through the consumed Q tile
+ * of its stage, in 16-byte row pieces, before the stage is released.
+ */
+#pragma once
+
+#include "common/pipeline.cuh"
+#include "common/wgmma.cuh"
+#include "fwd/chunk_prep.cuh"
+
+#if GDN_HAS_WGMMA
+
+namespace gdn {
+
+template <class Cfg>
+struct FusedWalkSm90 {
+  static_assert(Cfg::K == 128 && Cfg::V == 128 && Cfg::CHUNK == 64, "FusedWalkSm90: K = V = 128, chunk 64");
+  static_assert(Cfg::BV == 64 && FusedWalkGeometry::kThreads == 256, "FusedWalkSm90: 64-column slabs, 256 threads");
+  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G, BV = Cfg::BV;
+  using L = FusedWalkSm90Layout;
+  static constexpr int kStage = L::stage_bytes(K, C);
+  static constexpr int kOffQ = L::off_q(K, C), kOffK = L::off_k(K, C), kOffV = L::off_v(K, C);
+  static constexpr int kOffT = L::off_t(K, C), kOffG = L::off_g(K, C), kOffB = L::off_b(K, C);
+  static constexpr int kOffP = L::off_p(K, C), kOffBar = L::off_bar(K, C);
+  static constexpr int kStages = L::kStages;
+  static_assert(kStages == 2, "the ring's parities below assume two stages");
+  static constexpr int kProducerRegs = 56, kConsumerRegs = 200;  // 56 + 200 = 2 x the pinned 128
+  static constexpr int kOutPitch = BV + 8;                       // O staging rows (bf16), in the Q tile
+  static_assert(C * kOutPitch * 2 <= C * K * 2, "O staging must fit in the Q tile");
+  static constexpr int kConsumerBarrier = 1;                     // named barrier of warpgroup 1
+
+  typedef unsigned long long mbar_t;
+
+  // Shared-window accesses by address: through the aligned base pointer the compiler kept generic
+  // loads (LD.E) for them.
+  __device__ __forceinline__ static float lds_f32(u32 a) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+  }
+  __device__ __forceinline__ static bf16_t lds_bf16(u32 a) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a) : "memory");
+    return static_cast<bf16_t>(v);
+  }
+  __device__ __forceinline__ static uint4 lds_v4(u32 a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+    return v;
+  }
+  __device__ __forceinline__ static void sts_u32(u32 a, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+  }
+  __device__ __forceinline__ static void sts_bf16(u32 a, bf16_t v) {
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(a), "h"(static_cast<unsigned short>(v)) : "memory");
+  }
+
+  __device__ __forceinline__ static bf16_t* tile(unsigned char* base, int stage, int off) {
+    return reinterpret_cast<bf16_t*>(base + stage * kStage + off);
+  }
+
+  __device__ static void run(const FusedWalkParams& p) {
+    extern __shared__ unsigned char smem_raw[];
+    // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
+    // (Offsetting the array itself, not an integer cast, keeps the accesses in the shared window.)
+    unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
+    mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
+    mbar_t* const full = bars;                 // [kStages], 128 arrivals: the producer's cp.async
+    mbar_t* const empty = bars + kStages;      // [kStages], 4 arrivals: the consumer's warps
+    mbar_t* const pfull = bars + 2 * kStages;  // 128 arrivals: the producer's threads
+    mbar_t* const pempty = pfull + 1;          // 4 arrivals: the consumer's warps
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        pipe::mbar_init(full + s, 128);
+        pipe::mbar_init(empty + s, 4);
+      }
+      pipe::mbar_init(pfull, 128);
+      pipe::mbar_init(pempty, 4);
+      pipe::fence_mbar_init();
+    }
+    __syncthreads();
+    if (threadIdx.x < 128) {
+      pipe::setmaxnreg_dec<kProducerRegs>();
+      producer(p, smem, full, empty, pfull, pempty);
+    } else {
+      pipe::setmaxnreg_inc<kConsumerRegs>();
+      consumer(p, smem, full, empty, pfull, pempty);
+    }
+  }
+
+ private:
+  /// A ROWS x COLS bf16 tile into an SW128 tile by the producer's 128 threads (rows >= valid
+  /// become zeros): every thread keeps one 16-byte column piece of every (128 / pieces)-th row.
+  template <int ROWS, int COLS>
+  __device__ __forceinline__ static void load_tile(bf16_t* dst, const bf16_t* src, long long gstride, int valid, int tid) {
+    constexpr int kPieces = COLS / 8, kRowStep = 128 / kPieces;
+    static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_tile: whole swizzle periods per step");
+    const int r0 = tid / kPieces, col = (tid % kPieces) * 8;
+    unsigned char* const d0 = reinterpret_cast<unsigned char*>(dst) + sw128::offset(r0, col, ROWS);
+#pragma unroll 2  // the loading warpgroup runs at 56 registers
+    for (int it = 0; it < ROWS / kRowStep; ++it) {
+      const int r = r0 + it * kRowStep;
+      const bool ok = r < valid;
+      fwd::cp_async16(d0 + it * kRowStep * 128, ok ? src + r * gstride + col : src, ok);
+    }
+  }
+
+  __device__ __forceinline__ static void load_chunk(const FusedWalkParams& p, unsigned char* smem, int stage, int c, int j, int hq,
+                                    int v0, int tid) {
+    const ChunkInfo ci = p.chunks[c];
+    const long long t0 = ci.start;
+    const int len = ci.len;
+    load_tile<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid);
+    load_tile<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid);
+    load_tile<C, BV>(tile(smem, stage, kOffV), p.v + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid);
+    load_tile<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid);
+    // gc and beta of the chunk's rows (zeros past the chunk, as fused_walk stages them).
+    float* const sv = reinterpret_cast<float*>(smem + stage * kStage + (tid < C ? kOffG : kOffB));
+    const int r = tid % C;
+    const float* src = (tid < C ? p.gc : p.beta) + (t0 + r) * HV + j;
+    fwd::cp_async4(sv + r, r < len ? src : p.gc, r < len);
+  }
+
+  __device__ __forceinline__ static void producer(const FusedWalkParams& p, unsigned char* smem, mbar_t* full, mbar_t* empty,
+                                  mbar_t* pfull, mbar_t* pempty) {
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = blockIdx.x * BV;
+    const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
+    if (nc <= 0) return;
+    load_chunk(p, smem, 0, c_begin, j, hq, v0, tid);
+    pipe::cp_async_arrive(full);
+    const u32 p_addr = wg::smem_u32(smem + kOffP);
+    for (int u = 0; u < nc; ++u) {
+      // Chunk u + 1 into the other stage once the consumer has released it (chunk u - 1).
+      if (u + 1 < nc) {
+        const int s1 = (u + 1) & 1;
+        if (u + 1 >= kStages) pipe::mbar_wait(empty + s1, (((u + 1) >> 1) - 1) & 1);
+        load_chunk(p, smem, s1, c_begin + u + 1, j, hq, v0, tid);
+        pipe::cp_async_arrive(full + s1);
+      }
+      // The gated scores of chunk u: P = Q K^T on the tensor cores, then the gate and the mask.
+      const int s = u & 1;
+      pipe::mbar_wait(full + s, (u >> 1) & 1);
+      wg::fence_smem_for_async();  // the cp.async writes are read by wgmma (the async proxy)
+      const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
+      const int len = p.chunks[c_begin + u].len;
+      const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
+      const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8, tq = (lane & 3) * 2;
+      const float g_lo = lds_f32(sg + 4 * r_lo), g_hi = lds_f32(sg + 4 * r_hi);
+      if (u >= 1) pipe::mbar_wait(pempty, (u - 1) & 1);
+      // Two halves of 32 key columns: half the accumulator registers (the warpgroup runs at 64).
+#pragma unroll 1
+      for (int half = 0; half < 2; ++half) {
+        float P[16];
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < K / 16; ++ks)
+          wg::mma_m64n32k16<0, 0>(P, wg::desc_k_major(q_addr, C, ks), wg::desc_k_major_rows(k_addr, C, 32 * half, ks),
+                                  ks > 0);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_acc(P);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int col = 32 * half + i * 8 + tq;
+          const float gc0 = lds_f32(sg + 4 * col), gc1 = lds_f32(sg + 4 * col + 4);
+          const float p00 = P[4 * i] * gate_exp2(g_lo - gc0, col <= r_lo && r_lo < len);
+          const float p01 = P[4 * i + 1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
+          const float p10 = P[4 * i + 2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
+          const float p11 = P[4 * i + 3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
+          sts_u32(p_addr + sw128::offset(r_lo, col, C), fwd::pack_f2bf(p00, p01));
+          sts_u32(p_addr + sw128::offset(r_hi, col, C), fwd::pack_f2bf(p10, p11));
+        }
+      }
+      wg::fence_smem_for_async();  // the consumer's wgmma reads P through the async proxy
+      pipe::mbar_arrive(pfull);
+    }
+  }
+
+  /// The A fragment of k-step ks (accumulator columns 16 ks .. 16 ks + 15) of an m64nN
+  /// accumulator, rounded to bf16, each value scaled by f(column) first.
+  template <int R, class F>
+  __device__ static void to_a(u32 (&a)[4], const float (&acc)[R], int ks, F f) {
+    a[0] = fwd::pack_f2bf(f(acc[8 * ks + 0], 16 * ks, 0), f(acc[8 * ks + 1], 16 * ks, 1));
+    a[1] = fwd::pack_f2bf(f(acc[8 * ks + 2], 16 * ks, 0), f(acc[8 * ks + 3], 16 * ks, 1));
+    a[2] = fwd::pack_f2bf(f(acc[8 * ks + 4], 16 * ks + 8, 0), f(acc[8 * ks + 5], 16 * ks + 8, 1));
+    a[3] = fwd::pack_f2bf(f(acc[8 * ks + 6], 16 * ks + 8, 0), f(acc[8 * ks + 7], 16 * ks + 8, 1));
+  }
+
+  __device__ __forceinline__ static void consumer(const FusedWalkParams& p, unsigned char* smem, mbar_t* full, mbar_t* empty,
+                                  mbar_t* pfull, mbar_t* pempty) {
+    const int ctid = threadIdx.x - 128, warp = ctid >> 5, lane = ctid & 31;
+    const int j = blockIdx.y, n = blockIdx.z, v0 = blockIdx.x * BV;
+    const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
+    const int tq = (lane & 3) * 2;
+    const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;  // this thread's slab columns (M rows)
+
+    // S^T: element (v, k) at S[4 i + 2 h + e] for v = v_lo (h = 0) or v_hi (h = 1), k = 8 i + tq + e.
+    float S[64];
+    const long long state_base = ((long long)n * HV + j) * K * V + v0;
+#pragma unroll
+    for (int i = 0; i < K / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int v = h ? v_hi : v_lo, k = 8 * i + tq + e;
+          S[4 * i + 2 * h + e] = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[state_base + (long long)k * V + v] : 0.f;
+        }
+
+    const u32 p_addr = wg::smem_u32(smem + kOffP);
+    const float scale = p.scale;
+    for (int u = 0; u < nc; ++u) {
+      const int s = u & 1, c = c_begin + u;
+      const ChunkInfo ci = p.chunks[c];
+      const int len = ci.len;
+      const long long t0 = ci.start;
+      const u32 sg = wg::smem_u32(smem + s * kStage + kOffG), sb = wg::smem_u32(smem + s * kStage + kOffB);
+      const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), v_addr = wg::smem_u32(tile(smem, s, kOffV));
+      const u32 k_addr = wg::smem_u32(tile(smem, s, kOffK));
+      const u32 t_addr = wg::smem_u32(tile(smem, s, kOffT));
+
+      // Sb^T = bf16(S^T) as A fragments, while the chunk may still be arriving.
+      u32 Sb[K / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) to_a(Sb[ks], S, ks, [](float x, int, int) { return x; });
+      pipe::mbar_wait(full + s, (u >> 1) & 1);
+      wg::fence_smem_for_async();
+
+      float X[32], O[32];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(X, Sb[ks], wg::desc_k_major(k_addr, C, ks), ks > 0);
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_acc(X);
+      wg::fence_acc(O);
+
+      // Wf^T = bf16(beta_t (v_t - exp2(gc_t) X^T)), zero for t >= len; O^T's columns times exp2(gc_t).
+      // Column t = 8 i + tq + e of the accumulators sits at [4 i + 2 h + e] (h: row v_lo or v_hi).
+      u32 Wf[C / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        float w[8];
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int i = 2 * ks + ii, t = 8 * i + tq + e;
+            const float et = t < len ? exp2f(lds_f32(sg + 4 * t)) : 0.f, bt = lds_f32(sb + 4 * t);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const float vt = bf2f(lds_bf16(v_addr + sw128::offset(t, h ? v_hi : v_lo, C)));
+              const float x = bt * (vt - et * X[4 * i + 2 * h + e]);
+              w[4 * ii + 2 * h + e] = t < len ? x : 0.f;
+              O[4 * i + 2 * h + e] *= et;
+            }
+          }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) Wf[ks][q] = fwd::pack_f2bf(w[2 * q], w[2 * q + 1]);
+      }
+
+      // V'^T = Wf^T Tm^T.
+      float Vp[32];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(Vp, Wf[ks], wg::desc_k_major(t_addr, C, ks), ks > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_acc(Vp);
+
+      // Vn^T = bf16(V'^T), Vg^T = bf16(V'^T exp2(gcL - gc_t)) (0 past the chunk).
+      const float gl = lds_f32(sg + 4 * (len - 1));
+      u32 Vn[C / 16][4], Vg[C / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        float d[4];
+#pragma unroll
+        for (int ii = 0; ii < 2; ++ii)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int t = 16 * ks + 8 * ii + tq + e;
+            d[2 * ii + e] = gate_exp2(gl - lds_f32(sg + 4 * t), t < len);
+          }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // fragment register q: column block ii = q / 2, rows h = q % 2
+          const float* x = Vp + 8 * ks + 4 * (q >> 1) + 2 * (q & 1);
+          Vn[ks][q] = fwd::pack_f2bf(x[0], x[1]);
+          Vg[ks][q] = fwd::pack_f2bf(x[0] * d[2 * (q >> 1)], x[1] * d[2 * (q >> 1) + 1]);
+        }
+      }
+
+      // S^T = exp2(gcL) S^T + Vg^T K, then O^T += Vn^T P^T once the gated scores are in.
+      const float decay = exp2f(gl);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) S[i] *= decay;
+      pipe::mbar_wait(pfull, u & 1);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(S, Vg[ks], wg::desc_mn_major(k_addr, C, ks), 1);
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Vn[ks], wg::desc_k_major(p_addr, C, ks), 1);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_acc(S);
+      wg::fence_acc(O);
+      __syncwarp();
+      if (lane == 0) pipe::mbar_arrive(pempty);
+
+      // O^T * scale, rounded, staged as [t][v] rows in the consumed Q tile, stored in row pieces.
+#pragma unroll
+      for (int i = 0; i < C / 8; ++i)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int t = 8 * i + tq + (q & 1), v = (q & 2) ? v_hi : v_lo;
+          sts_bf16(q_addr + 2 * (t * kOutPitch + v), f2bf(O[4 * i + q] * scale));
+        }
+      pipe::named_sync(kConsumerBarrier, 128);
+      constexpr int kPieces = BV / 8;
+      bf16_t* const dst = p.o + (t0 * HV + j) * V + v0;
+      for (int i = ctid; i < len * kPieces; i += 128) {
+        const int t = i / kPieces, c8 = (i % kPieces) * 8;
+        *reinterpret_cast<uint4*>(dst + (long long)t * HV * V + c8) = lds_v4(q_addr + 2 * (t * kOutPitch + c8));
+      }
+      __syncwarp();
+      if (lane == 0) pipe::mbar_arrive(empty + s);
+    }
+
+    if (Cfg::HAS_HT && p.ht != nullptr) {
+#pragma unroll
+      for (int i = 0; i < K / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int v = h ? v_hi : v_lo, k = 8 * i + tq + e;
+            p.ht[state_base + (long long)k * V + v] = S[4 * i + 2 * h + e];
+          }
+    }
+  }
+};
+
+}  // namespace gdn
+
+#endif  // GDN_HAS_WGMMA
