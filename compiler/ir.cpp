@@ -131,7 +131,7 @@ LayerIR lower(const Spec& s) {
   const std::pair<std::string, std::string> seg_constant{"SEGMENTS", std::to_string(segments)};
   if (segments > 1) {
     add("walk_prescan", "fwd/state_walk.cuh", "StateWalkPrescan", "StateWalkParams", StateWalkGeometry::kThreads,
-        StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk_prescan, ir.walk_bv);
+        StateWalkGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk_prescan, ir.walk_bv);
     ir.programs.back().constants.push_back(seg_constant);
     add("walk_merge", "fwd/walk_merge.cuh", "WalkMerge", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);

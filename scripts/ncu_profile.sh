@@ -4,6 +4,7 @@
 # text pages (details, and stall samples per SASS instruction and per template line) to $OUT.
 #
 #   KERNELS='chunk_bwd|state_walk_bwd' SHAPE=M ./scripts/ncu_profile.sh
+#   KERNELS=fused_walk NCU_BENCH_ARGS='--forward fused' ./scripts/ncu_profile.sh   (more gdn_bench options)
 #
 # --clock-control none leaves the clocks as the benchmarks see them; the numbers ncu reports are
 # for reading where a kernel stalls, not for performance claims (those come from gdn_bench).
@@ -23,7 +24,7 @@ count="${COUNT:-$(($(tr -cd '|' <<<"$kernels" | wc -c) + 1))}"
 "$bin/gdnc" compile examples/*.json --target sm_90a >/dev/null
 "$ncu_bin" --clock-control none --set full --import-source yes -k "regex:$kernels" -c "$count" \
   -f -o "$OUT/profile" "$bin/gdn_bench" --programs --shapes "${SHAPE:-M}" --warmup 0 --samples 1 \
-  > "$OUT/ncu_run.log" 2>&1 || { tail -30 "$OUT/ncu_run.log"; exit 1; }
+  ${NCU_BENCH_ARGS:-} > "$OUT/ncu_run.log" 2>&1 || { tail -30 "$OUT/ncu_run.log"; exit 1; }
 "$ncu_bin" --import "$OUT/profile.ncu-rep" --page details > "$OUT/profile_details.txt"
 "$ncu_bin" --import "$OUT/profile.ncu-rep" --page source --csv --print-source sass > "$OUT/profile_sass.csv" 2>&1 || true
 # The same samples per line of the templates (line info is compiled in).

@@ -134,12 +134,7 @@ __device__ __forceinline__ float partials_sum(const float* part, int row) {
   return s;
 }
 
-/// Splits x into bf16 hi + lo: two bf16 mma passes then carry about 16 mantissa bits, enough
-/// to match the fp32/tf32 operands FLA uses where bf16 alone loses accuracy.
-__device__ __forceinline__ void split_bf16(float x, bf16_t& hi, bf16_t& lo) {
-  hi = f2bf(x);
-  lo = f2bf(x - bf2f(hi));
-}
+using gdn::split_bf16;
 
 __device__ __forceinline__ void store_bf16x2(bf16_t* p, float a, float b) {
   *reinterpret_cast<u32*>(p) = pack_bf16x2(f2bf(a), f2bf(b));

@@ -22,6 +22,13 @@ __device__ __forceinline__ bf16_t f2bf(float x) {
 
 __device__ __forceinline__ float round_bf(float x) { return bf2f(f2bf(x)); }
 
+/// Splits x into bf16 hi + lo: two bf16 mma passes then carry about 16 mantissa bits, enough
+/// to match the fp32/tf32 operands FLA uses where bf16 alone loses accuracy.
+__device__ __forceinline__ void split_bf16(float x, bf16_t& hi, bf16_t& lo) {
+  hi = f2bf(x);
+  lo = f2bf(x - bf2f(hi));
+}
+
 /// exp2 of a gate difference that must be <= 0 where used; masked positions pass `valid = false`
 /// and get 0 without evaluating exp2 of a large positive number (no inf * 0).
 __device__ __forceinline__ float gate_exp2(float d, bool valid) { return valid ? exp2f(fminf(d, 0.f)) : 0.f; }

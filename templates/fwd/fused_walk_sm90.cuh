@@ -40,10 +40,10 @@ struct FusedWalkSm90 {
   static constexpr int kOffP = L::off_p(K, C), kOffBar = L::off_bar(K, C);
   static constexpr int kStages = L::kStages;
   static_assert(kStages == 2, "the ring's parities below assume two stages");
-  static constexpr int kProducerRegs = 56, kConsumerRegs = 200;  // 56 + 200 = 2 x the pinned 128
+  static constexpr int kProducerRegs = 48, kConsumerRegs = 208;  // 48 + 208 = 2 x the pinned 128
   static constexpr int kOutPitch = BV + 8;                       // O staging rows (bf16), in the Q tile
   static_assert(C * kOutPitch * 2 <= C * K * 2, "O staging must fit in the Q tile");
-  static constexpr int kConsumerBarrier = 1;                     // named barrier of warpgroup 1
+  static constexpr int kConsumerBarrier = 1;  // named barrier of warpgroup 1
 
   typedef unsigned long long mbar_t;
 
@@ -61,7 +61,10 @@ struct FusedWalkSm90 {
   }
   __device__ __forceinline__ static uint4 lds_v4(u32 a) {
     uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(a) : "memory");
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a)
+                 : "memory");
     return v;
   }
   __device__ __forceinline__ static void sts_u32(u32 a, u32 v) {
@@ -108,12 +111,13 @@ struct FusedWalkSm90 {
   /// A ROWS x COLS bf16 tile into an SW128 tile by the producer's 128 threads (rows >= valid
   /// become zeros): every thread keeps one 16-byte column piece of every (128 / pieces)-th row.
   template <int ROWS, int COLS>
-  __device__ __forceinline__ static void load_tile(bf16_t* dst, const bf16_t* src, long long gstride, int valid, int tid) {
+  __device__ __forceinline__ static void load_tile(bf16_t* dst, const bf16_t* src, long long gstride, int valid,
+                                                   int tid) {
     constexpr int kPieces = COLS / 8, kRowStep = 128 / kPieces;
     static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_tile: whole swizzle periods per step");
     const int r0 = tid / kPieces, col = (tid % kPieces) * 8;
     unsigned char* const d0 = reinterpret_cast<unsigned char*>(dst) + sw128::offset(r0, col, ROWS);
-#pragma unroll 2  // the loading warpgroup runs at 56 registers
+#pragma unroll 1  // the loading warpgroup runs at 48 registers
     for (int it = 0; it < ROWS / kRowStep; ++it) {
       const int r = r0 + it * kRowStep;
       const bool ok = r < valid;
@@ -121,8 +125,8 @@ struct FusedWalkSm90 {
     }
   }
 
-  __device__ __forceinline__ static void load_chunk(const FusedWalkParams& p, unsigned char* smem, int stage, int c, int j, int hq,
-                                    int v0, int tid) {
+  __device__ __forceinline__ static void load_chunk(const FusedWalkParams& p, unsigned char* smem, int stage, int c,
+                                                    int j, int hq, int v0, int tid) {
     const ChunkInfo ci = p.chunks[c];
     const long long t0 = ci.start;
     const int len = ci.len;
@@ -137,8 +141,8 @@ struct FusedWalkSm90 {
     fwd::cp_async4(sv + r, r < len ? src : p.gc, r < len);
   }
 
-  __device__ __forceinline__ static void producer(const FusedWalkParams& p, unsigned char* smem, mbar_t* full, mbar_t* empty,
-                                  mbar_t* pfull, mbar_t* pempty) {
+  __device__ __forceinline__ static void producer(const FusedWalkParams& p, unsigned char* smem, mbar_t* full,
+                                                  mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = blockIdx.x * BV;
     const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
@@ -164,7 +168,7 @@ struct FusedWalkSm90 {
       const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8, tq = (lane & 3) * 2;
       const float g_lo = lds_f32(sg + 4 * r_lo), g_hi = lds_f32(sg + 4 * r_hi);
       if (u >= 1) pipe::mbar_wait(pempty, (u - 1) & 1);
-      // Two halves of 32 key columns: half the accumulator registers (the warpgroup runs at 64).
+        // Two halves of 32 key columns: half the accumulator registers (the warpgroup runs at 64).
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         float P[16];
@@ -203,8 +207,8 @@ struct FusedWalkSm90 {
     a[3] = fwd::pack_f2bf(f(acc[8 * ks + 6], 16 * ks + 8, 0), f(acc[8 * ks + 7], 16 * ks + 8, 1));
   }
 
-  __device__ __forceinline__ static void consumer(const FusedWalkParams& p, unsigned char* smem, mbar_t* full, mbar_t* empty,
-                                  mbar_t* pfull, mbar_t* pempty) {
+  __device__ __forceinline__ static void consumer(const FusedWalkParams& p, unsigned char* smem, mbar_t* full,
+                                                  mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
     const int ctid = threadIdx.x - 128, warp = ctid >> 5, lane = ctid & 31;
     const int j = blockIdx.y, n = blockIdx.z, v0 = blockIdx.x * BV;
     const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
@@ -243,18 +247,16 @@ struct FusedWalkSm90 {
       pipe::mbar_wait(full + s, (u >> 1) & 1);
       wg::fence_smem_for_async();
 
-      float X[32], O[32];
+      // X^T first: it is on the chain; O^T = Sb^T Q^T runs later, under the Vn / Vg epilogue.
+      float X[32];
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(X, Sb[ks], wg::desc_k_major(k_addr, C, ks), ks > 0);
-#pragma unroll
-      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
       wg::commit();
       wg::wait<0>();
       wg::fence_acc(X);
-      wg::fence_acc(O);
 
-      // Wf^T = bf16(beta_t (v_t - exp2(gc_t) X^T)), zero for t >= len; O^T's columns times exp2(gc_t).
+      // Wf^T = bf16(beta_t (v_t - exp2(gc_t) X^T)), zero for t >= len.
       // Column t = 8 i + tq + e of the accumulators sits at [4 i + 2 h + e] (h: row v_lo or v_hi).
       u32 Wf[C / 16][4];
 #pragma unroll
@@ -271,20 +273,22 @@ struct FusedWalkSm90 {
               const float vt = bf2f(lds_bf16(v_addr + sw128::offset(t, h ? v_hi : v_lo, C)));
               const float x = bt * (vt - et * X[4 * i + 2 * h + e]);
               w[4 * ii + 2 * h + e] = t < len ? x : 0.f;
-              O[4 * i + 2 * h + e] *= et;
             }
           }
 #pragma unroll
         for (int q = 0; q < 4; ++q) Wf[ks][q] = fwd::pack_f2bf(w[2 * q], w[2 * q + 1]);
       }
 
-      // V'^T = Wf^T Tm^T.
-      float Vp[32];
+      // V'^T = Wf^T Tm^T, then O^T = Sb^T Q^T in a second group.
+      float Vp[32], O[32];
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(Vp, Wf[ks], wg::desc_k_major(t_addr, C, ks), ks > 0);
       wg::commit();
-      wg::wait<0>();
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
+      wg::commit();
+      wg::wait<1>();
       wg::fence_acc(Vp);
 
       // Vn^T = bf16(V'^T), Vg^T = bf16(V'^T exp2(gcL - gc_t)) (0 past the chunk).
@@ -308,10 +312,22 @@ struct FusedWalkSm90 {
         }
       }
 
-      // S^T = exp2(gcL) S^T + Vg^T K, then O^T += Vn^T P^T once the gated scores are in.
+      // S^T = exp2(gcL) S^T + Vg^T K, then O^T (its columns times exp2(gc_t)) += Vn^T P^T once the
+      // gated scores are in.
       const float decay = exp2f(gl);
 #pragma unroll
       for (int i = 0; i < 64; ++i) S[i] *= decay;
+      wg::wait<0>();
+      wg::fence_acc(O);
+#pragma unroll
+      for (int i = 0; i < C / 8; ++i)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int t = 8 * i + tq + e;
+          const float et = t < len ? exp2f(lds_f32(sg + 4 * t)) : 0.f;
+          O[4 * i + e] *= et;
+          O[4 * i + 2 + e] *= et;
+        }
       pipe::mbar_wait(pfull, u & 1);
       wg::fence();
 #pragma unroll
@@ -325,7 +341,7 @@ struct FusedWalkSm90 {
       __syncwarp();
       if (lane == 0) pipe::mbar_arrive(pempty);
 
-      // O^T * scale, rounded, staged as [t][v] rows in the consumed Q tile, stored in row pieces.
+        // O^T * scale, rounded, staged as [t][v] rows in the consumed Q tile, stored in row pieces.
 #pragma unroll
       for (int i = 0; i < C / 8; ++i)
 #pragma unroll

@@ -67,6 +67,10 @@ struct StateWalkGeometry {
   }
   /// The default slab width's shared memory (the spec's walk_slab can pick another: smem_bytes_bv).
   static constexpr int smem_bytes(int K, int V, int chunk) { return smem_bytes_bv(K, chunk, bv(V)); }
+  /// The prescan adds the lo part of bf16(S) after the walk's tiles.
+  static constexpr int prescan_smem_bytes_bv(int K, int chunk, int bvw) {
+    return smem_bytes_bv(K, chunk, bvw) + K * ld_bf(bvw) * 2;
+  }
 };
 
 /// The fused forward walk (FusedWalk): one block per (64-column V slab, value head, document).

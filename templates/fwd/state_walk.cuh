@@ -13,8 +13,10 @@
  * into SEGMENTS contiguous runs so that its chain of steps is SEGMENTS times shorter.
  * StateWalkPrescan walks every segment but the last from S = 0 (giving S_ext, V columns) and, with
  * U = 0, from S = I (giving the segment's transition M, K columns): S_end = M S_start + S_ext.
- * Both use the walk's own roundings (bf16(S) into the W product, bf16 Vg), so M carries the same
- * error per step as the state itself. WalkMerge (walk_merge.cuh) chains the segments in fp32;
+ * Both carry S and Vg as bf16 hi + lo pairs into their products, so (S_ext, M) hold the segment's
+ * map to about fp32 accuracy and the merged entry states add no rounding of their own (with the
+ * walk's bf16 roundings, M's error added to the walk's: dg on a 32768-token g = 0 document came
+ * out 15 % worse with 4 segments). WalkMerge (walk_merge.cuh) chains the segments in fp32;
  * then StateWalk runs every segment from its merged entry state and writes the tapes.
  */
 #pragma once
@@ -76,6 +78,9 @@ struct StateWalk {
     bf16_t* sS = reinterpret_cast<bf16_t*>(smem + kOff_s);
     bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);
     bf16_t* sVn = reinterpret_cast<bf16_t*>(smem + kOff_vn);
+    // The prescan carries S and Vg as bf16 hi + lo pairs (its lo parts: sSl, and sVn, which it
+    // does not otherwise use), so (S_ext, M) hold the segment's affine map to about fp32 accuracy.
+    bf16_t* sSl = reinterpret_cast<bf16_t*>(smem + StateWalkGeometry::smem_bytes_bv(K, C, BV));
 
     // State rows r = 32 warp + 16 mi + gr (+8), columns nt * 8 + tq (+1).
     float S[2][NT][4];
@@ -115,8 +120,18 @@ struct StateWalk {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const int r = warp * 32 + mi * 16 + gr, col = nt * 8 + tq;
-          *reinterpret_cast<u32*>(sS + r * LDS + col) = fwd::pack_f2bf(S[mi][nt][0], S[mi][nt][1]);
-          *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = fwd::pack_f2bf(S[mi][nt][2], S[mi][nt][3]);
+          if (kPrescan) {
+            bf16_t h[4], l[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) split_bf16(S[mi][nt][e], h[e], l[e]);
+            *reinterpret_cast<u32*>(sS + r * LDS + col) = pack_bf16x2(h[0], h[1]);
+            *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = pack_bf16x2(h[2], h[3]);
+            *reinterpret_cast<u32*>(sSl + r * LDS + col) = pack_bf16x2(l[0], l[1]);
+            *reinterpret_cast<u32*>(sSl + (r + 8) * LDS + col) = pack_bf16x2(l[2], l[3]);
+          } else {
+            *reinterpret_cast<u32*>(sS + r * LDS + col) = fwd::pack_f2bf(S[mi][nt][0], S[mi][nt][1]);
+            *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = fwd::pack_f2bf(S[mi][nt][2], S[mi][nt][3]);
+          }
         }
       fwd::cp_async_wait<1>();  // W, U and gc of this chunk
       __syncthreads();
@@ -144,6 +159,10 @@ struct StateWalk {
           u32 b[4];
           fwd::load_b_kn(b, sS, LDS, k0, np * 16);
           fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
+          if (kPrescan) {
+            fwd::load_b_kn(b, sSl, LDS, k0, np * 16);
+            fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
+          }
         }
       }
       const float gl = sg[len - 1];
@@ -157,8 +176,16 @@ struct StateWalk {
           const u32 uu = transition ? 0u : *reinterpret_cast<const u32*>(sU + r * LDS + col);
           const float x0 = bf2f(static_cast<bf16_t>(uu & 0xffffu)) - acc[nt][2 * hh];
           const float x1 = bf2f(static_cast<bf16_t>(uu >> 16)) - acc[nt][2 * hh + 1];
-          *reinterpret_cast<u32*>(sVn + r * LDS + col) = fwd::pack_f2bf(x0, x1);
-          *reinterpret_cast<u32*>(sVg + r * LDS + col) = fwd::pack_f2bf(x0 * gate, x1 * gate);
+          if (kPrescan) {  // Vg as hi (sVg) + lo (sVn)
+            bf16_t h0, l0, h1, l1;
+            split_bf16(x0 * gate, h0, l0);
+            split_bf16(x1 * gate, h1, l1);
+            *reinterpret_cast<u32*>(sVg + r * LDS + col) = pack_bf16x2(h0, h1);
+            *reinterpret_cast<u32*>(sVn + r * LDS + col) = pack_bf16x2(l0, l1);
+          } else {
+            *reinterpret_cast<u32*>(sVn + r * LDS + col) = fwd::pack_f2bf(x0, x1);
+            *reinterpret_cast<u32*>(sVg + r * LDS + col) = fwd::pack_f2bf(x0 * gate, x1 * gate);
+          }
         }
       }
       fwd::cp_async_wait<0>();  // K of this chunk
@@ -189,6 +216,17 @@ struct StateWalk {
           fwd::load_a_t(a, sKc, LDK, warp * 32 + mi * 16, k0);
 #pragma unroll
           for (int np = 0; np < NT / 2; ++np) fwd::mma_pair(S[mi][2 * np], S[mi][2 * np + 1], a, bq[np]);
+        }
+        if (kPrescan) {
+#pragma unroll
+          for (int np = 0; np < NT / 2; ++np) fwd::load_b_kn(bq[np], sVn, LDS, k0, np * 16);
+#pragma unroll
+          for (int mi = 0; mi < 2; ++mi) {
+            u32 a[4];
+            fwd::load_a_t(a, sKc, LDK, warp * 32 + mi * 16, k0);
+#pragma unroll
+            for (int np = 0; np < NT / 2; ++np) fwd::mma_pair(S[mi][2 * np], S[mi][2 * np + 1], a, bq[np]);
+          }
         }
       }
       __syncthreads();  // K, sS, sVg and sVn are free
