@@ -37,7 +37,7 @@ struct FusedWalkSm90 {
   static constexpr int kStage = L::stage_bytes(K, C);
   static constexpr int kOffQ = L::off_q(K, C), kOffK = L::off_k(K, C), kOffV = L::off_v(K, C);
   static constexpr int kOffT = L::off_t(K, C), kOffG = L::off_g(K, C), kOffB = L::off_b(K, C);
-  static constexpr int kOffP = L::off_p(K, C), kOffBar = L::off_bar(K, C);
+  static constexpr int kOffP = L::off_p(K, C), kOffBar = L::off_bar(K, C), kOffVec = L::off_vec(K, C);
   static constexpr int kStages = L::kStages;
   static_assert(kStages == 2, "the ring's parities below assume two stages");
   static constexpr int kProducerRegs = 48, kConsumerRegs = 208;  // 48 + 208 = 2 x the pinned 128
@@ -54,11 +54,6 @@ struct FusedWalkSm90 {
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
     return v;
   }
-  __device__ __forceinline__ static bf16_t lds_bf16(u32 a) {
-    unsigned short v;
-    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(a) : "memory");
-    return static_cast<bf16_t>(v);
-  }
   __device__ __forceinline__ static uint4 lds_v4(u32 a) {
     uint4 v;
     asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
@@ -69,6 +64,15 @@ struct FusedWalkSm90 {
   }
   __device__ __forceinline__ static void sts_u32(u32 a, u32 v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+  }
+  __device__ __forceinline__ static void sts_f32(u32 a, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+  }
+  __device__ __forceinline__ static void ldsm_x4_trans(u32 (&r)[4], u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
   }
   __device__ __forceinline__ static void sts_bf16(u32 a, bf16_t v) {
     asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(a), "h"(static_cast<unsigned short>(v)) : "memory");
@@ -117,7 +121,7 @@ struct FusedWalkSm90 {
     static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_tile: whole swizzle periods per step");
     const int r0 = tid / kPieces, col = (tid % kPieces) * 8;
     unsigned char* const d0 = reinterpret_cast<unsigned char*>(dst) + sw128::offset(r0, col, ROWS);
-#pragma unroll 1  // the loading warpgroup runs at 48 registers
+#pragma unroll 2  // the loading warpgroup runs at 48 registers
     for (int it = 0; it < ROWS / kRowStep; ++it) {
       const int r = r0 + it * kRowStep;
       const bool ok = r < valid;
@@ -228,7 +232,7 @@ struct FusedWalkSm90 {
           S[4 * i + 2 * h + e] = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[state_base + (long long)k * V + v] : 0.f;
         }
 
-    const u32 p_addr = wg::smem_u32(smem + kOffP);
+    const u32 p_addr = wg::smem_u32(smem + kOffP), vec = wg::smem_u32(smem + kOffVec);
     const float scale = p.scale;
     for (int u = 0; u < nc; ++u) {
       const int s = u & 1, c = c_begin + u;
@@ -246,53 +250,69 @@ struct FusedWalkSm90 {
       for (int ks = 0; ks < K / 16; ++ks) to_a(Sb[ks], S, ks, [](float x, int, int) { return x; });
       pipe::mbar_wait(full + s, (u >> 1) & 1);
       wg::fence_smem_for_async();
+      // The chunk's column factors, once per column (not once per thread): exp2(gc_t) (0 past the
+      // chunk) by threads 0..63, exp2(gcL - gc_t) by 64..127. The staging barrier of the previous
+      // chunk ordered every read of the last ones before these writes.
+      const float gl = lds_f32(sg + 4 * (len - 1));
+      {
+        const int t = ctid & (C - 1);
+        const float g = lds_f32(sg + 4 * t);
+        sts_f32(vec + 4 * ctid, ctid < C ? (t < len ? exp2f(g) : 0.f) : gate_exp2(gl - g, t < len));
+      }
+      pipe::named_sync(kConsumerBarrier, 128);
 
-      // X^T first: it is on the chain; O^T = Sb^T Q^T runs later, under the Vn / Vg epilogue.
-      float X[32];
+      float X[32], O[32];
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(X, Sb[ks], wg::desc_k_major(k_addr, C, ks), ks > 0);
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
       wg::commit();
       wg::wait<0>();
       wg::fence_acc(X);
+      wg::fence_acc(O);
 
-      // Wf^T = bf16(beta_t (v_t - exp2(gc_t) X^T)), zero for t >= len.
+      // Wf^T = bf16(beta_t (v_t - exp2(gc_t) X^T)), zero for t >= len; O^T's columns times exp2(gc_t).
       // Column t = 8 i + tq + e of the accumulators sits at [4 i + 2 h + e] (h: row v_lo or v_hi).
+      // V^T arrives in the accumulator layout through ldmatrix.trans: matrix m = 2 ii + h of k-step
+      // ks holds tokens 16 ks + 8 ii .. +7 (rows of the V tile) and slab columns 16 warp + 8 h .. +7.
       u32 Wf[C / 16][4];
+      const int m_lane = lane >> 3;
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
+        u32 vt4[4];
+        ldsm_x4_trans(
+            vt4, v_addr + sw128::offset(16 * ks + 8 * (m_lane >> 1) + (lane & 7), 16 * warp + 8 * (m_lane & 1), C));
         float w[8];
 #pragma unroll
         for (int ii = 0; ii < 2; ++ii)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int i = 2 * ks + ii, t = 8 * i + tq + e;
-            const float et = t < len ? exp2f(lds_f32(sg + 4 * t)) : 0.f, bt = lds_f32(sb + 4 * t);
+            const float et = lds_f32(vec + 4 * t), bt = lds_f32(sb + 4 * t);
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-              const float vt = bf2f(lds_bf16(v_addr + sw128::offset(t, h ? v_hi : v_lo, C)));
+              const u32 pair = vt4[2 * ii + h];
+              const float vt = bf2f(static_cast<bf16_t>(e ? pair >> 16 : pair & 0xffffu));
               const float x = bt * (vt - et * X[4 * i + 2 * h + e]);
               w[4 * ii + 2 * h + e] = t < len ? x : 0.f;
+              O[4 * i + 2 * h + e] *= et;
             }
           }
 #pragma unroll
         for (int q = 0; q < 4; ++q) Wf[ks][q] = fwd::pack_f2bf(w[2 * q], w[2 * q + 1]);
       }
 
-      // V'^T = Wf^T Tm^T, then O^T = Sb^T Q^T in a second group.
-      float Vp[32], O[32];
+      // V'^T = Wf^T Tm^T.
+      float Vp[32];
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(Vp, Wf[ks], wg::desc_k_major(t_addr, C, ks), ks > 0);
       wg::commit();
-#pragma unroll
-      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
-      wg::commit();
-      wg::wait<1>();
+      wg::wait<0>();
       wg::fence_acc(Vp);
 
       // Vn^T = bf16(V'^T), Vg^T = bf16(V'^T exp2(gcL - gc_t)) (0 past the chunk).
-      const float gl = lds_f32(sg + 4 * (len - 1));
       u32 Vn[C / 16][4], Vg[C / 16][4];
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
@@ -302,7 +322,7 @@ struct FusedWalkSm90 {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int t = 16 * ks + 8 * ii + tq + e;
-            d[2 * ii + e] = gate_exp2(gl - lds_f32(sg + 4 * t), t < len);
+            d[2 * ii + e] = lds_f32(vec + 4 * (C + t));
           }
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // fragment register q: column block ii = q / 2, rows h = q % 2
@@ -312,22 +332,10 @@ struct FusedWalkSm90 {
         }
       }
 
-      // S^T = exp2(gcL) S^T + Vg^T K, then O^T (its columns times exp2(gc_t)) += Vn^T P^T once the
-      // gated scores are in.
+      // S^T = exp2(gcL) S^T + Vg^T K, then O^T += Vn^T P^T once the gated scores are in.
       const float decay = exp2f(gl);
 #pragma unroll
       for (int i = 0; i < 64; ++i) S[i] *= decay;
-      wg::wait<0>();
-      wg::fence_acc(O);
-#pragma unroll
-      for (int i = 0; i < C / 8; ++i)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int t = 8 * i + tq + e;
-          const float et = t < len ? exp2f(lds_f32(sg + 4 * t)) : 0.f;
-          O[4 * i + e] *= et;
-          O[4 * i + 2 + e] *= et;
-        }
       pipe::mbar_wait(pfull, u & 1);
       wg::fence();
 #pragma unroll

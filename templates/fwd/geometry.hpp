@@ -100,8 +100,8 @@ struct FusedWalkGeometry {
 /// The sm_90a body of the fused walk (fwd/fused_walk_sm90.cuh): the same grid and 256 threads,
 /// warpgroup 0 loads and computes the gated Q K^T, warpgroup 1 walks the slab. Two stages of
 /// SW128 tiles (Q and K [chunk][K], the V slab [chunk][bv], Tm [chunk][chunk], then gc and beta),
-/// one gated P tile, the ring's mbarriers; each piece starts 1024-byte aligned, and the dynamic
-/// shared window gets 1 KB of slack to align its base. About 107 KB at K = 128: two blocks per SM.
+/// one gated P tile, the ring's mbarriers, two column-factor vectors; the tiles start 1024-byte aligned, and the
+/// dynamic shared window gets 1 KB of slack to align its base. About 107 KB at K = 128: two blocks per SM.
 struct FusedWalkSm90Layout {
   static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
   static constexpr int kStages = 2;
@@ -115,7 +115,9 @@ struct FusedWalkSm90Layout {
   static constexpr int off_p(int K, int chunk) { return kStages * stage_bytes(K, chunk); }
   static constexpr int off_bar(int K, int chunk) { return off_p(K, chunk) + chunk * chunk * 2; }
   static constexpr int kBarriers = 2 * kStages + 2;  ///< full[s], empty[s], pfull, pempty
-  static constexpr int smem_bytes(int K, int chunk) { return off_bar(K, chunk) + kBarriers * 8 + 1024; }
+  /// The walking warpgroup's per-chunk column factors exp2(gc_t) and exp2(gcL - gc_t) (fp32).
+  static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 64; }
+  static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * chunk * 4 + 1024; }
 };
 
 constexpr int FusedWalkGeometry::smem_bytes(int K, int chunk) {
