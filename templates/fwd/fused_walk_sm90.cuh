@@ -348,7 +348,7 @@ struct FusedWalkSm90 {
       wg::fence_acc(O);
       pipe::mbar_arrive(pempty);
 
-        // O^T * scale, rounded, staged as [t][v] rows in the consumed Q tile, stored in row pieces.
+      // O^T * scale, rounded, staged as [t][v] rows in the consumed Q tile, stored in row pieces.
 #pragma unroll
       for (int i = 0; i < C / 8; ++i)
 #pragma unroll
