@@ -148,7 +148,8 @@ TEST_SUITE("ir") {
     {
       auto portable = spec;
       portable.tensor_cores = gdn::TensorCores::mma_sync;
-      const gdn::Program& pw = gdn::lower(portable).program("fused_walk");
+      const gdn::LayerIR portable_ir = gdn::lower(portable);
+      const gdn::Program& pw = portable_ir.program("fused_walk");
       CHECK(constant_of(pw, "WGMMA") == "false");
       CHECK(pw.max_registers == 0);
       CHECK(pw.min_blocks_per_sm == 2);
