@@ -7,7 +7,7 @@
  *
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
- *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16 (cp.segments),
+ *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16, seg-auto (cp.segments),
  *                 fused (forward "fused")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
@@ -337,7 +337,7 @@ struct ArmKind {
   bool graph_replay, handoff, mma_sync;
   int walk_slab = 0;      ///< the spec's walk_slab (0: the base spec's)
   int walk_bwd_slab = 0;  ///< the spec's walk_bwd_slab (0: the base spec's)
-  int segments = 0;       ///< the spec's cp.segments (0: the base spec's)
+  int segments = 0;       ///< the spec's cp.segments (0: the base spec's, -1: "auto")
   bool fused = false;     ///< the spec's forward "fused"
 };
 const std::map<std::string, ArmKind> kArms = {
@@ -355,6 +355,7 @@ const std::map<std::string, ArmKind> kArms = {
     {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
     {"seg8", {false, true, false, 0, 0, 8}},
     {"seg16", {false, true, false, 0, 0, 16}},
+    {"seg-auto", {false, true, false, 0, 0, -1}},    // cp.segments "auto"
     {"fused", {false, true, false, 0, 0, 0, true}},  // forward "fused": the walk and the output in one program
 };
 
@@ -374,7 +375,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).mma_sync) s.tensor_cores = TensorCores::mma_sync;
       if (kArms.at(name).walk_slab != 0) s.walk_slab = kArms.at(name).walk_slab;
       if (kArms.at(name).walk_bwd_slab != 0) s.walk_bwd_slab = kArms.at(name).walk_bwd_slab;
-      if (kArms.at(name).segments != 0) s.cp_segments = kArms.at(name).segments;
+      if (kArms.at(name).segments != 0) s.cp_segments = std::max(0, kArms.at(name).segments);
       if (kArms.at(name).fused) s.forward = ForwardPath::fused;
       specs.emplace_back(name, s);
     }
@@ -534,9 +535,9 @@ int main(int argc, char** argv) {
                  "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
                  "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
                  "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64), "
-                 "seg2, seg4, seg8, seg16 (cp.segments), fused (forward \"fused\")")
+                 "seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), fused (forward \"fused\")")
       ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32",
-                             "walk64", "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "fused"}))
+                             "walk64", "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "seg-auto", "fused"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);

@@ -101,10 +101,40 @@ std::vector<std::pair<std::string, std::string>> layer_constants(const Spec& s, 
 
 }  // namespace
 
-LayerIR lower(const Spec& s) {
-  validate(s);
+namespace {
+
+/// cp.segments "auto". A document's walks are HV x (V / walk slab) blocks, two per SM; when they
+/// fill less than a quarter of the H200's 264 slots, splitting each document into S segments
+/// (S a power of two, at most 8 and at most the slots over the walks) shortens its chain S times
+/// for about 2.5x the walk's work (the prescan walks the V and K columns of every segment but one):
+/// on the H200 8 segments took one 32768-token document with 6 value heads from 5.20 to 2.79 ms
+/// (fwd+bwd), and 4 made one with 48 heads slower (12.6 -> 15.9 ms). Each document then takes
+/// segments by its own length only (batch invariance): one per kAutoSegmentMinChunks chunks.
+constexpr int kWalkSlots = 2 * 132;
+constexpr int kAutoSegmentMinChunks = 32;
+int auto_segments(int heads_v, int slabs, bool fused) {
+  if (fused) return 1;  // the fused forward has no segmented walk yet
+  const int fill = kWalkSlots / (heads_v * slabs);
+  int segs = 1;
+  while (segs * 2 <= 8 && segs * 2 <= fill) segs *= 2;
+  return segs >= 4 ? segs : 1;
+}
+
+}  // namespace
+
+LayerIR lower(const Spec& spec_in) {
+  validate(spec_in);
   LayerIR ir;
-  ir.spec = s;
+  ir.spec = spec_in;
+  if (spec_in.cp_segments == 0) {
+    const int bv =
+        spec_in.walk_slab != 0 ? spec_in.walk_slab : StateWalkGeometry::auto_bv(spec_in.head_dim_v, spec_in.heads_v);
+    ir.segments_auto = true;
+    ir.spec.cp_segments =
+        auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, spec_in.forward == ForwardPath::fused);
+    ir.seg_min_chunks = ir.spec.cp_segments > 1 ? kAutoSegmentMinChunks : 0;
+  }
+  const Spec& s = ir.spec;
   ir.decisions = {s.save_mode, s.reuse_recompute_tapes, s.determinism, s.graph, s.save_mode == SaveMode::light};
   const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;
   const bool norm = s.norm == Norm::l2_in_kernel;
@@ -129,18 +159,22 @@ LayerIR lower(const Spec& s) {
   // then walks every segment of every document as its own block.
   const int segments = s.cp_segments;
   const std::pair<std::string, std::string> seg_constant{"SEGMENTS", std::to_string(segments)};
+  const std::pair<std::string, std::string> seg_min_constant{"SEG_MIN_CHUNKS", std::to_string(ir.seg_min_chunks)};
   if (segments > 1) {
     add("walk_prescan", "fwd/state_walk.cuh", "StateWalkPrescan", "StateWalkParams", StateWalkGeometry::kThreads,
         StateWalkGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk_prescan, ir.walk_bv);
     ir.programs.back().constants.push_back(seg_constant);
+    ir.programs.back().constants.push_back(seg_min_constant);
     add("walk_merge", "fwd/walk_merge.cuh", "WalkMerge", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
     ir.programs.back().constants.push_back(seg_constant);
+    ir.programs.back().constants.push_back(seg_min_constant);
   }
   add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
       StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), segments > 1 ? GridKind::walk_segments : GridKind::walk,
       ir.walk_bv);
   ir.programs.back().constants.push_back(seg_constant);
+  ir.programs.back().constants.push_back(seg_min_constant);
   const bool fused = s.forward == ForwardPath::fused;
   if (fused) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
@@ -163,15 +197,18 @@ LayerIR lower(const Spec& s) {
         StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bwd_bv), GridKind::walk_prescan, ir.walk_bwd_bv,
         StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
     ir.programs.back().constants.push_back(seg_constant);
+    ir.programs.back().constants.push_back(seg_min_constant);
     add("walk_merge_bwd", "fwd/walk_merge.cuh", "WalkMergeBwd", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
     ir.programs.back().constants.push_back(seg_constant);
+    ir.programs.back().constants.push_back(seg_min_constant);
   }
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
       StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
       segments > 1 ? GridKind::walk_segments : GridKind::walk, ir.walk_bwd_bv,
       StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
   ir.programs.back().constants.push_back(seg_constant);
+  ir.programs.back().constants.push_back(seg_min_constant);
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
       ChunkBwdGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
@@ -229,14 +266,22 @@ LayerIR lower(const Spec& s) {
   buf("u", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, full ? fwd_only : both);
   // Before the backward-only slots: a hand-off needs the forward's workspace slots to be a prefix
   // of the backward's.
+  const std::string seg_shape =
+      ir.seg_min_chunks > 0 ? fmt::format("[N + NT / {}", ir.seg_min_chunks) : std::string("[N * segments");
+  auto seg_bytes = [&](long long per_slot) {
+    return ir.seg_min_chunks > 0 ? ByteFormula{0, per_slot, per_slot / ir.seg_min_chunks}
+                                 : ByteFormula{0, segments * per_slot};
+  };
   if (segments > 1) {
     // Every call form that runs the forward walk runs the prescan and the merge before it. A
     // document's last segment has no transition to store: its seg_hm rows stay unused, so that
-    // one index (n * segments + segment) serves seg_hm, seg_h0 and the walk's grid.
+    // one slot per segment serves seg_hm and seg_h0: n * segments + segment when pinned; with
+    // "auto", n + first chunk / min chunks + segment (distinct, below N + NT / min chunks:
+    // templates/common/segments.cuh).
     const std::vector<CallForm> walk_forms = full ? fwd_only : both;
-    buf("seg_hm", BufferRole::workspace, "fp32", "[N * segments, HV, K, V + K]",
-        {0, 1LL * segments * HV * K * (V + K) * 4}, walk_forms);
-    buf("seg_h0", BufferRole::workspace, "fp32", "[N * segments, HV, K, V]", {0, 1LL * segments * state}, walk_forms);
+    buf("seg_hm", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V + K]", seg_bytes(HV * K * (V + K) * 4),
+        walk_forms);
+    buf("seg_h0", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), walk_forms);
   }
   buf("dv_local", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
   buf("dh_tape", BufferRole::workspace, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2}, bwd_only);
@@ -246,9 +291,9 @@ LayerIR lower(const Spec& s) {
   if (segments > 1) {
     // The backward walk's segments: per segment dZ_ext | A = M^T, then the gradient at each
     // segment's end. A document's first segment has no transition to store.
-    buf("seg_dzm", BufferRole::workspace, "fp32", "[N * segments, HV, K, V + K]",
-        {0, 1LL * segments * HV * K * (V + K) * 4}, bwd_only);
-    buf("seg_dz", BufferRole::workspace, "fp32", "[N * segments, HV, K, V]", {0, 1LL * segments * state}, bwd_only);
+    buf("seg_dzm", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V + K]", seg_bytes(HV * K * (V + K) * 4),
+        bwd_only);
+    buf("seg_dz", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), bwd_only);
   }
   // Reuse of dead workspace bytes in the backward (same byte formulas, K == V checked by the
   // spec): U is dead once the walk has formed V' (with a hand-off, the backward never reads
@@ -345,6 +390,15 @@ std::string to_text(const LayerIR& ir) {
   std::string targets;
   for (Target t : s.targets) targets += (targets.empty() ? "" : ", ") + std::string(to_string(t));
   line(fmt::format("targets: {}", targets));
+  if (ir.segments_auto)
+    line(ir.seg_min_chunks > 0
+             ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "
+                           "nc / {})) (its walks alone fill less than a quarter of the GPU)",
+                           s.cp_segments, s.cp_segments, ir.seg_min_chunks)
+             : std::string("segments: auto, 1 per document (the walks of one document fill the GPU or the forward "
+                           "is fused)"));
+  else if (s.cp_segments > 1)
+    line(fmt::format("segments: {} per document (pinned by the spec)", s.cp_segments));
   line("programs:");
   for (const auto& p : ir.programs) {
     std::string consts;

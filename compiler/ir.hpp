@@ -100,6 +100,10 @@ struct LayerIR {
   Decisions decisions;
   int walk_bv = 0;      ///< V-slab width of the forward state walk
   int walk_bwd_bv = 0;  ///< V-slab width of the backward state walk
+  /// cp.segments "auto": spec.cp_segments holds the resolved most per document, and a document of
+  /// nc chunks takes min(that, max(1, nc / seg_min_chunks)) (0: pinned, every document the same).
+  bool segments_auto = false;
+  int seg_min_chunks = 0;
   std::vector<Program> programs;
   std::vector<Buffer> buffers;
   std::vector<CallFormIR> call_forms;

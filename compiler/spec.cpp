@@ -89,7 +89,7 @@ const IntegerField kChunk{"/chunk", kSupportedChunk, kSupportedChunk, "is not su
 const IntegerField kCpRanks{"/cp/ranks", 1, 1,
                             "is not supported yet (supported: 1; context parallelism across GPUs is not implemented, "
                             "intra-card segments are: cp.segments)"};
-const IntegerField kCpSegments{"/cp/segments", 1, kMaxSegments, "is not supported (supported: 1 to 64)"};
+const IntegerField kCpSegments{"/cp/segments", 0, kMaxSegments, "is not supported (supported: \"auto\", 1 to 64)"};
 
 void check(const IntegerField& f, long long value) {
   if (value < f.min || value > f.max) throw SpecError(f.pointer, fmt::format("{} {}", value, f.outside));
@@ -289,7 +289,14 @@ Spec read_spec(const json& j) {
     Reader c(*cp, "/cp");
     c.known({"ranks", "segments"});
     c.integer("ranks", kCpRanks, s.cp_ranks);
-    c.integer("segments", kCpSegments, s.cp_segments);
+    if (const json* seg = c.get("segments", false); seg && seg->is_string() && seg->get<std::string>() == "auto")
+      s.cp_segments = 0;
+    else if (seg && !seg->is_number_integer())
+      throw SpecError(kCpSegments.pointer, fmt::format("{} {}", value_excerpt(*seg), kCpSegments.outside));
+    else if (seg && as_int64(*seg) == 0)  // "auto" is spelled out; 0 segments is not a number of segments
+      throw SpecError(kCpSegments.pointer, fmt::format("0 {}", kCpSegments.outside));
+    else
+      c.integer("segments", kCpSegments, s.cp_segments);
   }
   validate(s);
   return s;
@@ -365,7 +372,7 @@ json to_json(const Spec& s) {
       {"initial_state", s.initial_state == StateFlag::present},
       {"final_state", s.final_state == StateFlag::present},
       {"targets", targets},
-      {"cp", {{"ranks", s.cp_ranks}, {"segments", s.cp_segments}}},
+      {"cp", {{"ranks", s.cp_ranks}, {"segments", s.cp_segments ? json(s.cp_segments) : json("auto")}}},
   };
 }
 

@@ -192,6 +192,7 @@ void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const 
     bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
     auto& l = b.launch("walk_merge", sizeof(WalkMergeParams));
     using P = WalkMergeParams;
+    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
     GDN_BIND(l, P, seg_hm, b.slot("seg_hm"));
     GDN_BIND(l, P, h0, b.frame(Frame::h0));
     GDN_BIND(l, P, seg_h0, b.slot("seg_h0"));
@@ -332,6 +333,7 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
       auto& l = b.launch("walk_merge_bwd", sizeof(WalkMergeParams));
       using P = WalkMergeParams;
+      GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
       GDN_BIND(l, P, seg_hm, b.slot("seg_dzm"));
       GDN_BIND(l, P, h0, b.frame(F::dht));
       GDN_BIND(l, P, seg_h0, b.slot("seg_dz"));

@@ -126,9 +126,10 @@ struct FusedWalkParams {
 /// (32 columns, value head, document). The backward's merge uses the same block: (dZ_ext, A) per
 /// segment, dht, and the gradient at each segment's end, chained from the last segment.
 struct WalkMergeParams {
-  const float* seg_hm;  ///< [N * SEGMENTS, HV, K, V + K]
-  const float* h0;      ///< [N, HV, K, V] or null
-  float* seg_h0;        ///< [N * SEGMENTS, HV, K, V]
+  const int* doc_chunk_offset;  ///< [N + 1]: each document's segment count and slots (common/segments.cuh)
+  const float* seg_hm;          ///< [segment slots, HV, K, V + K]
+  const float* h0;              ///< [N, HV, K, V] or null
+  float* seg_h0;                ///< [N * SEGMENTS, HV, K, V]
 };
 
 /// Forward output (F5), one program per (chunk, value head).
@@ -228,7 +229,7 @@ static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host a
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 96, "FusedWalkParams: the host and the kernels share this layout");
-static_assert(sizeof(WalkMergeParams) == 24, "WalkMergeParams: the host and the kernels share this layout");
+static_assert(sizeof(WalkMergeParams) == 32, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");
 

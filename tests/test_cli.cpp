@@ -178,7 +178,7 @@ TEST_SUITE("cli") {
     CHECK(r.out.find("--beta") != std::string::npos);
     r = gdnc("check " + src("examples/n.json") + " --segments 65");
     CHECK(r.code == 3);
-    CHECK(r.out.find("/cp/segments: 65 is not supported (supported: 1 to 64)") != std::string::npos);
+    CHECK(r.out.find("/cp/segments: 65 is not supported (supported: \"auto\", 1 to 64)") != std::string::npos);
     r = gdnc("check " + src("examples/n.json") + " --forward fast");
     CHECK(r.code == 2);
     CHECK(r.out.find("--forward") != std::string::npos);

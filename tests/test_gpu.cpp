@@ -359,6 +359,43 @@ TEST_SUITE("gpu_layer") {
 }
 
 TEST_SUITE("gpu_determinism") {
+  // cp.segments "auto": few value heads, so up to 8 segments, each document as many as its own
+  // length allows (one per 32 chunks): 16400 tokens take 8, 4200 take 2, shorter ones 1. Against
+  // fp64, repeats and ckpt bitwise, and each document's bits alone equal to its bits packed.
+  TEST_CASE("cp.segments auto: per-document segments against fp64, bitwise repeats, batch invariant") {
+    Spec s = spec_of("n");
+    s.heads_qk = 1;
+    s.heads_v = 2;
+    s.cp_segments = 0;
+    s.name = "n_auto_segments";
+    auto layer = make(s);
+    REQUIRE(layer->ir().spec.cp_segments == 8);
+    REQUIRE(layer->ir().seg_min_chunks == 32);
+    const std::vector<long long> lens = {700, 16400, 1, 4200, 2100};
+    const std::vector<uint64_t> seeds = {61, 62, 63, 64, 65};
+    check::Case packed;
+    packed.doc_lens = lens;
+    packed.doc_seeds = seeds;
+    packed.repeats = 2;
+    const check::Report all = check::run(*layer, packed);
+    expect_within_bounds(all, "auto segments, packed");
+    for (const auto& m : all.mismatches) FAIL_CHECK("repeat differs: " << m);
+    packed.with_reference = false;
+    packed.repeats = 1;
+    packed.step = check::Case::Step::ckpt;
+    expect_same_bits(all.bytes, check::run(*layer, packed), "auto segments, ckpt");
+    for (size_t d : {size_t(1), size_t(3)}) {
+      check::Case alone;
+      alone.doc_lens = {lens[d]};
+      alone.doc_seeds = {seeds[d]};
+      alone.with_reference = false;
+      const check::Report one = check::run(*layer, alone);
+      for (const char* t : {"o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"})
+        CHECK_MESSAGE(check::document_bytes(one, t, s, alone.doc_lens, 0) == check::document_bytes(all, t, s, lens, d),
+                      "document " << d << " " << t);
+    }
+  }
+
   TEST_CASE("cp.segments: repeats bitwise equal; light, full and ckpt give the same bits; batch invariant") {
     check::Case c;
     c.doc_lens = {1, 63, 3000, 65, 700};

@@ -241,7 +241,51 @@ TEST_SUITE("ir") {
     CHECK(full.buffer("seg_dzm").lives_in.empty());  // full saves: the forward's segment bytes are not the backward's
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 8);
     spec.cp_segments = 65;
-    CHECK_THROWS_WITH_AS(gdn::lower(spec), "/cp/segments: 65 is not supported (supported: 1 to 64)", gdn::SpecError);
+    CHECK_THROWS_WITH_AS(gdn::lower(spec), "/cp/segments: 65 is not supported (supported: \"auto\", 1 to 64)",
+                         gdn::SpecError);
+  }
+
+  TEST_CASE("cp.segments \"auto\": the most per document from the layer, the slots from the documents' lengths") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
+    spec.cp_segments = 0;
+    // Shape N's heads: 6 value heads x 4 slabs of 32 = 24 walks per document, 264 slots: 8.
+    const auto few = gdn::lower(spec);
+    CHECK(few.segments_auto);
+    CHECK(few.spec.cp_segments == 8);
+    CHECK(few.seg_min_chunks == 32);
+    for (const char* name :
+         {"walk_prescan", "walk_merge", "state_walk", "walk_bwd_prescan", "walk_merge_bwd", "state_walk_bwd"}) {
+      CHECK_MESSAGE(constant_of(few.program(name), "SEGMENTS") == "8", name);
+      CHECK_MESSAGE(constant_of(few.program(name), "SEG_MIN_CHUNKS") == "32", name);
+    }
+    // One slot per document plus one per 32 chunks: N + NT / 32 slots.
+    CHECK(few.buffer("seg_h0").bytes.eval(32768, 1, 64) == (1 + (32768 / 64 + 1) / 32.0) * 6 * 128 * 128 * 4);
+    CHECK(gdn::to_text(few).find("segments: auto, at most 8 per document") != std::string::npos);
+    CHECK(gdn::to_json(spec)["cp"]["segments"] == "auto");
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 0);
+    // Shape M's heads: 48 value heads x 2 slabs of 64 fill the GPU alone: 1, as pinned.
+    auto m = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto pinned = gdn::lower(m);
+    m.cp_segments = 0;
+    const auto many = gdn::lower(m);
+    CHECK(many.spec.cp_segments == 1);
+    CHECK(many.seg_min_chunks == 0);
+    REQUIRE(many.programs.size() == pinned.programs.size());
+    for (size_t i = 0; i < many.programs.size(); ++i)
+      CHECK_MESSAGE(many.programs[i].constants == pinned.programs[i].constants, many.programs[i].name);
+    // The fused forward has no segmented walk yet: "auto" takes 1 there.
+    spec.forward = gdn::ForwardPath::fused;
+    CHECK(gdn::lower(spec).spec.cp_segments == 1);
+    // In JSON, "auto" is spelled out; 0 is not a number of segments.
+    auto parse = [](const std::string& segments) {
+      return gdn::spec_from_json(
+          nlohmann::json::parse(R"({"name":"x","heads":{"qk":2,"v":6},"cp":{"segments":)" + segments + "}}"));
+    };
+    CHECK(parse("\"auto\"").cp_segments == 0);
+    CHECK(parse("4").cp_segments == 4);
+    CHECK_THROWS_WITH_AS(parse("0"), "/cp/segments: 0 is not supported (supported: \"auto\", 1 to 64)", gdn::SpecError);
+    CHECK_THROWS_WITH_AS(parse("\"many\""), "/cp/segments: \"many\" is not supported (supported: \"auto\", 1 to 64)",
+                         gdn::SpecError);
   }
 
   TEST_CASE("byte formulas") {

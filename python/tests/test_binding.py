@@ -198,7 +198,7 @@ class SpecTests(unittest.TestCase):
         with self.assertRaises(gdnc.SpecError) as e:
             gdnc.build_spec({"cp": {"ranks": 1, "segments": 65}}, heads_qk=2, heads_v=8, head_dim_k=128,
                             head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
-        self.assertEqual(str(e.exception), "/cp/segments: 65 is not supported (supported: 1 to 64)")
+        self.assertEqual(str(e.exception), '/cp/segments: 65 is not supported (supported: "auto", 1 to 64)')
 
     def test_the_first_call_compiles_for_the_gpu_it_runs_on(self):
         from gdnc import spec as spec_module

@@ -22,6 +22,7 @@
 #pragma once
 
 #include "bwd/dv_local.cuh"
+#include "common/segments.cuh"
 
 namespace gdn {
 
@@ -95,12 +96,10 @@ struct StateWalkBwd {
     const bool transition = kPrescan && blockIdx.x >= V / BV;
     const int v0 = (transition ? blockIdx.x - V / BV : blockIdx.x) * BV;
     const bool inputs = !transition;
-    int c_first = p.doc_chunk_offset[n], c_last = p.doc_chunk_offset[n + 1] - 1;
-    if (SEG > 1) {
-      const int first = c_first, nc = c_last + 1 - c_first;
-      c_first = first + static_cast<int>((long long)nc * seg / SEG);
-      c_last = first + static_cast<int>((long long)nc * (seg + 1) / SEG) - 1;
-    }
+    const DocSegments<Cfg> ds(p.doc_chunk_offset, n);
+    if (seg >= ds.count) return;  // past this document's segments ("auto")
+    const int c_first = ds.begin(seg), c_last = ds.begin(seg + 1) - 1;
+    const long long slot = ds.slot0 + seg;
     if (kPrescan && seg == 0) return;
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* const stage = smem;
@@ -129,7 +128,7 @@ struct StateWalkBwd {
           b = r == v0 + c + 1 ? 1.f : 0.f;
         });
     } else if (SEG > 1) {
-      const float* src = p.seg_dz + ((long long)z_index * Cfg::HV + j) * K * V + v0;
+      const float* src = p.seg_dz + (slot * Cfg::HV + j) * K * V + v0;
       bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
         const float2 x = *reinterpret_cast<const float2*>(src + (long long)r * V + c);
         a = x.x;
@@ -256,7 +255,7 @@ struct StateWalkBwd {
 
     if (kPrescan) {
       // seg_dzm row r: dZ_ext in columns 0 .. V-1, A in V .. V+K-1.
-      float* dst = p.seg_dzm + ((long long)z_index * Cfg::HV + j) * K * (V + K) + (transition ? V : 0) + v0;
+      float* dst = p.seg_dzm + (slot * Cfg::HV + j) * K * (V + K) + (transition ? V : 0) + v0;
       bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
         *reinterpret_cast<float2*>(dst + (long long)r * (V + K) + c) = make_float2(a, b);
       });

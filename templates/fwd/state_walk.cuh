@@ -21,6 +21,7 @@
  */
 #pragma once
 
+#include "common/segments.cuh"
 #include "fwd/chunk_prep.cuh"
 
 namespace gdn {
@@ -67,13 +68,11 @@ struct StateWalk {
     const int slab = transition ? blockIdx.x - V / BV : blockIdx.x, v0 = slab * BV;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gr = lane >> 2, tq = (lane & 3) * 2;
-    int c_begin = p.doc_chunk_offset[n], c_end = p.doc_chunk_offset[n + 1];
-    if (SEG > 1) {
-      const int first = c_begin, nc = c_end - c_begin;
-      c_begin = first + static_cast<int>((long long)nc * seg / SEG);
-      c_end = first + static_cast<int>((long long)nc * (seg + 1) / SEG);
-    }
-    if (kPrescan && seg == SEG - 1) return;  // the merge never needs the last segment's transition
+    const DocSegments<Cfg> ds(p.doc_chunk_offset, n);
+    if (seg >= ds.count) return;  // past this document's segments ("auto")
+    const int c_begin = ds.begin(seg), c_end = ds.begin(seg + 1);
+    const long long slot = ds.slot0 + seg;
+    if (kPrescan && seg == ds.count - 1) return;  // the merge never needs the last segment's transition
 
     bf16_t* sS = reinterpret_cast<bf16_t*>(smem + kOff_s);
     bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);
@@ -96,8 +95,8 @@ struct StateWalk {
           if (kPrescan) {
             if (transition) x = make_float2(r == v0 + nt * 8 + tq ? 1.f : 0.f, r == v0 + nt * 8 + tq + 1 ? 1.f : 0.f);
           } else if (SEG > 1) {
-            x = *reinterpret_cast<const float2*>(p.seg_h0 + ((long long)z * HV + j) * K * V + v0 + (long long)r * V +
-                                                 nt * 8 + tq);
+            x = *reinterpret_cast<const float2*>(p.seg_h0 + (slot * HV + j) * K * V + v0 + (long long)r * V + nt * 8 +
+                                                 tq);
           } else if (Cfg::HAS_H0 && p.h0 != nullptr) {
             x = *reinterpret_cast<const float2*>(p.h0 + state_base + (long long)r * V + nt * 8 + tq);
           }
@@ -237,11 +236,11 @@ struct StateWalk {
 
     if (kPrescan) {
       // seg_hm row r: S_ext in columns 0 .. V-1, M in V .. V+K-1.
-      store_state<V + K>(S, p.seg_hm + ((long long)z * HV + j) * K * (V + K) + (transition ? V : 0) + v0, warp, gr, tq);
+      store_state<V + K>(S, p.seg_hm + (slot * HV + j) * K * (V + K) + (transition ? V : 0) + v0, warp, gr, tq);
       return;
     }
     // A document's final state is its last segment's.
-    if (Cfg::HAS_HT && p.ht != nullptr && seg == SEG - 1) store_state<V>(S, p.ht + state_base, warp, gr, tq);
+    if (Cfg::HAS_HT && p.ht != nullptr && seg == ds.count - 1) store_state<V>(S, p.ht + state_base, warp, gr, tq);
   }
 
  private:

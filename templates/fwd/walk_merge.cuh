@@ -13,6 +13,7 @@
 #pragma once
 
 #include "common/numeric.cuh"
+#include "common/segments.cuh"
 #include "fwd/geometry.hpp"
 #include "params.cuh"
 
@@ -35,13 +36,14 @@ struct WalkMerge {
 #pragma unroll
     for (int e = 0; e < 16; ++e)
       x[e] = has_h0 ? p.h0[((long long)n * HV + j) * K * V + (long long)r * V + c0 + half + e] : 0.f;
-    for (int step = 0; step < SEG; ++step) {
-      const int seg = kReverse ? SEG - 1 - step : step;
-      const long long z = (long long)n * SEG + seg;
+    const DocSegments<Cfg> ds(p.doc_chunk_offset, n);
+    for (int step = 0; step < ds.count; ++step) {
+      const int seg = kReverse ? ds.count - 1 - step : step;
+      const long long z = ds.slot0 + seg;
       float* out = p.seg_h0 + (z * HV + j) * K * V + (long long)r * V + c0 + half;
 #pragma unroll
       for (int e = 0; e < 16; ++e) out[e] = x[e];
-      if (step == SEG - 1) break;
+      if (step == ds.count - 1) break;
 #pragma unroll
       for (int e = 0; e < 16; ++e) sS[r][half + e] = x[e];
       __syncthreads();
