@@ -17,10 +17,10 @@ namespace gdn {
 
 template <class Cfg>
 struct DocSegments {
-  int first;           ///< the document's first chunk
-  int chunks;          ///< its chunk count
-  int count;           ///< its segments
-  long long slot0;     ///< the slot of its segment 0
+  int first;        ///< the document's first chunk
+  int chunks;       ///< its chunk count
+  int count;        ///< its segments
+  long long slot0;  ///< the slot of its segment 0
 
   __device__ __forceinline__ DocSegments(const int* doc_chunk_offset, int n) {
     first = doc_chunk_offset[n];

@@ -74,8 +74,10 @@ struct FusedWalkSm90 {
                  : "r"(a)
                  : "memory");
   }
-  __device__ __forceinline__ static void sts_bf16(u32 a, bf16_t v) {
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(a), "h"(static_cast<unsigned short>(v)) : "memory");
+  __device__ __forceinline__ static void stsm_x4_trans(u32 a, const u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
   }
 
   __device__ __forceinline__ static bf16_t* tile(unsigned char* base, int stage, int off) {
@@ -155,14 +157,9 @@ struct FusedWalkSm90 {
     pipe::cp_async_arrive(full);
     const u32 p_addr = wg::smem_u32(smem + kOffP);
     for (int u = 0; u < nc; ++u) {
-      // Chunk u + 1 into the other stage once the consumer has released it (chunk u - 1).
-      if (u + 1 < nc) {
-        const int s1 = (u + 1) & 1;
-        if (u + 1 >= kStages) pipe::mbar_wait(empty + s1, (((u + 1) >> 1) - 1) & 1);
-        load_chunk(p, smem, s1, c_begin + u + 1, j, hq, v0, tid);
-        pipe::cp_async_arrive(full + s1);
-      }
       // The gated scores of chunk u: P = Q K^T on the tensor cores, then the gate and the mask.
+      // They are computed while the walking warpgroup is still on chunk u - 1 (its stage landed
+      // during chunk u - 2): only the stores into the P tile wait for it to release P(u - 1).
       const int s = u & 1;
       pipe::mbar_wait(full + s, (u >> 1) & 1);
       wg::fence_smem_for_async();  // the cp.async writes are read by wgmma (the async proxy)
@@ -171,8 +168,7 @@ struct FusedWalkSm90 {
       const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
       const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8, tq = (lane & 3) * 2;
       const float g_lo = lds_f32(sg + 4 * r_lo), g_hi = lds_f32(sg + 4 * r_hi);
-      if (u >= 1) pipe::mbar_wait(pempty, (u - 1) & 1);
-        // Two halves of 32 key columns: half the accumulator registers (the warpgroup runs at 64).
+      // Two halves of 32 key columns: half the accumulator registers (the warpgroup runs at 48).
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         float P[16];
@@ -184,20 +180,34 @@ struct FusedWalkSm90 {
         wg::commit();
         wg::wait<0>();
         wg::fence_acc(P);
+        if (half == 0 && u >= 1) pipe::mbar_wait(pempty, (u - 1) & 1);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int col = 32 * half + i * 8 + tq;
-          const float gc0 = lds_f32(sg + 4 * col), gc1 = lds_f32(sg + 4 * col + 4);
-          const float p00 = P[4 * i] * gate_exp2(g_lo - gc0, col <= r_lo && r_lo < len);
-          const float p01 = P[4 * i + 1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
-          const float p10 = P[4 * i + 2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
-          const float p11 = P[4 * i + 3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
-          sts_u32(p_addr + sw128::offset(r_lo, col, C), fwd::pack_f2bf(p00, p01));
-          sts_u32(p_addr + sw128::offset(r_hi, col, C), fwd::pack_f2bf(p10, p11));
+          u32 lo = 0u, hi = 0u;
+          // Column blocks right of the warp's 16 rows are above the diagonal: zeros, no gates.
+          if (32 * half + i * 8 <= 16 * warp + 15) {
+            const float gc0 = lds_f32(sg + 4 * col), gc1 = lds_f32(sg + 4 * col + 4);
+            const float p00 = P[4 * i] * gate_exp2(g_lo - gc0, col <= r_lo && r_lo < len);
+            const float p01 = P[4 * i + 1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
+            const float p10 = P[4 * i + 2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
+            const float p11 = P[4 * i + 3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
+            lo = fwd::pack_f2bf(p00, p01);
+            hi = fwd::pack_f2bf(p10, p11);
+          }
+          sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
+          sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
         }
       }
       wg::fence_smem_for_async();  // the consumer's wgmma reads P through the async proxy
       pipe::mbar_arrive(pfull);
+      // Chunk u + 1 into the other stage once the consumer has released it (chunk u - 1).
+      if (u + 1 < nc) {
+        const int s1 = (u + 1) & 1;
+        if (u + 1 >= kStages) pipe::mbar_wait(empty + s1, (((u + 1) >> 1) - 1) & 1);
+        load_chunk(p, smem, s1, c_begin + u + 1, j, hq, v0, tid);
+        pipe::cp_async_arrive(full + s1);
+      }
     }
   }
 
@@ -348,14 +358,21 @@ struct FusedWalkSm90 {
       wg::fence_acc(O);
       pipe::mbar_arrive(pempty);
 
-      // O^T * scale, rounded, staged as [t][v] rows in the consumed Q tile, stored in row pieces.
+      // O^T * scale, rounded, staged as [t][v] rows in the consumed Q tile by stmatrix.trans (matrix
+      // m = 2 ii + h of group q: tokens 16 q + 8 ii .. +7, slab columns 16 warp + 8 h .. +7; lane L
+      // gives the row address of matrix L / 8, row L % 8), then stored in 16-byte row pieces.
 #pragma unroll
-      for (int i = 0; i < C / 8; ++i)
+      for (int q = 0; q < C / 16; ++q) {
+        u32 frag[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int t = 8 * i + tq + (q & 1), v = (q & 2) ? v_hi : v_lo;
-          sts_bf16(q_addr + 2 * (t * kOutPitch + v), f2bf(O[4 * i + q] * scale));
+        for (int m = 0; m < 4; ++m) {
+          const float* x = O + 4 * (2 * q + (m >> 1)) + 2 * (m & 1);
+          frag[m] = fwd::pack_f2bf(x[0] * scale, x[1] * scale);
         }
+        const int m_lane = lane >> 3;
+        const int t = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
+        stsm_x4_trans(q_addr + 2 * (t * kOutPitch + v), frag);
+      }
       pipe::named_sync(kConsumerBarrier, 128);
       constexpr int kPieces = BV / 8;
       bf16_t* const dst = p.o + (t0 * HV + j) * V + v0;
