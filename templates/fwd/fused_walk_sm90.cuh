@@ -158,8 +158,8 @@ struct FusedWalkSm90 {
     const u32 p_addr = wg::smem_u32(smem + kOffP);
     for (int u = 0; u < nc; ++u) {
       // The gated scores of chunk u: P = Q K^T on the tensor cores, then the gate and the mask.
-      // They are computed while the walking warpgroup is still on chunk u - 1 (its stage landed
-      // during chunk u - 2): only the stores into the P tile wait for it to release P(u - 1).
+      // They are computed while the walking warpgroup is still on chunk u - 1 (whose start issued
+      // this stage's loads): only the stores into the P tile wait for it to release P(u - 1).
       const int s = u & 1;
       pipe::mbar_wait(full + s, (u >> 1) & 1);
       wg::fence_smem_for_async();  // the cp.async writes are read by wgmma (the async proxy)
