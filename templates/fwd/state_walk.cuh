@@ -206,19 +206,12 @@ struct StateWalk {
 #pragma unroll
       for (int k0 = 0; k0 < C; k0 += 16) {
         if (k0 >= len) break;
-        u32 bq[NT / 2][4];
+          // The prescan adds the lo part of Vg (held in sVn) in a second pass.
 #pragma unroll
-        for (int np = 0; np < NT / 2; ++np) fwd::load_b_kn(bq[np], sVg, LDS, k0, np * 16);
+        for (int pass = 0; pass < (kPrescan ? 2 : 1); ++pass) {
+          u32 bq[NT / 2][4];
 #pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          u32 a[4];
-          fwd::load_a_t(a, sKc, LDK, warp * 32 + mi * 16, k0);
-#pragma unroll
-          for (int np = 0; np < NT / 2; ++np) fwd::mma_pair(S[mi][2 * np], S[mi][2 * np + 1], a, bq[np]);
-        }
-        if (kPrescan) {
-#pragma unroll
-          for (int np = 0; np < NT / 2; ++np) fwd::load_b_kn(bq[np], sVn, LDS, k0, np * 16);
+          for (int np = 0; np < NT / 2; ++np) fwd::load_b_kn(bq[np], pass ? sVn : sVg, LDS, k0, np * 16);
 #pragma unroll
           for (int mi = 0; mi < 2; ++mi) {
             u32 a[4];
