@@ -287,7 +287,7 @@ struct Bench {
   TensorCores tensor_cores = TensorCores::automatic;  ///< --tensor-cores: the base spec of every mode
   int walk_slab = 0;                                  ///< --walk-slab: the base spec of every mode (0: auto)
   int walk_bwd_slab = 0;                              ///< --walk-bwd-slab: likewise
-  int segments = 1;                                   ///< --segments: the base spec's cp.segments
+  int segments = 1;                                   ///< --segments: the base spec's cp.segments (0: "auto")
   ForwardPath forward = ForwardPath::programs;        ///< --forward: the base spec's forward
 
   void flush_l2() {
@@ -555,9 +555,9 @@ int main(int argc, char** argv) {
   std::string walk_bwd_slab = "auto";
   app.add_option("--walk-bwd-slab", walk_bwd_slab, "the specs' walk_bwd_slab (the backward walk's V-slab width)")
       ->check(CLI::IsMember({"auto", "32", "64"}));
-  int segments = 1;
-  app.add_option("--segments", segments, "the specs' cp.segments (intra-card segments per document)")
-      ->check(CLI::Range(1, 64));
+  std::string segments = "1";
+  app.add_option("--segments", segments, "the specs' cp.segments (intra-card segments per document): 1 to 64 or auto")
+      ->check(CLI::IsMember({"auto"}) | CLI::Range(1, 64));
   std::string forward = "programs";
   app.add_option("--forward", forward, "the specs' forward (\"fused\": the walk and the output in one program)")
       ->check(CLI::IsMember({"programs", "fused"}));
@@ -577,7 +577,7 @@ int main(int argc, char** argv) {
     b.tensor_cores = tensor_cores == "auto" ? TensorCores::automatic : TensorCores::mma_sync;
     b.walk_slab = walk_slab == "auto" ? 0 : std::stoi(walk_slab);
     b.walk_bwd_slab = walk_bwd_slab == "auto" ? 0 : std::stoi(walk_bwd_slab);
-    b.segments = segments;
+    b.segments = segments == "auto" ? 0 : std::stoi(segments);
     b.forward = forward == "fused" ? ForwardPath::fused : ForwardPath::programs;
     fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}, segments {}, forward {}\n",
                b.ctx.name(), b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments, forward);
