@@ -97,6 +97,21 @@ void expect_case_matrix_within_bounds(const Layer& layer, uint64_t seed, const s
   expect_within_bounds(check::run(layer, c), name + " beta=1");
 }
 
+/// Document d of a packed run (lengths `lens`, per-document seeds `seeds`) run alone: every result
+/// keeps its bits (batch invariance).
+void expect_document_keeps_bits(const Layer& layer, const check::Report& packed, const std::vector<long long>& lens,
+                                const std::vector<uint64_t>& seeds, size_t d) {
+  check::Case alone;
+  alone.doc_lens = {lens[d]};
+  alone.doc_seeds = {seeds[d]};
+  alone.with_reference = false;
+  const check::Report one = check::run(layer, alone);
+  const Spec& s = layer.ir().spec;
+  for (const char* t : {"o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"})
+    CHECK_MESSAGE(check::document_bytes(one, t, s, alone.doc_lens, 0) == check::document_bytes(packed, t, s, lens, d),
+                  "document " << d << " " << t);
+}
+
 /// `segments` intra-card segments must not add to the layer's error: on the same inputs every
 /// tensor's rel-RMS against fp64 stays finite and within 10 % of the unsegmented layer's, dg within
 /// 50 %. dg is the exception, an open one: with the backward segmented too, dg on one 32768-token
@@ -384,16 +399,7 @@ TEST_SUITE("gpu_determinism") {
     packed.repeats = 1;
     packed.step = check::Case::Step::ckpt;
     expect_same_bits(all.bytes, check::run(*layer, packed), "auto segments, ckpt");
-    for (size_t d : {size_t(1), size_t(3)}) {
-      check::Case alone;
-      alone.doc_lens = {lens[d]};
-      alone.doc_seeds = {seeds[d]};
-      alone.with_reference = false;
-      const check::Report one = check::run(*layer, alone);
-      for (const char* t : {"o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"})
-        CHECK_MESSAGE(check::document_bytes(one, t, s, alone.doc_lens, 0) == check::document_bytes(all, t, s, lens, d),
-                      "document " << d << " " << t);
-    }
+    for (size_t d : {size_t(1), size_t(3)}) expect_document_keeps_bits(*layer, all, lens, seeds, d);
   }
 
   TEST_CASE("cp.segments: repeats bitwise equal; light, full and ckpt give the same bits; batch invariant") {
@@ -432,16 +438,7 @@ TEST_SUITE("gpu_determinism") {
     packed.doc_seeds = seeds;
     packed.with_reference = false;
     const check::Report all = check::run(*layer, packed);
-    for (size_t d = 0; d < lens.size(); ++d) {
-      check::Case alone;
-      alone.doc_lens = {lens[d]};
-      alone.doc_seeds = {seeds[d]};
-      alone.with_reference = false;
-      const check::Report one = check::run(*layer, alone);
-      for (const char* t : {"o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"})
-        CHECK_MESSAGE(check::document_bytes(one, t, s, alone.doc_lens, 0) == check::document_bytes(all, t, s, lens, d),
-                      "document " << d << " " << t);
-    }
+    for (size_t d = 0; d < lens.size(); ++d) expect_document_keeps_bits(*layer, all, lens, seeds, d);
   }
 
   // Users training with RL need a document's logprobs (and a trainer its gradients) not to depend
