@@ -2,11 +2,12 @@
  * @file fused_walk_sm90.cuh
  * @brief The fused forward walk on sm_90a: the math and rounding points of fused_walk.cuh (read
  *        its comment), the same grid and 256 threads, warp-specialized:
- *  - warpgroup 0 (64 registers after setmaxnreg) loads chunk c + 1 into a ring of two stages by
+ *  - warpgroup 0 (48 registers after setmaxnreg) loads chunk c + 1 into a ring of two stages by
  *    cp.async at 128-byte-swizzled positions, each thread's copies completing as one arrival on
- *    the stage's `full` barrier, then computes chunk c's gated Q K^T (wgmma from shared memory),
- *    rounds it to bf16 and publishes it in the P tile (`pfull`; `pempty` when read);
- *  - warpgroup 1 (192 registers) walks the slab: the state is kept transposed, S^T (BV x K fp32,
+ *    the stage's `full` barrier, and computes the gated Q K^T of a chunk as soon as it lands (one
+ *    chunk ahead of the walk; wgmma from shared memory), rounds it to bf16 and publishes it in the
+ *    P tile (`pfull`; `pempty` when read);
+ *  - warpgroup 1 (208 registers) walks the slab: the state is kept transposed, S^T (BV x K fp32,
  *    the accumulator of the state update, 64 registers), so every product has the slab's
  *    columns on M and takes its left operand from registers (the RS form): bf16(S)^T, Wf^T,
  *    Vn^T and Vg^T never pass through shared memory, and no block-wide barrier is on the chain.
@@ -14,9 +15,9 @@
  *      V'^T = Wf^T Tm^T                            4 x m64n64k16
  *      S^T  = exp2(gcL) S^T + Vg^T K               4 x m64n128k16 (K read N-major)
  *      O^T += Vn^T P^T                             4 x m64n64k16
- * Each k loop keeps fused_walk's order and each element its rounding, so both bodies are meant
- * to give the same bits (gpu_fused compares them). The O tile leaves through the consumed Q tile
- * of its stage, in 16-byte row pieces, before the stage is released.
+ * Each k loop keeps fused_walk's order and each element its rounding, so both bodies give the
+ * same bits (gpu_fused holds them to it). The O tile leaves through the consumed Q tile
+ * of its stage (stmatrix.trans), in 16-byte row pieces, before the stage is released.
  */
 #pragma once
 

@@ -101,7 +101,7 @@ struct FusedWalkGeometry {
 /// warpgroup 0 loads and computes the gated Q K^T, warpgroup 1 walks the slab. Two stages of
 /// SW128 tiles (Q and K [chunk][K], the V slab [chunk][bv], Tm [chunk][chunk], then gc and beta),
 /// one gated P tile, the ring's mbarriers, two column-factor vectors; the tiles start 1024-byte aligned, and the
-/// dynamic shared window gets 1 KB of slack to align its base. About 107 KB at K = 128: two blocks per SM.
+/// dynamic shared window gets 1 KB of slack to align its base. 110,144 bytes at K = 128: two blocks per SM.
 struct FusedWalkSm90Layout {
   static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
   static constexpr int kStages = 2;
