@@ -4,10 +4,12 @@
  *        properties that must hold for any batch, and the errors.
  */
 #include "runtime/cp_partition.hpp"
+#include "common/segments.hpp"
 
 #include <doctest/doctest.h>
 
 #include <random>
+#include <set>
 #include <stdexcept>
 
 using gdn::cp_partition;
@@ -97,5 +99,49 @@ TEST_SUITE("cp") {
     CHECK_THROWS_WITH_AS(cp_partition({3, 10}, 1), "cu_seqlens[0]: 3 must be 0", std::invalid_argument);
     CHECK_THROWS_WITH_AS(cp_partition({0}, 1), "cu_seqlens: 1 offsets, need at least 2", std::invalid_argument);
     CHECK_THROWS_WITH_AS(cp_partition({0, 0}, 1), "cu_seqlens: the batch holds no tokens", std::invalid_argument);
+  }
+
+  // Intra-card segments (templates/common/segments.hpp, the kernels' arithmetic): on random
+  // batches every document's segments tile its chunks in order, "auto" gives each document
+  // min(8, max(1, chunks / 32)) by its length alone, and the storage slots are distinct and fit
+  // the workspace the IR sizes (N + NT / 32 slots with "auto", N * segments pinned).
+  TEST_CASE("segments: counts, bounds and storage slots over random batches") {
+    std::mt19937 rng(7);
+    for (int trial = 0; trial < 2000; ++trial) {
+      const int N = 1 + static_cast<int>(rng() % 40);
+      std::vector<int> chunks(N);
+      long long T = 0;
+      for (int n = 0; n < N; ++n) {
+        // Mostly short documents, some long ones and some empty ones.
+        const long long len = rng() % 5 == 0 ? 0 : (rng() % 7 == 0 ? rng() % 40000 : rng() % 3000);
+        T += len;
+        chunks[n] = static_cast<int>((len + 63) / 64);
+      }
+      const long long nt_bound = T / 64 + N;  // the IR's NT
+      for (const auto& [most, min_chunks] : {std::pair{8, 32}, std::pair{3, 0}, std::pair{1, 0}}) {
+        INFO("trial " << trial << ", most " << most << ", min_chunks " << min_chunks);
+        std::set<long long> slots;
+        int first = 0;
+        for (int n = 0; n < N; ++n) {
+          const int count = gdn::seg::count(chunks[n], most, min_chunks);
+          CHECK(count == (min_chunks ? std::max(1, std::min(most, chunks[n] / min_chunks)) : most));
+          REQUIRE(gdn::seg::begin(first, chunks[n], count, 0) == first);
+          REQUIRE(gdn::seg::begin(first, chunks[n], count, count) == first + chunks[n]);
+          for (int s = 0; s < count; ++s) {
+            const int b = gdn::seg::begin(first, chunks[n], count, s),
+                      e = gdn::seg::begin(first, chunks[n], count, s + 1);
+            CHECK(b <= e);
+            if (min_chunks && count > 1) CHECK(e - b >= min_chunks);
+            const long long slot = gdn::seg::slot0(n, first, most, min_chunks) + s;
+            CHECK(slots.insert(slot).second);
+            if (min_chunks)
+              CHECK(slot * min_chunks < N * min_chunks + nt_bound);  // slot < N + NT / min_chunks
+            else
+              CHECK(slot < static_cast<long long>(N) * most);
+          }
+          first += chunks[n];
+        }
+      }
+    }
   }
 }

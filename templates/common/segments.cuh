@@ -9,9 +9,12 @@
  * min(SEGMENTS, max(1, nc / SEG_MIN_CHUNKS)), a function of its own length (batch invariance), at
  * slots n + first / SEG_MIN_CHUNKS + seg, first = its first chunk. Those are distinct: the next
  * document's base is at least n + 1 + first / MIN + nc / MIN, past this one's last slot; and the
- * largest is below N + NT / MIN, the buffers' size (compiler/ir.cpp).
+ * largest is below N + NT / MIN, the buffers' size (compiler/ir.cpp). The arithmetic is
+ * common/segments.hpp, which the host tests check.
  */
 #pragma once
+
+#include "common/segments.hpp"
 
 namespace gdn {
 
@@ -25,19 +28,11 @@ struct DocSegments {
   __device__ __forceinline__ DocSegments(const int* doc_chunk_offset, int n) {
     first = doc_chunk_offset[n];
     chunks = doc_chunk_offset[n + 1] - first;
-    if (Cfg::SEG_MIN_CHUNKS > 0) {
-      const int by_length = chunks / Cfg::SEG_MIN_CHUNKS;
-      count = by_length < 1 ? 1 : (by_length > Cfg::SEGMENTS ? Cfg::SEGMENTS : by_length);
-      slot0 = (long long)n + first / Cfg::SEG_MIN_CHUNKS;
-    } else {
-      count = Cfg::SEGMENTS;
-      slot0 = (long long)n * Cfg::SEGMENTS;
-    }
+    count = seg::count(chunks, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
+    slot0 = seg::slot0(n, first, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
   }
-  /// The first chunk of segment seg (seg = count gives the end).
-  __device__ __forceinline__ int begin(int seg) const {
-    return first + static_cast<int>((long long)chunks * seg / count);
-  }
+  /// The first chunk of segment s (s = count gives the end).
+  __device__ __forceinline__ int begin(int s) const { return seg::begin(first, chunks, count, s); }
 };
 
 }  // namespace gdn

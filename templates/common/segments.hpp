@@ -1,0 +1,36 @@
+/**
+ * @file segments.hpp
+ * @brief The arithmetic of intra-card segments as plain C++17, shared by the host tests
+ *        (tests/test_cp_partition.cpp checks the slots' invariants) and the kernels
+ *        (common/segments.cuh): how many segments a document takes, where each starts, and the
+ *        storage slot of its first.
+ *
+ * `most` is Cfg::SEGMENTS, `min_chunks` Cfg::SEG_MIN_CHUNKS (0: pinned, every document `most`).
+ */
+#pragma once
+
+namespace gdn {
+namespace seg {
+
+/// Segments of a document of `chunks` chunks.
+constexpr int count(int chunks, int most, int min_chunks) {
+  if (min_chunks <= 0) return most;
+  const int by_length = chunks / min_chunks;
+  return by_length < 1 ? 1 : (by_length > most ? most : by_length);
+}
+
+/// Storage slot of segment 0 of document n, whose first chunk is `first`. Pinned: n * most.
+/// "auto": n + first / min_chunks; the next document's is at least this + count (its first chunk
+/// is first + chunks, and floor((first + chunks) / m) >= floor(first / m) + floor(chunks / m)), and
+/// every slot is below N + NT / min_chunks.
+constexpr long long slot0(int n, int first, int most, int min_chunks) {
+  return min_chunks <= 0 ? (long long)n * most : (long long)n + first / min_chunks;
+}
+
+/// First chunk of segment s of `segments` (s = segments gives the document's end).
+constexpr int begin(int first, int chunks, int segments, int s) {
+  return first + static_cast<int>((long long)chunks * s / segments);
+}
+
+}  // namespace seg
+}  // namespace gdn
