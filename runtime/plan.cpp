@@ -185,17 +185,22 @@ void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const 
   GDN_BIND(l, P, seg_h0, segments ? b.slot("seg_h0") : b.constant(0));
 }
 
+/// A segment merge (forward: seg_hm, h0 -> seg_h0; backward: seg_dzm, dht -> seg_dz).
+void bind_walk_merge(Builder& b, const char* program, const char* maps, const ValueSource& start, const char* out) {
+  auto& l = b.launch(program, sizeof(WalkMergeParams));
+  using P = WalkMergeParams;
+  GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+  GDN_BIND(l, P, seg_hm, b.slot(maps));
+  GDN_BIND(l, P, h0, start);
+  GDN_BIND(l, P, seg_h0, b.slot(out));
+}
+
 /// The forward walk; with intra-card segments the prescan and the merge first.
 void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht) {
   const bool segments = ir.spec.cp_segments > 1;
   if (segments) {
     bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
-    auto& l = b.launch("walk_merge", sizeof(WalkMergeParams));
-    using P = WalkMergeParams;
-    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
-    GDN_BIND(l, P, seg_hm, b.slot("seg_hm"));
-    GDN_BIND(l, P, h0, b.frame(Frame::h0));
-    GDN_BIND(l, P, seg_h0, b.slot("seg_h0"));
+    bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
   }
   bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }
@@ -331,12 +336,7 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
     };
     if (segments) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
-      auto& l = b.launch("walk_merge_bwd", sizeof(WalkMergeParams));
-      using P = WalkMergeParams;
-      GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
-      GDN_BIND(l, P, seg_hm, b.slot("seg_dzm"));
-      GDN_BIND(l, P, h0, b.frame(F::dht));
-      GDN_BIND(l, P, seg_h0, b.slot("seg_dz"));
+      bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
     }
     bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
   }

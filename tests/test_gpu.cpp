@@ -53,6 +53,20 @@ std::unique_ptr<Layer> make(Spec s) {
 }
 
 /// Every result of `want` has the same bytes in `got` (one missing from `got` fails too).
+/// An fp64 reference problem of 128-wide heads with the in-kernel norm and h0, as the examples.
+ref::Problem normed_problem(int H, int HV, std::vector<int64_t> cu_seqlens) {
+  ref::Problem p;
+  p.H = H;
+  p.HV = HV;
+  p.K = 128;
+  p.V = 128;
+  p.l2norm = true;
+  p.has_h0 = true;
+  p.T = cu_seqlens.back();
+  p.cu_seqlens = std::move(cu_seqlens);
+  return p;
+}
+
 void expect_same_bits(const std::map<std::string, std::string>& want, const check::Report& got,
                       const std::string& label) {
   for (const auto& [name, bytes] : want) CHECK_MESSAGE(got.bytes.at(name) == bytes, label << ": " << name);
@@ -147,15 +161,7 @@ TEST_SUITE("gpu_prep") {
     c.with_reference = false;
     c.seed = 7;
     // Rerun the forward by hand to read the saved slots.
-    ref::Problem p;
-    p.H = s.heads_qk;
-    p.HV = s.heads_v;
-    p.K = 128;
-    p.V = 128;
-    p.l2norm = true;
-    p.has_h0 = true;
-    p.cu_seqlens = {0, 1, 64, 128, 193, 393};
-    p.T = 393;
+    const ref::Problem p = normed_problem(s.heads_qk, s.heads_v, {0, 1, 64, 128, 193, 393});
     ref::Inputs in = ref::random_inputs(p, 11);
     std::vector<uint16_t> q16(in.q.size()), k16(in.k.size()), v16(in.v.size());
     auto bf = [](double x) { return to_bf16(static_cast<float>(x)); };
@@ -613,21 +619,13 @@ TEST_SUITE("gpu_ckpt") {
       s.name = fmt::format("ws_peak_seg{}", segments);
       s.cp_segments = segments;
       auto layer = make(s);
-      const int T = 196, N = 3, H = s.heads_qk, HV = s.heads_v, D = 128;
+      const int T = 196, N = 3, H = s.heads_qk, HV = s.heads_v;
       const ProblemShape shape{T, N};
       auto buf = [](size_t n) { return rt::DeviceBuffer::create(n); };
       auto up = [](const rt::DeviceBuffer& b, const void* host, size_t n) {
         GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), host, n), "upload");
       };
-      ref::Problem p;
-      p.H = H;
-      p.HV = HV;
-      p.K = D;
-      p.V = D;
-      p.l2norm = true;
-      p.has_h0 = true;
-      p.cu_seqlens = {0, 65, 195, T};
-      p.T = T;
+      const ref::Problem p = normed_problem(H, HV, {0, 65, 195, T});
       const ref::Inputs in = ref::random_inputs(p, 31);
       std::vector<uint16_t> q(in.q.size()), k(in.k.size()), v(in.v.size()), d_o(in.v.size());
       for (size_t i = 0; i < q.size(); ++i) q[i] = to_bf16(static_cast<float>(in.q[i]));
@@ -797,15 +795,7 @@ TEST_SUITE("gpu_graph") {
     auto ws_g = buf(graph->workspace_bytes(CallForm::forward, shape));
     rt::Stream st = rt::Stream::create();
     for (int round = 0; round < 3; ++round) {
-      ref::Problem p;
-      p.H = H;
-      p.HV = HV;
-      p.K = D;
-      p.V = D;
-      p.l2norm = true;
-      p.has_h0 = true;
-      p.cu_seqlens = {0, 300, T};
-      p.T = T;
+      const ref::Problem p = normed_problem(H, HV, {0, 300, T});
       const ref::Inputs in = ref::random_inputs(p, 100 + static_cast<uint64_t>(round));
       auto bf = [](const std::vector<double>& x) {
         std::vector<uint16_t> out(x.size());
