@@ -176,6 +176,9 @@ LayerIR lower(const Spec& spec_in) {
   ir.programs.back().constants.push_back(seg_constant);
   ir.programs.back().constants.push_back(seg_min_constant);
   const bool fused = s.forward == ForwardPath::fused;
+  if (fused)
+    add("chunk_solve", "fwd/chunk_solve.cuh", "ChunkSolve", "ChunkSolveParams", ChunkSolveGeometry::kThreads,
+        ChunkSolveGeometry::kSmemBytes, GridKind::chunk_heads, 0, ChunkSolveGeometry::kMinBlocks);
   if (fused) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
     // warpgroup to the walking one, which needs the entry's count pinned (128 = two blocks per SM).
@@ -336,14 +339,14 @@ LayerIR lower(const Spec& spec_in) {
     // The fused forward leaves no tapes. A recompute whose output is not needed runs the pair
     // that makes them instead, so the backward can bind them (the hand-off); it leaves ht as the
     // forward wrote it. One whose output is needed runs the fused forward and hands nothing over.
-    fwd.push_back({"chunk_prep", "solve Tm only"});
+    fwd.push_back({"chunk_solve", "Tm (chunk_prep's solve, its bits)"});
     fwd.push_back({"fused_walk", "o and ht; no tapes"});
     const char* needed = "the output is needed";
     const char* not_needed = "the output is not needed";
     rec.push_back({"chunk_prep", "solve Tm, write W, U", not_needed});
     rec.push_back(
         {"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht", not_needed});
-    rec.push_back({"chunk_prep", "solve Tm only", needed});
+    rec.push_back({"chunk_solve", "Tm (chunk_prep's solve, its bits)", needed});
     rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
   } else {
     fwd.push_back({"chunk_prep", "solve Tm, write W, U"});

@@ -252,7 +252,15 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
       bind_state_walk(b, ir, k, b.constant(0));
       return plan;
     }
-    bind_chunk_prep(b, k, 0, 0);
+    {
+      auto& l = b.launch("chunk_solve", sizeof(ChunkSolveParams));
+      using P = ChunkSolveParams;
+      GDN_BIND(l, P, k, k);
+      GDN_BIND(l, P, beta, b.frame(F::beta));
+      GDN_BIND(l, P, gc, b.slot("gc"));
+      GDN_BIND(l, P, chunks, b.slot("chunks"));
+      GDN_BIND(l, P, tm, b.slot("tm"));
+    }
     auto& l = b.launch("fused_walk", sizeof(FusedWalkParams));
     using P = FusedWalkParams;
     GDN_BIND(l, P, q, q);

@@ -84,6 +84,15 @@ struct ChunkPrepParams {
   bf16_t* u;        ///< [T, HV, V]
 };
 
+/// The forward's solve alone (F2): Tm = (I + L)^-1 per (chunk, value head), chunk_prep's bits.
+struct ChunkSolveParams {
+  const bf16_t* k;    ///< [T, H, K] (normalized when the norm is on)
+  const float* beta;  ///< [T, HV]
+  const float* gc;    ///< [T, HV]
+  const ChunkInfo* chunks;
+  bf16_t* tm;  ///< [T, HV, CHUNK]: row t holds Tm's row for token t (rows < len of each chunk)
+};
+
 /// Forward state walk (F4), one program per (V slab, value head, document).
 struct StateWalkParams {
   const bf16_t* k;
@@ -222,6 +231,7 @@ static_assert(sizeof(ChunkTableParams) == 56, "ChunkTableParams: the host and th
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
 static_assert(sizeof(GateCumsumParams) == 32, "GateCumsumParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkPrepParams) == 80, "ChunkPrepParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkSolveParams) == 40, "ChunkSolveParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");

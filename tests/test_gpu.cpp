@@ -52,7 +52,6 @@ std::unique_ptr<Layer> make(Spec s) {
   return Layer::create(s, context(), kernel_cache());
 }
 
-/// Every result of `want` has the same bytes in `got` (one missing from `got` fails too).
 /// An fp64 reference problem of 128-wide heads with the in-kernel norm and h0, as the examples.
 ref::Problem normed_problem(int H, int HV, std::vector<int64_t> cu_seqlens) {
   ref::Problem p;
@@ -67,6 +66,7 @@ ref::Problem normed_problem(int H, int HV, std::vector<int64_t> cu_seqlens) {
   return p;
 }
 
+/// Every result of `want` has the same bytes in `got` (one missing from `got` fails too).
 void expect_same_bits(const std::map<std::string, std::string>& want, const check::Report& got,
                       const std::string& label) {
   for (const auto& [name, bytes] : want) CHECK_MESSAGE(got.bytes.at(name) == bytes, label << ": " << name);
@@ -148,33 +148,23 @@ void expect_segments_no_worse(Spec plain, int segments, const check::Case& c, co
   MESSAGE(label << ", without segments:" << rel_rms_text(base));
 }
 
-}  // namespace
-
-TEST_SUITE("gpu_prep") {
-  TEST_CASE("l2norm and the chunk-local gate cumsum match a CPU reference on varlen input") {
-    Spec s = spec_of("n");
-    auto layer = make(s);
-    // Partial chunks everywhere: 1, 63, 64, 65 and 200 tokens.
-    check::Case c;
-    c.doc_lens = {1, 63, 64, 65, 200};
-    c.backward = false;
-    c.with_reference = false;
-    c.seed = 7;
-    // Rerun the forward by hand to read the saved slots.
-    const ref::Problem p = normed_problem(s.heads_qk, s.heads_v, {0, 1, 64, 128, 193, 393});
-    ref::Inputs in = ref::random_inputs(p, 11);
+/// One eager forward of `layer` on `in` (q, k, v rounded to bf16) into a saved region poisoned
+/// with 0xFF; slot() reads a saved buffer back (the programs' intermediate results).
+class ForwardSaves {
+ public:
+  ForwardSaves(Layer& layer, const ref::Problem& p, const ref::Inputs& in)
+      : shape_{p.T, static_cast<int>(p.cu_seqlens.size()) - 1},
+        saved_(rt::DeviceBuffer::create(layer.saved_bytes(shape_))),
+        layout_(layer.saved_layout(shape_)) {
     std::vector<uint16_t> q16(in.q.size()), k16(in.k.size()), v16(in.v.size());
-    auto bf = [](double x) { return to_bf16(static_cast<float>(x)); };
-    auto unbf = [](uint16_t b) { return from_bf16(b); };
     for (size_t i = 0; i < q16.size(); ++i) {
-      q16[i] = bf(in.q[i]);
-      k16[i] = bf(in.k[i]);
+      q16[i] = to_bf16(static_cast<float>(in.q[i]));
+      k16[i] = to_bf16(static_cast<float>(in.k[i]));
     }
-    for (size_t i = 0; i < v16.size(); ++i) v16[i] = bf(in.v[i]);
+    for (size_t i = 0; i < v16.size(); ++i) v16[i] = to_bf16(static_cast<float>(in.v[i]));
     std::vector<float> g(in.g.begin(), in.g.end()), beta(in.beta.begin(), in.beta.end()),
         h0(in.h0.begin(), in.h0.end());
     std::vector<int> cu(p.cu_seqlens.begin(), p.cu_seqlens.end());
-    const ProblemShape shape{p.T, 5};
     auto up = [](const auto& v) {
       auto b = rt::DeviceBuffer::create(v.size() * sizeof(v[0]));
       GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(b.handle(), v.data(), v.size() * sizeof(v[0])), "upload");
@@ -183,21 +173,46 @@ TEST_SUITE("gpu_prep") {
     };
     auto dq = up(q16), dk = up(k16), dv = up(v16), dg = up(g), db = up(beta), dh0 = up(h0), dcu = up(cu);
     auto o = rt::DeviceBuffer::create(v16.size() * 2), ht = rt::DeviceBuffer::create(h0.size() * 4);
-    auto saved = rt::DeviceBuffer::create(layer->saved_bytes(shape));
-    auto ws = rt::DeviceBuffer::create(layer->workspace_bytes(CallForm::forward, shape));
+    auto ws = rt::DeviceBuffer::create(layer.workspace_bytes(CallForm::forward, shape_));
     rt::Stream st = rt::Stream::create();
-    GDN_CHECK_CU(rt::drv().cuMemsetD8Async(saved.handle(), 0xFF, saved.bytes(), st.handle()), "poison");
-    layer->forward(shape,
-                   {dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dcu.get(), IndexType::int32,
-                    dh0.get<float>(), 0},
-                   {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), ws.bytes(), st.handle());
-    layer->check_device_status(saved.get(), shape, st.handle());
-    const RegionLayout sl = layer->saved_layout(shape);
-    auto down = [&](const char* name, size_t bytes) {
-      std::string b(bytes, '\0');
-      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(b.data(), saved.handle() + sl.offset.at(name), bytes), "download");
-      return b;
-    };
+    GDN_CHECK_CU(rt::drv().cuMemsetD8Async(saved_.handle(), 0xFF, saved_.bytes(), st.handle()), "poison");
+    const bool h0_in = layer.ir().spec.initial_state == StateFlag::present;
+    const bool ht_out = layer.ir().spec.final_state == StateFlag::present;
+    layer.forward(shape_,
+                  {dq.get(), dk.get(), dv.get(), dg.get<float>(), db.get<float>(), dcu.get(), IndexType::int32,
+                   h0_in ? dh0.get<float>() : nullptr, 0},
+                  {o.get(), ht_out ? ht.get<float>() : nullptr}, saved_.get(), saved_.bytes(), ws.get(), ws.bytes(),
+                  st.handle());
+    layer.check_device_status(saved_.get(), shape_, st.handle());
+    GDN_CHECK_CU(rt::drv().cuStreamSynchronize(st.handle()), "forward");
+  }
+  std::string slot(const char* name, size_t bytes) const {
+    std::string b(bytes, '\0');
+    GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(b.data(), saved_.handle() + layout_.offset.at(name), bytes), "download");
+    return b;
+  }
+
+ private:
+  ProblemShape shape_;
+  rt::DeviceBuffer saved_;
+  RegionLayout layout_;
+};
+
+}  // namespace
+
+TEST_SUITE("gpu_prep") {
+  TEST_CASE("l2norm and the chunk-local gate cumsum match a CPU reference on varlen input") {
+    const Spec s = spec_of("n");
+    // Partial chunks everywhere: 1, 63, 64, 65 and 200 tokens.
+    const ref::Problem p = normed_problem(s.heads_qk, s.heads_v, {0, 1, 64, 128, 193, 393});
+    const ref::Inputs in = ref::random_inputs(p, 11);
+    const ForwardSaves fwd(*make(s), p, in);
+    auto down = [&](const char* name, size_t bytes) { return fwd.slot(name, bytes); };
+    std::vector<uint16_t> q16(in.q.size());
+    for (size_t i = 0; i < q16.size(); ++i) q16[i] = to_bf16(static_cast<float>(in.q[i]));
+    std::vector<float> g(in.g.begin(), in.g.end());
+    std::vector<int> cu(p.cu_seqlens.begin(), p.cu_seqlens.end());
+    auto unbf = [](uint16_t b) { return from_bf16(b); };
     const std::string qn = down("qn", q16.size() * 2), rstd = down("rstd_q", size_t(p.T) * p.H * 4);
     const std::string gc = down("gc", size_t(p.T) * p.HV * 4);
     int norm_bad = 0;
@@ -988,6 +1003,31 @@ TEST_SUITE("gpu_fused") {
     REQUIRE(fused.bytes.size() == 8);
     for (const char* grad : {"dq", "dk", "dv", "dg", "dbeta", "dh0"})
       CHECK_MESSAGE(fused.bytes.at(grad) == programs.bytes.at(grad), grad);
+  }
+
+  // The fused forward solves Tm with chunk_solve, the programs path (and the hand-off) with
+  // chunk_prep; the backward reads either. The two must agree in every bit: tails, one-token
+  // documents, value heads sharing a q/k head, g = -20 and g = 0, beta 0 and 1.
+  TEST_CASE("fused forward: chunk_solve's Tm has chunk_prep's bits") {
+    for (const char* example : {"n", "m"}) {
+      const Spec programs = spec_of(example), fused = fused_of(example, "fused_tm_bits");
+      const ref::Problem p = normed_problem(programs.heads_qk, programs.heads_v, {0, 1, 64, 127, 193, 393, 1457});
+      for (int variant = 0; variant < 3; ++variant) {
+        ref::Inputs in = ref::random_inputs(p, 300 + variant);
+        if (variant == 1) std::fill(in.g.begin(), in.g.end(), -20.0);
+        if (variant == 1) std::fill(in.beta.begin(), in.beta.end(), 1.0);
+        if (variant == 2) std::fill(in.g.begin(), in.g.end(), 0.0);
+        if (variant == 2)
+          for (size_t i = 0; i < in.beta.size(); i += 2) in.beta[i] = 0.0;
+        const size_t bytes = size_t(p.T) * p.HV * 64 * 2;
+        const std::string want = ForwardSaves(*make(programs), p, in).slot("tm", bytes);
+        const std::string got = ForwardSaves(*make(fused), p, in).slot("tm", bytes);
+        size_t poisoned = 0;
+        for (size_t i = 0; i + 1 < got.size(); i += 2) poisoned += got[i] == '\xff' && got[i + 1] == '\xff';
+        CHECK_MESSAGE(poisoned == 0, example << " variant " << variant);
+        CHECK_MESSAGE(got == want, example << " variant " << variant);
+      }
+    }
   }
 
   // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores

@@ -129,12 +129,18 @@ TEST_SUITE("ir") {
         "/walk_bwd_slab: 16 is not supported (supported: \"auto\", 32, 64)", gdn::SpecError);
   }
 
-  TEST_CASE("forward \"fused\": chunk_prep solves Tm only and fused_walk writes o; the recompute keeps the pair") {
+  TEST_CASE("forward \"fused\": chunk_solve solves Tm and fused_walk writes o; the recompute keeps the pair") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     const auto plain = gdn::lower(spec);
     CHECK_THROWS_AS(plain.program("fused_walk"), std::out_of_range);
+    CHECK_THROWS_AS(plain.program("chunk_solve"), std::out_of_range);
     spec.forward = gdn::ForwardPath::fused;
     const auto fused = gdn::lower(spec);
+    const gdn::Program& solve = fused.program("chunk_solve");
+    CHECK(solve.grid == gdn::GridKind::chunk_heads);
+    // 8 blocks per SM: 8 x (shared memory + the driver's 1 KB per block) within the H200's 228 KB.
+    CHECK(solve.min_blocks_per_sm == 8);
+    CHECK(8 * (solve.smem_bytes + 1024) <= 228 * 1024);
     CHECK_THROWS_AS(fused.program("output"), std::out_of_range);  // no call form launches it
     const gdn::Program& fw = fused.program("fused_walk");
     CHECK(fw.grid == gdn::GridKind::walk);
@@ -162,11 +168,11 @@ TEST_SUITE("ir") {
       return out;
     };
     CHECK(launches(gdn::CallForm::forward) ==
-          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_prep", "fused_walk"});
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_solve", "fused_walk"});
     CHECK(launches(gdn::CallForm::recompute) ==
           std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
                                    "chunk_prep [the output is not needed]", "state_walk [the output is not needed]",
-                                   "chunk_prep [the output is needed]", "fused_walk [the output is needed]"});
+                                   "chunk_solve [the output is needed]", "fused_walk [the output is needed]"});
     // The backward is the programs path's: the same tapes from the same Tm, kn and gc.
     CHECK(launches(gdn::CallForm::backward) == [&] {
       std::vector<std::string> out;

@@ -233,7 +233,7 @@ TEST_SUITE("runtime") {
     size_t mark = r.rec->records.size();
     CHECK(r.recompute(nullptr, OutputNeeded::yes) == HandOff::not_taken);
     CHECK(r.programs_since(mark) ==
-          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_prep", "fused_walk"});
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_solve", "fused_walk"});
     mark = r.rec->records.size();
     CHECK(r.backward() == HandOff::not_taken);
     CHECK(r.programs_since(mark) == kBackwardRerun);
