@@ -153,6 +153,8 @@ LayerIR lower(const Spec& spec_in) {
         GridKind::rows_qk);
   add("gate_cumsum", "prep/gate_cumsum.cuh", "GateCumsum", "GateCumsumParams", GateCumsumGeometry::kThreads,
       GateCumsumGeometry::smem_bytes(), GridKind::chunk_head_groups);
+  add("chunk_solve", "fwd/chunk_solve.cuh", "ChunkSolve", "ChunkSolveParams", ChunkSolveGeometry::kThreads,
+      ChunkSolveGeometry::kSmemBytes, GridKind::chunk_heads, 0, ChunkSolveGeometry::kMinBlocks);
   add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
       ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, ChunkPrepGeometry::kMinBlocks);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
@@ -176,9 +178,6 @@ LayerIR lower(const Spec& spec_in) {
   ir.programs.back().constants.push_back(seg_constant);
   ir.programs.back().constants.push_back(seg_min_constant);
   const bool fused = s.forward == ForwardPath::fused;
-  if (fused)
-    add("chunk_solve", "fwd/chunk_solve.cuh", "ChunkSolve", "ChunkSolveParams", ChunkSolveGeometry::kThreads,
-        ChunkSolveGeometry::kSmemBytes, GridKind::chunk_heads, 0, ChunkSolveGeometry::kMinBlocks);
   if (fused) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
     // warpgroup to the walking one, which needs the entry's count pinned (128 = two blocks per SM).
@@ -334,22 +333,21 @@ LayerIR lower(const Spec& spec_in) {
     launches.push_back({"walk_prescan", "S_ext and M of every segment but a document's last", when});
     launches.push_back({"walk_merge", "the state entering every segment, fp32", when});
   };
+  fwd.push_back({"chunk_solve", "Tm"});
   std::vector<Launch> rec = fwd;
   if (fused) {
     // The fused forward leaves no tapes. A recompute whose output is not needed runs the pair
     // that makes them instead, so the backward can bind them (the hand-off); it leaves ht as the
     // forward wrote it. One whose output is needed runs the fused forward and hands nothing over.
-    fwd.push_back({"chunk_solve", "Tm (chunk_prep's solve, its bits)"});
     fwd.push_back({"fused_walk", "o and ht; no tapes"});
     const char* needed = "the output is needed";
     const char* not_needed = "the output is not needed";
-    rec.push_back({"chunk_prep", "solve Tm, write W, U", not_needed});
+    rec.push_back({"chunk_prep", "W, U from Tm", not_needed});
     rec.push_back(
         {"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht", not_needed});
-    rec.push_back({"chunk_solve", "Tm (chunk_prep's solve, its bits)", needed});
     rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
   } else {
-    fwd.push_back({"chunk_prep", "solve Tm, write W, U"});
+    fwd.push_back({"chunk_prep", "W, U from Tm"});
     push_segment_programs(fwd, "");
     fwd.push_back({"state_walk", full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace"});
     fwd.push_back({"output", ""});
@@ -361,7 +359,7 @@ LayerIR lower(const Spec& spec_in) {
   ir.call_forms.push_back({CallForm::recompute, rec});
   std::vector<Launch> bwd;
   if (!full) {
-    bwd.push_back({"chunk_prep", "re-run: Tm read back, W and U recomputed", "no fresh hand-off"});
+    bwd.push_back({"chunk_prep", "re-run: W and U from the saved Tm", "no fresh hand-off"});
     push_segment_programs(bwd, "no fresh hand-off");
     bwd.push_back({"state_walk", "re-run: h_tape, v_new", "no fresh hand-off"});
   }

@@ -152,7 +152,19 @@ class Builder {
 #define GDN_BIND(L, P, field, src) \
   (L).fields.push_back(Field{static_cast<uint32_t>(offsetof(P, field)), sizeof(P::field), (src)})
 
-void bind_chunk_prep(Builder& b, const ValueSource& k, int tm_is_input, int write_wu = 1) {
+/// Tm = (I + L)^-1 per (chunk, value head), the forward's solve.
+void bind_chunk_solve(Builder& b, const ValueSource& k) {
+  auto& l = b.launch("chunk_solve", sizeof(ChunkSolveParams));
+  using P = ChunkSolveParams;
+  GDN_BIND(l, P, k, k);
+  GDN_BIND(l, P, beta, b.frame(Frame::beta));
+  GDN_BIND(l, P, gc, b.slot("gc"));
+  GDN_BIND(l, P, chunks, b.slot("chunks"));
+  GDN_BIND(l, P, tm, b.slot("tm"));
+}
+
+/// W and U from chunk_solve's Tm (in the forward, and again in the backward of light saves).
+void bind_chunk_prep(Builder& b, const ValueSource& k) {
   auto& l = b.launch("chunk_prep", sizeof(ChunkPrepParams));
   using P = ChunkPrepParams;
   GDN_BIND(l, P, k, k);
@@ -160,12 +172,9 @@ void bind_chunk_prep(Builder& b, const ValueSource& k, int tm_is_input, int writ
   GDN_BIND(l, P, beta, b.frame(Frame::beta));
   GDN_BIND(l, P, gc, b.slot("gc"));
   GDN_BIND(l, P, chunks, b.slot("chunks"));
-  GDN_BIND(l, P, nt_max, b.nt_max());
   GDN_BIND(l, P, tm, b.slot("tm"));
-  GDN_BIND(l, P, tm_is_input, b.constant(tm_is_input));
-  GDN_BIND(l, P, write_wu, b.constant(write_wu));
-  GDN_BIND(l, P, w, write_wu ? b.slot("w") : b.constant(0));
-  GDN_BIND(l, P, u, write_wu ? b.slot("u") : b.constant(0));
+  GDN_BIND(l, P, w, b.slot("w"));
+  GDN_BIND(l, P, u, b.slot("u"));
 }
 
 void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const ValueSource& ht, bool segments) {
@@ -247,19 +256,11 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, nt_max, b.nt_max());
   }
   if (ir.spec.forward == ForwardPath::fused) {
+    bind_chunk_solve(b, k);
     if (output == OutputLaunch::no) {  // the tapes for a hand-off; ht stays the forward's
-      bind_chunk_prep(b, k, 0);
+      bind_chunk_prep(b, k);
       bind_state_walk(b, ir, k, b.constant(0));
       return plan;
-    }
-    {
-      auto& l = b.launch("chunk_solve", sizeof(ChunkSolveParams));
-      using P = ChunkSolveParams;
-      GDN_BIND(l, P, k, k);
-      GDN_BIND(l, P, beta, b.frame(F::beta));
-      GDN_BIND(l, P, gc, b.slot("gc"));
-      GDN_BIND(l, P, chunks, b.slot("chunks"));
-      GDN_BIND(l, P, tm, b.slot("tm"));
     }
     auto& l = b.launch("fused_walk", sizeof(FusedWalkParams));
     using P = FusedWalkParams;
@@ -278,7 +279,8 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, o, b.frame(F::o));
     return plan;
   }
-  bind_chunk_prep(b, k, 0);
+  bind_chunk_solve(b, k);
+  bind_chunk_prep(b, k);
   bind_state_walk(b, ir, k, b.frame(F::ht));
   if (output == OutputLaunch::yes) {
     auto& l = b.launch("output", sizeof(OutputParams));
@@ -306,7 +308,7 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
   const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
   if (!full && rerun == PrepRerun::yes) {
-    bind_chunk_prep(b, k, 1);  // Tm read back
+    bind_chunk_prep(b, k);  // Tm read back
     bind_state_walk(b, ir, k, b.constant(0));
   }
   {

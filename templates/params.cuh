@@ -68,23 +68,19 @@ struct GateCumsumParams {
   int pad_end;
 };
 
-/// Chunk-local prep (F1 to F3): L, Tm = (I + L)^-1, W and U.
+/// Chunk-local products (F3): W and U from chunk_solve's Tm.
 struct ChunkPrepParams {
   const bf16_t* k;    ///< [T, H, K] (normalized when the norm is on)
   const bf16_t* v;    ///< [T, HV, V]
   const float* beta;  ///< [T, HV]
   const float* gc;    ///< [T, HV]
   const ChunkInfo* chunks;
-  int nt_max;
-  int pad_nt;
-  bf16_t* tm;       ///< [T, HV, CHUNK]: row t holds Tm's row for token t (written unless tm_is_input)
-  int tm_is_input;  ///< 1: read Tm from `tm` instead of solving again (backward of light saves)
-  int write_wu;     ///< 0: solve and write Tm only (the fused forward forms its products itself)
-  bf16_t* w;        ///< [T, HV, K]
-  bf16_t* u;        ///< [T, HV, V]
+  const bf16_t* tm;  ///< [T, HV, CHUNK], chunk_solve's gated inverse
+  bf16_t* w;         ///< [T, HV, K]
+  bf16_t* u;         ///< [T, HV, V]
 };
 
-/// The forward's solve alone (F2): Tm = (I + L)^-1 per (chunk, value head), chunk_prep's bits.
+/// The forward's solve (F2): L = tril1(diag(beta)(K K^T) .* Dec), Tm = (I + L)^-1 per (chunk, value head).
 struct ChunkSolveParams {
   const bf16_t* k;    ///< [T, H, K] (normalized when the norm is on)
   const float* beta;  ///< [T, HV]
@@ -230,7 +226,7 @@ struct FinalizeParams {
 static_assert(sizeof(ChunkTableParams) == 56, "ChunkTableParams: the host and the kernels share this layout");
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
 static_assert(sizeof(GateCumsumParams) == 32, "GateCumsumParams: the host and the kernels share this layout");
-static_assert(sizeof(ChunkPrepParams) == 80, "ChunkPrepParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkPrepParams) == 64, "ChunkPrepParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkSolveParams) == 40, "ChunkSolveParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");

@@ -181,7 +181,7 @@ TEST_SUITE("runtime") {
     Rig r(example("n"));
     layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, reinterpret_cast<CUstream>(0x5));
     CHECK(layer->graph_stats().captures == 0);
-    CHECK(rec->records.size() == 7);  // the forward's launches, issued into the outer capture
+    CHECK(rec->records.size() == 8);  // the forward's launches, issued into the outer capture
   }
 
   TEST_CASE("graph mode keeps the hand-off: the recompute and the bound backward are graphs of their own") {
@@ -218,8 +218,8 @@ TEST_SUITE("runtime") {
     r.layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, nullptr);  // the no-save forward
     size_t mark = r.rec->records.size();
     CHECK(r.recompute() == HandOff::taken);
-    CHECK(r.programs_since(mark) ==
-          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_prep", "state_walk"});
+    CHECK(r.programs_since(mark) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
+                                                             "chunk_solve", "chunk_prep", "state_walk"});
     mark = r.rec->records.size();
     CHECK(r.backward() == HandOff::taken);
     CHECK(r.programs_since(mark) == kBackwardWithHandoff);
@@ -239,8 +239,8 @@ TEST_SUITE("runtime") {
     CHECK(r.programs_since(mark) == kBackwardRerun);
     mark = r.rec->records.size();
     CHECK(r.recompute(nullptr, OutputNeeded::no) == HandOff::taken);
-    CHECK(r.programs_since(mark) ==
-          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_prep", "state_walk"});
+    CHECK(r.programs_since(mark) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
+                                                             "chunk_solve", "chunk_prep", "state_walk"});
     mark = r.rec->records.size();
     CHECK(r.backward() == HandOff::taken);
     CHECK(r.programs_since(mark) == kBackwardWithHandoff);

@@ -1,7 +1,8 @@
 /**
  * @file chunk_prep.cuh
- * @brief Forward stages F1 to F3 per (chunk, value head): L = tril1(diag(beta)(K K^T) .* Dec),
- *        Tm = (I + L)^-1 in fp32, then U = Tm diag(beta) V and W = Tm diag(beta exp2(gc)) K.
+ * @brief Forward stage F3 per (chunk, value head): U = Tm diag(beta) V and W = Tm diag(beta exp2(gc)) K
+ *        from chunk_solve's Tm (F2). The forward runs it after chunk_solve, the backward of light
+ *        saves again from the saved Tm.
  *
  * Also hosts gdn::fwd, the small ldmatrix / cp.async tile helpers the three forward programs share
  * (they are forward-private today; they belong in templates/common/ once another stage wants them).
@@ -180,24 +181,15 @@ struct ChunkPrep {
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "Cfg::G must equal HV / H");
   static_assert(ChunkPrepGeometry::kThreads == 256,
                 "ChunkPrep assumes 8 warps: warp w owns chunk rows 16 (w % 4) .. +15 and half w / 4 of the columns");
-  static_assert(ChunkPrepGeometry::ld_bf(Cfg::CHUNK) * 2 <= ChunkPrepGeometry::ld_f(Cfg::CHUNK) * 4,
-                "the bf16 Tm tile must fit in the bytes of the fp32 L tile it reuses");
-  static_assert(ChunkPrepGeometry::off_p(Cfg::K, Cfg::V, Cfg::CHUNK) -
-                        ChunkPrepGeometry::off_v(Cfg::K, Cfg::V, Cfg::CHUNK) >=
-                    Cfg::CHUNK * ChunkPrepGeometry::ld_bf(Cfg::V) * 2,
-                "the V tile must fit in the bytes it shares with the fp32 Tm");
 
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G;
   static constexpr int kThreads = ChunkPrepGeometry::kThreads;
   static constexpr int LDK = ChunkPrepGeometry::ld_bf(K), LDV = ChunkPrepGeometry::ld_bf(V);
-  static constexpr int LDF = ChunkPrepGeometry::ld_f(C), LDT = ChunkPrepGeometry::ld_bf(C);
+  static constexpr int LDT = ChunkPrepGeometry::ld_bf(C);
   // Offsets as constants: constexpr host functions are not callable from device code under NVRTC.
   static constexpr int kOff_k = ChunkPrepGeometry::off_k(K, V, C);
-  static constexpr int kOff_v = ChunkPrepGeometry::off_v(K, V, C);
-  static constexpr int kOff_l = ChunkPrepGeometry::off_l(K, V, C);
-  static constexpr int kOff_t = ChunkPrepGeometry::off_t(K, V, C);
   static constexpr int kOff_tb = ChunkPrepGeometry::off_tb(K, V, C);
-  static constexpr int kOff_p = ChunkPrepGeometry::off_p(K, V, C);
+  static constexpr int kOff_v = ChunkPrepGeometry::off_v(K, V, C);
   static constexpr int kOff_g = ChunkPrepGeometry::off_g(K, V, C);
   static constexpr int kOff_beta = ChunkPrepGeometry::off_beta(K, V, C);
 
@@ -213,37 +205,21 @@ struct ChunkPrep {
 
     bf16_t* sK = reinterpret_cast<bf16_t*>(smem + kOff_k);
     bf16_t* sV = reinterpret_cast<bf16_t*>(smem + kOff_v);
-    float* sL = reinterpret_cast<float*>(smem + kOff_l);
-    float* sT = reinterpret_cast<float*>(smem + kOff_t);
     bf16_t* sTb = reinterpret_cast<bf16_t*>(smem + kOff_tb);
-    float* sP = reinterpret_cast<float*>(smem + kOff_p);
     float* sg = reinterpret_cast<float*>(smem + kOff_g);
     float* sb = reinterpret_cast<float*>(smem + kOff_beta);
 
-    const bf16_t* v_src = p.v + (t0 * HV + j) * V;
     fwd::tile_to_smem_async<kThreads>(sK, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, len);
-    // Without the solve, V's bytes (the fp32 Tm's) are free from the start.
-    if (p.tm_is_input) fwd::tile_to_smem_async<kThreads>(sV, LDV, v_src, (long long)HV * V, C, V, len);
+    fwd::tile_to_smem_async<kThreads>(sV, LDV, p.v + (t0 * HV + j) * V, (long long)HV * V, C, V, len);
     fwd::cp_async_commit();
     if (tid < C) {
       const bool ok = tid < len;
       sg[tid] = ok ? p.gc[(t0 + tid) * HV + j] : 0.f;
       sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
     }
-    fwd::cp_async_wait<0>();
-    __syncthreads();
-
-    if (!p.tm_is_input) {
-      solve(sK, sL, sT, sTb, sP, sg, sb, len, warp, lane, gr, tq);
-      if (!p.write_wu) {  // the solve's last barrier made sTb complete; the V loads never started
-        fwd::tile_to_global<kThreads>(p.tm + (t0 * HV + j) * C, (long long)HV * C, sTb, LDT, C, len);
-        return;
-      }
-      // The fp32 Tm is dead after the barrier that ends the solve: V streams in during the W product.
-      fwd::tile_to_smem_async<kThreads>(sV, LDV, v_src, (long long)HV * V, C, V, len);
-      fwd::cp_async_commit();
-    } else {
-      // Tm comes back as bf16; mask like the solver's output so W and U see identical operands.
+    {
+      // Rows >= len (the next document's) and the part above the diagonal read as 0, as the
+      // solve left them, so W and U see the solve's operand whatever the buffer holds there.
       const bf16_t* src = p.tm + (t0 * HV + j) * C;
       for (int i = tid; i < C * (C / 8); i += kThreads) {
         const int r = i / (C / 8), c8 = (i % (C / 8)) * 8;
@@ -257,19 +233,17 @@ struct ChunkPrep {
         *reinterpret_cast<uint4*>(sTb + r * LDT + c8) = *reinterpret_cast<uint4*>(e);
       }
     }
+    fwd::cp_async_wait<0>();
+    __syncthreads();
 
     // Row-scale the operands in place (FLA rounds them to bf16 before the W/U products).
     scale_rows<K, LDK>(sK, [&](int r) { return r < len ? sb[r] * exp2f(sg[r]) : 0.f; });
     __syncthreads();
 
-    if (!p.tm_is_input) fwd::tile_to_global<kThreads>(p.tm + (t0 * HV + j) * C, (long long)HV * C, sTb, LDT, C, len);
-
     // W then U; warp w owns output rows 16 (w % 4) .. +15 and column half w / 4 and, Tm being
     // lower triangular, needs only the k-blocks 0..w % 4. Results are staged in the warp's own
     // part of the consumed operand tile.
     wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq);
-    fwd::cp_async_wait<0>();
-    __syncthreads();
     scale_rows<V, LDV>(sV, [&](int r) { return sb[r]; });
     __syncthreads();
     wu_product<V, LDV>(sTb, sV, p.u + (t0 * HV + j) * V, (long long)HV * V, len, warp, lane, gr, tq);
@@ -309,115 +283,6 @@ struct ChunkPrep {
     if (rows > 0)
       fwd::tile_to_global<32>(dst + (long long)rb * 16 * dst_stride + c0, dst_stride, sX + rb * 16 * LD + c0, LD, kHalf,
                               rows, lane, 32);
-  }
-
-  /// s + l * t per component, each as one fmaf (l first, as the scalar merge wrote it).
-  __device__ __forceinline__ static float4 fma4(float l, float4 t, float4 s) {
-    return make_float4(fmaf(l, t.x, s.x), fmaf(l, t.y, s.y), fmaf(l, t.z, s.z), fmaf(l, t.w, s.w));
-  }
-
-  /// L in fp32 from the tensor cores, then Tm = (I + L)^-1 by the 16x16 block method (ALGORITHM F2):
-  /// forward substitution inside the diagonal blocks, then the block merge, all in fp32.
-  __device__ static void solve(const bf16_t* sK, float* sL, float* sT, bf16_t* sTb, float* sP, const float* sg,
-                               const float* sb, int len, int warp, int lane, int gr, int tq) {
-    const int tid = threadIdx.x, rb = warp & 3, half = warp >> 2;
-    {
-      // Warp w: row block w % 4, column blocks np = 2 i + w / 4 (the two halves interleave so
-      // both have work in every row block but the first).
-      constexpr int kPerWarp = C / 32;
-      float acc[2 * kPerWarp][4];
-#pragma unroll
-      for (int n = 0; n < 2 * kPerWarp; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
-#pragma unroll
-      for (int k0 = 0; k0 < K; k0 += 16) {
-        u32 a[4];
-        fwd::load_a(a, sK, LDK, rb * 16, k0);
-#pragma unroll
-        for (int i = 0; i < kPerWarp; ++i) {
-          const int np = 2 * i + half;
-          if (np > rb) break;  // only the lower block triangle is needed
-          u32 b[4];
-          fwd::load_b_nk(b, sK, LDK, np * 16, k0);
-          fwd::mma_pair(acc[2 * i], acc[2 * i + 1], a, b);
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < kPerWarp; ++i)
-#pragma unroll
-        for (int sub = 0; sub < 2; ++sub)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int r = rb * 16 + gr + (e >> 1) * 8, c = (2 * (2 * i + half) + sub) * 8 + tq + (e & 1);
-            const bool ok = c < r && r < len;  // strict lower part inside the chunk (c < r < len)
-            sL[r * LDF + c] = ok ? acc[2 * i + sub][e] * gate_exp2(sg[r] - sg[c], true) * sb[r] : 0.f;
-          }
-    }
-    for (int i = tid; i < C * C / 4; i += kThreads)
-      *reinterpret_cast<float4*>(sT + (i / (C / 4)) * LDF + (i % (C / 4)) * 4) = make_float4(0.f, 0.f, 0.f, 0.f);
-    __syncthreads();
-
-    // Diagonal block `warp` (warps 0..3): lane c (and its mirror c + 16) solves column c by
-    // forward substitution.
-    if (warp < C / 16) {
-      const int c = lane & 15, base = warp * 16;
-      float x[16];
-#pragma unroll
-      for (int r = 0; r < 16; ++r) x[r] = (r == c) ? 1.f : 0.f;
-#pragma unroll
-      for (int r = 1; r < 16; ++r) {
-        float s = 0.f;
-#pragma unroll
-        for (int m = 0; m < r; ++m) s = fmaf(sL[(base + r) * LDF + base + m], x[m], s);
-        if (r > c) x[r] = -s;
-      }
-      if (lane < 16) {
-#pragma unroll
-        for (int r = 0; r < 16; ++r) sT[(base + r) * LDF + base + c] = x[r];
-      }
-    }
-    __syncthreads();
-
-    // Block merge: Tm_ab = -Tm_aa * sum_{m=b}^{a-1} L_am Tm_mb, one sub-diagonal at a time.
-    // A thread owns four adjacent columns of one row: the L (then Tm) element it reads serves all
-    // four, and the Tm (then P) row piece is one 16-byte load. The merge is bound by shared-memory
-    // wavefronts, which this cuts by four. Each output keeps its own FMA chain in ascending m, x
-    // order, so the bits are those of one output per thread.
-#pragma unroll
-    for (int d = 1; d < C / 16; ++d) {
-      const int nb = C / 16 - d;
-      for (int e = tid; e < nb * 64; e += kThreads) {
-        const int b = e >> 6, a = b + d, r = (e >> 2) & 15, c4 = (e & 3) * 4;
-        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int m = b; m < a; ++m)
-#pragma unroll
-          for (int x = 0; x < 16; ++x) {
-            const float l = sL[(16 * a + r) * LDF + 16 * m + x];
-            const float4 t = *reinterpret_cast<const float4*>(sT + (16 * m + x) * LDF + 16 * b + c4);
-            s = fma4(l, t, s);
-          }
-        *reinterpret_cast<float4*>(sP + (b << 8) + r * 16 + c4) = s;
-      }
-      __syncthreads();
-      for (int e = tid; e < nb * 64; e += kThreads) {
-        const int b = e >> 6, a = b + d, r = (e >> 2) & 15, c4 = (e & 3) * 4;
-        float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int x = 0; x < 16; ++x) {
-          const float l = sT[(16 * a + r) * LDF + 16 * a + x];
-          s = fma4(l, *reinterpret_cast<const float4*>(sP + (b << 8) + x * 16 + c4), s);
-        }
-        *reinterpret_cast<float4*>(sT + (16 * a + r) * LDF + 16 * b + c4) = make_float4(-s.x, -s.y, -s.z, -s.w);
-      }
-      __syncthreads();
-    }
-
-    // Rows >= len are the identity in the solve; drop them so Tb equals the read-back path's.
-    // sTb aliases sL, which the merge no longer reads after the barrier above.
-    for (int i = tid; i < C * C; i += kThreads) {
-      const int r = i / C, c = i % C;
-      sTb[r * LDT + c] = (r < len && c <= r) ? f2bf(sT[r * LDF + c]) : bf16_t(0);
-    }
-    __syncthreads();
   }
 };
 

@@ -1,9 +1,10 @@
 /**
  * @file chunk_solve.cuh
- * @brief Forward stage F2 alone, per (chunk, value head): L = tril1(diag(beta)(K K^T) .* Dec) and
- *        Tm = (I + L)^-1 in fp32, written as bf16. Every element of Tm gets the bits chunk_prep's
- *        solve gives it (the same mma.sync for K K^T, the same fp32 FMA chains in the same order),
- *        so the two programs are interchangeable; this one is built to be fast:
+ * @brief Forward stage F2 per (chunk, value head): L = tril1(diag(beta)(K K^T) .* Dec) and
+ *        Tm = (I + L)^-1 in fp32 by the 16 x 16 block method (ALGORITHM F2: forward substitution
+ *        inside the diagonal blocks, then the block merge), written as bf16 for chunk_prep (W, U),
+ *        the fused walk and the backward. Each Tm element is one fixed FMA chain (m, then x
+ *        ascending, from 0), so Tm is deterministic and independent of the thread mapping.
  *
  * - 4 warps and 27 KB of shared memory (8 blocks per SM): the K tile is XOR-swizzled instead of
  *   padded, L and the merge scratch reuse its bytes once K K^T is in registers, and only the ten
@@ -21,7 +22,7 @@
 #include "common/grid.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
-#include "fwd/chunk_prep.cuh"
+#include "fwd/chunk_prep.cuh"  // gdn::fwd tile helpers
 #include "fwd/geometry.hpp"
 #include "params.cuh"
 
@@ -172,8 +173,8 @@ struct ChunkSolve {
 
   /// Column block B of Tm below the diagonal: for a = B+1..3, P = sum_{m=B}^{a-1} L_am Tm_mB, then
   /// Tm_aB = -Tm_aa P. The thread owns rows r0 (and r0 + 8 when NR == 2), columns c4..c4+3; each
-  /// output is one FMA chain, m then x ascending, from 0 (chunk_prep's order). `sync` joins the
-  /// threads that own the column.
+  /// output is one FMA chain, m then x ascending, from 0. `sync` joins the threads that own the
+  /// column.
   template <int B, int NR, class Sync>
   __device__ static void merge_column(const float* sL, float* sT, float* sP, int r0, int c4, Sync sync) {
     float* P = sP + B * kBlock;

@@ -1,45 +1,35 @@
 /**
  * @file geometry.hpp
- * @brief Launch geometry of the chunked forward programs (ChunkPrep, StateWalk, Output): block
- *        sizes and dynamic shared-memory layouts.
+ * @brief Launch geometry of the chunked forward programs (ChunkSolve, ChunkPrep, StateWalk, Output,
+ *        FusedWalk): block sizes and dynamic shared-memory layouts.
  *
  * Plain C++17 without includes, so the host build (g++) and the device templates (NVRTC) read the
  * same numbers: the host sizes the dynamic shared memory with smem_bytes(), the kernels carve it
  * with the off_*() offsets below, and both therefore agree by construction.
- * Every bf16 tile row is padded by 8 elements (16 B): the row stride stays 16 B aligned for
- * ldmatrix/cp.async and consecutive rows land on different bank groups (conflict-free ldmatrix).
+ * Most bf16 tile rows are padded by 8 elements (16 B): the row stride stays 16 B aligned for
+ * ldmatrix/cp.async and consecutive rows land on different bank groups (conflict-free ldmatrix);
+ * the swizzled tiles (ChunkSolve's K, FusedWalkSm90Layout) reach the same without padding.
  */
 #pragma once
 
 namespace gdn {
 
-/// Chunk-local prep (F1 to F3): one block per (chunk, value head).
+/// Chunk-local products (F3, ChunkPrep): one block per (chunk, value head).
 struct ChunkPrepGeometry {
-  /// 8 warps: the solve and the products are latency chains, so the more warps an SM holds the
-  /// better; with the layout below 4 blocks (32 warps) fit on an SM.
+  /// 8 warps: the two products are latency chains, so the more warps an SM holds the better.
   static constexpr int kThreads = 256;
-  static constexpr int kMinBlocks = 4;  ///< __launch_bounds__: 64 registers, so the registers allow 4 too
-  static constexpr int ld_bf(int d) { return d + 8; }         ///< bf16 row stride (elements)
-  static constexpr int ld_f(int chunk) { return chunk + 4; }  ///< fp32 row stride of L and Tm
-  // Layout: K tile (bf16 [chunk][ld_bf]), L (fp32), Tm (fp32), merge scratch, gc, beta. Tm in
-  // bf16 reuses L's bytes (L is dead once the merge is done) and the V tile reuses the fp32 Tm's
-  // (loaded once Tm is in bf16; it is first needed after the W product).
+  static constexpr int kMinBlocks = 4;                 ///< __launch_bounds__: 64 registers (4 blocks, 32 warps per SM)
+  static constexpr int ld_bf(int d) { return d + 8; }  ///< bf16 row stride (elements)
+  // Layout: K tile, Tm (bf16), V tile, gc, beta.
   static constexpr int off_k(int, int, int) { return 0; }
-  static constexpr int off_l(int K, int V, int chunk) { return off_k(K, V, chunk) + chunk * ld_bf(K) * 2; }
-  static constexpr int off_tb(int K, int V, int chunk) { return off_l(K, V, chunk); }
-  static constexpr int off_t(int K, int V, int chunk) { return off_l(K, V, chunk) + chunk * ld_f(chunk) * 4; }
-  static constexpr int off_v(int K, int V, int chunk) { return off_t(K, V, chunk); }
-  static constexpr int t_or_v_bytes(int V, int chunk) {
-    return chunk * ld_f(chunk) * 4 > chunk * ld_bf(V) * 2 ? chunk * ld_f(chunk) * 4 : chunk * ld_bf(V) * 2;
-  }
-  static constexpr int off_p(int K, int V, int chunk) { return off_t(K, V, chunk) + t_or_v_bytes(V, chunk); }
-  /// The block merge of the 16x16 inverse needs at most 3 off-diagonal 16x16 fp32 products at once.
-  static constexpr int off_g(int K, int V, int chunk) { return off_p(K, V, chunk) + 3 * 16 * 16 * 4; }
+  static constexpr int off_tb(int K, int V, int chunk) { return off_k(K, V, chunk) + chunk * ld_bf(K) * 2; }
+  static constexpr int off_v(int K, int V, int chunk) { return off_tb(K, V, chunk) + chunk * ld_bf(chunk) * 2; }
+  static constexpr int off_g(int K, int V, int chunk) { return off_v(K, V, chunk) + chunk * ld_bf(V) * 2; }
   static constexpr int off_beta(int K, int V, int chunk) { return off_g(K, V, chunk) + chunk * 4; }
   static constexpr int smem_bytes(int K, int V, int chunk) { return off_beta(K, V, chunk) + chunk * 4; }
 };
 
-/// The solve alone (ChunkSolve): one block per (chunk, value head). 4 warps and 27,136 bytes, so
+/// The forward's solve (ChunkSolve, F2): one block per (chunk, value head). 4 warps and 27,136 bytes, so
 /// 8 blocks (32 warps) share an SM and hide each other's load and FMA-chain latencies.
 struct ChunkSolveGeometry {
   static constexpr int kThreads = 128;
