@@ -29,23 +29,26 @@ struct ChunkPrepGeometry {
   static constexpr int smem_bytes(int K, int V, int chunk) { return off_beta(K, V, chunk) + chunk * 4; }
 };
 
-/// The forward's solve (ChunkSolve, F2): one block per (chunk, value head). 4 warps and 27,136 bytes, so
+/// The forward's solve (ChunkSolve, F2): one block per (chunk, value head). 4 warps and 27,296 bytes, so
 /// 8 blocks (32 warps) share an SM and hide each other's load and FMA-chain latencies.
 struct ChunkSolveGeometry {
   static constexpr int kThreads = 128;
   static constexpr int kMinBlocks = 8;  ///< __launch_bounds__: 64 registers
   static constexpr int kK = 128;        ///< the key width the swizzled K tile is sized for
   static constexpr int kChunk = 64;
+  /// A stored 16 x 16 fp32 block of L, Tm or the merge scratch: 256 floats and 4 more, so the
+  /// diagonal blocks a warp reads together start on different banks.
+  static constexpr int kBlockFloats = 16 * 16 + 4;
   /// The K tile [64][128] bf16, 16-byte pieces XOR-swizzled by row (no padding); once K K^T is in
-  /// registers, L's ten lower 16 x 16 fp32 blocks and the merge scratch (3 blocks) take its bytes.
+  /// registers, L's ten lower blocks and the merge scratch (3 blocks) take its bytes.
   static constexpr int kOffK = 0;
   static constexpr int kOffL = 0;
-  static constexpr int kOffP = 10 * 16 * 16 * 4;
-  static constexpr int kOffT = kChunk * kK * 2;  ///< Tm's ten lower 16 x 16 fp32 blocks
-  static constexpr int kOffG = kOffT + 10 * 16 * 16 * 4;
+  static constexpr int kOffP = 10 * kBlockFloats * 4;
+  static constexpr int kOffT = kChunk * kK * 2;  ///< Tm's ten lower blocks
+  static constexpr int kOffG = kOffT + 10 * kBlockFloats * 4;
   static constexpr int kOffBeta = kOffG + kChunk * 4;
   static constexpr int kSmemBytes = kOffBeta + kChunk * 4;
-  static_assert(kOffP + 3 * 16 * 16 * 4 <= kOffT, "L and the merge scratch must fit in the K tile's bytes");
+  static_assert(kOffP + 3 * kBlockFloats * 4 <= kOffT, "L and the merge scratch must fit in the K tile's bytes");
 };
 
 /// Forward state walk (F4): one block per (V slab, value head, document).
