@@ -1,21 +1,22 @@
 /**
  * @file chunk_solve.cuh
  * @brief Forward stage F2 per (chunk, value head): L = tril1(diag(beta)(K K^T) .* Dec) and
- *        Tm = (I + L)^-1 in fp32 by the 16 x 16 block method (ALGORITHM F2: forward substitution
- *        inside the diagonal blocks, then the block merge), written as bf16 for chunk_prep (W, U),
- *        the fused walk and the backward. Each Tm element is one fixed FMA chain (m, then x
- *        ascending, from 0), so Tm is deterministic and independent of the thread mapping.
+ *        Tm = (I + L)^-1 by the 16 x 16 block method (ALGORITHM F2: forward substitution inside
+ *        the diagonal blocks in fp32, then the block merge), written as bf16 for chunk_prep (W, U),
+ *        the fused walk and the backward.
  *
+ * The kernel is bound by the shared-memory pipe, not by arithmetic, so it is built around the
+ * bytes each warp reads (one wavefront moves 128 bytes; a warp's 16-byte load always costs four):
  * - 4 warps and 27 KB of shared memory (8 blocks per SM): the K tile is XOR-swizzled instead of
- *   padded, L and the merge scratch reuse its bytes once K K^T is in registers, and only the ten
- *   lower 16 x 16 blocks of L and Tm are stored, their 16-byte groups swizzled so that the
- *   row-wise reads of the merge and the substitution are free of bank conflicts (the shared-memory
- *   pipe, not the FMAs, bounds this kernel).
- * - The block merge runs per column block of Tm, not per sub-diagonal: column b needs only the
- *   diagonal blocks and its own blocks above, so warps 0-1 walk column 0 (three steps), warp 2
- *   column 1 (two), warp 3 column 2 (one), with named barriers or warp syncs between steps instead
- *   of six block-wide barriers. A thread keeps a 1 x 4 or 2 x 4 piece of the product and reads L
- *   and Tm in 16-byte pieces.
+ *   padded; K K^T loads each row block's fragment once per warp and k step (the B fragment of a
+ *   column block is the A fragment of the same rows, permuted); L and the merge scratch reuse the
+ *   K tile's bytes; only the ten lower 16 x 16 blocks of L and Tm are stored, their 16-byte
+ *   groups swizzled so that every fragment read is free of bank conflicts.
+ * - The block merge runs per column block of Tm: column b needs only the diagonal blocks and its
+ *   own blocks above, so warps 0-1 walk column 0 (three steps) and warps 2-3 columns 1 and 2, with
+ *   64-thread named barriers. Its products are fp64 tensor-core products (m8n8k4) of the fp32
+ *   blocks: each operand element is read once per fragment instead of once per FMA, and a sum's
+ *   only rounding is the fp64 accumulation, then one to fp32 (more accurate than fp32 FMA chains).
  * - The bf16 Tm goes to global memory straight from the fp32 blocks, 16 bytes per store.
  */
 #pragma once
@@ -46,10 +47,11 @@ struct ChunkSolve {
   __device__ __forceinline__ static constexpr int blk(int a, int m) { return a * (a + 1) / 2 + m; }
 
   /// Offset of element (r, x) inside a stored block: rows of 16 floats whose four 16-byte groups
-  /// are XOR-swizzled by (r / 2) % 4, so the 8 rows a warp reads at one column group fall in 8
-  /// distinct bank groups (a row stride of 16 floats alone would put 4 of them on one bank).
+  /// are XOR-swizzled by s(r) = the two bits of (r / 2) % 4 reversed. The fragments read 8 rows
+  /// at one group (A) or 4 consecutive rows at two adjacent groups (B); both land on 32 distinct
+  /// banks (a row stride of 16 floats alone would put 4 of 8 rows on one bank).
   __device__ __forceinline__ static constexpr int at(int r, int x) {
-    return r * 16 + ((((x >> 2) ^ (r >> 1)) & 3) << 2) + (x & 3);
+    return r * 16 + ((((x >> 2) ^ (((r >> 1) & 1) << 1) ^ ((r >> 2) & 1)) & 3) << 2) + (x & 3);
   }
   /// The 16-byte group of row r holding columns x4..x4+3 (x4 % 4 == 0).
   __device__ __forceinline__ static const float4& group(const float* b, int r, int x4) {
@@ -100,37 +102,75 @@ struct ChunkSolve {
     gram_to_l(sK, sL, sg, sb, len, warp, lane);
     diagonal_blocks(sL, sT, warp, lane);
     __syncthreads();
-    if (warp < 2)
-      merge_column<0, 1>(sL, sT, sP, warp * 8 + (lane >> 2), (lane & 3) * 4, [] { named_sync_64(); });
-    else if (warp == 2)
-      merge_column<1, 2>(sL, sT, sP, lane >> 2, (lane & 3) * 4, [] { __syncwarp(); });
-    else
-      merge_column<2, 2>(sL, sT, sP, lane >> 2, (lane & 3) * 4, [] { __syncwarp(); });
+    // Column 0 (three steps) on warps 0-1, columns 1 then 2 (two steps, one) on warps 2-3; each
+    // warp owns 8 rows of the column's blocks.
+    const int half = warp & 1;
+    if (warp < 2) {
+      merge_column<0>(sL, sT, sP, half, lane, [] { named_sync<1>(); });
+    } else {
+      merge_column<1>(sL, sT, sP, half, lane, [] { named_sync<2>(); });
+      merge_column<2>(sL, sT, sP, half, lane, [] { named_sync<2>(); });
+    }
     __syncthreads();
     store_tm(sT, p.tm + (t0 * HV + j) * C, len);
   }
 
  private:
-  __device__ __forceinline__ static void named_sync_64() { asm volatile("bar.sync 1, 64;\n" ::: "memory"); }
-
-  __device__ __forceinline__ static float4 fma4(float l, float4 t, float4 s) {
-    return make_float4(fmaf(l, t.x, s.x), fmaf(l, t.y, s.y), fmaf(l, t.z, s.z), fmaf(l, t.w, s.w));
+  template <int ID>
+  __device__ __forceinline__ static void named_sync() {
+    asm volatile("bar.sync %0, 64;\n" ::"n"(ID) : "memory");
   }
-  __device__ __forceinline__ static float lane_of(float4 v, int i) {
-    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+
+  /// c += a b for one m8n8k4 fp64 tensor-core product: the fp32 operands are exact in fp64 and so
+  /// are their products, so a sum's only rounding is the fp64 accumulation (then one to fp32).
+  __device__ __forceinline__ static void dmma(double (&c)[2], double a, double b) {
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                 : "+d"(c[0]), "+d"(c[1])
+                 : "d"(a), "d"(b));
+  }
+
+  /// acc[ci] += A[r0 .. r0 + 7][0 .. 4 KSTEPS) * B[0 .. 4 KSTEPS)[8 ci .. 8 ci + 7] for two stored
+  /// blocks (fp32, swizzled), as m8n8k4 fragments: the A element (r0 + lane / 4, k + lane % 4), the
+  /// B element (k + lane % 4, n + lane / 4); the accumulator holds (r0 + lane / 4, n + 2 (lane % 4) + i).
+  template <int KSTEPS>
+  __device__ __forceinline__ static void product_rows8(double (&acc)[2][2], const float* A, int r0, const float* Bm,
+                                                       int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ks = 0; ks < KSTEPS; ++ks) {
+      const double a = A[at(r0 + g, 4 * ks + t)];
+#pragma unroll
+      for (int ci = 0; ci < 2; ++ci) dmma(acc[ci], a, static_cast<double>(Bm[at(4 * ks + t, 8 * ci + g)]));
+    }
+  }
+
+  /// Stores s * acc (8 rows from r0, 16 columns) into a stored block in fp32.
+  __device__ __forceinline__ static void store_rows8(float* dst, const double (&acc)[2][2], int r0, float s, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int ci = 0; ci < 2; ++ci)
+      *reinterpret_cast<float2*>(dst + at(r0 + g, 8 * ci + 2 * t)) =
+          make_float2(s * static_cast<float>(acc[ci][0]), s * static_cast<float>(acc[ci][1]));
   }
 
   /// K K^T's ten lower 16 x 16 blocks on the tensor cores, then L in fp32 into the K tile's bytes.
-  /// Warp w computes the blocks (a0, m0), (a0, m0 + 1) and, for warps 1 and 2, (a2, m2):
-  /// w0 (3,0) (3,1); w1 (3,2) (3,3) (0,0); w2 (2,0) (2,1) (2,2); w3 (1,0) (1,1).
-  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
-                                   int lane) {
-    const int a0 = warp == 0 ? 3 : warp == 1 ? 3 : warp == 2 ? 2 : 1;
-    const int m0 = warp == 1 ? 2 : 0;
-    const bool third = warp == 1 || warp == 2;
-    const int a2 = warp == 1 ? 0 : 2, m2 = a2;
-    const int rows[3] = {a0, a0, a2};
-    const int cols[3] = {m0, m0 + 1, m2};
+  /// Warp w computes the blocks (a, m) of GramBlocks<w> from the row blocks they touch, each loaded
+  /// once per k step: an A fragment of row block m, its registers permuted, is the B fragment of
+  /// column block m. 10 row-block loads per k step in all (20 if every block loaded both).
+  template <int A0, int M0, int A1, int M1, int A2, int M2>  // A2 < 0: two blocks
+  struct GramBlocks {
+    static constexpr int kCount = A2 < 0 ? 2 : 3;
+    static constexpr int kA[3] = {A0, A1, A2 < 0 ? A0 : A2};
+    static constexpr int kM[3] = {M0, M1, A2 < 0 ? M0 : M2};
+    static constexpr bool needs(int rb) {
+      return rb == A0 || rb == M0 || rb == A1 || rb == M1 || (A2 >= 0 && (rb == A2 || rb == M2));
+    }
+  };
+
+  template <class Blocks>
+  __device__ static void gram_to_l_warp(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len,
+                                        int lane) {
+    constexpr int kN = Blocks::kCount;
     float acc[3][2][4];
 #pragma unroll
     for (int i = 0; i < 3; ++i)
@@ -138,49 +178,59 @@ struct ChunkSolve {
       for (int h = 0; h < 2; ++h) acc[i][h][0] = acc[i][h][1] = acc[i][h][2] = acc[i][h][3] = 0.f;
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 16) {
-      u32 a[4], a_third[4];
-      fwd::ldsm_x4(a, sK + k_at(a0 * 16 + (lane & 15), k0 / 8 + (lane >> 4)));
-      if (warp == 1)
-        fwd::ldsm_x4(a_third, sK + k_at(a2 * 16 + (lane & 15), k0 / 8 + (lane >> 4)));
-      else
+      u32 frag[4][4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) a_third[q] = a[q];  // warp 2's third block shares row block 2
+      for (int rb = 0; rb < 4; ++rb)
+        if (Blocks::needs(rb)) fwd::ldsm_x4(frag[rb], sK + k_at(rb * 16 + (lane & 15), k0 / 8 + (lane >> 4)));
 #pragma unroll
-      for (int i = 0; i < 3; ++i) {
-        if (i == 2 && !third) break;
-        u32 b[4];
-        fwd::ldsm_x4(b, sK + k_at(cols[i] * 16 + (lane & 7) + ((lane >> 4) << 3), k0 / 8 + ((lane >> 3) & 1)));
-        if (i == 2)
-          fwd::mma_pair(acc[i][0], acc[i][1], a_third, b);
-        else
-          fwd::mma_pair(acc[i][0], acc[i][1], a, b);
+      for (int i = 0; i < kN; ++i) {
+        const u32(&a)[4] = frag[Blocks::kA[i]];
+        const u32(&f)[4] = frag[Blocks::kM[i]];
+        const u32 b[4] = {f[0], f[2], f[1], f[3]};  // rows 0-7 then 8-15 of the block, k 0-7 then 8-15
+        fwd::mma_pair(acc[i][0], acc[i][1], a, b);
       }
     }
     __syncthreads();  // every warp is done reading K; L takes its bytes
     const int gr = lane >> 2, tq = (lane & 3) * 2;
 #pragma unroll
-    for (int i = 0; i < 3; ++i) {
-      if (i == 2 && !third) break;
-      float* dst = sL + blk(rows[i], cols[i]) * kBlock;
+    for (int i = 0; i < kN; ++i) {
+      const int ra = Blocks::kA[i], cm = Blocks::kM[i];
+      float* dst = sL + blk(ra, cm) * kBlock;
       float g_row[2], b_row[2], g_col[2][2];
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        g_row[e] = sg[rows[i] * 16 + gr + 8 * e];
-        b_row[e] = sb[rows[i] * 16 + gr + 8 * e];
-        g_col[e][0] = sg[cols[i] * 16 + e * 8 + tq];
-        g_col[e][1] = sg[cols[i] * 16 + e * 8 + tq + 1];
+        g_row[e] = sg[ra * 16 + gr + 8 * e];
+        b_row[e] = sb[ra * 16 + gr + 8 * e];
+        g_col[e][0] = sg[cm * 16 + e * 8 + tq];
+        g_col[e][1] = sg[cm * 16 + e * 8 + tq + 1];
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int rr = gr + (e >> 1) * 8, cc = h * 8 + tq + (e & 1);
-          const int r = rows[i] * 16 + rr, c = cols[i] * 16 + cc;
-          const bool ok = c < r && r < len;  // strict lower part inside the chunk (c < r < len)
-          dst[at(rr, cc)] = ok ? acc[i][h][e] * gate_exp2(g_row[e >> 1] - g_col[h][e & 1], true) * b_row[e >> 1] : 0.f;
+        for (int e = 0; e < 4; e += 2) {
+          const int rr = gr + (e >> 1) * 8, cc = h * 8 + tq;
+          const int r = ra * 16 + rr, c = cm * 16 + cc;
+          // strict lower part inside the chunk (c < r < len)
+          const float l0 =
+              c < r && r < len ? acc[i][h][e] * gate_exp2(g_row[e >> 1] - g_col[h][0], true) * b_row[e >> 1] : 0.f;
+          const float l1 = c + 1 < r && r < len
+                               ? acc[i][h][e + 1] * gate_exp2(g_row[e >> 1] - g_col[h][1], true) * b_row[e >> 1]
+                               : 0.f;
+          *reinterpret_cast<float2*>(dst + at(rr, cc)) = make_float2(l0, l1);
         }
     }
     __syncthreads();
+  }
+
+  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
+                                   int lane) {
+    // Row blocks touched: w0 {0, 3}, w1 {1, 2}, w2 {0, 1, 2}, w3 {1, 2, 3}.
+    switch (warp) {
+      case 0: gram_to_l_warp<GramBlocks<0, 0, 3, 0, 3, 3>>(sK, sL, sg, sb, len, lane); break;
+      case 1: gram_to_l_warp<GramBlocks<1, 1, 2, 1, 2, 2>>(sK, sL, sg, sb, len, lane); break;
+      case 2: gram_to_l_warp<GramBlocks<1, 0, 2, 0, -1, -1>>(sK, sL, sg, sb, len, lane); break;
+      default: gram_to_l_warp<GramBlocks<3, 1, 3, 2, -1, -1>>(sK, sL, sg, sb, len, lane); break;
+    }
   }
 
   /// The four diagonal blocks by forward substitution: warps 0-1, half-warp per block, lane c of
@@ -215,56 +265,27 @@ struct ChunkSolve {
   }
 
   /// Column block B of Tm below the diagonal: for a = B+1..3, P = sum_{m=B}^{a-1} L_am Tm_mB, then
-  /// Tm_aB = -Tm_aa P. The thread owns rows r0 (and r0 + 8 when NR == 2), columns c4..c4+3; each
-  /// output is one FMA chain, m then x ascending, from 0. `sync` joins the threads that own the
-  /// column.
-  template <int B, int NR, class Sync>
-  __device__ static void merge_column(const float* sL, float* sT, float* sP, int r0, int c4, Sync sync) {
+  /// Tm_aB = -Tm_aa P, on the fp64 tensor cores. The warp owns rows 8 half .. 8 half + 7 of each
+  /// block; `sync` joins the two warps that own the column (P and Tm_aB are the next product's
+  /// operands). Tm_aa is lower triangular: the first 8 rows need only its first 8 columns.
+  template <int B, class Sync>
+  __device__ static void merge_column(const float* sL, float* sT, float* sP, int half, int lane, Sync sync) {
     float* P = sP + B * kBlock;
+    const int r0 = 8 * half;
 #pragma unroll
     for (int a = B + 1; a < 4; ++a) {
-      float4 s[NR];
+      double acc[2][2] = {{0.0, 0.0}, {0.0, 0.0}};
 #pragma unroll
-      for (int i = 0; i < NR; ++i) s[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int m = B; m < a; ++m) {
-        const float* L = sL + blk(a, m) * kBlock;
-        const float* T = sT + blk(m, B) * kBlock;
-#pragma unroll
-        for (int x4 = 0; x4 < 16; x4 += 4) {
-          float4 l[NR];
-#pragma unroll
-          for (int i = 0; i < NR; ++i) l[i] = group(L, r0 + 8 * i, x4);
-#pragma unroll
-          for (int xx = 0; xx < 4; ++xx) {
-            const float4 t = group(T, x4 + xx, c4);
-#pragma unroll
-            for (int i = 0; i < NR; ++i) s[i] = fma4(lane_of(l[i], xx), t, s[i]);
-          }
-        }
-      }
-#pragma unroll
-      for (int i = 0; i < NR; ++i) group(P, r0 + 8 * i, c4) = s[i];
+      for (int m = B; m < a; ++m) product_rows8<4>(acc, sL + blk(a, m) * kBlock, r0, sT + blk(m, B) * kBlock, lane);
+      store_rows8(P, acc, r0, 1.f, lane);
       sync();
+      acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = 0.0;
       const float* Taa = sT + blk(a, a) * kBlock;
-#pragma unroll
-      for (int i = 0; i < NR; ++i) s[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-      for (int x4 = 0; x4 < 16; x4 += 4) {
-        float4 l[NR];
-#pragma unroll
-        for (int i = 0; i < NR; ++i) l[i] = group(Taa, r0 + 8 * i, x4);
-#pragma unroll
-        for (int xx = 0; xx < 4; ++xx) {
-          const float4 pv = group(P, x4 + xx, c4);
-#pragma unroll
-          for (int i = 0; i < NR; ++i) s[i] = fma4(lane_of(l[i], xx), pv, s[i]);
-        }
-      }
-      float* dst = sT + blk(a, B) * kBlock;
-#pragma unroll
-      for (int i = 0; i < NR; ++i)
-        group(dst, r0 + 8 * i, c4) = make_float4(-s[i].x, -s[i].y, -s[i].z, -s[i].w);
+      if (half == 0)
+        product_rows8<2>(acc, Taa, r0, P, lane);
+      else
+        product_rows8<4>(acc, Taa, r0, P, lane);
+      store_rows8(sT + blk(a, B) * kBlock, acc, r0, -1.f, lane);
       sync();  // Tm_aB is the next step's operand, and P is written again
     }
   }
