@@ -105,11 +105,12 @@ struct ChunkSolve {
     // Column 0 (three steps) on warps 0-1, columns 1 then 2 (two steps, one) on warps 2-3; each
     // warp owns 8 rows of the column's blocks.
     const int half = warp & 1;
+    const Fragments frag(8 * half, lane);
     if (warp < 2) {
-      merge_column<0>(sL, sT, sP, half, lane, [] { named_sync<1>(); });
+      merge_column<0>(sL, sT, sP, half, frag, [] { named_sync<1>(); });
     } else {
-      merge_column<1>(sL, sT, sP, half, lane, [] { named_sync<2>(); });
-      merge_column<2>(sL, sT, sP, half, lane, [] { named_sync<2>(); });
+      merge_column<1>(sL, sT, sP, half, frag, [] { named_sync<2>(); });
+      merge_column<2>(sL, sT, sP, half, frag, [] { named_sync<2>(); });
     }
     __syncthreads();
     store_tm(sT, p.tm + (t0 * HV + j) * C, len);
@@ -129,108 +130,106 @@ struct ChunkSolve {
                  : "d"(a), "d"(b));
   }
 
+  /// A thread's element offsets inside any stored block for the merge's fragments, computed once:
+  /// the A element (r0 + lane / 4, 4 ks + lane % 4) for k step ks, the B element
+  /// (4 ks + lane % 4, 8 ci + lane / 4) = 64 ks + b[ks % 2][ci] (the swizzle of row 4 ks + lane % 4
+  /// depends on ks only through its parity), and the accumulator pair (r0 + lane / 4, 8 ci + 2 (lane % 4)).
+  struct Fragments {
+    int a[4], b[2][2], acc[2];
+    __device__ Fragments(int r0, int lane) {
+      const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+      for (int ks = 0; ks < 4; ++ks) a[ks] = at(r0 + g, 4 * ks + t);
+#pragma unroll
+      for (int p = 0; p < 2; ++p)
+#pragma unroll
+        for (int ci = 0; ci < 2; ++ci) b[p][ci] = at(4 * p + t, 8 * ci + g) - 64 * p;
+#pragma unroll
+      for (int ci = 0; ci < 2; ++ci) acc[ci] = at(r0 + g, 8 * ci + 2 * t);
+    }
+  };
+
   /// acc[ci] += A[r0 .. r0 + 7][0 .. 4 KSTEPS) * B[0 .. 4 KSTEPS)[8 ci .. 8 ci + 7] for two stored
-  /// blocks (fp32, swizzled), as m8n8k4 fragments: the A element (r0 + lane / 4, k + lane % 4), the
-  /// B element (k + lane % 4, n + lane / 4); the accumulator holds (r0 + lane / 4, n + 2 (lane % 4) + i).
+  /// blocks (fp32), as m8n8k4 fragments; the accumulator holds (r0 + lane / 4, 8 ci + 2 (lane % 4) + i).
   template <int KSTEPS>
-  __device__ __forceinline__ static void product_rows8(double (&acc)[2][2], const float* A, int r0, const float* Bm,
-                                                       int lane) {
-    const int g = lane >> 2, t = lane & 3;
+  __device__ __forceinline__ static void product_rows8(double (&acc)[2][2], const float* A, const float* Bm,
+                                                       const Fragments& f) {
 #pragma unroll
     for (int ks = 0; ks < KSTEPS; ++ks) {
-      const double a = A[at(r0 + g, 4 * ks + t)];
+      const double a = A[f.a[ks]];
 #pragma unroll
-      for (int ci = 0; ci < 2; ++ci) dmma(acc[ci], a, static_cast<double>(Bm[at(4 * ks + t, 8 * ci + g)]));
+      for (int ci = 0; ci < 2; ++ci) dmma(acc[ci], a, static_cast<double>(Bm[f.b[ks & 1][ci] + 64 * ks]));
     }
   }
 
-  /// Stores s * acc (8 rows from r0, 16 columns) into a stored block in fp32.
-  __device__ __forceinline__ static void store_rows8(float* dst, const double (&acc)[2][2], int r0, float s, int lane) {
-    const int g = lane >> 2, t = lane & 3;
+  /// Stores s * acc (8 rows, 16 columns) into a stored block in fp32.
+  __device__ __forceinline__ static void store_rows8(float* dst, const double (&acc)[2][2], float s,
+                                                     const Fragments& f) {
 #pragma unroll
     for (int ci = 0; ci < 2; ++ci)
-      *reinterpret_cast<float2*>(dst + at(r0 + g, 8 * ci + 2 * t)) =
+      *reinterpret_cast<float2*>(dst + f.acc[ci]) =
           make_float2(s * static_cast<float>(acc[ci][0]), s * static_cast<float>(acc[ci][1]));
   }
 
   /// K K^T's ten lower 16 x 16 blocks on the tensor cores, then L in fp32 into the K tile's bytes.
-  /// Warp w computes the blocks (a, m) of GramBlocks<w> from the row blocks they touch, each loaded
-  /// once per k step: an A fragment of row block m, its registers permuted, is the B fragment of
-  /// column block m. 10 row-block loads per k step in all (20 if every block loaded both).
-  template <int A0, int M0, int A1, int M1, int A2, int M2>  // A2 < 0: two blocks
-  struct GramBlocks {
-    static constexpr int kCount = A2 < 0 ? 2 : 3;
-    static constexpr int kA[3] = {A0, A1, A2 < 0 ? A0 : A2};
-    static constexpr int kM[3] = {M0, M1, A2 < 0 ? M0 : M2};
-    static constexpr bool needs(int rb) {
-      return rb == A0 || rb == M0 || rb == A1 || rb == M1 || (A2 >= 0 && (rb == A2 || rb == M2));
-    }
-  };
-
-  template <class Blocks>
-  __device__ static void gram_to_l_warp(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len,
-                                        int lane) {
-    constexpr int kN = Blocks::kCount;
-    float acc[3][2][4];
+  /// Warp w computes row block w, blocks (w, 0..w): per k step it loads the A fragments of row
+  /// blocks 0..w once each, and the B fragment of column block m is the A fragment of row block m
+  /// with its registers permuted (10 fragment loads per k step for the block, one code path).
+  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
+                                   int lane) {
+    float acc[4][2][4];
 #pragma unroll
-    for (int i = 0; i < 3; ++i)
+    for (int m = 0; m < 4; ++m)
 #pragma unroll
-      for (int h = 0; h < 2; ++h) acc[i][h][0] = acc[i][h][1] = acc[i][h][2] = acc[i][h][3] = 0.f;
+      for (int h = 0; h < 2; ++h) acc[m][h][0] = acc[m][h][1] = acc[m][h][2] = acc[m][h][3] = 0.f;
+    const int row_in = lane & 15, piece_in = lane >> 4;
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 16) {
-      u32 frag[4][4];
+      u32 a[4];
+      fwd::ldsm_x4(a, sK + k_at(warp * 16 + row_in, k0 / 8 + piece_in));
 #pragma unroll
-      for (int rb = 0; rb < 4; ++rb)
-        if (Blocks::needs(rb)) fwd::ldsm_x4(frag[rb], sK + k_at(rb * 16 + (lane & 15), k0 / 8 + (lane >> 4)));
+      for (int m = 0; m < 4; ++m) {
+        if (m > warp) break;
+        u32 f[4];
+        if (m == warp) {
 #pragma unroll
-      for (int i = 0; i < kN; ++i) {
-        const u32(&a)[4] = frag[Blocks::kA[i]];
-        const u32(&f)[4] = frag[Blocks::kM[i]];
-        const u32 b[4] = {f[0], f[2], f[1], f[3]};  // rows 0-7 then 8-15 of the block, k 0-7 then 8-15
-        fwd::mma_pair(acc[i][0], acc[i][1], a, b);
+          for (int q = 0; q < 4; ++q) f[q] = a[q];
+        } else {
+          fwd::ldsm_x4(f, sK + k_at(m * 16 + row_in, k0 / 8 + piece_in));
+        }
+        const u32 b[4] = {f[0], f[2], f[1], f[3]};  // rows 0-7 then 8-15 of block m, k 0-7 then 8-15
+        fwd::mma_pair(acc[m][0], acc[m][1], a, b);
       }
     }
     __syncthreads();  // every warp is done reading K; L takes its bytes
     const int gr = lane >> 2, tq = (lane & 3) * 2;
+    float g_row[2], b_row[2];
 #pragma unroll
-    for (int i = 0; i < kN; ++i) {
-      const int ra = Blocks::kA[i], cm = Blocks::kM[i];
-      float* dst = sL + blk(ra, cm) * kBlock;
-      float g_row[2], b_row[2], g_col[2][2];
+    for (int e = 0; e < 2; ++e) {
+      g_row[e] = sg[warp * 16 + gr + 8 * e];
+      b_row[e] = sb[warp * 16 + gr + 8 * e];
+    }
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        g_row[e] = sg[ra * 16 + gr + 8 * e];
-        b_row[e] = sb[ra * 16 + gr + 8 * e];
-        g_col[e][0] = sg[cm * 16 + e * 8 + tq];
-        g_col[e][1] = sg[cm * 16 + e * 8 + tq + 1];
-      }
+    for (int m = 0; m < 4; ++m) {
+      if (m > warp) break;
+      float* dst = sL + blk(warp, m) * kBlock;
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+      for (int h = 0; h < 2; ++h) {
+        const int cc = h * 8 + tq, c = m * 16 + cc;
+        const float g_c0 = sg[c], g_c1 = sg[c + 1];
 #pragma unroll
-        for (int e = 0; e < 4; e += 2) {
-          const int rr = gr + (e >> 1) * 8, cc = h * 8 + tq;
-          const int r = ra * 16 + rr, c = cm * 16 + cc;
+        for (int e = 0; e < 2; ++e) {
+          const int rr = gr + e * 8, r = warp * 16 + rr;
           // strict lower part inside the chunk (c < r < len)
           const float l0 =
-              c < r && r < len ? acc[i][h][e] * gate_exp2(g_row[e >> 1] - g_col[h][0], true) * b_row[e >> 1] : 0.f;
-          const float l1 = c + 1 < r && r < len
-                               ? acc[i][h][e + 1] * gate_exp2(g_row[e >> 1] - g_col[h][1], true) * b_row[e >> 1]
-                               : 0.f;
+              c < r && r < len ? acc[m][h][2 * e] * gate_exp2(g_row[e] - g_c0, true) * b_row[e] : 0.f;
+          const float l1 =
+              c + 1 < r && r < len ? acc[m][h][2 * e + 1] * gate_exp2(g_row[e] - g_c1, true) * b_row[e] : 0.f;
           *reinterpret_cast<float2*>(dst + at(rr, cc)) = make_float2(l0, l1);
         }
+      }
     }
     __syncthreads();
-  }
-
-  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
-                                   int lane) {
-    // Row blocks touched: w0 {0, 3}, w1 {1, 2}, w2 {0, 1, 2}, w3 {1, 2, 3}.
-    switch (warp) {
-      case 0: gram_to_l_warp<GramBlocks<0, 0, 3, 0, 3, 3>>(sK, sL, sg, sb, len, lane); break;
-      case 1: gram_to_l_warp<GramBlocks<1, 1, 2, 1, 2, 2>>(sK, sL, sg, sb, len, lane); break;
-      case 2: gram_to_l_warp<GramBlocks<1, 0, 2, 0, -1, -1>>(sK, sL, sg, sb, len, lane); break;
-      default: gram_to_l_warp<GramBlocks<3, 1, 3, 2, -1, -1>>(sK, sL, sg, sb, len, lane); break;
-    }
   }
 
   /// The four diagonal blocks by forward substitution: warps 0-1, half-warp per block, lane c of
@@ -269,23 +268,23 @@ struct ChunkSolve {
   /// block; `sync` joins the two warps that own the column (P and Tm_aB are the next product's
   /// operands). Tm_aa is lower triangular: the first 8 rows need only its first 8 columns.
   template <int B, class Sync>
-  __device__ static void merge_column(const float* sL, float* sT, float* sP, int half, int lane, Sync sync) {
+  __device__ static void merge_column(const float* sL, float* sT, float* sP, int half, const Fragments& f,
+                                      Sync sync) {
     float* P = sP + B * kBlock;
-    const int r0 = 8 * half;
 #pragma unroll
     for (int a = B + 1; a < 4; ++a) {
       double acc[2][2] = {{0.0, 0.0}, {0.0, 0.0}};
 #pragma unroll
-      for (int m = B; m < a; ++m) product_rows8<4>(acc, sL + blk(a, m) * kBlock, r0, sT + blk(m, B) * kBlock, lane);
-      store_rows8(P, acc, r0, 1.f, lane);
+      for (int m = B; m < a; ++m) product_rows8<4>(acc, sL + blk(a, m) * kBlock, sT + blk(m, B) * kBlock, f);
+      store_rows8(P, acc, 1.f, f);
       sync();
       acc[0][0] = acc[0][1] = acc[1][0] = acc[1][1] = 0.0;
       const float* Taa = sT + blk(a, a) * kBlock;
       if (half == 0)
-        product_rows8<2>(acc, Taa, r0, P, lane);
+        product_rows8<2>(acc, Taa, P, f);
       else
-        product_rows8<4>(acc, Taa, r0, P, lane);
-      store_rows8(sT + blk(a, B) * kBlock, acc, r0, -1.f, lane);
+        product_rows8<4>(acc, Taa, P, f);
+      store_rows8(sT + blk(a, B) * kBlock, acc, -1.f, f);
       sync();  // Tm_aB is the next step's operand, and P is written again
     }
   }
