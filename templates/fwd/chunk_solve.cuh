@@ -81,13 +81,17 @@ struct ChunkSolve {
     float* sb = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffBeta);
 
     {
-      const bf16_t* src = p.k + (t0 * H + hq) * K;
-      constexpr int kPieces = K / 8;
+      // Thread tid copies piece tid % 16 of rows tid / 16 + 8 i: the rows' swizzle (r % 8) is the
+      // same for all eight, so the shared offset steps by 8 rows and the source by 8 tokens.
+      constexpr int kPieces = K / 8, kRowStep = kThreads / kPieces;
+      static_assert(kRowStep == 8, "the swizzle repeats every 8 rows");
+      const int r0 = tid / kPieces, piece = tid % kPieces;
+      const bf16_t* src = p.k + (t0 * H + hq) * K + r0 * (long long)H * K + piece * 8;
+      bf16_t* dst = sK + k_at(r0, piece);
 #pragma unroll
-      for (int i = tid; i < C * kPieces; i += kThreads) {
-        const int r = i / kPieces, piece = i % kPieces;
-        const bool ok = r < len;
-        fwd::cp_async16(sK + k_at(r, piece), ok ? src + r * (long long)H * K + piece * 8 : src, ok);
+      for (int i = 0; i < C / kRowStep; ++i) {
+        const bool ok = r0 + kRowStep * i < len;
+        fwd::cp_async16(dst + kRowStep * i * K, ok ? src + kRowStep * i * (long long)H * K : p.k, ok);
       }
       cp_async_commit();
     }
@@ -172,26 +176,25 @@ struct ChunkSolve {
   }
 
   /// K K^T's ten lower 16 x 16 blocks on the tensor cores, then L in fp32 into the K tile's bytes.
-  /// Warp w computes row block w, blocks (w, 0..w): per k step it loads the A fragments of row
-  /// blocks 0..w once each, and the B fragment of column block m is the A fragment of row block m
-  /// with its registers permuted (10 fragment loads per k step for the block, one code path).
-  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
-                                   int lane) {
-    float acc[4][2][4];
+  /// Warp W computes row block W, blocks (W, 0..W): per k step it loads the A fragments of row
+  /// blocks 0..W once each, and the B fragment of column block m is the A fragment of row block m
+  /// with its registers permuted (10 fragment loads per k step for the block).
+  template <int W>
+  __device__ static void gram_row(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int lane) {
+    float acc[W + 1][2][4];
 #pragma unroll
-    for (int m = 0; m < 4; ++m)
+    for (int m = 0; m <= W; ++m)
 #pragma unroll
       for (int h = 0; h < 2; ++h) acc[m][h][0] = acc[m][h][1] = acc[m][h][2] = acc[m][h][3] = 0.f;
     const int row_in = lane & 15, piece_in = lane >> 4;
 #pragma unroll
     for (int k0 = 0; k0 < K; k0 += 16) {
       u32 a[4];
-      fwd::ldsm_x4(a, sK + k_at(warp * 16 + row_in, k0 / 8 + piece_in));
+      fwd::ldsm_x4(a, sK + k_at(W * 16 + row_in, k0 / 8 + piece_in));
 #pragma unroll
-      for (int m = 0; m < 4; ++m) {
-        if (m > warp) break;
+      for (int m = 0; m <= W; ++m) {
         u32 f[4];
-        if (m == warp) {
+        if (m == W) {
 #pragma unroll
           for (int q = 0; q < 4; ++q) f[q] = a[q];
         } else {
@@ -206,20 +209,19 @@ struct ChunkSolve {
     float g_row[2], b_row[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      g_row[e] = sg[warp * 16 + gr + 8 * e];
-      b_row[e] = sb[warp * 16 + gr + 8 * e];
+      g_row[e] = sg[W * 16 + gr + 8 * e];
+      b_row[e] = sb[W * 16 + gr + 8 * e];
     }
 #pragma unroll
-    for (int m = 0; m < 4; ++m) {
-      if (m > warp) break;
-      float* dst = sL + blk(warp, m) * kBlock;
+    for (int m = 0; m <= W; ++m) {
+      float* dst = sL + blk(W, m) * kBlock;
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int cc = h * 8 + tq, c = m * 16 + cc;
         const float g_c0 = sg[c], g_c1 = sg[c + 1];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const int rr = gr + e * 8, r = warp * 16 + rr;
+          const int rr = gr + e * 8, r = W * 16 + rr;
           // strict lower part inside the chunk (c < r < len)
           const float l0 =
               c < r && r < len ? acc[m][h][2 * e] * gate_exp2(g_row[e] - g_c0, true) * b_row[e] : 0.f;
@@ -230,6 +232,16 @@ struct ChunkSolve {
       }
     }
     __syncthreads();
+  }
+
+  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
+                                   int lane) {
+    switch (warp) {
+      case 0: gram_row<0>(sK, sL, sg, sb, len, lane); break;
+      case 1: gram_row<1>(sK, sL, sg, sb, len, lane); break;
+      case 2: gram_row<2>(sK, sL, sg, sb, len, lane); break;
+      default: gram_row<3>(sK, sL, sg, sb, len, lane); break;
+    }
   }
 
   /// The four diagonal blocks by forward substitution: warps 0-1, half-warp per block, lane c of
@@ -289,28 +301,28 @@ struct ChunkSolve {
     }
   }
 
-  /// Rows < len of bf16(Tm) (the part above the diagonal as 0), 16 bytes per store.
+  /// Rows < len of bf16(Tm) (the part above the diagonal as 0), 16 bytes per store. Thread tid
+  /// writes columns 8 (tid % 8) .. + 7 of rows tid / 8 + 16 a: in row block a its piece lies in
+  /// column block m = (tid % 8) / 2, below the diagonal block (m < a), on it, or above (zeros).
   __device__ static void store_tm(const float* sT, bf16_t* dst, int len) {
-    constexpr int kPiecesPerRow = C / 8;
+    const int rr = threadIdx.x >> 3, c8 = (threadIdx.x & 7) * 8, m = c8 >> 4, cm = c8 & 15;
+    const int lo_at = at(rr, cm), hi_at = at(rr, cm + 4);
+    bf16_t* out = dst + rr * (long long)HV * C + c8;
 #pragma unroll
-    for (int i = threadIdx.x; i < C * kPiecesPerRow; i += kThreads) {
-      const int r = i / kPiecesPerRow, c8 = (i % kPiecesPerRow) * 8;
-      if (r >= len) break;  // rows grow with i
-      const int a = r >> 4, m = c8 >> 4;
+    for (int a = 0; a < 4; ++a) {
+      if (16 * a + rr >= len) break;
       u32 w[4] = {0u, 0u, 0u, 0u};
       if (m <= a) {
-        const float* b = sT + blk(a, m) * kBlock;
-        const float4 lo = group(b, r & 15, c8 & 15);
-        const float4 hi = group(b, r & 15, (c8 & 15) + 4);
+        const float* b = sT + (blk(a, 0) + m) * kBlock;
+        const float4 lo = *reinterpret_cast<const float4*>(b + lo_at);
+        const float4 hi = *reinterpret_cast<const float4*>(b + hi_at);
         const float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        const int keep = m < a ? 8 : rr - cm + 1;  // columns kept from cm (the diagonal block: c <= r)
 #pragma unroll
-        for (int q = 0; q < 8; q += 2) {
-          const bf16_t e0 = c8 + q <= r ? f2bf(v[q]) : bf16_t(0);
-          const bf16_t e1 = c8 + q + 1 <= r ? f2bf(v[q + 1]) : bf16_t(0);
-          w[q / 2] = pack_bf16x2(e0, e1);
-        }
+        for (int q = 0; q < 8; q += 2)
+          w[q / 2] = pack_bf16x2(q < keep ? f2bf(v[q]) : bf16_t(0), q + 1 < keep ? f2bf(v[q + 1]) : bf16_t(0));
       }
-      *reinterpret_cast<uint4*>(dst + r * (long long)HV * C + c8) = make_uint4(w[0], w[1], w[2], w[3]);
+      *reinterpret_cast<uint4*>(out + 16 * a * (long long)HV * C) = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
 };
