@@ -180,8 +180,7 @@ struct ChunkSolve {
   /// blocks 0..W once each, and the B fragment of column block m is the A fragment of row block m
   /// with its registers permuted (10 fragment loads per k step for the block).
   template <int W>
-  __device__ static void gram_row(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int lane) {
-    float acc[W + 1][2][4];
+  __device__ static void gram_row(const bf16_t* sK, float (&acc)[4][2][4], int lane) {
 #pragma unroll
     for (int m = 0; m <= W; ++m)
 #pragma unroll
@@ -204,7 +203,12 @@ struct ChunkSolve {
         fwd::mma_pair(acc[m][0], acc[m][1], a, b);
       }
     }
-    __syncthreads();  // every warp is done reading K; L takes its bytes
+  }
+
+  /// L of row block W from its K K^T blocks, as fp32 pairs into the K tile's bytes.
+  template <int W>
+  __device__ static void l_row(const float (&acc)[4][2][4], float* sL, const float* sg, const float* sb, int len,
+                               int lane) {
     const int gr = lane >> 2, tq = (lane & 3) * 2;
     float g_row[2], b_row[2];
 #pragma unroll
@@ -231,17 +235,27 @@ struct ChunkSolve {
         }
       }
     }
-    __syncthreads();
   }
 
+  /// Every warp reaches the same two block barriers: bar.sync from per-warp code paths would be
+  /// divergent barriers (compute-sanitizer's synccheck rejects them).
   __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
                                    int lane) {
+    float acc[4][2][4];
     switch (warp) {
-      case 0: gram_row<0>(sK, sL, sg, sb, len, lane); break;
-      case 1: gram_row<1>(sK, sL, sg, sb, len, lane); break;
-      case 2: gram_row<2>(sK, sL, sg, sb, len, lane); break;
-      default: gram_row<3>(sK, sL, sg, sb, len, lane); break;
+      case 0: gram_row<0>(sK, acc, lane); break;
+      case 1: gram_row<1>(sK, acc, lane); break;
+      case 2: gram_row<2>(sK, acc, lane); break;
+      default: gram_row<3>(sK, acc, lane); break;
     }
+    __syncthreads();  // every warp is done reading K; L takes its bytes
+    switch (warp) {
+      case 0: l_row<0>(acc, sL, sg, sb, len, lane); break;
+      case 1: l_row<1>(acc, sL, sg, sb, len, lane); break;
+      case 2: l_row<2>(acc, sL, sg, sb, len, lane); break;
+      default: l_row<3>(acc, sL, sg, sb, len, lane); break;
+    }
+    __syncthreads();
   }
 
   /// The four diagonal blocks by forward substitution: warps 0-1, half-warp per block, lane c of
