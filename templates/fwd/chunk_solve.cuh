@@ -66,11 +66,10 @@ struct ChunkSolve {
 
   __device__ static void run(const ChunkSolveParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const ChunkHead at = chunk_head_of_block();
-    const ChunkInfo ci = p.chunks[at.chunk];
-    if (ci.len == 0) return;
-    const int len = ci.len, j = at.head, hq = j / G;
-    const long long t0 = ci.start;
+    const ChunkBlock at = chunk_block(p.chunks);
+    if (at.len == 0) return;
+    const int len = at.len, j = at.head, hq = j / G;
+    const long long t0 = at.start;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
     bf16_t* sK = reinterpret_cast<bf16_t*>(smem + ChunkSolveGeometry::kOffK);
@@ -227,8 +226,7 @@ struct ChunkSolve {
         for (int e = 0; e < 2; ++e) {
           const int rr = gr + e * 8, r = W * 16 + rr;
           // strict lower part inside the chunk (c < r < len)
-          const float l0 =
-              c < r && r < len ? acc[m][h][2 * e] * gate_exp2(g_row[e] - g_c0, true) * b_row[e] : 0.f;
+          const float l0 = c < r && r < len ? acc[m][h][2 * e] * gate_exp2(g_row[e] - g_c0, true) * b_row[e] : 0.f;
           const float l1 =
               c + 1 < r && r < len ? acc[m][h][2 * e + 1] * gate_exp2(g_row[e] - g_c1, true) * b_row[e] : 0.f;
           *reinterpret_cast<float2*>(dst + at(rr, cc)) = make_float2(l0, l1);
@@ -294,8 +292,7 @@ struct ChunkSolve {
   /// block; `sync` joins the two warps that own the column (P and Tm_aB are the next product's
   /// operands). Tm_aa is lower triangular: the first 8 rows need only its first 8 columns.
   template <int B, class Sync>
-  __device__ static void merge_column(const float* sL, float* sT, float* sP, int half, const Fragments& f,
-                                      Sync sync) {
+  __device__ static void merge_column(const float* sL, float* sT, float* sP, int half, const Fragments& f, Sync sync) {
     float* P = sP + B * kBlock;
 #pragma unroll
     for (int a = B + 1; a < 4; ++a) {

@@ -35,11 +35,10 @@ struct Output {
 
   __device__ static void run(const OutputParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const ChunkHead at = chunk_head_of_block();
-    const ChunkInfo ci = p.chunks[at.chunk];
-    if (ci.len == 0) return;
-    const int len = ci.len, j = at.head, hq = j / G;
-    const long long t0 = ci.start, c = at.chunk;
+    const ChunkBlock at = chunk_block(p.chunks);
+    if (at.len == 0) return;
+    const int len = at.len, j = at.head, hq = j / G;
+    const long long t0 = at.start, c = at.chunk;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gr = lane >> 2, tq = (lane & 3) * 2;
     constexpr int kHalf = V / 2;
