@@ -7,6 +7,7 @@
 #include "compiler/nvrtc.hpp"
 #include "runtime/layer.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -92,6 +93,37 @@ int gdn_spec_validate(const char* spec_json, char* canonical, size_t capacity) {
       throw gdn::InputError("canonical: " + std::to_string(capacity) + " bytes given, " +
                             std::to_string(text.size() + 1) + " needed");
     std::memcpy(canonical, text.c_str(), text.size() + 1);
+  });
+}
+
+int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t T, int N, gdn_slot* slots,
+                           size_t capacity, size_t* count, size_t* total) {
+  return guarded([&] {
+    if (!count) throw gdn::InputError("count: is null");
+    if (region != GDN_REGION_SAVED && region != GDN_REGION_WORKSPACE)
+      throw gdn::InputError("region: " + std::to_string(region) + " is not a region (0 saved, 1 workspace)");
+    const gdn::CallForm f = region == GDN_REGION_SAVED ? gdn::CallForm::forward : form_of(form);
+    const gdn::LayerIR ir = gdn::lower(parse_spec(spec_json));
+    const gdn::RegionLayout l = gdn::region_layout(
+        ir, region == GDN_REGION_SAVED ? gdn::BufferRole::saved : gdn::BufferRole::workspace, f, {T, N});
+    std::vector<std::pair<size_t, std::string>> order;
+    for (const auto& [name, offset] : l.offset) order.emplace_back(offset, name);
+    std::sort(order.begin(), order.end());
+    if (slots && capacity < order.size())
+      throw gdn::InputError("capacity: " + std::to_string(capacity) + " slots given, the layout has " +
+                            std::to_string(order.size()));
+    if (slots)
+      for (size_t i = 0; i < order.size(); ++i) {
+        const std::string& name = order[i].second;
+        if (name.size() >= sizeof(slots[i].name))
+          throw std::logic_error("gdn_spec_region_layout: buffer name '" + name + "' does not fit gdn_slot::name");
+        std::memset(slots[i].name, 0, sizeof(slots[i].name));
+        std::memcpy(slots[i].name, name.c_str(), name.size());
+        slots[i].offset = order[i].first;
+        slots[i].bytes = l.size.at(name);
+      }
+    *count = order.size();
+    if (total) *total = l.bytes;
   });
 }
 

@@ -72,6 +72,24 @@ int gdn_layer_backward_ws(const gdn_layer*, int64_t T, int N, const void* q, con
  *  capacity bytes including the terminating zero. */
 int gdn_spec_validate(const char* spec_json, char* canonical, size_t capacity);
 
+enum gdn_region { GDN_REGION_SAVED = 0, GDN_REGION_WORKSPACE = 1 };
+/** One named buffer of a region: byte offset from the region's start and its own bytes. Buffers
+ *  that reuse another's bytes (workspace only) share its offset. */
+typedef struct gdn_slot {
+  char name[32];
+  uint64_t offset;
+  uint64_t bytes;
+} gdn_slot;
+
+/** The layout of the saved region (region GDN_REGION_SAVED; form ignored) or of call form `form`'s
+ *  workspace (GDN_REGION_WORKSPACE) for T tokens and N documents, from the spec alone: no GPU, no
+ *  compilation. *total (if not NULL) gets the region's bytes, as gdn_layer_saved_bytes /
+ *  gdn_layer_workspace_bytes give them; *count (required) the number of buffers. slots may be NULL
+ *  (capacity 0) to query the count; otherwise capacity must hold them all (GDN_ERR_INPUT if not;
+ *  nothing is written then). Buffers are ordered by offset, then by name. */
+int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t T, int N, gdn_slot* slots,
+                           size_t capacity, size_t* count, size_t* total);
+
 /** Synchronizes `stream`; GDN_ERR_INPUT with the message if the forward found invalid cu_seqlens. */
 int gdn_layer_check_status(const gdn_layer*, int64_t T, int N, const void* saved, void* stream);
 

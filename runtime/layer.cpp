@@ -228,23 +228,32 @@ Layer::GraphStats Layer::graph_stats() const {
   return {graphs_->entries(), graphs_->bytes(), captures_, replays_, graphs_->evictions()};
 }
 
-RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s) const {
+RegionLayout region_layout(const LayerIR& ir, BufferRole role, CallForm form, ProblemShape s) {
+  check_problem_size(s.T, s.N);
   RegionLayout l;
-  const auto slots = region_slots(ir_, role, form);
+  const auto slots = region_slots(ir, role, form);
   std::vector<ByteFormula> formulas;
   for (const auto& sl : slots) formulas.push_back(sl.second);
-  const auto offsets = slot_offsets(formulas, s.T, s.N, ir_.spec.chunk);
-  for (size_t i = 0; i < slots.size(); ++i) l.offset[slots[i].first] = offsets[i];
+  const auto offsets = slot_offsets(formulas, s.T, s.N, ir.spec.chunk);
+  for (size_t i = 0; i < slots.size(); ++i) {
+    l.offset[slots[i].first] = offsets[i];
+    l.size[slots[i].first] = static_cast<size_t>(slots[i].second.eval(s.T, s.N, ir.spec.chunk));
+  }
   // Buffers living in another slot's bytes are listed at their host's offset.
-  for (const Buffer& b : ir_.buffers) {
+  for (const Buffer& b : ir.buffers) {
     if (b.role != role || b.lives_in.empty()) continue;
     if (std::find(b.forms.begin(), b.forms.end(), form) == b.forms.end()) continue;
     std::string host = b.lives_in;
-    while (!ir_.buffer(host).lives_in.empty()) host = ir_.buffer(host).lives_in;
+    while (!ir.buffer(host).lives_in.empty()) host = ir.buffer(host).lives_in;
     l.offset[b.name] = l.offset.at(host);
+    l.size[b.name] = static_cast<size_t>(b.bytes.eval(s.T, s.N, ir.spec.chunk));
   }
   l.bytes = offsets.back();
   return l;
+}
+
+RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s) const {
+  return gdn::region_layout(ir_, role, form, s);
 }
 
 namespace {

@@ -111,11 +111,18 @@ class Workspace {
 enum class OutputNeeded { yes, no };
 enum class HandOff { taken, not_taken };
 
-/// Byte offsets of the named slots of one region (256-byte aligned).
+/// Byte offsets of the named slots of one region (256-byte aligned), and each buffer's own bytes
+/// (a buffer living in another slot's bytes is listed at that slot's offset).
 struct RegionLayout {
   std::map<std::string, size_t> offset;
+  std::map<std::string, size_t> size;
   size_t bytes = 0;
 };
+
+/// The saved region (CallForm::forward) or a call form's workspace of a lowered layer for one
+/// problem shape: a function of the IR alone, so it needs no GPU. Throws InputError for an invalid
+/// shape.
+RegionLayout region_layout(const LayerIR&, BufferRole, CallForm, ProblemShape);
 
 class Layer {
  public:

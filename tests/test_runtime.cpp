@@ -5,6 +5,7 @@
  *        re-run (recorded launches, no GPU).
  */
 #include "tests/launch_recorder.hpp"
+#include "runtime/gdn.h"
 
 #include <doctest/doctest.h>
 
@@ -322,5 +323,76 @@ TEST_SUITE("runtime") {
     r.out.o = nullptr;
     CHECK_NOTHROW(r.recompute(nullptr, OutputNeeded::no));
     CHECK_THROWS_WITH_AS(r.recompute(nullptr, OutputNeeded::yes), "o: is null", InputError);
+  }
+
+  // The C ABI's layout query needs only the spec: it must describe exactly the regions a layer
+  // sizes and binds (the layer's own layouts and byte counts) for every region and call form.
+  TEST_CASE("gdn_spec_region_layout gives the layer's regions from the spec alone") {
+    for (const char* name : {"n", "m"})
+      for (const SaveMode mode : {SaveMode::light, SaveMode::full})
+        for (const bool fused : {false, true}) {
+          if (fused && mode == SaveMode::full) continue;  // the fused forward takes light saves only
+          Spec spec = example(name);
+          spec.save_mode = mode;
+          if (fused) spec.forward = ForwardPath::fused;
+          CAPTURE(name);
+          CAPTURE(static_cast<int>(mode));
+          CAPTURE(fused);
+          const std::string json = to_json(spec).dump();
+          auto layer = Layer::with_launcher(spec, std::make_shared<testing::RecordingLauncher>());
+          const ProblemShape shape{10000, 7};
+          for (int region : {GDN_REGION_SAVED, GDN_REGION_WORKSPACE})
+            for (int form : {GDN_FORWARD, GDN_RECOMPUTE, GDN_BACKWARD}) {
+              if (region == GDN_REGION_SAVED && form != GDN_FORWARD) continue;
+              CAPTURE(region);
+              CAPTURE(form);
+              const CallForm f = form == GDN_FORWARD     ? CallForm::forward
+                                 : form == GDN_RECOMPUTE ? CallForm::recompute
+                                                         : CallForm::backward;
+              const RegionLayout want =
+                  region == GDN_REGION_SAVED ? layer->saved_layout(shape) : layer->workspace_layout(f, shape);
+              const size_t want_total =
+                  region == GDN_REGION_SAVED ? layer->saved_bytes(shape) : layer->workspace_bytes(f, shape);
+              size_t count = 0, total = 0;
+              REQUIRE(gdn_spec_region_layout(json.c_str(), region, form, shape.T, shape.N, nullptr, 0, &count,
+                                             &total) == GDN_OK);
+              CHECK(count == want.offset.size());
+              CHECK(total == want_total);
+              std::vector<gdn_slot> slots(count);
+              REQUIRE(gdn_spec_region_layout(json.c_str(), region, form, shape.T, shape.N, slots.data(), slots.size(),
+                                             &count, nullptr) == GDN_OK);
+              uint64_t end_of_previous = 0, previous_offset = 0;
+              for (const gdn_slot& sl : slots) {
+                CAPTURE(sl.name);
+                REQUIRE(want.offset.count(sl.name) == 1);
+                CHECK(sl.offset == want.offset.at(sl.name));
+                CHECK(sl.offset % 256 == 0);
+                CHECK(sl.bytes > 0);
+                CHECK(sl.offset + sl.bytes <= total);
+                CHECK(sl.offset >= previous_offset);  // ordered by offset
+                // A buffer starting where an earlier one ends or later: distinct slots never overlap.
+                if (sl.offset != previous_offset) CHECK(sl.offset >= end_of_previous);
+                end_of_previous = std::max<uint64_t>(end_of_previous, sl.offset + sl.bytes);
+                previous_offset = sl.offset;
+              }
+            }
+        }
+    const std::string json = to_json(example("n")).dump();
+    size_t count = 0;
+    gdn_slot one[1];
+    CHECK(gdn_spec_region_layout(json.c_str(), GDN_REGION_SAVED, 0, 1000, 2, one, 1, &count, nullptr) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()).find("capacity: 1 slots given, the layout has ") == 0);
+    CHECK(gdn_spec_region_layout(json.c_str(), 7, 0, 1000, 2, nullptr, 0, &count, nullptr) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()) == "region: 7 is not a region (0 saved, 1 workspace)");
+    CHECK(gdn_spec_region_layout(json.c_str(), GDN_REGION_WORKSPACE, 9, 1000, 2, nullptr, 0, &count, nullptr) ==
+          GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()).find("form: 9") == 0);
+    CHECK(gdn_spec_region_layout(json.c_str(), GDN_REGION_SAVED, 0, -5, 2, nullptr, 0, &count, nullptr) ==
+          GDN_ERR_INPUT);
+    CHECK(gdn_spec_region_layout(json.c_str(), GDN_REGION_SAVED, 0, 1000, 2, nullptr, 0, nullptr, nullptr) ==
+          GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()) == "count: is null");
+    CHECK(gdn_spec_region_layout(R"({"name":"x","heads":{"qk":2,"v":6},"chunk":48})", GDN_REGION_SAVED, 0, 1000, 2,
+                                 nullptr, 0, &count, nullptr) == GDN_ERR_SPEC);
   }
 }

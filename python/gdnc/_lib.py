@@ -101,8 +101,9 @@ def _declare(lib):
     lib.gdn_layer_recompute.argtypes = inputs + [i32, p, p, p, sz, p, p, c.POINTER(i32)]
     lib.gdn_layer_backward_ws.argtypes = inputs + [p, p, p, p, p, p, p, p, p, sz, p, p, c.POINTER(i32)]
     lib.gdn_layer_check_status.argtypes = [p, i64, i32, p, p]
+    lib.gdn_spec_region_layout.argtypes = [c.c_char_p, i32, i32, i64, i32, p, sz, c.POINTER(sz), c.POINTER(sz)]
     for name in ("gdn_spec_validate", "gdn_layer_create", "gdn_layer_saved_bytes", "gdn_layer_workspace_bytes",
                  "gdn_workspace_create", "gdn_layer_forward_ws", "gdn_layer_recompute", "gdn_layer_backward_ws",
-                 "gdn_layer_check_status"):
+                 "gdn_layer_check_status", "gdn_spec_region_layout"):
         getattr(lib, name).restype = c.c_int
     del fp

@@ -89,6 +89,37 @@ def validate(spec):
     return json.loads(buf.value.decode())
 
 
+class _Slot(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char * 32), ("offset", ctypes.c_uint64), ("bytes", ctypes.c_uint64)]
+
+
+_REGIONS = {"saved": 0, "workspace": 1}
+_FORMS = {"forward": 0, "recompute": 1, "backward": 2}
+
+
+def region_layout(spec, T, N, region="saved", form="forward"):
+    """The layout of a layer's saved region or of a call form's workspace for T tokens and N
+    documents, from the spec alone (no GPU): {"bytes": total, "buffers": {name: (offset, bytes)}},
+    buffers in offset order. Buffers that reuse another's workspace bytes share its offset."""
+    if region not in _REGIONS:
+        raise InputError(f"region: {excerpt(region)} is not 'saved' or 'workspace'")
+    if form not in _FORMS:
+        raise InputError(f"form: {excerpt(form)} is not 'forward', 'recompute' or 'backward'")
+    for name, value, bits in (("T", T, 63), ("N", N, 31)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(f"{name}: expected an int, got {type(value).__name__}")
+        if not -(1 << bits) <= value < (1 << bits):
+            raise InputError(f"{name}: {excerpt(value)} does not fit a {bits + 1}-bit integer")
+    text = json.dumps(validate(spec))
+    lib = library()
+    count, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    args = (text.encode(), _REGIONS[region], _FORMS[form], T, N)
+    check(lib.gdn_spec_region_layout(*args, None, 0, ctypes.byref(count), ctypes.byref(total)))
+    slots = (_Slot * count.value)()
+    check(lib.gdn_spec_region_layout(*args, slots, count.value, ctypes.byref(count), None))
+    return {"bytes": total.value, "buffers": {s.name.decode(): (s.offset, s.bytes) for s in slots}}
+
+
 def options_key(options):
     """A hashable text of the caller's code options, for caching layers per call."""
     if options is None or isinstance(options, str):

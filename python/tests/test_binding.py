@@ -191,6 +191,34 @@ class SpecTests(unittest.TestCase):
                             initial_state=False, final_state=False)
         self.assertEqual(str(e.exception), "/head_dim/k: 96 is not supported (supported: 128)")
 
+    def test_region_layouts_come_from_the_spec_without_a_gpu(self):
+        spec = gdnc.build_spec(None, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128, l2norm=True,
+                               initial_state=True, final_state=True)
+        saved = gdnc.region_layout(spec, 10000, 3)
+        # light saves keep the chunk table, the normalized q/k with their rstd, gc and Tm
+        for name in ("chunks", "qn", "kn", "rstd_q", "rstd_k", "gc", "tm"):
+            self.assertIn(name, saved["buffers"])
+        self.assertEqual(saved["buffers"]["tm"][1], 10000 * 6 * 64 * 2)
+        offsets = [off for off, _ in saved["buffers"].values()]
+        self.assertEqual(offsets, sorted(offsets))
+        for off, size in saved["buffers"].values():
+            self.assertEqual(off % 256, 0)
+            self.assertLessEqual(off + size, saved["bytes"])
+        full = gdnc.region_layout(dict(spec, save_mode="full"), 10000, 3)
+        self.assertIn("h_tape", full["buffers"])
+        self.assertGreater(full["bytes"], saved["bytes"])
+        bwd = gdnc.region_layout(spec, 10000, 3, region="workspace", form="backward")
+        self.assertIn("h_tape", bwd["buffers"])
+        for bad, message in (({"region": "scratch"}, "region: 'scratch' is not"),
+                             ({"form": "step"}, "form: 'step' is not"),
+                             ({"N": 2.0}, "N: expected an int, got float"),
+                             ({"T": 1 << 70}, "T: 1180591620717411303424 does not fit a 64-bit integer"),
+                             ({"T": -1}, "T")):
+            args = dict({"T": 10000, "N": 3}, **bad)
+            with self.assertRaises(gdnc.InputError) as e:
+                gdnc.region_layout(spec, args.pop("T"), args.pop("N"), **args)
+            self.assertTrue(str(e.exception).startswith(message), str(e.exception))
+
     def test_intra_card_segments_are_a_code_option(self):
         s = gdnc.build_spec({"cp": {"ranks": 1, "segments": 8}}, heads_qk=2, heads_v=8, head_dim_k=128,
                             head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
