@@ -326,7 +326,8 @@ TEST_SUITE("gpu_prep") {
             }
           }
         const double rel = std::sqrt(num / den);
-        MESSAGE(std::string(example) << " variant " << variant << ": Tm rel-RMS " << rel << ", " << bad << " elements off");
+        MESSAGE(std::string(example) << " variant " << variant << ": Tm rel-RMS " << rel << ", " << bad
+                                     << " elements off");
         CHECK(bad == 0);
         CHECK(upper_nonzero == 0);
         CHECK(rel < 2e-3);
