@@ -162,21 +162,23 @@ LayerIR lower(const Spec& spec_in) {
   const int segments = s.cp_segments;
   const std::pair<std::string, std::string> seg_constant{"SEGMENTS", std::to_string(segments)};
   const std::pair<std::string, std::string> seg_min_constant{"SEG_MIN_CHUNKS", std::to_string(ir.seg_min_chunks)};
+  // Every program that walks or merges segments reads the same two constants.
+  auto add_segment_constants = [&] {
+    ir.programs.back().constants.push_back(seg_constant);
+    ir.programs.back().constants.push_back(seg_min_constant);
+  };
   if (segments > 1) {
     add("walk_prescan", "fwd/state_walk.cuh", "StateWalkPrescan", "StateWalkParams", StateWalkGeometry::kThreads,
         StateWalkGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk_prescan, ir.walk_bv);
-    ir.programs.back().constants.push_back(seg_constant);
-    ir.programs.back().constants.push_back(seg_min_constant);
+    add_segment_constants();
     add("walk_merge", "fwd/walk_merge.cuh", "WalkMerge", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
-    ir.programs.back().constants.push_back(seg_constant);
-    ir.programs.back().constants.push_back(seg_min_constant);
+    add_segment_constants();
   }
   add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
       StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), segments > 1 ? GridKind::walk_segments : GridKind::walk,
       ir.walk_bv);
-  ir.programs.back().constants.push_back(seg_constant);
-  ir.programs.back().constants.push_back(seg_min_constant);
+  add_segment_constants();
   const bool fused = s.forward == ForwardPath::fused;
   if (fused) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
@@ -198,19 +200,16 @@ LayerIR lower(const Spec& spec_in) {
         StateWalkBwdGeometry::threads(ir.walk_bwd_bv),
         StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bwd_bv), GridKind::walk_prescan, ir.walk_bwd_bv,
         StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
-    ir.programs.back().constants.push_back(seg_constant);
-    ir.programs.back().constants.push_back(seg_min_constant);
+    add_segment_constants();
     add("walk_merge_bwd", "fwd/walk_merge.cuh", "WalkMergeBwd", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
-    ir.programs.back().constants.push_back(seg_constant);
-    ir.programs.back().constants.push_back(seg_min_constant);
+    add_segment_constants();
   }
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
       StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
       segments > 1 ? GridKind::walk_segments : GridKind::walk, ir.walk_bwd_bv,
       StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
-  ir.programs.back().constants.push_back(seg_constant);
-  ir.programs.back().constants.push_back(seg_min_constant);
+  add_segment_constants();
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
       ChunkBwdGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.

@@ -255,8 +255,8 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, chunks, b.slot("chunks"));
     GDN_BIND(l, P, nt_max, b.nt_max());
   }
+  bind_chunk_solve(b, k);
   if (ir.spec.forward == ForwardPath::fused) {
-    bind_chunk_solve(b, k);
     if (output == OutputLaunch::no) {  // the tapes for a hand-off; ht stays the forward's
       bind_chunk_prep(b, k);
       bind_state_walk(b, ir, k, b.constant(0));
@@ -279,7 +279,6 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, o, b.frame(F::o));
     return plan;
   }
-  bind_chunk_solve(b, k);
   bind_chunk_prep(b, k);
   bind_state_walk(b, ir, k, b.frame(F::ht));
   if (output == OutputLaunch::yes) {

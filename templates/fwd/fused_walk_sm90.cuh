@@ -230,18 +230,20 @@ struct FusedWalkSm90 {
     const int tq = (lane & 3) * 2;
     const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;  // this thread's slab columns (M rows)
 
-    // S^T: element (v, k) at S[4 i + 2 h + e] for v = v_lo (h = 0) or v_hi (h = 1), k = 8 i + tq + e.
+    // S^T: element (v, k) at S[4 i + 2 h + e] for v = v_lo (h = 0) or v_hi (h = 1), k = 8 i + tq + e;
+    // for_state visits each with its offset in a [K, V] state of this (document, value head).
     float S[64];
     const long long state_base = ((long long)n * HV + j) * K * V + v0;
+    auto for_state = [&](auto&& f) {
 #pragma unroll
-    for (int i = 0; i < K / 8; ++i)
+      for (int i = 0; i < K / 8; ++i)
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int v = h ? v_hi : v_lo, k = 8 * i + tq + e;
-          S[4 * i + 2 * h + e] = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[state_base + (long long)k * V + v] : 0.f;
-        }
+          for (int e = 0; e < 2; ++e)
+            f(S[4 * i + 2 * h + e], state_base + (long long)(8 * i + tq + e) * V + (h ? v_hi : v_lo));
+    };
+    for_state([&](float& s, long long at) { s = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[at] : 0.f; });
 
     const u32 p_addr = wg::smem_u32(smem + kOffP), vec = wg::smem_u32(smem + kOffVec);
     const float scale = p.scale;
@@ -386,17 +388,7 @@ struct FusedWalkSm90 {
       pipe::mbar_arrive(empty + s);
     }
 
-    if (Cfg::HAS_HT && p.ht != nullptr) {
-#pragma unroll
-      for (int i = 0; i < K / 8; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int v = h ? v_hi : v_lo, k = 8 * i + tq + e;
-            p.ht[state_base + (long long)k * V + v] = S[4 * i + 2 * h + e];
-          }
-    }
+    if (Cfg::HAS_HT && p.ht != nullptr) for_state([&](float& s, long long at) { p.ht[at] = s; });
   }
 };
 
