@@ -15,13 +15,21 @@ struct GateCumsum {
   static_assert(Cfg::CHUNK == 64, "GateCumsum: one warp scans a 64-token chunk, two tokens per lane");
 
   __device__ static void run(const GateCumsumParams& p) {
+    // The chunk's [64 x kHeadsPerBlock] gates pass through shared memory so that global reads and
+    // writes are whole 32-byte row pieces (a warp per head read one float per 192-byte row).
+    constexpr int NH = GateCumsumGeometry::kHeadsPerBlock, C = Cfg::CHUNK, kPitch = NH + 1;
+    __shared__ float tile[C * kPitch];
     const ChunkInfo c = p.chunks[blockIdx.x];
-    const int j = blockIdx.y * GateCumsumGeometry::kHeadsPerBlock + threadIdx.x / 32;
-    if (c.len == 0 || j >= Cfg::HV) return;
-    const int lane = threadIdx.x % 32;
+    if (c.len == 0) return;
+    const int j0 = blockIdx.y * NH;
+    for (int i = threadIdx.x; i < C * NH; i += GateCumsumGeometry::kThreads) {
+      const int t = i / NH, h = i % NH;
+      tile[t * kPitch + h] = t < c.len && j0 + h < Cfg::HV ? p.g[static_cast<long long>(c.start + t) * Cfg::HV + j0 + h] : 0.f;
+    }
+    __syncthreads();
+    const int h = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int i0 = 2 * lane, i1 = 2 * lane + 1;
-    const float a = i0 < c.len ? p.g[static_cast<long long>(c.start + i0) * Cfg::HV + j] : 0.f;
-    const float b = i1 < c.len ? p.g[static_cast<long long>(c.start + i1) * Cfg::HV + j] : 0.f;
+    const float a = tile[i0 * kPitch + h], b = tile[i1 * kPitch + h];
     const float pair = a + b;
     float incl = pair;
 #pragma unroll
@@ -30,8 +38,13 @@ struct GateCumsum {
       if (lane >= o) incl += up;
     }
     const float before = incl - pair;
-    if (i0 < c.len) p.gc[static_cast<long long>(c.start + i0) * Cfg::HV + j] = (before + a) * kRcpLn2;
-    if (i1 < c.len) p.gc[static_cast<long long>(c.start + i1) * Cfg::HV + j] = (before + a + b) * kRcpLn2;
+    tile[i0 * kPitch + h] = (before + a) * kRcpLn2;
+    tile[i1 * kPitch + h] = (before + a + b) * kRcpLn2;
+    __syncthreads();
+    for (int i = threadIdx.x; i < C * NH; i += GateCumsumGeometry::kThreads) {
+      const int t = i / NH, hh = i % NH;
+      if (t < c.len && j0 + hh < Cfg::HV) p.gc[static_cast<long long>(c.start + t) * Cfg::HV + j0 + hh] = tile[t * kPitch + hh];
+    }
   }
 };
 
