@@ -35,12 +35,13 @@ std::string_view to_string(BufferRole r) {
   return "?";
 }
 
-static std::string_view to_string(GridKind g) {
+static std::string to_string(GridKind g) {
   switch (g) {
     case GridKind::single: return "(1, 1, 1)";
-    case GridKind::rows_qk: return "(ceil(T*H / 8), 1, 1)";
+    case GridKind::rows_qk: return fmt::format("(ceil(T*H / {}), 1, 1)", L2NormGeometry::kRowsPerBlock);
     case GridKind::chunk_heads: return "(NT, HV, 1)";
-    case GridKind::chunk_head_groups: return "(NT, ceil(HV / 4), 1)";
+    case GridKind::chunk_qk_heads: return "(NT, H, 1)";
+    case GridKind::chunk_head_groups: return fmt::format("(NT, ceil(HV / {}), 1)", GateCumsumGeometry::kHeadsPerBlock);
     case GridKind::walk: return "(V / BV, HV, N)";
     case GridKind::walk_segments: return "(V / BV, HV, N * segments)";
     case GridKind::walk_prescan: return "((V + K) / BV, HV, N * segments)";
@@ -154,7 +155,8 @@ LayerIR lower(const Spec& spec_in) {
   add("gate_cumsum", "prep/gate_cumsum.cuh", "GateCumsum", "GateCumsumParams", GateCumsumGeometry::kThreads,
       GateCumsumGeometry::smem_bytes(), GridKind::chunk_head_groups);
   add("chunk_solve", "fwd/chunk_solve.cuh", "ChunkSolve", "ChunkSolveParams", ChunkSolveGeometry::kThreads,
-      ChunkSolveGeometry::kSmemBytes, GridKind::chunk_heads, 0, ChunkSolveGeometry::kMinBlocks);
+      ChunkSolveGeometry::smem_bytes(s.heads_v / s.heads_qk), GridKind::chunk_qk_heads, 0,
+      ChunkSolveGeometry::kMinBlocks);
   add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
       ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, ChunkPrepGeometry::kMinBlocks);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which

@@ -136,7 +136,7 @@ TEST_SUITE("ir") {
     spec.forward = gdn::ForwardPath::fused;
     const auto fused = gdn::lower(spec);
     const gdn::Program& solve = fused.program("chunk_solve");
-    CHECK(solve.grid == gdn::GridKind::chunk_heads);
+    CHECK(solve.grid == gdn::GridKind::chunk_qk_heads);
     // 8 blocks per SM: 8 x (shared memory + the driver's 1 KB per block) within the H200's 228 KB.
     CHECK(solve.min_blocks_per_sm == 8);
     CHECK(8 * (solve.smem_bytes + 1024) <= 228 * 1024);

@@ -29,8 +29,9 @@ struct ChunkPrepGeometry {
   static constexpr int smem_bytes(int K, int V, int chunk) { return off_beta(K, V, chunk) + chunk * 4; }
 };
 
-/// The forward's solve (ChunkSolve, F2): one block per (chunk, value head). 4 warps and 27,296 bytes, so
-/// 8 blocks (32 warps) share an SM and hide each other's load and FMA-chain latencies.
+/// The forward's solve (ChunkSolve, F2): one block per (chunk, q/k head), which solves the G value
+/// heads that share its K K^T one after another. 4 warps and 26,784 bytes (G <= 5), so 8 blocks (32
+/// warps) share an SM and hide each other's load and latencies.
 struct ChunkSolveGeometry {
   static constexpr int kThreads = 128;
   static constexpr int kMinBlocks = 8;  ///< __launch_bounds__: 64 registers
@@ -45,9 +46,12 @@ struct ChunkSolveGeometry {
   static constexpr int kOffL = 0;
   static constexpr int kOffP = 10 * kBlockFloats * 4;
   static constexpr int kOffT = kChunk * kK * 2;  ///< Tm's ten lower blocks
-  static constexpr int kOffG = kOffT + 10 * kBlockFloats * 4;
-  static constexpr int kOffBeta = kOffG + kChunk * 4;
-  static constexpr int kSmemBytes = kOffBeta + kChunk * 4;
+  static constexpr int kEnd = kOffT + 10 * kBlockFloats * 4;
+  /// gc then beta of the block's G value heads, [G][64] each, written once K K^T is formed: in
+  /// the K tile's bytes after L and the merge scratch while they fit (G <= 5), else after Tm.
+  static constexpr int kOffSpare = kOffP + 3 * kBlockFloats * 4;
+  static constexpr int off_g(int G) { return kOffSpare + 2 * G * kChunk * 4 <= kOffT ? kOffSpare : kEnd; }
+  static constexpr int smem_bytes(int G) { return off_g(G) == kEnd ? kEnd + 2 * G * kChunk * 4 : kEnd; }
   static_assert(kOffP + 3 * kBlockFloats * 4 <= kOffT, "L and the merge scratch must fit in the K tile's bytes");
 };
 
