@@ -40,7 +40,6 @@ static std::string to_string(GridKind g) {
     case GridKind::single: return "(1, 1, 1)";
     case GridKind::rows_qk: return fmt::format("(ceil(T*H / {}), 1, 1)", L2NormGeometry::kRowsPerBlock);
     case GridKind::chunk_heads: return "(NT, HV, 1)";
-    case GridKind::chunk_qk_heads: return "(NT, H, 1)";
     case GridKind::chunk_head_groups: return fmt::format("(NT, ceil(HV / {}), 1)", GateCumsumGeometry::kHeadsPerBlock);
     case GridKind::walk: return "(V / BV, HV, N)";
     case GridKind::walk_segments: return "(V / BV, HV, N * segments)";
@@ -155,8 +154,7 @@ LayerIR lower(const Spec& spec_in) {
   add("gate_cumsum", "prep/gate_cumsum.cuh", "GateCumsum", "GateCumsumParams", GateCumsumGeometry::kThreads,
       GateCumsumGeometry::smem_bytes(), GridKind::chunk_head_groups);
   add("chunk_solve", "fwd/chunk_solve.cuh", "ChunkSolve", "ChunkSolveParams", ChunkSolveGeometry::kThreads,
-      ChunkSolveGeometry::smem_bytes(s.heads_v / s.heads_qk), GridKind::chunk_qk_heads, 0,
-      ChunkSolveGeometry::kMinBlocks);
+      ChunkSolveGeometry::kSmemBytes, GridKind::chunk_heads, 0, ChunkSolveGeometry::kMinBlocks);
   add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
       ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, ChunkPrepGeometry::kMinBlocks);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
@@ -184,11 +182,11 @@ LayerIR lower(const Spec& spec_in) {
   const bool fused = s.forward == ForwardPath::fused;
   if (fused) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
-    // warpgroup to the walking one, which needs the entry's count pinned (128 = two blocks per SM).
+    // and scoring warpgroups to the walking ones, which needs the entry's count pinned (128 = 512
+    // threads, one block per SM).
     const bool wgmma = s.tensor_cores == TensorCores::automatic;
     add("fused_walk", "fwd/fused_walk.cuh", "FusedWalk", "FusedWalkParams", FusedWalkGeometry::kThreads,
-        FusedWalkGeometry::smem_bytes(K, C), GridKind::walk, FusedWalkGeometry::kBV,
-        wgmma ? 1 : FusedWalkGeometry::kMinBlocks);
+        FusedWalkGeometry::smem_bytes(K, C), GridKind::walk, FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
     ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
     if (wgmma) ir.programs.back().max_registers = 65536 / (FusedWalkGeometry::kThreads * FusedWalkGeometry::kMinBlocks);
   } else

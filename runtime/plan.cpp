@@ -93,7 +93,6 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
     case GridKind::single: return {one, one, one};
     case GridKind::rows_qk: return {Lin{s.heads_qk, 0, 0, 0, L2NormGeometry::kRowsPerBlock}, one, one};
     case GridKind::chunk_heads: return {Lin{0, 0, 1, 0, 1}, heads, one};
-    case GridKind::chunk_qk_heads: return {Lin{0, 0, 1, 0, 1}, Lin{0, 0, 0, s.heads_qk, 1}, one};
     case GridKind::chunk_head_groups:
       return {Lin{0, 0, 1, 0, 1}, Lin{0, 0, 0, GateCumsumGeometry::grid_y(s.heads_v), 1}, one};
     case GridKind::walk:
@@ -153,7 +152,7 @@ class Builder {
 #define GDN_BIND(L, P, field, src) \
   (L).fields.push_back(Field{static_cast<uint32_t>(offsetof(P, field)), sizeof(P::field), (src)})
 
-/// Tm = (I + L)^-1 per (chunk, value head), the forward's solve (a block per chunk and q/k head).
+/// Tm = (I + L)^-1 per (chunk, value head), the forward's solve.
 void bind_chunk_solve(Builder& b, const ValueSource& k) {
   auto& l = b.launch("chunk_solve", sizeof(ChunkSolveParams));
   using P = ChunkSolveParams;

@@ -165,7 +165,7 @@ TEST_SUITE("compile") {
     }
   }
 
-  TEST_CASE("the fused forward walk compiles for every target without spills, two blocks per SM") {
+  TEST_CASE("the fused forward walk compiles for every target without spills, one 512-thread block per SM") {
     auto spec = example("m");
     spec.forward = gdn::ForwardPath::fused;
     const gdn::Program p = gdn::lower(spec).program("fused_walk");
@@ -173,8 +173,8 @@ TEST_SUITE("compile") {
       INFO(gdn::to_string(t));
       const auto c = gdn::nvrtc_compile(p, t, gdn::generate_source(p));
       CHECK(c.spill_store_bytes == 0);
-      CHECK(c.registers <= 65536 / (2 * p.threads));  // pinned at 128 (__maxnreg__) for setmaxnreg
-      CHECK(2 * p.smem_bytes <= 227 * 1024);
+      CHECK(c.registers <= 65536 / p.threads);  // pinned at 128 (__maxnreg__) for setmaxnreg
+      CHECK(p.smem_bytes <= 227 * 1024);
     }
   }
 

@@ -136,7 +136,7 @@ TEST_SUITE("ir") {
     spec.forward = gdn::ForwardPath::fused;
     const auto fused = gdn::lower(spec);
     const gdn::Program& solve = fused.program("chunk_solve");
-    CHECK(solve.grid == gdn::GridKind::chunk_qk_heads);
+    CHECK(solve.grid == gdn::GridKind::chunk_heads);
     // 8 blocks per SM: 8 x (shared memory + the driver's 1 KB per block) within the H200's 228 KB.
     CHECK(solve.min_blocks_per_sm == 8);
     CHECK(8 * (solve.smem_bytes + 1024) <= 228 * 1024);
@@ -145,11 +145,13 @@ TEST_SUITE("ir") {
     CHECK(fw.grid == gdn::GridKind::walk);
     CHECK(constant_of(fw, "BV") == std::to_string(gdn::FusedWalkGeometry::kBV));
     // tensor_cores "auto": the sm_90a body rebalances registers with setmaxnreg, so the entry pins
-    // 128 (two blocks per SM) instead of bounding them; "mma_sync" keeps __launch_bounds__(256, 2).
+    // 128 (512 threads, one block per SM) instead of bounding them; "mma_sync" keeps
+    // __launch_bounds__(512, 1).
     CHECK(constant_of(fw, "WGMMA") == "true");
+    CHECK(fw.threads == 512);
     CHECK(fw.max_registers == 128);
     CHECK(fw.min_blocks_per_sm == 1);
-    CHECK(2 * fw.smem_bytes <= 227 * 1024);
+    CHECK(fw.smem_bytes <= 227 * 1024);
     {
       auto portable = spec;
       portable.tensor_cores = gdn::TensorCores::mma_sync;
@@ -157,7 +159,7 @@ TEST_SUITE("ir") {
       const gdn::Program& pw = portable_ir.program("fused_walk");
       CHECK(constant_of(pw, "WGMMA") == "false");
       CHECK(pw.max_registers == 0);
-      CHECK(pw.min_blocks_per_sm == 2);
+      CHECK(pw.min_blocks_per_sm == 1);
     }
     auto launches = [&](gdn::CallForm f) {
       std::vector<std::string> out;

@@ -81,11 +81,12 @@ using gdn::cp_async_wait;
 /// become zero so later products never read stale (possibly NaN) shared memory.
 template <int THREADS>
 __device__ __forceinline__ void tile_to_smem_async(bf16_t* dst, int ld, const bf16_t* src, long long src_stride,
-                                                   int rows, int cols, int valid) {
+                                                   int rows, int cols, int valid, int first = -1) {
   // Unsigned index arithmetic: rows and cols are constants at every call, and unsigned / and %
   // by them become shifts and masks without sign fix-ups.
   const unsigned per_row = static_cast<unsigned>(cols) / 8u;
-  for (unsigned i = threadIdx.x; i < static_cast<unsigned>(rows) * per_row; i += THREADS) {
+  if (first < 0) first = threadIdx.x;  // block-wide by default; a part of the block passes its own index
+  for (unsigned i = first; i < static_cast<unsigned>(rows) * per_row; i += THREADS) {
     const int r = static_cast<int>(i / per_row), c8 = static_cast<int>(i % per_row) * 8;
     const bool ok = r < valid;
     cp_async16(dst + r * ld + c8, ok ? src + r * src_stride + c8 : src, ok);

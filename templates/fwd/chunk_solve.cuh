@@ -3,8 +3,7 @@
  * @brief Forward stage F2 per (chunk, value head): L = tril1(diag(beta)(K K^T) .* Dec) and
  *        Tm = (I + L)^-1 by the 16 x 16 block method (ALGORITHM F2: forward substitution inside
  *        the diagonal blocks in fp32, then the block merge), written as bf16 for chunk_prep (W, U),
- *        the fused walk and the backward. A block serves one (chunk, q/k head): K K^T is formed
- *        once and stays in registers while the G value heads that share it are solved in turn.
+ *        the fused walk and the backward.
  *
  * The kernel is bound by the shared-memory pipe, not by arithmetic, so it is built around the
  * bytes each warp reads (one wavefront moves 128 bytes; a warp's 16-byte load always costs four):
@@ -71,7 +70,7 @@ struct ChunkSolve {
     extern __shared__ __align__(16) unsigned char smem[];
     const ChunkBlock at = chunk_block(p.chunks);
     if (at.len == 0) return;
-    const int len = at.len, hq = at.head;
+    const int len = at.len, j = at.head, hq = j / G;
     const long long t0 = at.start;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
@@ -79,9 +78,8 @@ struct ChunkSolve {
     float* sL = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffL);
     float* sP = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffP);
     float* sT = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffT);
-    constexpr int kOffG = ChunkSolveGeometry::off_g(G);
-    float* sg = reinterpret_cast<float*>(smem + kOffG);
-    float* sb = sg + G * C;
+    float* sg = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffG);
+    float* sb = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffBeta);
 
     {
       // Thread tid copies piece tid % 16 of rows tid / 16 + 8 i: the rows' swizzle (r % 8) is the
@@ -98,66 +96,29 @@ struct ChunkSolve {
       }
       cp_async_commit();
     }
-    // gc and beta of the G value heads (adjacent in memory: coalesced), held in registers until
-    // K K^T is formed, since they may take the K tile's last bytes.
-    constexpr int kScalars = (C * G + kThreads - 1) / kThreads;
-    float gcv[kScalars], bv[kScalars];
-#pragma unroll
-    for (int i = 0; i < kScalars; ++i) {
-      const int x = tid + i * kThreads, t = x / G, g = x % G;
-      const bool ok = x < C * G && t < len;
-      gcv[i] = ok ? p.gc[(t0 + t) * HV + hq * G + g] : 0.f;
-      bv[i] = ok ? p.beta[(t0 + t) * HV + hq * G + g] : 0.f;
+    if (tid < C) {
+      const bool ok = tid < len;
+      sg[tid] = ok ? p.gc[(t0 + tid) * HV + j] : 0.f;
+      sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
     }
     cp_async_wait<0>();
     __syncthreads();
 
-    float acc[4][2][4];
-    switch (warp) {
-      case 0: gram_row<0>(sK, acc, lane); break;
-      case 1: gram_row<1>(sK, acc, lane); break;
-      case 2: gram_row<2>(sK, acc, lane); break;
-      default: gram_row<3>(sK, acc, lane); break;
-    }
-    __syncthreads();  // every warp is done reading K: L, the scratch and the scalars take its bytes
-#pragma unroll
-    for (int i = 0; i < kScalars; ++i) {
-      const int x = tid + i * kThreads, t = x / G, g = x % G;
-      if (x < C * G) {
-        sg[g * C + t] = gcv[i];
-        sb[g * C + t] = bv[i];
-      }
-    }
+    gram_to_l(sK, sL, sg, sb, len, warp, lane);
+    diagonal_blocks(sL, sT, warp, lane);
+    __syncthreads();
+    // Column 0 (three steps) on warps 0-1, columns 1 then 2 (two steps, one) on warps 2-3; each
+    // warp owns 8 rows of the column's blocks.
     const int half = warp & 1;
     const Fragments frag(8 * half, lane);
-#pragma unroll 1
-    for (int g = 0; g < G; ++g) {
-      // Every warp reaches the same block barriers (bar.sync from per-warp code paths would be
-      // divergent barriers, which compute-sanitizer's synccheck rejects). This one publishes the
-      // scalars, then orders the last head's Tm reads (store_tm) before the next substitution.
-      __syncthreads();
-      const float* gg = sg + g * C;
-      const float* bg = sb + g * C;
-      switch (warp) {
-        case 0: l_row<0>(acc, sL, gg, bg, len, lane); break;
-        case 1: l_row<1>(acc, sL, gg, bg, len, lane); break;
-        case 2: l_row<2>(acc, sL, gg, bg, len, lane); break;
-        default: l_row<3>(acc, sL, gg, bg, len, lane); break;
-      }
-      __syncthreads();
-      diagonal_blocks(sL, sT, warp, lane);
-      __syncthreads();
-      // Column 0 (three steps) on warps 0-1, columns 1 then 2 (two steps, one) on warps 2-3; each
-      // warp owns 8 rows of the column's blocks.
-      if (warp < 2) {
-        merge_column<0>(sL, sT, sP, half, frag, [] { named_sync<1>(); });
-      } else {
-        merge_column<1>(sL, sT, sP, half, frag, [] { named_sync<2>(); });
-        merge_column<2>(sL, sT, sP, half, frag, [] { named_sync<2>(); });
-      }
-      __syncthreads();
-      store_tm(sT, p.tm + (t0 * HV + hq * G + g) * C, len);
+    if (warp < 2) {
+      merge_column<0>(sL, sT, sP, half, frag, [] { named_sync<1>(); });
+    } else {
+      merge_column<1>(sL, sT, sP, half, frag, [] { named_sync<2>(); });
+      merge_column<2>(sL, sT, sP, half, frag, [] { named_sync<2>(); });
     }
+    __syncthreads();
+    store_tm(sT, p.tm + (t0 * HV + j) * C, len);
   }
 
  private:
@@ -274,6 +235,27 @@ struct ChunkSolve {
         }
       }
     }
+  }
+
+  /// Every warp reaches the same two block barriers: bar.sync from per-warp code paths would be
+  /// divergent barriers (compute-sanitizer's synccheck rejects them).
+  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
+                                   int lane) {
+    float acc[4][2][4];
+    switch (warp) {
+      case 0: gram_row<0>(sK, acc, lane); break;
+      case 1: gram_row<1>(sK, acc, lane); break;
+      case 2: gram_row<2>(sK, acc, lane); break;
+      default: gram_row<3>(sK, acc, lane); break;
+    }
+    __syncthreads();  // every warp is done reading K; L takes its bytes
+    switch (warp) {
+      case 0: l_row<0>(acc, sL, sg, sb, len, lane); break;
+      case 1: l_row<1>(acc, sL, sg, sb, len, lane); break;
+      case 2: l_row<2>(acc, sL, sg, sb, len, lane); break;
+      default: l_row<3>(acc, sL, sg, sb, len, lane); break;
+    }
+    __syncthreads();
   }
 
   /// The four diagonal blocks by forward substitution: warps 0-1, half-warp per block, lane c of

@@ -15,10 +15,12 @@
  * Tm is chunk_prep's gated inverse (read back, bf16), so the backward's tapes, which the separate
  * programs recompute from the same Tm, kn and gc, keep their bits; only o changes its roundings.
  *
- * Warps: 8. Warp w owns state rows 16 w .. +15 (all BV columns) for the state update, and chunk
- * rows 16 (w % 4) .. +15 with column half w / 4 of the slab for X, V' and O; both warps of a row
- * block compute its gated Q K^T (the same bits), as the output program does. Portable mma.sync:
- * every target runs it.
+ * A block of 16 warps runs two independent halves, one per 64-column slab of its 128 V columns,
+ * each with its own shared memory and named barrier (the grid and threads of the sm_90a body).
+ * Warps of a half: 8. Warp w owns state rows 16 w .. +15 (all BV columns) for the state update,
+ * and chunk rows 16 (w % 4) .. +15 with column half w / 4 of the slab for X, V' and O; both warps
+ * of a row block compute its gated Q K^T (the same bits), as the output program does. Portable
+ * mma.sync: every target runs it.
  */
 #pragma once
 
@@ -32,17 +34,22 @@ struct FusedWalkMmaSync {
   static_assert(Cfg::K == 128, "FusedWalk supports K == 128 only (8 warps x 16 state rows)");
   static_assert(Cfg::V == 128, "FusedWalk supports V == 128 only");
   static_assert(Cfg::CHUNK == 64, "FusedWalk supports CHUNK == 64 only (4 row blocks of 16 chunk rows)");
-  static_assert(Cfg::BV == FusedWalkGeometry::kBV, "FusedWalk runs in V slabs of FusedWalkGeometry::kBV");
+  static_assert(Cfg::BV == FusedWalkGeometry::kBV, "FusedWalk's blocks hold FusedWalkGeometry::kBV columns");
+  static_assert(Cfg::BV == 2 * FusedWalkGeometry::kSlab, "FusedWalk runs two slabs per block");
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "Cfg::G must equal HV / H");
-  static_assert(FusedWalkGeometry::kThreads == 256, "FusedWalk assumes 8 warps");
+  static_assert(FusedWalkGeometry::kThreads == 2 * FusedWalkGeometry::kHalfThreads &&
+                    FusedWalkGeometry::kHalfThreads == 256,
+                "FusedWalk assumes two halves of 8 warps");
 
-  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G, BV = Cfg::BV;
-  static constexpr int kThreads = FusedWalkGeometry::kThreads;
+  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G;
+  static constexpr int BV = FusedWalkGeometry::kSlab;  ///< the columns of a half
+  static constexpr int kThreads = FusedWalkGeometry::kHalfThreads;
   static constexpr int kHalf = BV / 2;  ///< columns of a warp's half of the slab
   static constexpr int NT = BV / 8;     ///< 8-wide n-tiles of the state's columns
   static constexpr int LDK = FusedWalkGeometry::ld_bf(K), LDS = FusedWalkGeometry::ld_bf(BV);
   static constexpr int LDT = FusedWalkGeometry::ld_bf(C);
   // Offsets as constants: constexpr host functions are not callable from device code under NVRTC.
+  static constexpr int kHalfBytes = FusedWalkGeometry::portable_half_bytes(K, C);
   static constexpr int kOff_q = FusedWalkGeometry::off_q(K, C, BV);
   static constexpr int kOff_k = FusedWalkGeometry::off_k(K, C, BV);
   static constexpr int kOff_v = FusedWalkGeometry::off_v(K, C, BV);
@@ -55,9 +62,12 @@ struct FusedWalkMmaSync {
   static constexpr int kOff_b = FusedWalkGeometry::off_b(K, C, BV);
 
   __device__ static void run(const FusedWalkParams& p) {
-    extern __shared__ __align__(16) unsigned char smem[];
-    const int j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = blockIdx.x * BV;
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const int half = threadIdx.x / kThreads;
+    unsigned char* const smem = smem_raw + half * kHalfBytes;
+    const int j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = blockIdx.x * Cfg::BV + half * BV;
+    const int tid = threadIdx.x % kThreads, warp = tid >> 5, lane = tid & 31;
+    const auto sync = [half] { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + half), "n"(kThreads) : "memory"); };
     const int gr = lane >> 2, tq = (lane & 3) * 2;
     const int rb = warp & 3, c0 = (warp >> 2) * kHalf;
     const int c_begin = p.doc_chunk_offset[n], c_end = p.doc_chunk_offset[n + 1];
@@ -88,7 +98,7 @@ struct FusedWalkMmaSync {
         S[nt][2 * hh + 1] = x.y;
       }
 
-    if (c_begin < c_end) issue_chunk(p, c_begin, smem, j, hq, v0);
+    if (c_begin < c_end) issue_chunk(p, c_begin, smem, j, hq, v0, tid);
     fwd::cp_async_commit();
 
     const float scale = p.scale;
@@ -109,7 +119,7 @@ struct FusedWalkMmaSync {
         sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
       }
       fwd::cp_async_wait<0>();
-      __syncthreads();
+      sync();
 
       const int r_lo = rb * 16 + gr, r_hi = r_lo + 8;
       const float g_lo = sg[r_lo], g_hi = sg[r_hi];
@@ -163,7 +173,7 @@ struct FusedWalkMmaSync {
           O[q][3] *= e_hi;
         }
       }
-      __syncthreads();  // Wf complete: V' mixes every row of it
+      sync();  // Wf complete: V' mixes every row of it
 
       // V' = Tm Wf (Tm is lower triangular: k-blocks 0..rb), then Vn and Vg.
       {
@@ -180,7 +190,7 @@ struct FusedWalkMmaSync {
           *reinterpret_cast<u32*>(sVg + r_hi * LDS + col) = fwd::pack_f2bf(Vp[q][2] * d_hi, Vp[q][3] * d_hi);
         }
       }
-      __syncthreads();  // Vn and Vg complete
+      sync();  // Vn and Vg complete
 
       // O += P Vn (causal k-blocks), scaled, rounded, staged in this warp's part of Q, stored.
 #pragma unroll
@@ -227,8 +237,8 @@ struct FusedWalkMmaSync {
           }
         }
       }
-      __syncthreads();  // every tile of this chunk is free (the O rows left through global stores)
-      if (c + 1 < c_end) issue_chunk(p, c + 1, smem, j, hq, v0);
+      sync();  // every tile of this chunk is free (the O rows left through global stores)
+      if (c + 1 < c_end) issue_chunk(p, c + 1, smem, j, hq, v0, tid);
       fwd::cp_async_commit();
     }
     fwd::cp_async_wait<0>();
@@ -249,17 +259,18 @@ struct FusedWalkMmaSync {
   /// Starts the asynchronous loads of chunk c's Q, K, V slab and Tm (rows past len zero-filled).
   /// Tm needs no masking here: chunk_prep stores its rows < len zero above the diagonal (so also
   /// in the columns >= len), and its rows >= len arrive as zeros.
-  __device__ static void issue_chunk(const FusedWalkParams& p, int c, unsigned char* smem, int j, int hq, int v0) {
+  __device__ static void issue_chunk(const FusedWalkParams& p, int c, unsigned char* smem, int j, int hq, int v0,
+                                     int tid) {
     const ChunkInfo ci = p.chunks[c];
     const long long t0 = ci.start;  // token offsets times heads times K outgrow int
     fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_q), LDK, p.q + (t0 * H + hq) * K,
-                                      (long long)H * K, C, K, ci.len);
+                                      (long long)H * K, C, K, ci.len, tid);
     fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_k), LDK, p.k + (t0 * H + hq) * K,
-                                      (long long)H * K, C, K, ci.len);
+                                      (long long)H * K, C, K, ci.len, tid);
     fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_v), LDS, p.v + (t0 * HV + j) * V + v0,
-                                      (long long)HV * V, C, BV, ci.len);
+                                      (long long)HV * V, C, BV, ci.len, tid);
     fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_t), LDT, p.tm + (t0 * HV + j) * C,
-                                      (long long)HV * C, C, C, ci.len);
+                                      (long long)HV * C, C, C, ci.len, tid);
   }
 };
 

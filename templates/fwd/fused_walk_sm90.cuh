@@ -1,23 +1,27 @@
 /**
  * @file fused_walk_sm90.cuh
  * @brief The fused forward walk on sm_90a: the math and rounding points of fused_walk.cuh (read
- *        its comment), the same grid and 256 threads, warp-specialized:
- *  - warpgroup 0 (48 registers after setmaxnreg) loads chunk c + 1 into a ring of two stages by
+ *        its comment), the same grid and 512 threads, warp-specialized in four warpgroups that
+ *        share each chunk's loads and gated scores between the block's two 64-column slabs:
+ *  - warpgroup 0 (40 registers after setmaxnreg) loads chunk c into a ring of three stages by
  *    cp.async at 128-byte-swizzled positions, each thread's copies completing as one arrival on
- *    the stage's `full` barrier, and computes the gated Q K^T of a chunk as soon as it lands (one
- *    chunk ahead of the walk; wgmma from shared memory), rounds it to bf16 and publishes it in the
- *    P tile (`pfull`; `pempty` when read);
- *  - warpgroup 1 (208 registers) walks the slab: the state is kept transposed, S^T (BV x K fp32,
- *    the accumulator of the state update, 64 registers), so every product has the slab's
- *    columns on M and takes its left operand from registers (the RS form): bf16(S)^T, Wf^T,
- *    Vn^T and Vg^T never pass through shared memory, and no block-wide barrier is on the chain.
+ *    the stage's `full` barrier, up to three chunks ahead of the walks;
+ *  - warpgroup 1 (56 registers) computes the gated Q K^T of a chunk as soon as it lands (wgmma
+ *    from shared memory), rounds it to bf16 and publishes it in one of two P tiles (`pfull`;
+ *    `pempty` when both walks have read it), up to two chunks ahead;
+ *  - warpgroups 2 and 3 (208 registers) walk 64 columns each: the state is kept transposed, S^T
+ *    (64 x K fp32, the accumulator of the state update, 64 registers), so every product has the
+ *    slab's columns on M and takes its left operand from registers (the RS form): bf16(S)^T,
+ *    Wf^T, Vn^T and Vg^T never pass through shared memory, and no block-wide barrier is on the
+ *    chain.
  *      X^T  = Sb^T K^T,  O^T = Sb^T Q^T            8 + 8 x m64n64k16
  *      V'^T = Wf^T Tm^T                            4 x m64n64k16
  *      S^T  = exp2(gcL) S^T + Vg^T K               4 x m64n128k16 (K read N-major)
  *      O^T += Vn^T P^T                             4 x m64n64k16
+ * A stage is released (`empty`) once the scores' warpgroup and both walks are done with it.
  * Each k loop keeps fused_walk's order and each element its rounding, so both bodies give the
- * same bits (gpu_fused holds them to it). The O tile leaves through the consumed Q tile
- * of its stage (stmatrix.trans), in 16-byte row pieces, before the stage is released.
+ * same bits (gpu_fused holds them to it). A walk's O tile leaves through its own staging tile
+ * (stmatrix.trans), in 16-byte row pieces.
  */
 #pragma once
 
@@ -32,19 +36,22 @@ namespace gdn {
 template <class Cfg>
 struct FusedWalkSm90 {
   static_assert(Cfg::K == 128 && Cfg::V == 128 && Cfg::CHUNK == 64, "FusedWalkSm90: K = V = 128, chunk 64");
-  static_assert(Cfg::BV == 64 && FusedWalkGeometry::kThreads == 256, "FusedWalkSm90: 64-column slabs, 256 threads");
+  static_assert(Cfg::BV == FusedWalkGeometry::kBV && FusedWalkGeometry::kBV == 2 * FusedWalkGeometry::kSlab &&
+                    FusedWalkGeometry::kThreads == 512,
+                "FusedWalkSm90: 128 columns per block in two walking warpgroups of 64, 512 threads");
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G, BV = Cfg::BV;
+  static constexpr int kSlab = FusedWalkGeometry::kSlab;
   using L = FusedWalkSm90Layout;
   static constexpr int kStage = L::stage_bytes(K, C);
   static constexpr int kOffQ = L::off_q(K, C), kOffK = L::off_k(K, C), kOffV = L::off_v(K, C);
   static constexpr int kOffT = L::off_t(K, C), kOffG = L::off_g(K, C), kOffB = L::off_b(K, C);
-  static constexpr int kOffP = L::off_p(K, C), kOffBar = L::off_bar(K, C), kOffVec = L::off_vec(K, C);
-  static constexpr int kStages = L::kStages;
-  static_assert(kStages == 2, "the ring's parities below assume two stages");
-  static constexpr int kProducerRegs = 48, kConsumerRegs = 208;  // 48 + 208 = 2 x the pinned 128
-  static constexpr int kOutPitch = BV + 8;                       // O staging rows (bf16), in the Q tile
-  static_assert(C * kOutPitch * 2 <= C * K * 2, "O staging must fit in the Q tile");
-  static constexpr int kConsumerBarrier = 1;  // named barrier of warpgroup 1
+  static constexpr int kOffP = L::off_p(K, C), kOffO = L::off_o(K, C), kOffBar = L::off_bar(K, C);
+  static constexpr int kOffVec = L::off_vec(K, C);
+  static constexpr int kStages = L::kStages, kPTiles = 2;
+  // 40 + 56 + 2 x 208 = 4 x the pinned 128.
+  static constexpr int kLoaderRegs = 40, kScoreRegs = 56, kWalkRegs = 208;
+  static constexpr int kOutPitch = L::kOutPitch;
+  static constexpr int kOutBytes = C * kOutPitch * 2;
 
   typedef unsigned long long mbar_t;
 
@@ -91,26 +98,32 @@ struct FusedWalkSm90 {
     // (Offsetting the array itself, not an integer cast, keeps the accesses in the shared window.)
     unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
-    mbar_t* const full = bars;                 // [kStages], 128 arrivals: the producer's cp.async
-    mbar_t* const empty = bars + kStages;      // [kStages], 128 arrivals: the consumer's threads
-    mbar_t* const pfull = bars + 2 * kStages;  // 128 arrivals: the producer's threads
-    mbar_t* const pempty = pfull + 1;          // 128 arrivals: the consumer's threads
+    mbar_t* const full = bars;                 // [kStages], 128 arrivals: the loader's cp.async
+    mbar_t* const empty = bars + kStages;      // [kStages], 384 arrivals: the scores' and both walks' threads
+    mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
+    mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         pipe::mbar_init(full + s, 128);
-        pipe::mbar_init(empty + s, 128);
+        pipe::mbar_init(empty + s, 384);
       }
-      pipe::mbar_init(pfull, 128);
-      pipe::mbar_init(pempty, 128);
+      for (int b = 0; b < kPTiles; ++b) {
+        pipe::mbar_init(pfull + b, 128);
+        pipe::mbar_init(pempty + b, 256);
+      }
       pipe::fence_mbar_init();
     }
     __syncthreads();
-    if (threadIdx.x < 128) {
-      pipe::setmaxnreg_dec<kProducerRegs>();
-      producer(p, smem, full, empty, pfull, pempty);
+    const int role = threadIdx.x / 128;
+    if (role == 0) {
+      pipe::setmaxnreg_dec<kLoaderRegs>();
+      loader(p, smem, full, empty);
+    } else if (role == 1) {
+      pipe::setmaxnreg_dec<kScoreRegs>();
+      scores(p, smem, full, empty, pfull, pempty);
     } else {
-      pipe::setmaxnreg_inc<kConsumerRegs>();
-      consumer(p, smem, full, empty, pfull, pempty);
+      pipe::setmaxnreg_inc<kWalkRegs>();
+      walk(p, smem, role - 2, full, empty, pfull, pempty);
     }
   }
 
@@ -148,28 +161,42 @@ struct FusedWalkSm90 {
     fwd::cp_async4(sv + r, r < len ? src : p.gc, r < len);
   }
 
-  __device__ __forceinline__ static void producer(const FusedWalkParams& p, unsigned char* smem, mbar_t* full,
-                                                  mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
-    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  /// Warpgroup 0: chunk u into stage u % 3 once the stage's previous chunk (u - 3) is released.
+  __device__ __forceinline__ static void loader(const FusedWalkParams& p, unsigned char* smem, mbar_t* full,
+                                                mbar_t* empty) {
+    const int tid = threadIdx.x;
     const int j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = blockIdx.x * BV;
     const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
-    if (nc <= 0) return;
-    load_chunk(p, smem, 0, c_begin, j, hq, v0, tid);
-    pipe::cp_async_arrive(full);
-    const u32 p_addr = wg::smem_u32(smem + kOffP);
+    int s = 0, phase = 0;  // the stage of chunk u and its use count u / kStages, parity only
+#pragma unroll 1
     for (int u = 0; u < nc; ++u) {
-      // The gated scores of chunk u: P = Q K^T on the tensor cores, then the gate and the mask.
-      // They are computed while the walking warpgroup is still on chunk u - 1 (whose start issued
-      // this stage's loads): only the stores into the P tile wait for it to release P(u - 1).
-      const int s = u & 1;
-      pipe::mbar_wait(full + s, (u >> 1) & 1);
+      if (u >= kStages) pipe::mbar_wait(empty + s, phase ^ 1);
+      load_chunk(p, smem, s, c_begin + u, j, hq, v0, tid);
+      pipe::cp_async_arrive(full + s);
+      if (++s == kStages) s = 0, phase ^= 1;
+    }
+  }
+
+  /// Warpgroup 1: the gated scores of chunk u, P = Q K^T on the tensor cores, then the gate and
+  /// the mask, into P tile u % 2 once both walks have read its previous scores (chunk u - 2).
+  __device__ __forceinline__ static void scores(const FusedWalkParams& p, unsigned char* smem, mbar_t* full,
+                                                mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
+    const int tid = threadIdx.x - 128, warp = tid >> 5, lane = tid & 31;
+    const int n = blockIdx.z;
+    const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
+    int s = 0, phase = 0;
+#pragma unroll 1
+    for (int u = 0; u < nc; ++u) {
+      const int b = u & 1;
+      const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
+      pipe::mbar_wait(full + s, phase);
       wg::fence_smem_for_async();  // the cp.async writes are read by wgmma (the async proxy)
       const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
       const int len = p.chunks[c_begin + u].len;
       const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
       const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8, tq = (lane & 3) * 2;
       const float g_lo = lds_f32(sg + 4 * r_lo), g_hi = lds_f32(sg + 4 * r_hi);
-      // Two halves of 32 key columns: half the accumulator registers (the warpgroup runs at 48).
+      // Two halves of 32 key columns: half the accumulator registers.
 #pragma unroll 1
       for (int half = 0; half < 2; ++half) {
         float P[16];
@@ -181,7 +208,7 @@ struct FusedWalkSm90 {
         wg::commit();
         wg::wait<0>();
         wg::fence_acc(P);
-        if (half == 0 && u >= 1) pipe::mbar_wait(pempty, (u - 1) & 1);
+        if (half == 0 && u >= kPTiles) pipe::mbar_wait(pempty + b, ((u >> 1) - 1) & 1);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int col = 32 * half + i * 8 + tq;
@@ -200,15 +227,10 @@ struct FusedWalkSm90 {
           sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
         }
       }
-      wg::fence_smem_for_async();  // the consumer's wgmma reads P through the async proxy
-      pipe::mbar_arrive(pfull);
-      // Chunk u + 1 into the other stage once the consumer has released it (chunk u - 1).
-      if (u + 1 < nc) {
-        const int s1 = (u + 1) & 1;
-        if (u + 1 >= kStages) pipe::mbar_wait(empty + s1, (((u + 1) >> 1) - 1) & 1);
-        load_chunk(p, smem, s1, c_begin + u + 1, j, hq, v0, tid);
-        pipe::cp_async_arrive(full + s1);
-      }
+      wg::fence_smem_for_async();  // the walks' wgmma read P through the async proxy
+      pipe::mbar_arrive(pfull + b);
+      pipe::mbar_arrive(empty + s);  // this warpgroup's reads of the stage are done (wait<0> above)
+      if (++s == kStages) s = 0, phase ^= 1;
     }
   }
 
@@ -222,10 +244,12 @@ struct FusedWalkSm90 {
     a[3] = fwd::pack_f2bf(f(acc[8 * ks + 6], 16 * ks + 8, 0), f(acc[8 * ks + 7], 16 * ks + 8, 1));
   }
 
-  __device__ __forceinline__ static void consumer(const FusedWalkParams& p, unsigned char* smem, mbar_t* full,
-                                                  mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
-    const int ctid = threadIdx.x - 128, warp = ctid >> 5, lane = ctid & 31;
-    const int j = blockIdx.y, n = blockIdx.z, v0 = blockIdx.x * BV;
+  /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
+  __device__ __forceinline__ static void walk(const FusedWalkParams& p, unsigned char* smem, int slab, mbar_t* full,
+                                              mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
+    const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
+    const int j = blockIdx.y, n = blockIdx.z, v0 = blockIdx.x * BV + slab * kSlab;
+    const int barrier = 1 + slab;  // the named barrier of this warpgroup
     const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
     const int tq = (lane & 3) * 2;
     const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;  // this thread's slab columns (M rows)
@@ -243,17 +267,22 @@ struct FusedWalkSm90 {
           for (int e = 0; e < 2; ++e)
             f(S[4 * i + 2 * h + e], state_base + (long long)(8 * i + tq + e) * V + (h ? v_hi : v_lo));
     };
-    for_state([&](float& s, long long at) { s = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[at] : 0.f; });
+    for_state([&](float& x, long long at) { x = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[at] : 0.f; });
 
-    const u32 p_addr = wg::smem_u32(smem + kOffP), vec = wg::smem_u32(smem + kOffVec);
+    const u32 vec = wg::smem_u32(smem + kOffVec + slab * 2 * C * 4);
+    const u32 o_addr = wg::smem_u32(smem + kOffO + slab * kOutBytes);
     const float scale = p.scale;
+    int s = 0, phase = 0;  // the stage of chunk u and the parity of its use count u / kStages
+#pragma unroll 1
     for (int u = 0; u < nc; ++u) {
-      const int s = u & 1, c = c_begin + u;
+      const int c = c_begin + u, b = u & 1;
+      const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
       const ChunkInfo ci = p.chunks[c];
       const int len = ci.len;
       const long long t0 = ci.start;
       const u32 sg = wg::smem_u32(smem + s * kStage + kOffG), sb = wg::smem_u32(smem + s * kStage + kOffB);
-      const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), v_addr = wg::smem_u32(tile(smem, s, kOffV));
+      const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ));
+      const u32 v_addr = wg::smem_u32(tile(smem, s, kOffV)) + slab * C * 128;  // the slab's 64-column block
       const u32 k_addr = wg::smem_u32(tile(smem, s, kOffK));
       const u32 t_addr = wg::smem_u32(tile(smem, s, kOffT));
 
@@ -261,7 +290,7 @@ struct FusedWalkSm90 {
       u32 Sb[K / 16][4];
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) to_a(Sb[ks], S, ks, [](float x, int, int) { return x; });
-      pipe::mbar_wait(full + s, (u >> 1) & 1);
+      pipe::mbar_wait(full + s, phase);
       wg::fence_smem_for_async();
       // The chunk's column factors, once per column (not once per thread): exp2(gc_t) (0 past the
       // chunk) by threads 0..63, exp2(gcL - gc_t) by 64..127. The staging barrier of the previous
@@ -272,7 +301,7 @@ struct FusedWalkSm90 {
         const float g = lds_f32(sg + 4 * t);
         sts_f32(vec + 4 * ctid, ctid < C ? (t < len ? exp2f(g) : 0.f) : gate_exp2(gl - g, t < len));
       }
-      pipe::named_sync(kConsumerBarrier, 128);
+      pipe::named_sync(barrier, 128);
 
       float X[32], O[32];
       wg::fence();
@@ -349,7 +378,7 @@ struct FusedWalkSm90 {
       const float decay = exp2f(gl);
 #pragma unroll
       for (int i = 0; i < 64; ++i) S[i] *= decay;
-      pipe::mbar_wait(pfull, u & 1);
+      pipe::mbar_wait(pfull + b, (u >> 1) & 1);
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(S, Vg[ks], wg::desc_mn_major(k_addr, C, ks), 1);
@@ -359,9 +388,9 @@ struct FusedWalkSm90 {
       wg::wait<0>();
       wg::fence_acc(S);
       wg::fence_acc(O);
-      pipe::mbar_arrive(pempty);
+      pipe::mbar_arrive(pempty + b);
 
-      // O^T * scale, rounded, staged as [t][v] rows in the consumed Q tile by stmatrix.trans (matrix
+      // O^T * scale, rounded, staged as [t][v] rows in this warpgroup's O tile by stmatrix.trans (matrix
       // m = 2 ii + h of group q: tokens 16 q + 8 ii .. +7, slab columns 16 warp + 8 h .. +7; lane L
       // gives the row address of matrix L / 8, row L % 8), then stored in 16-byte row pieces.
 #pragma unroll
@@ -374,21 +403,24 @@ struct FusedWalkSm90 {
         }
         const int m_lane = lane >> 3;
         const int t = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
-        stsm_x4_trans(q_addr + 2 * (t * kOutPitch + v), frag);
+        stsm_x4_trans(o_addr + 2 * (t * kOutPitch + v), frag);
       }
-      pipe::named_sync(kConsumerBarrier, 128);
-      constexpr int kPieces = BV / 8;
+      pipe::named_sync(barrier, 128);
+      constexpr int kPieces = kSlab / 8;
       bf16_t* const dst = p.o + (t0 * HV + j) * V + v0;
       for (int i = ctid; i < len * kPieces; i += 128) {
         const int t = i / kPieces, c8 = (i % kPieces) * 8;
-        *reinterpret_cast<uint4*>(dst + (long long)t * HV * V + c8) = lds_v4(q_addr + 2 * (t * kOutPitch + c8));
+        *reinterpret_cast<uint4*>(dst + (long long)t * HV * V + c8) = lds_v4(o_addr + 2 * (t * kOutPitch + c8));
       }
       // Every thread arrives after its own reads of the stage (one arrival per warp after a
-      // __syncwarp orders the same, but compute-sanitizer's racecheck does not follow it).
+      // __syncwarp orders the same, but compute-sanitizer's racecheck does not follow it). The O
+      // tile is written again only after the next chunk's column-factor barrier, which every
+      // thread reaches after its stores above.
       pipe::mbar_arrive(empty + s);
+      if (++s == kStages) s = 0, phase ^= 1;
     }
 
-    if (Cfg::HAS_HT && p.ht != nullptr) for_state([&](float& s, long long at) { p.ht[at] = s; });
+    if (Cfg::HAS_HT && p.ht != nullptr) for_state([&](float& x, long long at) { p.ht[at] = x; });
   }
 };
 

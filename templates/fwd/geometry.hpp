@@ -29,9 +29,8 @@ struct ChunkPrepGeometry {
   static constexpr int smem_bytes(int K, int V, int chunk) { return off_beta(K, V, chunk) + chunk * 4; }
 };
 
-/// The forward's solve (ChunkSolve, F2): one block per (chunk, q/k head), which solves the G value
-/// heads that share its K K^T one after another. 4 warps and 26,784 bytes (G <= 5), so 8 blocks (32
-/// warps) share an SM and hide each other's load and latencies.
+/// The forward's solve (ChunkSolve, F2): one block per (chunk, value head). 4 warps and 27,296 bytes, so
+/// 8 blocks (32 warps) share an SM and hide each other's load and FMA-chain latencies.
 struct ChunkSolveGeometry {
   static constexpr int kThreads = 128;
   static constexpr int kMinBlocks = 8;  ///< __launch_bounds__: 64 registers
@@ -46,12 +45,9 @@ struct ChunkSolveGeometry {
   static constexpr int kOffL = 0;
   static constexpr int kOffP = 10 * kBlockFloats * 4;
   static constexpr int kOffT = kChunk * kK * 2;  ///< Tm's ten lower blocks
-  static constexpr int kEnd = kOffT + 10 * kBlockFloats * 4;
-  /// gc then beta of the block's G value heads, [G][64] each, written once K K^T is formed: in
-  /// the K tile's bytes after L and the merge scratch while they fit (G <= 5), else after Tm.
-  static constexpr int kOffSpare = kOffP + 3 * kBlockFloats * 4;
-  static constexpr int off_g(int G) { return kOffSpare + 2 * G * kChunk * 4 <= kOffT ? kOffSpare : kEnd; }
-  static constexpr int smem_bytes(int G) { return off_g(G) == kEnd ? kEnd + 2 * G * kChunk * 4 : kEnd; }
+  static constexpr int kOffG = kOffT + 10 * kBlockFloats * 4;
+  static constexpr int kOffBeta = kOffG + kChunk * 4;
+  static constexpr int kSmemBytes = kOffBeta + kChunk * 4;
   static_assert(kOffP + 3 * kBlockFloats * 4 <= kOffT, "L and the merge scratch must fit in the K tile's bytes");
 };
 
@@ -89,16 +85,20 @@ struct StateWalkGeometry {
   }
 };
 
-/// The fused forward walk (FusedWalk): one block per (64-column V slab, value head, document).
+/// The fused forward walk (FusedWalk): one block per (128 V columns, value head, document), 16 warps.
+/// The portable body runs two independent halves of 8 warps, one per 64-column slab (4 row blocks
+/// x 2 column halves for the chunk's products, 16 state rows each for the state update), each with
+/// its own 97.5 KB of shared memory and its own named barrier; the sm_90a body runs four
+/// warpgroups that share each chunk's loads and gated scores (FusedWalkSm90Layout).
 struct FusedWalkGeometry {
-  /// 8 warps: 4 row blocks x 2 column halves for the chunk's products, 16 state rows each for the
-  /// state update. About 98 KB of shared memory: two blocks (16 warps) per SM.
-  static constexpr int kThreads = 256;
-  static constexpr int kMinBlocks = 2;
-  static constexpr int kBV = 64;
+  static constexpr int kThreads = 512;
+  static constexpr int kMinBlocks = 1;
+  static constexpr int kBV = 128;   ///< V columns per block
+  static constexpr int kSlab = 64;  ///< V columns per portable half or walking warpgroup
+  static constexpr int kHalfThreads = 256;
   static constexpr int ld_bf(int d) { return d + 8; }
-  // Q and K [chunk][K] (Q's bytes stage O once Q is consumed), the V slab, Tm [chunk][chunk],
-  // bf16(S) [K][bv], Wf, Vn and Vg [chunk][bv], gc and beta.
+  // Per portable half: Q and K [chunk][K] (Q's bytes stage O once Q is consumed), the V slab, Tm
+  // [chunk][chunk], bf16(S) [K][bv], Wf, Vn and Vg [chunk][bv], gc and beta.
   static constexpr int off_q(int, int, int) { return 0; }
   static constexpr int off_k(int K, int chunk, int bv) { return off_q(K, chunk, bv) + chunk * ld_bf(K) * 2; }
   static constexpr int off_v(int K, int chunk, int bv) { return off_k(K, chunk, bv) + chunk * ld_bf(K) * 2; }
@@ -109,18 +109,23 @@ struct FusedWalkGeometry {
   static constexpr int off_vg(int K, int chunk, int bv) { return off_vn(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
   static constexpr int off_g(int K, int chunk, int bv) { return off_vg(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
   static constexpr int off_b(int K, int chunk, int bv) { return off_g(K, chunk, bv) + chunk * 4; }
-  static constexpr int portable_smem_bytes(int K, int chunk) { return off_b(K, chunk, kBV) + chunk * 4; }
+  static constexpr int portable_half_bytes(int K, int chunk) {
+    return (off_b(K, chunk, kSlab) + chunk * 4 + 127) / 128 * 128;
+  }
+  static constexpr int portable_smem_bytes(int K, int chunk) { return 2 * portable_half_bytes(K, chunk); }
   static constexpr int smem_bytes(int K, int chunk);
 };
 
-/// The sm_90a body of the fused walk (fwd/fused_walk_sm90.cuh): the same grid and 256 threads,
-/// warpgroup 0 loads and computes the gated Q K^T, warpgroup 1 walks the slab. Two stages of
-/// SW128 tiles (Q and K [chunk][K], the V slab [chunk][bv], Tm [chunk][chunk], then gc and beta),
-/// one gated P tile, the ring's mbarriers, two column-factor vectors; the tiles start 1024-byte aligned, and the
-/// dynamic shared window gets 1 KB of slack to align its base. 110,144 bytes at K = 128: two blocks per SM.
+/// The sm_90a body of the fused walk (fwd/fused_walk_sm90.cuh), 512 threads: warpgroup 0 loads
+/// the chunks into a ring of three stages of SW128 tiles (Q and K [chunk][K], V [chunk][128] as
+/// two 64-column blocks, Tm [chunk][chunk], then gc and beta), warpgroup 1 computes the gated
+/// Q K^T into two P tiles, warpgroups 2 and 3 walk 64 columns each with their own O staging
+/// tile and column-factor vectors; then the ring's mbarriers. The tiles start 1024-byte aligned
+/// and the dynamic shared window gets 1 KB of slack to align its base: 212,096 bytes at K = 128.
 struct FusedWalkSm90Layout {
   static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
-  static constexpr int kStages = 2;
+  static constexpr int kStages = 3;
+  static constexpr int kOutPitch = FusedWalkGeometry::kSlab + 8;  ///< O staging rows (bf16)
   static constexpr int off_q(int, int) { return 0; }
   static constexpr int off_k(int K, int chunk) { return chunk * K * 2; }
   static constexpr int off_v(int K, int chunk) { return 2 * chunk * K * 2; }
@@ -128,12 +133,14 @@ struct FusedWalkSm90Layout {
   static constexpr int off_g(int K, int chunk) { return off_t(K, chunk) + chunk * chunk * 2; }
   static constexpr int off_b(int K, int chunk) { return off_g(K, chunk) + chunk * 4; }
   static constexpr int stage_bytes(int K, int chunk) { return align1k(off_b(K, chunk) + chunk * 4); }
-  static constexpr int off_p(int K, int chunk) { return kStages * stage_bytes(K, chunk); }
-  static constexpr int off_bar(int K, int chunk) { return off_p(K, chunk) + chunk * chunk * 2; }
-  static constexpr int kBarriers = 2 * kStages + 2;  ///< full[s], empty[s], pfull, pempty
-  /// The walking warpgroup's per-chunk column factors exp2(gc_t) and exp2(gcL - gc_t) (fp32).
-  static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 64; }
-  static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * chunk * 4 + 1024; }
+  static constexpr int off_p(int K, int chunk) { return kStages * stage_bytes(K, chunk); }  ///< 2 P tiles
+  static constexpr int off_o(int K, int chunk) { return off_p(K, chunk) + 2 * chunk * chunk * 2; }
+  static constexpr int off_bar(int K, int chunk) { return off_o(K, chunk) + 2 * chunk * kOutPitch * 2; }
+  static constexpr int kBarriers = 2 * kStages + 4;  ///< full[s], empty[s], pfull[2], pempty[2]
+  /// Each walking warpgroup's per-chunk column factors exp2(gc_t) and exp2(gcL - gc_t) (fp32).
+  static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 128; }
+  static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * 2 * chunk * 4 + 1024; }
+  static_assert(kBarriers * 8 <= 128, "the mbarriers must fit before the vectors");
 };
 
 constexpr int FusedWalkGeometry::smem_bytes(int K, int chunk) {

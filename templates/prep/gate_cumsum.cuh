@@ -24,7 +24,8 @@ struct GateCumsum {
     const int j0 = blockIdx.y * NH;
     for (int i = threadIdx.x; i < C * NH; i += GateCumsumGeometry::kThreads) {
       const int t = i / NH, h = i % NH;
-      tile[t * kPitch + h] = t < c.len && j0 + h < Cfg::HV ? p.g[static_cast<long long>(c.start + t) * Cfg::HV + j0 + h] : 0.f;
+      tile[t * kPitch + h] =
+          t < c.len && j0 + h < Cfg::HV ? p.g[static_cast<long long>(c.start + t) * Cfg::HV + j0 + h] : 0.f;
     }
     __syncthreads();
     const int h = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -43,7 +44,8 @@ struct GateCumsum {
     __syncthreads();
     for (int i = threadIdx.x; i < C * NH; i += GateCumsumGeometry::kThreads) {
       const int t = i / NH, hh = i % NH;
-      if (t < c.len && j0 + hh < Cfg::HV) p.gc[static_cast<long long>(c.start + t) * Cfg::HV + j0 + hh] = tile[t * kPitch + hh];
+      if (t < c.len && j0 + hh < Cfg::HV)
+        p.gc[static_cast<long long>(c.start + t) * Cfg::HV + j0 + hh] = tile[t * kPitch + hh];
     }
   }
 };

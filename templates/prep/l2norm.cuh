@@ -20,8 +20,7 @@ struct L2Norm {
     // A warp normalizes kRowsPerWarp rows and issues all their loads before the first reduction:
     // one row per warp left a single 8-byte load in flight per lane, about a tenth of the DRAM rate.
     constexpr int R = L2NormGeometry::kRowsPerWarp;
-    const long long row0 =
-        static_cast<long long>(blockIdx.x) * L2NormGeometry::kRowsPerBlock + (threadIdx.x / 32) * R;
+    const long long row0 = static_cast<long long>(blockIdx.x) * L2NormGeometry::kRowsPerBlock + (threadIdx.x / 32) * R;
     if (row0 >= p.rows) return;
     const int lane = threadIdx.x % 32;
     uint2 raw[R][kPerLane / 4];
