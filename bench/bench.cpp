@@ -8,7 +8,7 @@
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16, seg-auto (cp.segments),
- *                 fused (forward "fused")
+ *                 fused (forward "fused"), fused-seg-auto (and cp.segments "auto")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -357,6 +357,7 @@ const std::map<std::string, ArmKind> kArms = {
     {"seg16", {false, true, false, 0, 0, 16}},
     {"seg-auto", {false, true, false, 0, 0, -1}},    // cp.segments "auto"
     {"fused", {false, true, false, 0, 0, 0, true}},  // forward "fused": the walk and the output in one program
+    {"fused-seg-auto", {false, true, false, 0, 0, -1, true}},  // forward "fused", cp.segments "auto"
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -537,7 +538,8 @@ int main(int argc, char** argv) {
                  "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64), "
                  "seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), fused (forward \"fused\")")
       ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32",
-                             "walk64", "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "seg-auto", "fused"}))
+                             "walk64", "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "seg-auto", "fused",
+                             "fused-seg-auto"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);

@@ -110,11 +110,12 @@ namespace {
 /// on the H200 8 segments took one 32768-token document with 6 value heads from 5.20 to 2.79 ms
 /// (fwd+bwd), and 4 made one with 48 heads slower (12.6 -> 15.9 ms). Each document then takes
 /// segments by its own length only (batch invariance): one per kAutoSegmentMinChunks chunks.
+/// The fused forward walks 128 columns per block, one block per SM: 132 slots.
 constexpr int kWalkSlots = 2 * 132;
+constexpr int kFusedWalkSlots = 132;
 constexpr int kAutoSegmentMinChunks = 32;
-int auto_segments(int heads_v, int slabs, bool fused) {
-  if (fused) return 1;  // the fused forward has no segmented walk yet
-  const int fill = kWalkSlots / (heads_v * slabs);
+int auto_segments(int heads_v, int slabs, int slots) {
+  const int fill = slots / (heads_v * slabs);
   int segs = 1;
   while (segs * 2 <= 8 && segs * 2 <= fill) segs *= 2;
   return segs >= 4 ? segs : 1;
@@ -131,7 +132,9 @@ LayerIR lower(const Spec& spec_in) {
         spec_in.walk_slab != 0 ? spec_in.walk_slab : StateWalkGeometry::auto_bv(spec_in.head_dim_v, spec_in.heads_v);
     ir.segments_auto = true;
     ir.spec.cp_segments =
-        auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, spec_in.forward == ForwardPath::fused);
+        spec_in.forward == ForwardPath::fused
+            ? auto_segments(spec_in.heads_v, spec_in.head_dim_v / FusedWalkGeometry::kBV, kFusedWalkSlots)
+            : auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, kWalkSlots);
     ir.seg_min_chunks = ir.spec.cp_segments > 1 ? kAutoSegmentMinChunks : 0;
   }
   const Spec& s = ir.spec;
@@ -186,7 +189,9 @@ LayerIR lower(const Spec& spec_in) {
     // threads, one block per SM).
     const bool wgmma = s.tensor_cores == TensorCores::automatic;
     add("fused_walk", "fwd/fused_walk.cuh", "FusedWalk", "FusedWalkParams", FusedWalkGeometry::kThreads,
-        FusedWalkGeometry::smem_bytes(K, C), GridKind::walk, FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
+        FusedWalkGeometry::smem_bytes(K, C), segments > 1 ? GridKind::walk_segments : GridKind::walk,
+        FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
+    add_segment_constants();
     ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
     if (wgmma) ir.programs.back().max_registers = 65536 / (FusedWalkGeometry::kThreads * FusedWalkGeometry::kMinBlocks);
   } else
@@ -338,10 +343,21 @@ LayerIR lower(const Spec& spec_in) {
     // The fused forward leaves no tapes. A recompute whose output is not needed runs the pair
     // that makes them instead, so the backward can bind them (the hand-off); it leaves ht as the
     // forward wrote it. One whose output is needed runs the fused forward and hands nothing over.
-    fwd.push_back({"fused_walk", "o and ht; no tapes"});
+    // With segments, the prescan (on W and U) and the merge give the state entering each segment.
+    if (segments > 1) {
+      fwd.push_back({"chunk_prep", "W, U from Tm for the prescan"});
+      push_segment_programs(fwd, "");
+    }
+    fwd.push_back(
+        {"fused_walk", segments > 1 ? "o and ht, every segment from its entry state; no tapes" : "o and ht; no tapes"});
     const char* needed = "the output is needed";
     const char* not_needed = "the output is not needed";
-    rec.push_back({"chunk_prep", "W, U from Tm", not_needed});
+    if (segments > 1) {
+      rec.push_back({"chunk_prep", "W, U from Tm"});
+      push_segment_programs(rec, "");
+    } else {
+      rec.push_back({"chunk_prep", "W, U from Tm", not_needed});
+    }
     rec.push_back(
         {"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht", not_needed});
     rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
@@ -395,8 +411,7 @@ std::string to_text(const LayerIR& ir) {
              ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "
                            "nc / {})) (its walks alone fill less than a quarter of the GPU)",
                            s.cp_segments, s.cp_segments, ir.seg_min_chunks)
-             : std::string("segments: auto, 1 per document (the walks of one document fill the GPU or the forward "
-                           "is fused)"));
+             : std::string("segments: auto, 1 per document (the walks of one document fill the GPU)"));
   else if (s.cp_segments > 1)
     line(fmt::format("segments: {} per document (pinned by the spec)", s.cp_segments));
   line("programs:");

@@ -137,13 +137,10 @@ void validate(const Spec& s) {
         throw SpecError(fmt::format("/targets/{}", i), fmt::format("\"{}\" is listed twice", to_string(s.targets[i])));
   check(kCpRanks, s.cp_ranks);
   check(kCpSegments, s.cp_segments);
-  // The fused forward writes no tapes; full saves need them from the forward, and segments need
-  // a fused prescan: both are later steps of the fused design (docs/design_fused_fwd_sm90.md).
+  // The fused forward writes no tapes; full saves need them from the forward, a later step of the
+  // fused design (docs/design_fused_fwd_sm90.md).
   if (s.forward == ForwardPath::fused && s.save_mode == SaveMode::full)
     throw SpecError("/forward", "\"fused\" is not supported with save_mode \"full\" yet (supported: \"light\")");
-  if (s.forward == ForwardPath::fused && s.cp_segments > 1)
-    throw SpecError("/forward",
-                    fmt::format("\"fused\" is not supported with cp.segments {} yet (supported: 1)", s.cp_segments));
 }
 
 namespace {

@@ -257,10 +257,16 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
   }
   bind_chunk_solve(b, k);
   if (ir.spec.forward == ForwardPath::fused) {
+    const bool segments = ir.spec.cp_segments > 1;
     if (output == OutputLaunch::no) {  // the tapes for a hand-off; ht stays the forward's
       bind_chunk_prep(b, k);
       bind_state_walk(b, ir, k, b.constant(0));
       return plan;
+    }
+    if (segments) {  // the state entering every segment, from the prescan on W and U and the merge
+      bind_chunk_prep(b, k);
+      bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
+      bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
     }
     auto& l = b.launch("fused_walk", sizeof(FusedWalkParams));
     using P = FusedWalkParams;
@@ -277,6 +283,7 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, h0, b.frame(F::h0));
     GDN_BIND(l, P, ht, b.frame(F::ht));
     GDN_BIND(l, P, o, b.frame(F::o));
+    if (segments) GDN_BIND(l, P, seg_h0, b.slot("seg_h0"));
     return plan;
   }
   bind_chunk_prep(b, k);

@@ -125,6 +125,9 @@ struct FusedWalkParams {
   const float* h0;  ///< [N, HV, K, V] or null
   float* ht;        ///< [N, HV, K, V] or null
   bf16_t* o;        ///< [T, HV, V]
+  // Intra-card segments (Cfg::SEGMENTS > 1): block z = n * SEGMENTS + i walks segment i of document
+  // n from its entry state (walk_merge); a document's last segment writes ht.
+  const float* seg_h0;  ///< [segment slots, HV, K, V]
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
@@ -234,7 +237,7 @@ static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kern
 static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
-static_assert(sizeof(FusedWalkParams) == 96, "FusedWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(FusedWalkParams) == 104, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 32, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");

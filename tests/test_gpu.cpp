@@ -1070,6 +1070,16 @@ TEST_SUITE("gpu_fused") {
     c.seed = seed + 1;
     c.doc_lens = {700, 333, 64, 1};
     expect_within_bounds(check::run(*m, c), "fused, shape M heads");
+    // Segments: the walk starts every segment from the merged entry state (pinned 4, with empty
+    // and one-chunk segments; "auto", 8 at most, one per 32 chunks of a document).
+    for (const int segments : {4, 0}) {
+      Spec seg = fused_of("n", segments == 4 ? "fused_n_seg4" : "fused_n_segauto");
+      seg.cp_segments = segments;
+      check::Case sc;
+      sc.seed = seed + 2 + segments;
+      sc.doc_lens = {6000, 2100, 65, 1, 0, 130};
+      expect_within_bounds(check::run(*make(seg), sc), seg.name.c_str());
+    }
   }
 
   TEST_CASE("fused forward: the gradients keep the programs path's bits; repeats are bitwise equal") {
@@ -1077,13 +1087,19 @@ TEST_SUITE("gpu_fused") {
     c.doc_lens = {1, 63, 64, 65, 3000, 700};
     c.with_reference = false;
     c.seed = 43;
-    const check::Report programs = check::run(*make(spec_of("m")), c);
-    c.repeats = 3;
-    const check::Report fused = check::run(*make(fused_of("m", "fused_m_bits")), c);
-    for (const auto& mm : fused.mismatches) FAIL_CHECK("not bitwise equal: " << mm);
-    REQUIRE(fused.bytes.size() == 8);
-    for (const char* grad : {"dq", "dk", "dv", "dg", "dbeta", "dh0"})
-      CHECK_MESSAGE(fused.bytes.at(grad) == programs.bytes.at(grad), grad);
+    for (const int segments : {1, 4}) {
+      CAPTURE(segments);
+      Spec programs_spec = spec_of("m"), fused_spec = fused_of("m", "fused_m_bits");
+      programs_spec.cp_segments = fused_spec.cp_segments = segments;
+      c.repeats = 1;
+      const check::Report programs = check::run(*make(programs_spec), c);
+      c.repeats = 3;
+      const check::Report fused = check::run(*make(fused_spec), c);
+      for (const auto& mm : fused.mismatches) FAIL_CHECK("not bitwise equal: " << mm);
+      REQUIRE(fused.bytes.size() == 8);
+      for (const char* grad : {"dq", "dk", "dv", "dg", "dbeta", "dh0"})
+        CHECK_MESSAGE(fused.bytes.at(grad) == programs.bytes.at(grad), grad);
+    }
   }
 
   // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores

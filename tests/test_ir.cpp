@@ -280,9 +280,17 @@ TEST_SUITE("ir") {
     REQUIRE(many.programs.size() == pinned.programs.size());
     for (size_t i = 0; i < many.programs.size(); ++i)
       CHECK_MESSAGE(many.programs[i].constants == pinned.programs[i].constants, many.programs[i].name);
-    // The fused forward has no segmented walk yet: "auto" takes 1 there.
+    // The fused forward walks 128 columns per block, one block per SM: N's 6 value heads take 8
+    // there too (132 / 6), M's 48 take 1; its walk reads the merged entry states.
     spec.forward = gdn::ForwardPath::fused;
-    CHECK(gdn::lower(spec).spec.cp_segments == 1);
+    const auto fused_few = gdn::lower(spec);
+    CHECK(fused_few.spec.cp_segments == 8);
+    CHECK(fused_few.program("fused_walk").grid == gdn::GridKind::walk_segments);
+    CHECK(constant_of(fused_few.program("fused_walk"), "SEGMENTS") == "8");
+    CHECK(constant_of(fused_few.program("fused_walk"), "SEG_MIN_CHUNKS") == "32");
+    m.forward = gdn::ForwardPath::fused;
+    CHECK(gdn::lower(m).spec.cp_segments == 1);
+    CHECK(gdn::lower(m).program("fused_walk").grid == gdn::GridKind::walk);
     // In JSON, "auto" is spelled out; 0 is not a number of segments.
     auto parse = [](const std::string& segments) {
       return gdn::spec_from_json(

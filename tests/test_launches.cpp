@@ -105,7 +105,7 @@ TEST_SUITE("launches") {
     for (auto [save, segments, path] :
          {std::tuple{SaveMode::light, 1, ForwardPath::programs}, std::tuple{SaveMode::full, 1, ForwardPath::programs},
           std::tuple{SaveMode::light, 4, ForwardPath::programs}, std::tuple{SaveMode::full, 4, ForwardPath::programs},
-          std::tuple{SaveMode::light, 1, ForwardPath::fused}}) {
+          std::tuple{SaveMode::light, 1, ForwardPath::fused}, std::tuple{SaveMode::light, 4, ForwardPath::fused}}) {
       Spec spec = example("n");
       spec.save_mode = save;
       spec.cp_segments = segments;

@@ -35,4 +35,28 @@ struct DocSegments {
   __device__ __forceinline__ int begin(int s) const { return seg::begin(first, chunks, count, s); }
 };
 
+/// What one block of a segmented walk grid (z = n * SEGMENTS + segment) walks: chunks [begin, end)
+/// of document n, the segment's slot, and whether it is the document's last segment (the one that
+/// writes ht). With SEGMENTS == 1 the block walks its whole document (z = n).
+template <class Cfg>
+struct SegmentWalk {
+  int n;           ///< the document
+  bool active;     ///< false past the document's segments ("auto"): nothing to do
+  bool last;       ///< the document's last segment
+  int begin, end;  ///< chunks (when active)
+  long long slot;  ///< the segment's slot in seg_h0 (SEGMENTS > 1)
+
+  __device__ __forceinline__ explicit SegmentWalk(const int* doc_chunk_offset) {
+    constexpr int SEG = Cfg::SEGMENTS;
+    const int z = blockIdx.z, seg = SEG > 1 ? z % SEG : 0;
+    n = SEG > 1 ? z / SEG : z;
+    const DocSegments<Cfg> ds(doc_chunk_offset, n);
+    active = seg < ds.count;
+    last = seg == ds.count - 1;
+    begin = active ? ds.begin(seg) : 0;
+    end = active ? ds.begin(seg + 1) : 0;
+    slot = ds.slot0 + seg;
+  }
+};
+
 }  // namespace gdn

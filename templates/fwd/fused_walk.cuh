@@ -65,12 +65,14 @@ struct FusedWalkMmaSync {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int half = threadIdx.x / kThreads;
     unsigned char* const smem = smem_raw + half * kHalfBytes;
-    const int j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = blockIdx.x * Cfg::BV + half * BV;
+    const SegmentWalk<Cfg> range(p.doc_chunk_offset);
+    if (!range.active) return;
+    const int j = blockIdx.y, n = range.n, hq = j / G, v0 = blockIdx.x * Cfg::BV + half * BV;
     const int tid = threadIdx.x % kThreads, warp = tid >> 5, lane = tid & 31;
     const auto sync = [half] { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + half), "n"(kThreads) : "memory"); };
     const int gr = lane >> 2, tq = (lane & 3) * 2;
     const int rb = warp & 3, c0 = (warp >> 2) * kHalf;
-    const int c_begin = p.doc_chunk_offset[n], c_end = p.doc_chunk_offset[n + 1];
+    const int c_begin = range.begin, c_end = range.end;
 
     bf16_t* sQ = reinterpret_cast<bf16_t*>(smem + kOff_q);
     bf16_t* sK = reinterpret_cast<bf16_t*>(smem + kOff_k);
@@ -92,7 +94,10 @@ struct FusedWalkMmaSync {
       for (int hh = 0; hh < 2; ++hh) {
         float2 x = make_float2(0.f, 0.f);
         const int r = warp * 16 + gr + hh * 8;
-        if (Cfg::HAS_H0 && p.h0 != nullptr)
+        if (Cfg::SEGMENTS > 1)
+          x = *reinterpret_cast<const float2*>(p.seg_h0 + (range.slot * HV + j) * K * V + v0 + (long long)r * V +
+                                               nt * 8 + tq);
+        else if (Cfg::HAS_H0 && p.h0 != nullptr)
           x = *reinterpret_cast<const float2*>(p.h0 + state_base + (long long)r * V + nt * 8 + tq);
         S[nt][2 * hh] = x.x;
         S[nt][2 * hh + 1] = x.y;
@@ -243,7 +248,7 @@ struct FusedWalkMmaSync {
     }
     fwd::cp_async_wait<0>();
 
-    if (Cfg::HAS_HT && p.ht != nullptr) {
+    if (Cfg::HAS_HT && p.ht != nullptr && range.last) {  // a document's final state is its last segment's
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll

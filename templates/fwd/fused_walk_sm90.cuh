@@ -3,13 +3,13 @@
  * @brief The fused forward walk on sm_90a: the math and rounding points of fused_walk.cuh (read
  *        its comment), the same grid and 512 threads, warp-specialized in four warpgroups that
  *        share each chunk's loads and gated scores between the block's two 64-column slabs:
- *  - warpgroup 0 (40 registers after setmaxnreg) loads chunk c into a ring of three stages by
+ *  - warpgroup 0 (32 registers after setmaxnreg) loads chunk c into a ring of three stages by
  *    cp.async at 128-byte-swizzled positions, each thread's copies completing as one arrival on
  *    the stage's `full` barrier, up to three chunks ahead of the walks;
- *  - warpgroup 1 (56 registers) computes the gated Q K^T of a chunk as soon as it lands (wgmma
+ *  - warpgroup 1 (80 registers) computes the gated Q K^T of a chunk as soon as it lands (wgmma
  *    from shared memory), rounds it to bf16 and publishes it in one of two P tiles (`pfull`;
  *    `pempty` when both walks have read it), up to two chunks ahead;
- *  - warpgroups 2 and 3 (208 registers) walk 64 columns each: the state is kept transposed, S^T
+ *  - warpgroups 2 and 3 (200 registers) walk 64 columns each: the state is kept transposed, S^T
  *    (64 x K fp32, the accumulator of the state update, 64 registers), so every product has the
  *    slab's columns on M and takes its left operand from registers (the RS form): bf16(S)^T,
  *    Wf^T, Vn^T and Vg^T never pass through shared memory, and no block-wide barrier is on the
@@ -21,11 +21,12 @@
  * A stage is released (`empty`) once the scores' warpgroup and both walks are done with it.
  * Each k loop keeps fused_walk's order and each element its rounding, so both bodies give the
  * same bits (gpu_fused holds them to it). A walk's O tile leaves through its own staging tile
- * (stmatrix.trans), in 16-byte row pieces.
+ * (stmatrix.trans), each warp storing its own 16 columns.
  */
 #pragma once
 
 #include "common/pipeline.cuh"
+#include "common/segments.cuh"
 #include "common/wgmma.cuh"
 #include "fwd/chunk_prep.cuh"
 
@@ -48,8 +49,8 @@ struct FusedWalkSm90 {
   static constexpr int kOffP = L::off_p(K, C), kOffO = L::off_o(K, C), kOffBar = L::off_bar(K, C);
   static constexpr int kOffVec = L::off_vec(K, C);
   static constexpr int kStages = L::kStages, kPTiles = 2;
-  // 40 + 56 + 2 x 208 = 4 x the pinned 128.
-  static constexpr int kLoaderRegs = 40, kScoreRegs = 56, kWalkRegs = 208;
+  // 32 + 80 + 2 x 200 = 4 x the pinned 128; the scores hold P (32) and their column gates (16).
+  static constexpr int kLoaderRegs = 32, kScoreRegs = 80, kWalkRegs = 200;
   static constexpr int kOutPitch = L::kOutPitch;
   static constexpr int kOutBytes = C * kOutPitch * 2;
 
@@ -60,6 +61,11 @@ struct FusedWalkSm90 {
   __device__ __forceinline__ static float lds_f32(u32 a) {
     float v;
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+  }
+  __device__ __forceinline__ static float2 lds_f32x2(u32 a) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
     return v;
   }
   __device__ __forceinline__ static uint4 lds_v4(u32 a) {
@@ -97,6 +103,8 @@ struct FusedWalkSm90 {
     // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
     // (Offsetting the array itself, not an integer cast, keeps the accesses in the shared window.)
     unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
+    const SegmentWalk<Cfg> range(p.doc_chunk_offset);
+    if (!range.active) return;  // past the document's segments
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
     mbar_t* const full = bars;                 // [kStages], 128 arrivals: the loader's cp.async
     mbar_t* const empty = bars + kStages;      // [kStages], 384 arrivals: the scores' and both walks' threads
@@ -117,13 +125,13 @@ struct FusedWalkSm90 {
     const int role = threadIdx.x / 128;
     if (role == 0) {
       pipe::setmaxnreg_dec<kLoaderRegs>();
-      loader(p, smem, full, empty);
+      loader(p, range, smem, full, empty);
     } else if (role == 1) {
       pipe::setmaxnreg_dec<kScoreRegs>();
-      scores(p, smem, full, empty, pfull, pempty);
+      scores(p, range, smem, full, empty, pfull, pempty);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
-      walk(p, smem, role - 2, full, empty, pfull, pempty);
+      walk(p, range, smem, role - 2, full, empty, pfull, pempty);
     }
   }
 
@@ -145,9 +153,8 @@ struct FusedWalkSm90 {
     }
   }
 
-  __device__ __forceinline__ static void load_chunk(const FusedWalkParams& p, unsigned char* smem, int stage, int c,
-                                                    int j, int hq, int v0, int tid) {
-    const ChunkInfo ci = p.chunks[c];
+  __device__ __forceinline__ static void load_chunk(const FusedWalkParams& p, unsigned char* smem, int stage,
+                                                    const ChunkInfo ci, int j, int hq, int v0, int tid) {
     const long long t0 = ci.start;
     const int len = ci.len;
     load_tile<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid);
@@ -162,16 +169,19 @@ struct FusedWalkSm90 {
   }
 
   /// Warpgroup 0: chunk u into stage u % 3 once the stage's previous chunk (u - 3) is released.
-  __device__ __forceinline__ static void loader(const FusedWalkParams& p, unsigned char* smem, mbar_t* full,
-                                                mbar_t* empty) {
+  __device__ __forceinline__ static void loader(const FusedWalkParams& p, const SegmentWalk<Cfg>& range,
+                                                unsigned char* smem, mbar_t* full, mbar_t* empty) {
     const int tid = threadIdx.x;
-    const int j = blockIdx.y, n = blockIdx.z, hq = j / G, v0 = blockIdx.x * BV;
-    const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
+    const int j = blockIdx.y, hq = j / G, v0 = blockIdx.x * BV;
+    const int c_begin = range.begin, nc = range.end - range.begin;
     int s = 0, phase = 0;  // the stage of chunk u and its use count u / kStages, parity only
+    ChunkInfo next = nc > 0 ? p.chunks[c_begin] : ChunkInfo{};
 #pragma unroll 1
     for (int u = 0; u < nc; ++u) {
+      const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the loop
+      if (u + 1 < nc) next = p.chunks[c_begin + u + 1];
       if (u >= kStages) pipe::mbar_wait(empty + s, phase ^ 1);
-      load_chunk(p, smem, s, c_begin + u, j, hq, v0, tid);
+      load_chunk(p, smem, s, ci, j, hq, v0, tid);
       pipe::cp_async_arrive(full + s);
       if (++s == kStages) s = 0, phase ^= 1;
     }
@@ -179,53 +189,57 @@ struct FusedWalkSm90 {
 
   /// Warpgroup 1: the gated scores of chunk u, P = Q K^T on the tensor cores, then the gate and
   /// the mask, into P tile u % 2 once both walks have read its previous scores (chunk u - 2).
-  __device__ __forceinline__ static void scores(const FusedWalkParams& p, unsigned char* smem, mbar_t* full,
-                                                mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
+  __device__ __forceinline__ static void scores(const FusedWalkParams& p, const SegmentWalk<Cfg>& range,
+                                                unsigned char* smem, mbar_t* full, mbar_t* empty, mbar_t* pfull,
+                                                mbar_t* pempty) {
     const int tid = threadIdx.x - 128, warp = tid >> 5, lane = tid & 31;
-    const int n = blockIdx.z;
-    const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
+    const int c_begin = range.begin, nc = range.end - range.begin;
     int s = 0, phase = 0;
+    int next_len = nc > 0 ? p.chunks[c_begin].len : 0;
 #pragma unroll 1
     for (int u = 0; u < nc; ++u) {
       const int b = u & 1;
+      const int len = next_len;  // read one chunk ahead: its latency is off the loop
+      if (u + 1 < nc) next_len = p.chunks[c_begin + u + 1].len;
       const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
       pipe::mbar_wait(full + s, phase);
       wg::fence_smem_for_async();  // the cp.async writes are read by wgmma (the async proxy)
       const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
-      const int len = p.chunks[c_begin + u].len;
+      float P[32];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks)
+        wg::mma_m64n64k16<0, 0>(P, wg::desc_k_major(q_addr, C, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
+      wg::commit();
+      // The gates of the thread's rows and columns while the product runs.
       const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
       const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8, tq = (lane & 3) * 2;
       const float g_lo = lds_f32(sg + 4 * r_lo), g_hi = lds_f32(sg + 4 * r_hi);
-      // Two halves of 32 key columns: half the accumulator registers.
-#pragma unroll 1
-      for (int half = 0; half < 2; ++half) {
-        float P[16];
-        wg::fence();
+      float gcol[C / 8][2];
 #pragma unroll
-        for (int ks = 0; ks < K / 16; ++ks)
-          wg::mma_m64n32k16<0, 0>(P, wg::desc_k_major(q_addr, C, ks), wg::desc_k_major_rows(k_addr, C, 32 * half, ks),
-                                  ks > 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::fence_acc(P);
-        if (half == 0 && u >= kPTiles) pipe::mbar_wait(pempty + b, ((u >> 1) - 1) & 1);
+      for (int i = 0; i < C / 8; ++i) {
+        const float2 g2 = lds_f32x2(sg + 4 * (i * 8 + tq));
+        gcol[i][0] = g2.x;
+        gcol[i][1] = g2.y;
+      }
+      wg::wait<0>();
+      wg::fence_acc(P);
+      if (u >= kPTiles) pipe::mbar_wait(pempty + b, ((u >> 1) - 1) & 1);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int col = 32 * half + i * 8 + tq;
-          u32 lo = 0u, hi = 0u;
-          // Column blocks right of the warp's 16 rows are above the diagonal: zeros, no gates.
-          if (32 * half + i * 8 <= 16 * warp + 15) {
-            const float gc0 = lds_f32(sg + 4 * col), gc1 = lds_f32(sg + 4 * col + 4);
-            const float p00 = P[4 * i] * gate_exp2(g_lo - gc0, col <= r_lo && r_lo < len);
-            const float p01 = P[4 * i + 1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
-            const float p10 = P[4 * i + 2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
-            const float p11 = P[4 * i + 3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
-            lo = fwd::pack_f2bf(p00, p01);
-            hi = fwd::pack_f2bf(p10, p11);
-          }
-          sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
-          sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
+      for (int i = 0; i < C / 8; ++i) {
+        const int col = i * 8 + tq;
+        u32 lo = 0u, hi = 0u;
+        // Column blocks right of the warp's 16 rows are above the diagonal: zeros, no gates.
+        if (i * 8 <= 16 * warp + 15) {
+          const float p00 = P[4 * i] * gate_exp2(g_lo - gcol[i][0], col <= r_lo && r_lo < len);
+          const float p01 = P[4 * i + 1] * gate_exp2(g_lo - gcol[i][1], col + 1 <= r_lo && r_lo < len);
+          const float p10 = P[4 * i + 2] * gate_exp2(g_hi - gcol[i][0], col <= r_hi && r_hi < len);
+          const float p11 = P[4 * i + 3] * gate_exp2(g_hi - gcol[i][1], col + 1 <= r_hi && r_hi < len);
+          lo = fwd::pack_f2bf(p00, p01);
+          hi = fwd::pack_f2bf(p10, p11);
         }
+        sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
+        sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
       }
       wg::fence_smem_for_async();  // the walks' wgmma read P through the async proxy
       pipe::mbar_arrive(pfull + b);
@@ -245,12 +259,13 @@ struct FusedWalkSm90 {
   }
 
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
-  __device__ __forceinline__ static void walk(const FusedWalkParams& p, unsigned char* smem, int slab, mbar_t* full,
-                                              mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
+  __device__ __forceinline__ static void walk(const FusedWalkParams& p, const SegmentWalk<Cfg>& range,
+                                              unsigned char* smem, int slab, mbar_t* full, mbar_t* empty, mbar_t* pfull,
+                                              mbar_t* pempty) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
-    const int j = blockIdx.y, n = blockIdx.z, v0 = blockIdx.x * BV + slab * kSlab;
+    const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
     const int barrier = 1 + slab;  // the named barrier of this warpgroup
-    const int c_begin = p.doc_chunk_offset[n], nc = p.doc_chunk_offset[n + 1] - c_begin;
+    const int c_begin = range.begin, nc = range.end - range.begin;
     const int tq = (lane & 3) * 2;
     const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;  // this thread's slab columns (M rows)
 
@@ -267,17 +282,27 @@ struct FusedWalkSm90 {
           for (int e = 0; e < 2; ++e)
             f(S[4 * i + 2 * h + e], state_base + (long long)(8 * i + tq + e) * V + (h ? v_hi : v_lo));
     };
-    for_state([&](float& x, long long at) { x = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[at] : 0.f; });
+    if (Cfg::SEGMENTS > 1) {  // the segment's entry state: slot instead of document in the same layout
+      const long long shift = (range.slot - n) * HV * K * V;
+      for_state([&](float& x, long long at) { x = p.seg_h0[at + shift]; });
+    } else {
+      for_state([&](float& x, long long at) { x = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[at] : 0.f; });
+    }
 
-    const u32 vec = wg::smem_u32(smem + kOffVec + slab * 2 * C * 4);
+    const u32 vec0 = wg::smem_u32(smem + kOffVec + slab * 2 * 2 * C * 4);
     const u32 o_addr = wg::smem_u32(smem + kOffO + slab * kOutBytes);
     const float scale = p.scale;
     int s = 0, phase = 0;  // the stage of chunk u and the parity of its use count u / kStages
+    ChunkInfo next = nc > 0 ? p.chunks[c_begin] : ChunkInfo{};
 #pragma unroll 1
     for (int u = 0; u < nc; ++u) {
-      const int c = c_begin + u, b = u & 1;
+      const int b = u & 1;
       const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
-      const ChunkInfo ci = p.chunks[c];
+      // Column factors in two buffers: a warp may write chunk u + 1's while another still reads
+      // chunk u's; the barrier after the writes orders chunk u - 1's reads before them.
+      const u32 vec = vec0 + b * 2 * C * 4;
+      const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the chain
+      if (u + 1 < nc) next = p.chunks[c_begin + u + 1];
       const int len = ci.len;
       const long long t0 = ci.start;
       const u32 sg = wg::smem_u32(smem + s * kStage + kOffG), sb = wg::smem_u32(smem + s * kStage + kOffB);
@@ -293,8 +318,7 @@ struct FusedWalkSm90 {
       pipe::mbar_wait(full + s, phase);
       wg::fence_smem_for_async();
       // The chunk's column factors, once per column (not once per thread): exp2(gc_t) (0 past the
-      // chunk) by threads 0..63, exp2(gcL - gc_t) by 64..127. The staging barrier of the previous
-      // chunk ordered every read of the last ones before these writes.
+      // chunk) by threads 0..63, exp2(gcL - gc_t) by 64..127.
       const float gl = lds_f32(sg + 4 * (len - 1));
       {
         const int t = ctid & (C - 1);
@@ -392,7 +416,9 @@ struct FusedWalkSm90 {
 
       // O^T * scale, rounded, staged as [t][v] rows in this warpgroup's O tile by stmatrix.trans (matrix
       // m = 2 ii + h of group q: tokens 16 q + 8 ii .. +7, slab columns 16 warp + 8 h .. +7; lane L
-      // gives the row address of matrix L / 8, row L % 8), then stored in 16-byte row pieces.
+      // gives the row address of matrix L / 8, row L % 8). A warp writes only its 16 columns, so it
+      // stores them itself (rows in two 16-byte pieces), with no barrier with the other warps.
+      __syncwarp();  // the warp's stores of the last chunk have read the staging
 #pragma unroll
       for (int q = 0; q < C / 16; ++q) {
         u32 frag[4];
@@ -405,22 +431,23 @@ struct FusedWalkSm90 {
         const int t = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
         stsm_x4_trans(o_addr + 2 * (t * kOutPitch + v), frag);
       }
-      pipe::named_sync(barrier, 128);
-      constexpr int kPieces = kSlab / 8;
-      bf16_t* const dst = p.o + (t0 * HV + j) * V + v0;
-      for (int i = ctid; i < len * kPieces; i += 128) {
-        const int t = i / kPieces, c8 = (i % kPieces) * 8;
-        *reinterpret_cast<uint4*>(dst + (long long)t * HV * V + c8) = lds_v4(o_addr + 2 * (t * kOutPitch + c8));
+      __syncwarp();
+      {
+        const int c8 = 16 * warp + 8 * (lane & 1);
+        bf16_t* const dst = p.o + (t0 * HV + j) * V + v0 + c8;
+#pragma unroll
+        for (int t = lane >> 1; t < C; t += 16)
+          if (t < len)
+            *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = lds_v4(o_addr + 2 * (t * kOutPitch + c8));
       }
       // Every thread arrives after its own reads of the stage (one arrival per warp after a
-      // __syncwarp orders the same, but compute-sanitizer's racecheck does not follow it). The O
-      // tile is written again only after the next chunk's column-factor barrier, which every
-      // thread reaches after its stores above.
+      // __syncwarp orders the same, but compute-sanitizer's racecheck does not follow it).
       pipe::mbar_arrive(empty + s);
       if (++s == kStages) s = 0, phase ^= 1;
     }
 
-    if (Cfg::HAS_HT && p.ht != nullptr) for_state([&](float& x, long long at) { p.ht[at] = x; });
+    // A document's final state is its last segment's.
+    if (Cfg::HAS_HT && p.ht != nullptr && range.last) for_state([&](float& x, long long at) { p.ht[at] = x; });
   }
 };
 

@@ -121,7 +121,7 @@ struct FusedWalkGeometry {
 /// two 64-column blocks, Tm [chunk][chunk], then gc and beta), warpgroup 1 computes the gated
 /// Q K^T into two P tiles, warpgroups 2 and 3 walk 64 columns each with their own O staging
 /// tile and column-factor vectors; then the ring's mbarriers. The tiles start 1024-byte aligned
-/// and the dynamic shared window gets 1 KB of slack to align its base: 212,096 bytes at K = 128.
+/// and the dynamic shared window gets 1 KB of slack to align its base: 213,120 bytes at K = 128.
 struct FusedWalkSm90Layout {
   static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
   static constexpr int kStages = 3;
@@ -137,9 +137,10 @@ struct FusedWalkSm90Layout {
   static constexpr int off_o(int K, int chunk) { return off_p(K, chunk) + 2 * chunk * chunk * 2; }
   static constexpr int off_bar(int K, int chunk) { return off_o(K, chunk) + 2 * chunk * kOutPitch * 2; }
   static constexpr int kBarriers = 2 * kStages + 4;  ///< full[s], empty[s], pfull[2], pempty[2]
-  /// Each walking warpgroup's per-chunk column factors exp2(gc_t) and exp2(gcL - gc_t) (fp32).
+  /// Each walking warpgroup's per-chunk column factors exp2(gc_t) and exp2(gcL - gc_t) (fp32), in
+  /// two buffers (chunks alternate).
   static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 128; }
-  static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * 2 * chunk * 4 + 1024; }
+  static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * 2 * 2 * chunk * 4 + 1024; }
   static_assert(kBarriers * 8 <= 128, "the mbarriers must fit before the vectors");
 };
 
