@@ -103,14 +103,13 @@ std::vector<std::pair<std::string, std::string>> layer_constants(const Spec& s, 
 
 namespace {
 
-/// cp.segments "auto". A document's walks are HV x (V / walk slab) blocks, two per SM; when they
-/// fill less than a quarter of the H200's 264 slots, splitting each document into S segments
-/// (S a power of two, at most 8 and at most the slots over the walks) shortens its chain S times
-/// for about 2.5x the walk's work (the prescan walks the V and K columns of every segment but one):
-/// on the H200 8 segments took one 32768-token document with 6 value heads from 5.20 to 2.79 ms
-/// (fwd+bwd), and 4 made one with 48 heads slower (12.6 -> 15.9 ms). Each document then takes
-/// segments by its own length only (batch invariance): one per kAutoSegmentMinChunks chunks.
-/// The fused forward walks 128 columns per block, one block per SM: 132 slots.
+/// cp.segments "auto". A document's walks are HV x (V / walk slab) blocks, two per SM (the fused
+/// walk: HV x (V / 128), one per SM); when they fill less than a quarter of the H200's slots, splitting each document
+/// into S segments (S a power of two, at most 8 and at most the slots over the walks) shortens its chain S times for
+/// about 2.5x the walk's work (the prescan walks the V and K columns of every segment but one): on the H200 8 segments
+/// took one 32768-token document with 6 value heads from 5.20 to 2.79 ms (fwd+bwd), and 4 made one with 48 heads slower
+/// (12.6 -> 15.9 ms). Each document then takes segments by its own length only (batch invariance): one per
+/// kAutoSegmentMinChunks chunks.
 constexpr int kWalkSlots = 2 * 132;
 constexpr int kFusedWalkSlots = 132;
 constexpr int kAutoSegmentMinChunks = 32;
