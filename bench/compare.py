@@ -16,6 +16,10 @@ enforced limit, the SM clock and the clock-event reasons are read through NVML a
 outside the timed region; a sample is at the power limit when NVML reports the software power cap
 or the hardware power brake.
 
+--gdnc-spec '{"forward":"fused","cp":{"segments":"auto"}}' sets code options of the gdnc arm and its
+A/A copy (the spec fields a caller may set: gdnc/spec.py CODE_OPTIONS); the run file records them and
+bench/table.py merges only runs of one gdnc configuration.
+
 The output JSON is rewritten after every cell, and --resume FILE skips the cells FILE already holds
 for the same commit, peer and order: a table that does not fit one device call is completed by
 the next (--budget-s stops before a cell that would start past the budget).
@@ -296,13 +300,30 @@ def cell_complete(cell, sustained):
     return not (d and d["status"] == "power-capped" and sustained == "auto" and "sustained" not in cell)
 
 
-def load_resume(path, commit, peer, order):
-    """The cells an earlier output of the same commit, peer and order already holds."""
+def parse_gdnc_spec(text):
+    """The --gdnc-spec JSON object: code options only (the call sets heads, head dims and states)."""
+    from gdnc.spec import CODE_OPTIONS
+    try:
+        spec = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"compare: --gdnc-spec: not JSON ({e})")
+    if not isinstance(spec, dict):
+        raise SystemExit(f"compare: --gdnc-spec: a JSON object is needed, not {type(spec).__name__}")
+    unknown = sorted(set(spec) - set(CODE_OPTIONS) | ({"name"} & set(spec)))
+    if unknown:
+        raise SystemExit(f"compare: --gdnc-spec: {', '.join(unknown)} cannot be set here (code options: "
+                         f"{', '.join(o for o in CODE_OPTIONS if o != 'name')})")
+    return spec
+
+
+def load_resume(path, commit, peer, order, gdnc_spec=None):
+    """The cells an earlier output of the same commit, peer, order and gdnc configuration already holds."""
     if not path or not Path(path).exists():
         return None
     earlier = json.loads(Path(path).read_text())
-    mismatch = [(k, earlier.get(k), v) for k, v in (("commit", commit), ("peer", peer), ("order", order))
-                if earlier.get(k) != v]
+    mismatch = [(k, earlier.get(k), v)
+                for k, v in (("commit", commit), ("peer", peer), ("order", order), ("gdnc_spec", gdnc_spec or {}))
+                if earlier.get(k, {} if k == "gdnc_spec" else None) != v]
     if mismatch:
         raise SystemExit("compare: --resume " + str(path) + " is another run: " +
                          ", ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in mismatch))
@@ -317,6 +338,8 @@ def main():
     ap.add_argument("--shapes", default="N,M,G,A,L")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--extra-arms", default="", help="more gdnc arms timed beside (graph, nondet, fused); not published")
+    ap.add_argument("--gdnc-spec", default="{}",
+                    help="code options of the gdnc arm and its A/A copy, a JSON object (recorded in the run file)")
     ap.add_argument("--sustained", default="auto", choices=("auto", "off"),
                     help="auto: re-time power-capped cells under the sustained protocol")
     ap.add_argument("--groups", type=int, default=protocol.NORMAL["groups"])
@@ -341,6 +364,7 @@ def main():
     for e in extra:
         if e not in EXTRA_ARMS:
             sys.exit(f"compare: --extra-arms: unknown arm '{e}' (known: {', '.join(EXTRA_ARMS)})")
+    gdnc_spec = parse_gdnc_spec(args.gdnc_spec)
     normal = {"groups": args.groups, "samples": args.samples, "warmup": args.warmup}
     if normal != protocol.NORMAL:
         print(f"compare: a shortened protocol {normal}: the table does not publish these runs")
@@ -354,7 +378,8 @@ def main():
     print(f"NVML: {nvml.read()}")
     timer = Timer(flush, nvml)
 
-    ours = {OURS: our_arm("bench_gdnc", deterministic=True), AA: our_arm("bench_gdnc_aa", deterministic=True)}
+    base = dict({"deterministic": True}, **gdnc_spec)
+    ours = {OURS: our_arm("bench_gdnc", **base), AA: our_arm("bench_gdnc_aa", **base)}
     if "graph" in extra:
         ours[EXTRA_ARMS["graph"]] = our_arm("bench_gdnc_graph", deterministic=True, graph="replay")
     if "fused" in extra:
@@ -370,12 +395,13 @@ def main():
     order = list(arms) if args.order == "forward" else list(arms)[::-1]
     arms = {n: arms[n] for n in order}
 
-    results = load_resume(args.resume, args.commit, args.peer, args.order)
+    results = load_resume(args.resume, args.commit, args.peer, args.order, gdnc_spec)
     if results:
         results.setdefault("resumed_utc", []).append(datetime.datetime.now(datetime.timezone.utc).isoformat())
     else:
         results = {
             "commit": args.commit, "peer": args.peer, "peer_version": peer_version, "order": args.order,
+            "gdnc_spec": gdnc_spec,
             "arm_order": order, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "protocol": normal, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "shapes": {}}

@@ -100,7 +100,9 @@ def markdown(table, runs):
     commits = sorted({r["commit"] for r in runs})
     devices = sorted({r["device"] for r in runs})
     versions = sorted({f"{PEER_LABEL.get(r['peer'], r['peer'])}: {r['peer_version']}" for r in runs if r["peer_version"]})
-    lines = [f"gdnc at {', '.join(commits)} on {', '.join(devices)}; peers {'; '.join(versions)}.",
+    config = runs[0].get("gdnc_spec", {}) if runs else {}
+    config_text = f" with {json.dumps(config, sort_keys=True)}" if config else ""
+    lines = [f"gdnc at {', '.join(commits)}{config_text} on {', '.join(devices)}; peers {'; '.join(versions)}.",
              "Ratio = peer ms / gdnc ms of the same process (above 1: gdnc faster), one per published run with its "
              "class; † = published by the paired-ratio test, § = sustained protocol (power cap).", "",
              "| shape | op | floor ms | gdnc ms | FlashQLA ms | FlashQLA / gdnc | gdnc ms | FLA ms | FLA / gdnc | gdnc / floor |",
@@ -180,6 +182,10 @@ def main(argv=None):
             runs.append(json.loads(Path(p).read_text()))
         except (OSError, json.JSONDecodeError) as e:
             sys.exit(f"table: {p}: {e}")
+    configs = {json.dumps(r.get("gdnc_spec", {}), sort_keys=True) for r in runs}
+    if len(configs) > 1:
+        sys.exit("table: the runs time different gdnc configurations (--gdnc-spec): " + "; ".join(sorted(configs)) +
+                 "; build one table per configuration")
     table = build(runs)
     text = markdown(table, runs)
     stem = Path(args.out)

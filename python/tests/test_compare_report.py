@@ -31,6 +31,27 @@ class ResumeTests(unittest.TestCase):
             self.assertIn("peer 'flashqla' there, 'fla' here", msg)
             self.assertIsNone(compare.load_resume(str(Path(d) / "absent.json"), "abc", "fla", "forward"))
 
+    def test_resume_keeps_one_gdnc_configuration(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "run.json"
+            fused = {"forward": "fused", "cp": {"segments": "auto"}}
+            p.write_text(json.dumps({"commit": "abc", "peer": "flashqla", "order": "forward", "gdnc_spec": fused,
+                                     "shapes": {}}))
+            self.assertIsNotNone(compare.load_resume(str(p), "abc", "flashqla", "forward", fused))
+            with self.assertRaises(SystemExit) as cm:
+                compare.load_resume(str(p), "abc", "flashqla", "forward", {})
+            self.assertIn("gdnc_spec", str(cm.exception))
+
+
+class GdncSpecTests(unittest.TestCase):
+    def test_only_code_options_pass(self):
+        self.assertEqual(compare.parse_gdnc_spec('{"forward": "fused"}'), {"forward": "fused"})
+        for text, words in (("[1]", "JSON object"), ("{", "not JSON"), ('{"heads": {"qk": 2}}', "heads"),
+                            ('{"name": "x"}', "name")):
+            with self.assertRaises(SystemExit) as cm:
+                compare.parse_gdnc_spec(text)
+            self.assertIn(words, str(cm.exception))
+
 
 class FlaDispatchTests(unittest.TestCase):
     def test_the_fla_arm_refuses_to_run_with_dispatch_to_flashqla_enabled(self):

@@ -219,6 +219,21 @@ class TableTests(unittest.TestCase):
                 table.main([str(bad), "--out", str(Path(d) / "y")])
             self.assertIn("bad.json", str(cm.exception))
 
+    def test_one_table_per_gdnc_configuration(self):
+        plain = run_file("flashqla", "forward", "t1", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)})
+        fused = dict(run_file("flashqla", "reversed", "t2", {("M", "fwd"): ([1.0] * 5, [1.1] * 5, 0, None)}),
+                     gdnc_spec={"forward": "fused"})
+        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+            paths = []
+            for name, run in (("plain.json", plain), ("fused.json", fused)):
+                paths.append(Path(d) / name)
+                paths[-1].write_text(json.dumps(run))
+            with self.assertRaises(SystemExit) as cm:
+                table.main([str(p) for p in paths] + ["--out", str(Path(d) / "z")])
+            self.assertIn("different gdnc configurations", str(cm.exception))
+            table.main([str(paths[1]), "--out", str(Path(d) / "f")])
+            self.assertIn('with {"forward": "fused"}', (Path(d) / "f.md").read_text())
+
 
 if __name__ == "__main__":
     unittest.main()
