@@ -1072,14 +1072,18 @@ TEST_SUITE("gpu_fused") {
     expect_within_bounds(check::run(*m, c), "fused, shape M heads");
     // Segments: the walk starts every segment from the merged entry state (pinned 4, with empty
     // and one-chunk segments; "auto", 8 at most, one per 32 chunks of a document).
-    for (const int segments : {4, 0}) {
-      Spec seg = fused_of("n", segments == 4 ? "fused_n_seg4" : "fused_n_segauto");
-      seg.cp_segments = segments;
-      check::Case sc;
-      sc.seed = seed + 2 + segments;
-      sc.doc_lens = {6000, 2100, 65, 1, 0, 130};
-      expect_within_bounds(check::run(*make(seg), sc), seg.name.c_str());
-    }
+    // Both bodies: tensor_cores "mma_sync" runs the portable one (every target but sm_90a).
+    for (const int segments : {4, 0})
+      for (const TensorCores tc : {TensorCores::automatic, TensorCores::mma_sync}) {
+        Spec seg = fused_of("n", segments == 4 ? "fused_n_seg4" : "fused_n_segauto");
+        seg.cp_segments = segments;
+        seg.tensor_cores = tc;
+        if (tc == TensorCores::mma_sync) seg.name += "_portable";
+        check::Case sc;
+        sc.seed = seed + 2 + segments;
+        sc.doc_lens = {6000, 2100, 65, 1, 0, 130};
+        expect_within_bounds(check::run(*make(seg), sc), seg.name.c_str());
+      }
   }
 
   TEST_CASE("fused forward: the gradients keep the programs path's bits; repeats are bitwise equal") {
@@ -1106,7 +1110,10 @@ TEST_SUITE("gpu_fused") {
   // "mma_sync" runs the portable body. Every product keeps its k order and every element its
   // rounding, so o and ht must come out with the same bits (tails, empty and one-token documents).
   TEST_CASE("fused forward: the sm_90a warp-specialized walk gives the portable walk's bits") {
-    for (const char* example : {"n", "m"}) {
+    // Shape N's heads also with 4 segments: both bodies walk every segment from the same merged
+    // entry states.
+    for (const auto& [example, segments] : {std::pair{"n", 1}, std::pair{"m", 1}, std::pair{"n", 4}}) {
+      CAPTURE(segments);
       check::Case c;
       c.doc_lens = {1, 63, 64, 65, 3000, 0, 700, 129};
       c.with_reference = false;
@@ -1114,8 +1121,11 @@ TEST_SUITE("gpu_fused") {
       c.seed = 71;
       Spec portable = fused_of(example, "fused_portable_bits");
       portable.tensor_cores = TensorCores::mma_sync;
+      portable.cp_segments = segments;
+      Spec sm90 = fused_of(example, "fused_sm90_bits");
+      sm90.cp_segments = segments;
       const check::Report a = check::run(*make(portable), c);
-      const check::Report b = check::run(*make(fused_of(example, "fused_sm90_bits")), c);
+      const check::Report b = check::run(*make(sm90), c);
       for (const char* out : {"o", "ht"}) {
         const std::string &x = a.bytes.at(out), &y = b.bytes.at(out);
         REQUIRE(x.size() == y.size());
