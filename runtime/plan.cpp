@@ -204,13 +204,16 @@ void bind_walk_merge(Builder& b, const char* program, const char* maps, const Va
   GDN_BIND(l, P, seg_h0, b.slot(out));
 }
 
+/// The state entering every segment (seg_h0): the prescan on W and U, then the merge.
+void bind_segment_entry_states(Builder& b, const ValueSource& k) {
+  bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
+  bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
+}
+
 /// The forward walk; with intra-card segments the prescan and the merge first.
 void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht) {
   const bool segments = ir.spec.cp_segments > 1;
-  if (segments) {
-    bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
-    bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
-  }
+  if (segments) bind_segment_entry_states(b, k);
   bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }
 
@@ -263,10 +266,9 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
       bind_state_walk(b, ir, k, b.constant(0));
       return plan;
     }
-    if (segments) {  // the state entering every segment, from the prescan on W and U and the merge
+    if (segments) {  // W and U for the prescan
       bind_chunk_prep(b, k);
-      bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
-      bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
+      bind_segment_entry_states(b, k);
     }
     auto& l = b.launch("fused_walk", sizeof(FusedWalkParams));
     using P = FusedWalkParams;

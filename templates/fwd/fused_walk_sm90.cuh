@@ -47,7 +47,7 @@ struct FusedWalkSm90 {
   static constexpr int kOffQ = L::off_q(K, C), kOffK = L::off_k(K, C), kOffV = L::off_v(K, C);
   static constexpr int kOffT = L::off_t(K, C), kOffG = L::off_g(K, C), kOffB = L::off_b(K, C);
   static constexpr int kOffP = L::off_p(K, C), kOffO = L::off_o(K, C), kOffBar = L::off_bar(K, C);
-  static constexpr int kOffVec = L::off_vec(K, C);
+  static constexpr int kOffVec = L::off_vec(K, C), kVecBytes = L::vec_bytes(C);
   static constexpr int kStages = L::kStages, kPTiles = 2;
   // 32 + 80 + 2 x 200 = 4 x the pinned 128; the scores hold P (32) and their column gates (16).
   static constexpr int kLoaderRegs = 32, kScoreRegs = 80, kWalkRegs = 200;
@@ -289,7 +289,7 @@ struct FusedWalkSm90 {
       for_state([&](float& x, long long at) { x = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[at] : 0.f; });
     }
 
-    const u32 vec0 = wg::smem_u32(smem + kOffVec + slab * 2 * 2 * C * 4);
+    const u32 vec0 = wg::smem_u32(smem + kOffVec + slab * 2 * kVecBytes);  // this walk's two buffers
     const u32 o_addr = wg::smem_u32(smem + kOffO + slab * kOutBytes);
     const float scale = p.scale;
     int s = 0, phase = 0;  // the stage of chunk u and the parity of its use count u / kStages
@@ -300,7 +300,7 @@ struct FusedWalkSm90 {
       const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
       // Column factors in two buffers: a warp may write chunk u + 1's while another still reads
       // chunk u's; the barrier after the writes orders chunk u - 1's reads before them.
-      const u32 vec = vec0 + b * 2 * C * 4;
+      const u32 vec = vec0 + b * kVecBytes;
       const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the chain
       if (u + 1 < nc) next = p.chunks[c_begin + u + 1];
       const int len = ci.len;

@@ -140,7 +140,8 @@ struct FusedWalkSm90Layout {
   /// Each walking warpgroup's per-chunk column factors exp2(gc_t) and exp2(gcL - gc_t) (fp32), in
   /// two buffers (chunks alternate).
   static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 128; }
-  static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * 2 * 2 * chunk * 4 + 1024; }
+  static constexpr int vec_bytes(int chunk) { return 2 * chunk * 4; }  ///< one buffer: both factors
+  static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * 2 * vec_bytes(chunk) + 1024; }
   static_assert(kBarriers * 8 <= 128, "the mbarriers must fit before the vectors");
 };
 
