@@ -21,7 +21,8 @@
  * A stage is released (`empty`) once the scores' warpgroup and both walks are done with it.
  * Each k loop keeps fused_walk's order and each element its rounding, so both bodies give the
  * same bits (gpu_fused holds them to it). A walk's O tile leaves through its own staging tile
- * (stmatrix.trans), each warp storing its own 16 columns.
+ * (stmatrix.trans), each warp storing its own 16 columns, while the next chunk's first products
+ * run.
  */
 #pragma once
 
@@ -292,6 +293,31 @@ struct FusedWalkSm90 {
     const u32 vec0 = wg::smem_u32(smem + kOffVec + slab * 2 * kVecBytes);  // this walk's two buffers
     const u32 o_addr = wg::smem_u32(smem + kOffO + slab * kOutBytes);
     const float scale = p.scale;
+    // The previous chunk's O^T, rounded (bf16 pairs in the layout of stmatrix's fragments), is
+    // staged as [t][v] rows in this warpgroup's O tile by stmatrix.trans (matrix m = 2 ii + h of
+    // group q: tokens 16 q + 8 ii .. +7, slab columns 16 warp + 8 h .. +7; lane L gives the row
+    // address of matrix L / 8, row L % 8) and stored while the tensor cores run the next chunk's
+    // X^T and O^T: the store is off the chain. A warp writes only its 16 columns, so it stores
+    // them itself (rows in two 16-byte pieces), with no barrier with the other warps.
+    u32 Ob[C / 16][4];
+    long long ob_t0 = 0;
+    int ob_len = 0;
+    auto store_o = [&]() {
+      __syncwarp();  // the warp's stores of the chunk before have read the staging
+      const int m_lane = lane >> 3;
+#pragma unroll
+      for (int q = 0; q < C / 16; ++q) {
+        const int t = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
+        stsm_x4_trans(o_addr + 2 * (t * kOutPitch + v), Ob[q]);
+      }
+      __syncwarp();
+      const int c8 = 16 * warp + 8 * (lane & 1);
+      bf16_t* const dst = p.o + (ob_t0 * HV + j) * V + v0 + c8;
+#pragma unroll
+      for (int t = lane >> 1; t < C; t += 16)
+        if (t < ob_len)
+          *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = lds_v4(o_addr + 2 * (t * kOutPitch + c8));
+    };
     int s = 0, phase = 0;  // the stage of chunk u and the parity of its use count u / kStages
     ChunkInfo next = nc > 0 ? p.chunks[c_begin] : ChunkInfo{};
 #pragma unroll 1
@@ -334,6 +360,7 @@ struct FusedWalkSm90 {
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
       wg::commit();
+      if (u > 0) store_o();
       wg::wait<0>();
       wg::fence_acc(X);
       wg::fence_acc(O);
@@ -414,37 +441,22 @@ struct FusedWalkSm90 {
       wg::fence_acc(O);
       pipe::mbar_arrive(pempty + b);
 
-      // O^T * scale, rounded, staged as [t][v] rows in this warpgroup's O tile by stmatrix.trans (matrix
-      // m = 2 ii + h of group q: tokens 16 q + 8 ii .. +7, slab columns 16 warp + 8 h .. +7; lane L
-      // gives the row address of matrix L / 8, row L % 8). A warp writes only its 16 columns, so it
-      // stores them itself (rows in two 16-byte pieces), with no barrier with the other warps.
-      __syncwarp();  // the warp's stores of the last chunk have read the staging
+      // O^T * scale, rounded; stored while the next chunk's first products run (store_o).
 #pragma unroll
-      for (int q = 0; q < C / 16; ++q) {
-        u32 frag[4];
+      for (int q = 0; q < C / 16; ++q)
 #pragma unroll
         for (int m = 0; m < 4; ++m) {
           const float* x = O + 4 * (2 * q + (m >> 1)) + 2 * (m & 1);
-          frag[m] = fwd::pack_f2bf(x[0] * scale, x[1] * scale);
+          Ob[q][m] = fwd::pack_f2bf(x[0] * scale, x[1] * scale);
         }
-        const int m_lane = lane >> 3;
-        const int t = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
-        stsm_x4_trans(o_addr + 2 * (t * kOutPitch + v), frag);
-      }
-      __syncwarp();
-      {
-        const int c8 = 16 * warp + 8 * (lane & 1);
-        bf16_t* const dst = p.o + (t0 * HV + j) * V + v0 + c8;
-#pragma unroll
-        for (int t = lane >> 1; t < C; t += 16)
-          if (t < len)
-            *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = lds_v4(o_addr + 2 * (t * kOutPitch + c8));
-      }
+      ob_t0 = t0;
+      ob_len = len;
       // Every thread arrives after its own reads of the stage (one arrival per warp after a
       // __syncwarp orders the same, but compute-sanitizer's racecheck does not follow it).
       pipe::mbar_arrive(empty + s);
       if (++s == kStages) s = 0, phase ^= 1;
     }
+    if (nc > 0) store_o();
 
     // A document's final state is its last segment's.
     if (Cfg::HAS_HT && p.ht != nullptr && range.last) for_state([&](float& x, long long at) { p.ht[at] = x; });
