@@ -155,8 +155,14 @@ LayerIR lower(const Spec& spec_in) {
         GridKind::rows_qk);
   add("gate_cumsum", "prep/gate_cumsum.cuh", "GateCumsum", "GateCumsumParams", GateCumsumGeometry::kThreads,
       GateCumsumGeometry::smem_bytes(), GridKind::chunk_head_groups);
+  const bool fused = s.forward == ForwardPath::fused;
+  // The fused forward folds the L2 norm into its products (raw q and k, their rows' rstd in fp32):
+  // it writes no normalized copy, the backward makes its own.
+  const bool fold_rstd = fused && norm;
+  const std::pair<std::string, std::string> fold_constant{"FOLD_RSTD", fold_rstd ? "true" : "false"};
   add("chunk_solve", "fwd/chunk_solve.cuh", "ChunkSolve", "ChunkSolveParams", ChunkSolveGeometry::kThreads,
       ChunkSolveGeometry::kSmemBytes, GridKind::chunk_heads, 0, ChunkSolveGeometry::kMinBlocks);
+  ir.programs.back().constants.push_back(fold_constant);
   add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
       ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, ChunkPrepGeometry::kMinBlocks);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
@@ -181,7 +187,6 @@ LayerIR lower(const Spec& spec_in) {
       StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), segments > 1 ? GridKind::walk_segments : GridKind::walk,
       ir.walk_bv);
   add_segment_constants();
-  const bool fused = s.forward == ForwardPath::fused;
   if (fused) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
     // and scoring warpgroups to the walking ones, which needs the entry's count pinned (128 = 512
@@ -192,6 +197,7 @@ LayerIR lower(const Spec& spec_in) {
         FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
     add_segment_constants();
     ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
+    ir.programs.back().constants.push_back(fold_constant);
     if (wgmma) ir.programs.back().max_registers = 65536 / (FusedWalkGeometry::kThreads * FusedWalkGeometry::kMinBlocks);
   } else
     add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
@@ -253,8 +259,10 @@ LayerIR lower(const Spec& spec_in) {
   buf("num_chunks", BufferRole::saved, "int32", "[1]", {0, 0, 0, 4});
   buf("status", BufferRole::saved, "DeviceStatus", "[1]", {0, 0, 0, 24});
   if (norm) {
-    buf("qn", BufferRole::saved, "bf16", "[T, H, K]", {qk * 2});
-    buf("kn", BufferRole::saved, "bf16", "[T, H, K]", {qk * 2});
+    if (!fold_rstd) {  // else the backward's workspace holds them (below)
+      buf("qn", BufferRole::saved, "bf16", "[T, H, K]", {qk * 2});
+      buf("kn", BufferRole::saved, "bf16", "[T, H, K]", {qk * 2});
+    }
     buf("rstd_q", BufferRole::saved, "fp32", "[T, H]", {1LL * H * 4});
     buf("rstd_k", BufferRole::saved, "fp32", "[T, H]", {1LL * H * 4});
   }
@@ -264,6 +272,10 @@ LayerIR lower(const Spec& spec_in) {
   const std::vector<CallForm> both = {CallForm::forward, CallForm::recompute, CallForm::backward};
   const std::vector<CallForm> fwd_only = {CallForm::forward, CallForm::recompute};
   const std::vector<CallForm> bwd_only = {CallForm::backward};
+  // With the folded norm, kn is made where programs of the separate forward read it: the
+  // recompute's tape pair, the prescan's W (segments) and the backward. Before the tapes, so that
+  // a hand-off finds it in place.
+  if (fold_rstd) buf("kn", BufferRole::workspace, "bf16", "[T, H, K]", {qk * 2}, both);
   buf("w", tape_role, "bf16", "[T, HV, K]", {hv * K * 2}, full ? std::vector<CallForm>{} : both);
   buf("h_tape", tape_role, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2},
       full ? std::vector<CallForm>{} : both);
@@ -288,6 +300,7 @@ LayerIR lower(const Spec& spec_in) {
         walk_forms);
     buf("seg_h0", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), walk_forms);
   }
+  if (fold_rstd) buf("qn", BufferRole::workspace, "bf16", "[T, H, K]", {qk * 2}, bwd_only);
   buf("dv_local", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
   buf("dh_tape", BufferRole::workspace, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2}, bwd_only);
   buf("dv_new", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
@@ -326,7 +339,11 @@ LayerIR lower(const Spec& spec_in) {
   // may skip the output, and with light saves it may hand its tapes to the backward, which then
   // skips the re-run (docs/runtime.md).
   std::vector<Launch> fwd = {{"chunk_table", "cu_seqlens -> chunks, checked on the device"}};
-  if (norm) {
+  if (norm && fold_rstd) {
+    fwd.push_back({"l2norm", "q: the rows' rstd only (folded into the fused products)"});
+    fwd.push_back({"l2norm", segments > 1 ? "k: the rows' rstd, and kn for the prescan's W"
+                                          : "k: the rows' rstd only (folded into the fused products)"});
+  } else if (norm) {
     fwd.push_back({"l2norm", "q"});
     fwd.push_back({"l2norm", "k"});
   }
@@ -338,6 +355,7 @@ LayerIR lower(const Spec& spec_in) {
   };
   fwd.push_back({"chunk_solve", "Tm"});
   std::vector<Launch> rec = fwd;
+  if (fold_rstd && segments <= 1) rec[2].note = "k: the rows' rstd, and kn when the output is not needed (the pair)";
   if (fused) {
     // The fused forward leaves no tapes. A recompute whose output is not needed runs the pair
     // that makes them instead, so the backward can bind them (the hand-off); it leaves ht as the
@@ -372,6 +390,10 @@ LayerIR lower(const Spec& spec_in) {
   ir.call_forms.push_back({CallForm::forward, fwd});
   ir.call_forms.push_back({CallForm::recompute, rec});
   std::vector<Launch> bwd;
+  if (fold_rstd) {
+    bwd.push_back({"l2norm", "qn (the forward folded the norm)"});
+    bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
+  }
   if (!full) {
     bwd.push_back({"chunk_prep", "re-run: W and U from the saved Tm", "no fresh hand-off"});
     push_segment_programs(bwd, "no fresh hand-off");

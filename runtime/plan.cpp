@@ -136,6 +136,7 @@ class Builder {
   static ValueSource lin(Lin l) { return {ValueSource::from_formula, Frame::T, RegionKind::saved, 0, l, 0}; }
   static ValueSource constant(int64_t v) { return {ValueSource::from_constant, Frame::T, RegionKind::saved, 0, {}, v}; }
   static ValueSource nt_max() { return lin(Lin{0, 0, 1, 0, 1}); }
+  const LayerIR& ir() const { return ir_; }
 
   PlannedLaunch& launch(const char* program, size_t params_size) {
     const int idx = program_index(ir_, program);
@@ -152,8 +153,19 @@ class Builder {
 #define GDN_BIND(L, P, field, src) \
   (L).fields.push_back(Field{static_cast<uint32_t>(offsetof(P, field)), sizeof(P::field), (src)})
 
-/// Tm = (I + L)^-1 per (chunk, value head), the forward's solve.
-void bind_chunk_solve(Builder& b, const ValueSource& k) {
+/// Rows of x L2-normalized into y and their rstd; either output may be the constant 0 (not written).
+void bind_l2norm(Builder& b, Frame x, const ValueSource& y, const ValueSource& rstd) {
+  auto& l = b.launch("l2norm", sizeof(L2NormParams));
+  using P = L2NormParams;
+  GDN_BIND(l, P, x, b.frame(x));
+  GDN_BIND(l, P, y, y);
+  GDN_BIND(l, P, rstd, rstd);
+  GDN_BIND(l, P, rows, b.lin(Lin{b.ir().spec.heads_qk, 0, 0, 0, 1}));
+}
+
+/// Tm = (I + L)^-1 per (chunk, value head), the forward's solve; rstd_k is bound (with raw k) when
+/// the program folds the norm (FOLD_RSTD), else the constant 0.
+void bind_chunk_solve(Builder& b, const ValueSource& k, const ValueSource& rstd_k) {
   auto& l = b.launch("chunk_solve", sizeof(ChunkSolveParams));
   using P = ChunkSolveParams;
   GDN_BIND(l, P, k, k);
@@ -161,6 +173,7 @@ void bind_chunk_solve(Builder& b, const ValueSource& k) {
   GDN_BIND(l, P, gc, b.slot("gc"));
   GDN_BIND(l, P, chunks, b.slot("chunks"));
   GDN_BIND(l, P, tm, b.slot("tm"));
+  GDN_BIND(l, P, rstd_k, rstd_k);
 }
 
 /// W and U from chunk_solve's Tm (in the forward, and again in the backward of light saves).
@@ -238,18 +251,18 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, num_chunks, b.slot("num_chunks"));
     GDN_BIND(l, P, status, b.slot("status"));
   }
+  const bool fused = ir.spec.forward == ForwardPath::fused;
+  const bool segments = ir.spec.cp_segments > 1;
+  // The fused forward folds the norm into its products and needs only the rows' rstd; kn only for
+  // the programs of the separate forward it runs (the prescan's W, a recompute's tape pair).
+  const bool fold = norm && fused;
+  const bool kn_needed = !fold || segments || output == OutputLaunch::no;
   if (norm) {
-    for (auto [x, y, r] : {std::tuple{F::q, "qn", "rstd_q"}, std::tuple{F::k, "kn", "rstd_k"}}) {
-      auto& l = b.launch("l2norm", sizeof(L2NormParams));
-      using P = L2NormParams;
-      GDN_BIND(l, P, x, b.frame(x));
-      GDN_BIND(l, P, y, b.slot(y));
-      GDN_BIND(l, P, rstd, b.slot(r));
-      GDN_BIND(l, P, rows, b.lin(Lin{ir.spec.heads_qk, 0, 0, 0, 1}));
-    }
+    bind_l2norm(b, F::q, fold ? b.constant(0) : b.slot("qn"), b.slot("rstd_q"));
+    bind_l2norm(b, F::k, kn_needed ? b.slot("kn") : b.constant(0), b.slot("rstd_k"));
   }
-  const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
-  const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
+  const ValueSource q = norm && !fold ? b.slot("qn") : b.frame(F::q);
+  const ValueSource k = norm && kn_needed ? b.slot("kn") : b.frame(F::k);
   {
     auto& l = b.launch("gate_cumsum", sizeof(GateCumsumParams));
     using P = GateCumsumParams;
@@ -258,9 +271,8 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, chunks, b.slot("chunks"));
     GDN_BIND(l, P, nt_max, b.nt_max());
   }
-  bind_chunk_solve(b, k);
-  if (ir.spec.forward == ForwardPath::fused) {
-    const bool segments = ir.spec.cp_segments > 1;
+  bind_chunk_solve(b, fold ? b.frame(F::k) : k, fold ? b.slot("rstd_k") : b.constant(0));
+  if (fused) {
     if (output == OutputLaunch::no) {  // the tapes for a hand-off; ht stays the forward's
       bind_chunk_prep(b, k);
       bind_state_walk(b, ir, k, b.constant(0));
@@ -272,8 +284,10 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     }
     auto& l = b.launch("fused_walk", sizeof(FusedWalkParams));
     using P = FusedWalkParams;
-    GDN_BIND(l, P, q, q);
-    GDN_BIND(l, P, k, k);
+    GDN_BIND(l, P, q, b.frame(F::q));  // raw with the folded norm, else there is none
+    GDN_BIND(l, P, k, b.frame(F::k));
+    GDN_BIND(l, P, rstd_q, norm ? b.slot("rstd_q") : b.constant(0));
+    GDN_BIND(l, P, rstd_k, norm ? b.slot("rstd_k") : b.constant(0));
     GDN_BIND(l, P, v, b.frame(F::v));
     GDN_BIND(l, P, beta, b.frame(F::beta));
     GDN_BIND(l, P, gc, b.slot("gc"));
@@ -315,6 +329,10 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
   using F = Frame;
   const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
+  if (norm && ir.spec.forward == ForwardPath::fused) {  // the forward folded the norm: no qn, kn saved
+    bind_l2norm(b, F::q, q, b.constant(0));
+    if (rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));  // a hand-off brings kn
+  }
   if (!full && rerun == PrepRerun::yes) {
     bind_chunk_prep(b, k);  // Tm read back
     bind_state_walk(b, ir, k, b.constant(0));

@@ -55,8 +55,8 @@ struct ChunkTableParams {
 
 struct L2NormParams {
   const bf16_t* x;  ///< [rows, D]
-  bf16_t* y;        ///< [rows, D] normalized, bf16
-  float* rstd;      ///< [rows]
+  bf16_t* y;        ///< [rows, D] normalized, bf16; null: not written (the rstd alone)
+  float* rstd;      ///< [rows]; null: not written
   long long rows;
 };
 
@@ -82,11 +82,12 @@ struct ChunkPrepParams {
 
 /// The forward's solve (F2): L = tril1(diag(beta)(K K^T) .* Dec), Tm = (I + L)^-1 per (chunk, value head).
 struct ChunkSolveParams {
-  const bf16_t* k;    ///< [T, H, K] (normalized when the norm is on)
+  const bf16_t* k;    ///< [T, H, K]: normalized when the norm is on, raw with Cfg::FOLD_RSTD
   const float* beta;  ///< [T, HV]
   const float* gc;    ///< [T, HV]
   const ChunkInfo* chunks;
-  bf16_t* tm;  ///< [T, HV, CHUNK]: row t holds Tm's row for token t (rows < len of each chunk)
+  bf16_t* tm;           ///< [T, HV, CHUNK]: row t holds Tm's row for token t (rows < len of each chunk)
+  const float* rstd_k;  ///< [T, H] with Cfg::FOLD_RSTD: (K K^T)_ij is scaled by rstd_i rstd_j
 };
 
 /// Forward state walk (F4), one program per (V slab, value head, document).
@@ -112,7 +113,7 @@ struct StateWalkParams {
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value
 /// head, document).
 struct FusedWalkParams {
-  const bf16_t* q;  ///< [T, H, K] (normalized when the norm is on)
+  const bf16_t* q;  ///< [T, H, K]: normalized when the norm is on, raw with Cfg::FOLD_RSTD
   const bf16_t* k;
   const bf16_t* v;    ///< [T, HV, V]
   const float* beta;  ///< [T, HV]
@@ -128,6 +129,9 @@ struct FusedWalkParams {
   // Intra-card segments (Cfg::SEGMENTS > 1): block z = n * SEGMENTS + i walks segment i of document
   // n from its entry state (walk_merge); a document's last segment writes ht.
   const float* seg_h0;  ///< [segment slots, HV, K, V]
+  // Cfg::FOLD_RSTD: every product takes the raw q and k; their rows' rstd scale the results in fp32.
+  const float* rstd_q;  ///< [T, H]
+  const float* rstd_k;  ///< [T, H]
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
@@ -230,14 +234,14 @@ static_assert(sizeof(ChunkTableParams) == 56, "ChunkTableParams: the host and th
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
 static_assert(sizeof(GateCumsumParams) == 32, "GateCumsumParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkPrepParams) == 64, "ChunkPrepParams: the host and the kernels share this layout");
-static_assert(sizeof(ChunkSolveParams) == 40, "ChunkSolveParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
-static_assert(sizeof(FusedWalkParams) == 104, "FusedWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(FusedWalkParams) == 120, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 32, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");

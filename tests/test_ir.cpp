@@ -174,14 +174,23 @@ TEST_SUITE("ir") {
           std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_solve",
                                    "chunk_prep [the output is not needed]", "state_walk [the output is not needed]",
                                    "fused_walk [the output is needed]"});
-    // The backward is the programs path's: the same tapes from the same Tm, kn and gc.
+    // The backward is the programs path's (the same tapes from the same Tm, kn and gc) after its
+    // own L2 norm: the fused forward folds the norm into its products and saves no qn, kn.
     CHECK(launches(gdn::CallForm::backward) == [&] {
-      std::vector<std::string> out;
+      std::vector<std::string> out = {"l2norm", "l2norm [no fresh hand-off]"};
       for (const auto& cf : plain.call_forms)
         if (cf.form == gdn::CallForm::backward)
           for (const auto& l : cf.launches) out.push_back(l.program + (l.when.empty() ? "" : " [" + l.when + "]"));
       return out;
     }());
+    CHECK(constant_of(fused.program("chunk_solve"), "FOLD_RSTD") == "true");
+    CHECK(constant_of(fw, "FOLD_RSTD") == "true");
+    CHECK(constant_of(plain.program("chunk_solve"), "FOLD_RSTD") == "false");
+    CHECK(fused.buffer("qn").role == gdn::BufferRole::workspace);
+    CHECK(fused.buffer("qn").forms == std::vector<gdn::CallForm>{gdn::CallForm::backward});
+    CHECK(fused.buffer("kn").role == gdn::BufferRole::workspace);
+    CHECK(fused.buffer("rstd_q").role == gdn::BufferRole::saved);
+    CHECK(plain.buffer("qn").role == gdn::BufferRole::saved);
     CHECK(gdn::to_text(fused).find("decisions: forward=fused") != std::string::npos);
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).forward == gdn::ForwardPath::fused);
     spec.save_mode = gdn::SaveMode::full;

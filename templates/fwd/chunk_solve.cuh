@@ -3,7 +3,8 @@
  * @brief Forward stage F2 per (chunk, value head): L = tril1(diag(beta)(K K^T) .* Dec) and
  *        Tm = (I + L)^-1 by the 16 x 16 block method (ALGORITHM F2: forward substitution inside
  *        the diagonal blocks in fp32, then the block merge), written as bf16 for chunk_prep (W, U),
- *        the fused walk and the backward.
+ *        the fused walk and the backward. In the fused forward with the in-kernel L2 norm
+ *        (FOLD_RSTD) K is the raw input and K K^T's (i, j) is scaled by rstd_i rstd_j in fp32.
  *
  * The kernel is bound by the shared-memory pipe, not by arithmetic, so it is built around the
  * bytes each warp reads (one wavefront moves 128 bytes; a warp's 16-byte load always costs four):
@@ -80,6 +81,7 @@ struct ChunkSolve {
     float* sT = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffT);
     float* sg = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffG);
     float* sb = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffBeta);
+    float* sr = reinterpret_cast<float*>(smem + ChunkSolveGeometry::kOffRstd);
 
     {
       // Thread tid copies piece tid % 16 of rows tid / 16 + 8 i: the rows' swizzle (r % 8) is the
@@ -100,11 +102,12 @@ struct ChunkSolve {
       const bool ok = tid < len;
       sg[tid] = ok ? p.gc[(t0 + tid) * HV + j] : 0.f;
       sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
+      if (Cfg::FOLD_RSTD) sr[tid] = ok ? p.rstd_k[(t0 + tid) * H + hq] : 0.f;
     }
     cp_async_wait<0>();
     __syncthreads();
 
-    gram_to_l(sK, sL, sg, sb, len, warp, lane);
+    gram_to_l(sK, sL, sg, sb, sr, len, warp, lane);
     diagonal_blocks(sL, sT, warp, lane);
     __syncthreads();
     // Column 0 (three steps) on warps 0-1, columns 1 then 2 (two steps, one) on warps 2-3; each
@@ -207,15 +210,18 @@ struct ChunkSolve {
   }
 
   /// L of row block W from its K K^T blocks, as fp32 pairs into the K tile's bytes.
+  /// With Cfg::FOLD_RSTD the K tile is raw: (K K^T)_rc times rstd_r rstd_c is the normalized
+  /// product (one rounding fewer than the product of rounded normalized rows).
   template <int W>
-  __device__ static void l_row(const float (&acc)[4][2][4], float* sL, const float* sg, const float* sb, int len,
-                               int lane) {
+  __device__ static void l_row(const float (&acc)[4][2][4], float* sL, const float* sg, const float* sb,
+                               const float* sr, int len, int lane) {
     const int gr = lane >> 2, tq = (lane & 3) * 2;
-    float g_row[2], b_row[2];
+    float g_row[2], b_row[2], r_row[2];
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       g_row[e] = sg[W * 16 + gr + 8 * e];
       b_row[e] = sb[W * 16 + gr + 8 * e];
+      r_row[e] = Cfg::FOLD_RSTD ? sr[W * 16 + gr + 8 * e] : 1.f;
     }
 #pragma unroll
     for (int m = 0; m <= W; ++m) {
@@ -227,10 +233,11 @@ struct ChunkSolve {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int rr = gr + e * 8, r = W * 16 + rr;
+          const float a0 = Cfg::FOLD_RSTD ? acc[m][h][2 * e] * (r_row[e] * sr[c]) : acc[m][h][2 * e];
+          const float a1 = Cfg::FOLD_RSTD ? acc[m][h][2 * e + 1] * (r_row[e] * sr[c + 1]) : acc[m][h][2 * e + 1];
           // strict lower part inside the chunk (c < r < len)
-          const float l0 = c < r && r < len ? acc[m][h][2 * e] * gate_exp2(g_row[e] - g_c0, true) * b_row[e] : 0.f;
-          const float l1 =
-              c + 1 < r && r < len ? acc[m][h][2 * e + 1] * gate_exp2(g_row[e] - g_c1, true) * b_row[e] : 0.f;
+          const float l0 = c < r && r < len ? a0 * gate_exp2(g_row[e] - g_c0, true) * b_row[e] : 0.f;
+          const float l1 = c + 1 < r && r < len ? a1 * gate_exp2(g_row[e] - g_c1, true) * b_row[e] : 0.f;
           *reinterpret_cast<float2*>(dst + at(rr, cc)) = make_float2(l0, l1);
         }
       }
@@ -239,8 +246,8 @@ struct ChunkSolve {
 
   /// Every warp reaches the same two block barriers: bar.sync from per-warp code paths would be
   /// divergent barriers (compute-sanitizer's synccheck rejects them).
-  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, int len, int warp,
-                                   int lane) {
+  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, const float* sr,
+                                   int len, int warp, int lane) {
     float acc[4][2][4];
     switch (warp) {
       case 0: gram_row<0>(sK, acc, lane); break;
@@ -250,10 +257,10 @@ struct ChunkSolve {
     }
     __syncthreads();  // every warp is done reading K; L takes its bytes
     switch (warp) {
-      case 0: l_row<0>(acc, sL, sg, sb, len, lane); break;
-      case 1: l_row<1>(acc, sL, sg, sb, len, lane); break;
-      case 2: l_row<2>(acc, sL, sg, sb, len, lane); break;
-      default: l_row<3>(acc, sL, sg, sb, len, lane); break;
+      case 0: l_row<0>(acc, sL, sg, sb, sr, len, lane); break;
+      case 1: l_row<1>(acc, sL, sg, sb, sr, len, lane); break;
+      case 2: l_row<2>(acc, sL, sg, sb, sr, len, lane); break;
+      default: l_row<3>(acc, sL, sg, sb, sr, len, lane); break;
     }
     __syncthreads();
   }

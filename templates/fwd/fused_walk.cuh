@@ -12,8 +12,10 @@
  *   Vn = bf16(V'),  Vg = bf16(V' exp2(gcL - gc_i))
  *   O  = scale (exp2(gc_i) (Q Sb)_i + (bf16(tril0(Q K^T .* exp2(gc_i - gc_j))) Vn)_i)
  *   S  = exp2(gcL) S + K^T Vg
- * Tm is chunk_prep's gated inverse (read back, bf16), so the backward's tapes, which the separate
- * programs recompute from the same Tm, kn and gc, keep their bits; only o changes its roundings.
+ * Tm is chunk_solve's gated inverse (read back, bf16). With the in-kernel L2 norm (FOLD_RSTD) q and
+ * k arrive raw and every product is scaled by their rows' rstd in fp32 instead (exp2(gc_i) rk_i for
+ * X, exp2(gc_i) rq_i for O, exp2(gcL - gc_i) rk_i for Vg, rq_i rk_j for Q K^T): the normalized rows
+ * are never rounded to bf16, and the forward writes no normalized copy (the backward makes its own).
  *
  * A block of 16 warps runs two independent halves, one per 64-column slab of its 128 V columns,
  * each with its own shared memory and named barrier (the grid and threads of the sm_90a body).
@@ -60,6 +62,8 @@ struct FusedWalkMmaSync {
   static constexpr int kOff_vg = FusedWalkGeometry::off_vg(K, C, BV);
   static constexpr int kOff_g = FusedWalkGeometry::off_g(K, C, BV);
   static constexpr int kOff_b = FusedWalkGeometry::off_b(K, C, BV);
+  static constexpr int kOff_rq = FusedWalkGeometry::off_rq(K, C, BV);
+  static constexpr int kOff_rk = FusedWalkGeometry::off_rk(K, C, BV);
 
   __device__ static void run(const FusedWalkParams& p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -84,6 +88,8 @@ struct FusedWalkMmaSync {
     bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);
     float* sg = reinterpret_cast<float*>(smem + kOff_g);
     float* sb = reinterpret_cast<float*>(smem + kOff_b);
+    float* srq = reinterpret_cast<float*>(smem + kOff_rq);
+    float* srk = reinterpret_cast<float*>(smem + kOff_rk);
 
     // State rows 16 warp + gr (+8), columns nt * 8 + tq (+1).
     float S[NT][4];
@@ -122,6 +128,10 @@ struct FusedWalkMmaSync {
         const bool ok = tid < len;
         sg[tid] = ok ? p.gc[(t0 + tid) * HV + j] : 0.f;
         sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
+        if (Cfg::FOLD_RSTD) {
+          srq[tid] = ok ? p.rstd_q[(t0 + tid) * H + hq] : 0.f;
+          srk[tid] = ok ? p.rstd_k[(t0 + tid) * H + hq] : 0.f;
+        }
       }
       fwd::cp_async_wait<0>();
       sync();
@@ -134,6 +144,17 @@ struct FusedWalkMmaSync {
       {
         float P[C / 8][4];
         fwd::causal_scores<K, C, LDK>(P, sQ, sK, rb);
+        if (Cfg::FOLD_RSTD) {  // raw Q K^T times rstd_q of the row and rstd_k of the column
+          const float rq_lo = srq[r_lo], rq_hi = srq[r_hi];
+#pragma unroll
+          for (int n = 0; n < C / 8; ++n) {
+            const float rk0 = srk[n * 8 + tq], rk1 = srk[n * 8 + tq + 1];
+            P[n][0] *= rq_lo * rk0;
+            P[n][1] *= rq_lo * rk1;
+            P[n][2] *= rq_hi * rk0;
+            P[n][3] *= rq_hi * rk1;
+          }
+        }
         fwd::gate_scores<C>(Pa, P, sg, g_lo, g_hi, rb, len, gr, tq);
       }
 
@@ -157,9 +178,13 @@ struct FusedWalkMmaSync {
         }
       }
 
-      // Wf = bf16(beta (v - exp2(gc) X)), zero past the chunk.
+      // Wf = bf16(beta (v - exp2(gc) X)), zero past the chunk; with FOLD_RSTD the rows' rstd of k
+      // scale X and those of q scale O.
       {
-        const float e_lo = r_lo < len ? exp2f(g_lo) : 0.f, e_hi = r_hi < len ? exp2f(g_hi) : 0.f;
+        const float e_lo = r_lo < len ? (Cfg::FOLD_RSTD ? exp2f(g_lo) * srk[r_lo] : exp2f(g_lo)) : 0.f;
+        const float e_hi = r_hi < len ? (Cfg::FOLD_RSTD ? exp2f(g_hi) * srk[r_hi] : exp2f(g_hi)) : 0.f;
+        const float o_lo = Cfg::FOLD_RSTD ? (r_lo < len ? exp2f(g_lo) * srq[r_lo] : 0.f) : e_lo;
+        const float o_hi = Cfg::FOLD_RSTD ? (r_hi < len ? exp2f(g_hi) * srq[r_hi] : 0.f) : e_hi;
         const float b_lo = sb[r_lo], b_hi = sb[r_hi];
 #pragma unroll
         for (int q = 0; q < kHalf / 8; ++q) {
@@ -172,10 +197,10 @@ struct FusedWalkMmaSync {
           const float w3 = b_hi * (bf2f(static_cast<bf16_t>(vhi >> 16)) - e_hi * X[q][3]);
           *reinterpret_cast<u32*>(sWf + r_lo * LDS + col) = r_lo < len ? fwd::pack_f2bf(w0, w1) : 0u;
           *reinterpret_cast<u32*>(sWf + r_hi * LDS + col) = r_hi < len ? fwd::pack_f2bf(w2, w3) : 0u;
-          O[q][0] *= e_lo;
-          O[q][1] *= e_lo;
-          O[q][2] *= e_hi;
-          O[q][3] *= e_hi;
+          O[q][0] *= o_lo;
+          O[q][1] *= o_lo;
+          O[q][2] *= o_hi;
+          O[q][3] *= o_hi;
         }
       }
       sync();  // Wf complete: V' mixes every row of it
@@ -185,7 +210,8 @@ struct FusedWalkMmaSync {
         float Vp[kHalf / 8][4];
         fwd::lower_tri_product<C, kHalf, LDT, LDS>(Vp, sT, sWf, rb, c0);
         const float gl = sg[len - 1];
-        const float d_lo = gate_exp2(gl - g_lo, r_lo < len), d_hi = gate_exp2(gl - g_hi, r_hi < len);
+        float d_lo = gate_exp2(gl - g_lo, r_lo < len), d_hi = gate_exp2(gl - g_hi, r_hi < len);
+        if (Cfg::FOLD_RSTD) d_lo *= srk[r_lo], d_hi *= srk[r_hi];
 #pragma unroll
         for (int q = 0; q < kHalf / 8; ++q) {
           const int col = c0 + q * 8 + tq;

@@ -3,13 +3,13 @@
  * @brief The fused forward walk on sm_90a: the math and rounding points of fused_walk.cuh (read
  *        its comment), the same grid and 512 threads, warp-specialized in four warpgroups that
  *        share each chunk's loads and gated scores between the block's two 64-column slabs:
- *  - warpgroup 0 (32 registers after setmaxnreg) loads chunk c into a ring of three stages by
+ *  - warpgroup 0 (40 registers after setmaxnreg) loads chunk c into a ring of three stages by
  *    cp.async at 128-byte-swizzled positions, each thread's copies completing as one arrival on
  *    the stage's `full` barrier, up to three chunks ahead of the walks;
- *  - warpgroup 1 (80 registers) computes the gated Q K^T of a chunk as soon as it lands (wgmma
+ *  - warpgroup 1 (88 registers) computes the gated Q K^T of a chunk as soon as it lands (wgmma
  *    from shared memory), rounds it to bf16 and publishes it in one of two P tiles (`pfull`;
  *    `pempty` when both walks have read it), up to two chunks ahead;
- *  - warpgroups 2 and 3 (200 registers) walk 64 columns each: the state is kept transposed, S^T
+ *  - warpgroups 2 and 3 (192 registers) walk 64 columns each: the state is kept transposed, S^T
  *    (64 x K fp32, the accumulator of the state update, 64 registers), so every product has the
  *    slab's columns on M and takes its left operand from registers (the RS form): bf16(S)^T,
  *    Wf^T, Vn^T and Vg^T never pass through shared memory, and no block-wide barrier is on the
@@ -18,6 +18,8 @@
  *      V'^T = Wf^T Tm^T                            4 x m64n64k16
  *      S^T  = exp2(gcL) S^T + Vg^T K               4 x m64n128k16 (K read N-major)
  *      O^T += Vn^T P^T                             4 x m64n64k16
+ * With the in-kernel L2 norm (FOLD_RSTD) Q and K are the raw inputs and the rows' rstd scale the
+ * products in fp32, as fused_walk.cuh describes.
  * A stage is released (`empty`) once the scores' warpgroup and both walks are done with it.
  * Each k loop keeps fused_walk's order and each element its rounding, so both bodies give the
  * same bits (gpu_fused holds them to it). A walk's O tile leaves through its own staging tile
@@ -47,11 +49,13 @@ struct FusedWalkSm90 {
   static constexpr int kStage = L::stage_bytes(K, C);
   static constexpr int kOffQ = L::off_q(K, C), kOffK = L::off_k(K, C), kOffV = L::off_v(K, C);
   static constexpr int kOffT = L::off_t(K, C), kOffG = L::off_g(K, C), kOffB = L::off_b(K, C);
+  static constexpr int kOffRq = L::off_rq(K, C), kOffRk = L::off_rk(K, C);
   static constexpr int kOffP = L::off_p(K, C), kOffO = L::off_o(K, C), kOffBar = L::off_bar(K, C);
   static constexpr int kOffVec = L::off_vec(K, C), kVecBytes = L::vec_bytes(C);
   static constexpr int kStages = L::kStages, kPTiles = 2;
-  // 32 + 80 + 2 x 200 = 4 x the pinned 128; the scores hold P (32) and their column gates (16).
-  static constexpr int kLoaderRegs = 32, kScoreRegs = 80, kWalkRegs = 200;
+  // 40 + 88 + 2 x 192 = 4 x the pinned 128; the scores hold P (32) and their column gates (16); the
+  // loader's second cp.async per thread (the rstd rows) and the scores' rstd spilled at 32 and 80.
+  static constexpr int kLoaderRegs = 40, kScoreRegs = 88, kWalkRegs = 192;
   static constexpr int kOutPitch = L::kOutPitch;
   static constexpr int kOutBytes = C * kOutPitch * 2;
 
@@ -162,11 +166,17 @@ struct FusedWalkSm90 {
     load_tile<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid);
     load_tile<C, BV>(tile(smem, stage, kOffV), p.v + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid);
     load_tile<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid);
-    // gc and beta of the chunk's rows (zeros past the chunk, as fused_walk stages them).
+    // gc and beta of the chunk's rows (zeros past the chunk, as fused_walk stages them), and with
+    // FOLD_RSTD the rows' rstd of q and k.
     float* const sv = reinterpret_cast<float*>(smem + stage * kStage + (tid < C ? kOffG : kOffB));
     const int r = tid % C;
     const float* src = (tid < C ? p.gc : p.beta) + (t0 + r) * HV + j;
     fwd::cp_async4(sv + r, r < len ? src : p.gc, r < len);
+    if (Cfg::FOLD_RSTD) {
+      float* const sr = reinterpret_cast<float*>(smem + stage * kStage + (tid < C ? kOffRq : kOffRk));
+      const float* rsrc = (tid < C ? p.rstd_q : p.rstd_k) + (t0 + r) * H + hq;
+      fwd::cp_async4(sr + r, r < len ? rsrc : p.rstd_q, r < len);
+    }
   }
 
   /// Warpgroup 0: chunk u into stage u % 3 once the stage's previous chunk (u - 3) is released.
@@ -226,12 +236,23 @@ struct FusedWalkSm90 {
       wg::wait<0>();
       wg::fence_acc(P);
       if (u >= kPTiles) pipe::mbar_wait(pempty + b, ((u >> 1) - 1) & 1);
+      // With FOLD_RSTD the raw Q K^T times rstd_q of the row and rstd_k of the column first.
+      const u32 sq = wg::smem_u32(smem + s * kStage + kOffRq), sk = wg::smem_u32(smem + s * kStage + kOffRk);
+      const float rq_lo = Cfg::FOLD_RSTD ? lds_f32(sq + 4 * r_lo) : 1.f;
+      const float rq_hi = Cfg::FOLD_RSTD ? lds_f32(sq + 4 * r_hi) : 1.f;
 #pragma unroll
       for (int i = 0; i < C / 8; ++i) {
         const int col = i * 8 + tq;
         u32 lo = 0u, hi = 0u;
         // Column blocks right of the warp's 16 rows are above the diagonal: zeros, no gates.
         if (i * 8 <= 16 * warp + 15) {
+          if (Cfg::FOLD_RSTD) {
+            const float2 rk = lds_f32x2(sk + 4 * col);
+            P[4 * i] *= rq_lo * rk.x;
+            P[4 * i + 1] *= rq_lo * rk.y;
+            P[4 * i + 2] *= rq_hi * rk.x;
+            P[4 * i + 3] *= rq_hi * rk.y;
+          }
           const float p00 = P[4 * i] * gate_exp2(g_lo - gcol[i][0], col <= r_lo && r_lo < len);
           const float p01 = P[4 * i + 1] * gate_exp2(g_lo - gcol[i][1], col + 1 <= r_lo && r_lo < len);
           const float p10 = P[4 * i + 2] * gate_exp2(g_hi - gcol[i][0], col <= r_hi && r_hi < len);
@@ -344,12 +365,25 @@ struct FusedWalkSm90 {
       pipe::mbar_wait(full + s, phase);
       wg::fence_smem_for_async();
       // The chunk's column factors, once per column (not once per thread): exp2(gc_t) (0 past the
-      // chunk) by threads 0..63, exp2(gcL - gc_t) by 64..127.
+      // chunk) for X and O by threads 0..63, exp2(gcL - gc_t) by 64..127; with FOLD_RSTD times the
+      // row's rstd of k (X, Vg) or q (O).
       const float gl = lds_f32(sg + 4 * (len - 1));
       {
         const int t = ctid & (C - 1);
         const float g = lds_f32(sg + 4 * t);
-        sts_f32(vec + 4 * ctid, ctid < C ? (t < len ? exp2f(g) : 0.f) : gate_exp2(gl - g, t < len));
+        if (Cfg::FOLD_RSTD) {
+          const u32 sr = wg::smem_u32(smem + s * kStage + kOffRk);
+          const float rk = lds_f32(sr + 4 * t);
+          if (ctid < C) {
+            const float rq = lds_f32(wg::smem_u32(smem + s * kStage + kOffRq) + 4 * t);
+            sts_f32(vec + 4 * t, t < len ? exp2f(g) * rk : 0.f);
+            sts_f32(vec + 4 * (2 * C + t), t < len ? exp2f(g) * rq : 0.f);
+          } else {
+            sts_f32(vec + 4 * ctid, gate_exp2(gl - g, t < len) * rk);
+          }
+        } else {
+          sts_f32(vec + 4 * ctid, ctid < C ? (t < len ? exp2f(g) : 0.f) : gate_exp2(gl - g, t < len));
+        }
       }
       pipe::named_sync(barrier, 128);
 
@@ -383,13 +417,14 @@ struct FusedWalkSm90 {
           for (int e = 0; e < 2; ++e) {
             const int i = 2 * ks + ii, t = 8 * i + tq + e;
             const float et = lds_f32(vec + 4 * t), bt = lds_f32(sb + 4 * t);
+            const float eo = Cfg::FOLD_RSTD ? lds_f32(vec + 4 * (2 * C + t)) : et;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const u32 pair = vt4[2 * ii + h];
               const float vt = bf2f(static_cast<bf16_t>(e ? pair >> 16 : pair & 0xffffu));
               const float x = bt * (vt - et * X[4 * i + 2 * h + e]);
               w[4 * ii + 2 * h + e] = t < len ? x : 0.f;
-              O[4 * i + 2 * h + e] *= et;
+              O[4 * i + 2 * h + e] *= eo;
             }
           }
 #pragma unroll

@@ -47,7 +47,8 @@ struct ChunkSolveGeometry {
   static constexpr int kOffT = kChunk * kK * 2;  ///< Tm's ten lower blocks
   static constexpr int kOffG = kOffT + 10 * kBlockFloats * 4;
   static constexpr int kOffBeta = kOffG + kChunk * 4;
-  static constexpr int kSmemBytes = kOffBeta + kChunk * 4;
+  static constexpr int kOffRstd = kOffBeta + kChunk * 4;  ///< the rows' rstd (FOLD_RSTD)
+  static constexpr int kSmemBytes = kOffRstd + kChunk * 4;
   static_assert(kOffP + 3 * kBlockFloats * 4 <= kOffT, "L and the merge scratch must fit in the K tile's bytes");
 };
 
@@ -98,7 +99,7 @@ struct FusedWalkGeometry {
   static constexpr int kHalfThreads = 256;
   static constexpr int ld_bf(int d) { return d + 8; }
   // Per portable half: Q and K [chunk][K] (Q's bytes stage O once Q is consumed), the V slab, Tm
-  // [chunk][chunk], bf16(S) [K][bv], Wf, Vn and Vg [chunk][bv], gc and beta.
+  // [chunk][chunk], bf16(S) [K][bv], Wf, Vn and Vg [chunk][bv], gc, beta, the rows' rstd of q and k.
   static constexpr int off_q(int, int, int) { return 0; }
   static constexpr int off_k(int K, int chunk, int bv) { return off_q(K, chunk, bv) + chunk * ld_bf(K) * 2; }
   static constexpr int off_v(int K, int chunk, int bv) { return off_k(K, chunk, bv) + chunk * ld_bf(K) * 2; }
@@ -109,8 +110,10 @@ struct FusedWalkGeometry {
   static constexpr int off_vg(int K, int chunk, int bv) { return off_vn(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
   static constexpr int off_g(int K, int chunk, int bv) { return off_vg(K, chunk, bv) + chunk * ld_bf(bv) * 2; }
   static constexpr int off_b(int K, int chunk, int bv) { return off_g(K, chunk, bv) + chunk * 4; }
+  static constexpr int off_rq(int K, int chunk, int bv) { return off_b(K, chunk, bv) + chunk * 4; }
+  static constexpr int off_rk(int K, int chunk, int bv) { return off_rq(K, chunk, bv) + chunk * 4; }
   static constexpr int portable_half_bytes(int K, int chunk) {
-    return (off_b(K, chunk, kSlab) + chunk * 4 + 127) / 128 * 128;
+    return (off_rk(K, chunk, kSlab) + chunk * 4 + 127) / 128 * 128;
   }
   static constexpr int portable_smem_bytes(int K, int chunk) { return 2 * portable_half_bytes(K, chunk); }
   static constexpr int smem_bytes(int K, int chunk);
@@ -118,10 +121,10 @@ struct FusedWalkGeometry {
 
 /// The sm_90a body of the fused walk (fwd/fused_walk_sm90.cuh), 512 threads: warpgroup 0 loads
 /// the chunks into a ring of three stages of SW128 tiles (Q and K [chunk][K], V [chunk][128] as
-/// two 64-column blocks, Tm [chunk][chunk], then gc and beta), warpgroup 1 computes the gated
+/// two 64-column blocks, Tm [chunk][chunk], then gc, beta and the rows' rstd), warpgroup 1 computes the gated
 /// Q K^T into two P tiles, warpgroups 2 and 3 walk 64 columns each with their own O staging
 /// tile and column-factor vectors; then the ring's mbarriers. The tiles start 1024-byte aligned
-/// and the dynamic shared window gets 1 KB of slack to align its base: 213,120 bytes at K = 128.
+/// and the dynamic shared window gets 1 KB of slack to align its base: 214,144 bytes at K = 128.
 struct FusedWalkSm90Layout {
   static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
   static constexpr int kStages = 3;
@@ -132,15 +135,18 @@ struct FusedWalkSm90Layout {
   static constexpr int off_t(int K, int chunk) { return off_v(K, chunk) + chunk * FusedWalkGeometry::kBV * 2; }
   static constexpr int off_g(int K, int chunk) { return off_t(K, chunk) + chunk * chunk * 2; }
   static constexpr int off_b(int K, int chunk) { return off_g(K, chunk) + chunk * 4; }
-  static constexpr int stage_bytes(int K, int chunk) { return align1k(off_b(K, chunk) + chunk * 4); }
+  static constexpr int off_rq(int K, int chunk) { return off_b(K, chunk) + chunk * 4; }  ///< rstd of q's rows
+  static constexpr int off_rk(int K, int chunk) { return off_rq(K, chunk) + chunk * 4; }
+  static constexpr int stage_bytes(int K, int chunk) { return align1k(off_rk(K, chunk) + chunk * 4); }
   static constexpr int off_p(int K, int chunk) { return kStages * stage_bytes(K, chunk); }  ///< 2 P tiles
   static constexpr int off_o(int K, int chunk) { return off_p(K, chunk) + 2 * chunk * chunk * 2; }
   static constexpr int off_bar(int K, int chunk) { return off_o(K, chunk) + 2 * chunk * kOutPitch * 2; }
   static constexpr int kBarriers = 2 * kStages + 4;  ///< full[s], empty[s], pfull[2], pempty[2]
-  /// Each walking warpgroup's per-chunk column factors exp2(gc_t) and exp2(gcL - gc_t) (fp32), in
-  /// two buffers (chunks alternate).
+  /// Each walking warpgroup's per-chunk column factors (fp32), in two buffers (chunks alternate):
+  /// exp2(gc_t) for X, exp2(gcL - gc_t) for Vg, exp2(gc_t) for O; each times the row's rstd of k,
+  /// k and q when the products take raw q and k (FOLD_RSTD).
   static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 128; }
-  static constexpr int vec_bytes(int chunk) { return 2 * chunk * 4; }  ///< one buffer: both factors
+  static constexpr int vec_bytes(int chunk) { return 3 * chunk * 4; }  ///< one buffer: the three factors
   static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * 2 * vec_bytes(chunk) + 1024; }
   static_assert(kBarriers * 8 <= 128, "the mbarriers must fit before the vectors");
 };

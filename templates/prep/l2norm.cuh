@@ -47,15 +47,17 @@ struct L2Norm {
       const long long row = row0 + r;
       if (row >= p.rows) continue;
       const float rstd = 1.f / sqrtf(ss + 1e-6f);
-      bf16_t* y = p.y + row * D;
+      if (p.y != nullptr) {
+        bf16_t* y = p.y + row * D;
 #pragma unroll
-      for (int i = 0; i < kPerLane; i += 4) {
-        uint2 out;
-        out.x = static_cast<u32>(f2bf(v[i] * rstd)) | (static_cast<u32>(f2bf(v[i + 1] * rstd)) << 16);
-        out.y = static_cast<u32>(f2bf(v[i + 2] * rstd)) | (static_cast<u32>(f2bf(v[i + 3] * rstd)) << 16);
-        *reinterpret_cast<uint2*>(y + i * 32 + lane * 4) = out;
+        for (int i = 0; i < kPerLane; i += 4) {
+          uint2 out;
+          out.x = static_cast<u32>(f2bf(v[i] * rstd)) | (static_cast<u32>(f2bf(v[i + 1] * rstd)) << 16);
+          out.y = static_cast<u32>(f2bf(v[i + 2] * rstd)) | (static_cast<u32>(f2bf(v[i + 3] * rstd)) << 16);
+          *reinterpret_cast<uint2*>(y + i * 32 + lane * 4) = out;
+        }
       }
-      if (lane == 0) p.rstd[row] = rstd;
+      if (lane == 0 && p.rstd != nullptr) p.rstd[row] = rstd;
     }
   }
 };
