@@ -8,7 +8,7 @@
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16, seg-auto (cp.segments),
- *                 fused (forward "fused"), fused-seg-auto (and cp.segments "auto")
+ *                 programs, fused (forward "programs" / "fused"), fused-seg-auto (and cp.segments "auto")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -29,6 +29,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -288,7 +289,7 @@ struct Bench {
   int walk_slab = 0;                                  ///< --walk-slab: the base spec of every mode (0: auto)
   int walk_bwd_slab = 0;                              ///< --walk-bwd-slab: likewise
   int segments = 1;                                   ///< --segments: the base spec's cp.segments (0: "auto")
-  ForwardPath forward = ForwardPath::programs;        ///< --forward: the base spec's forward
+  ForwardPath forward = ForwardPath::automatic;       ///< --forward: the base spec's forward
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -335,10 +336,10 @@ struct Bench {
 
 struct ArmKind {
   bool graph_replay, handoff, mma_sync;
-  int walk_slab = 0;      ///< the spec's walk_slab (0: the base spec's)
-  int walk_bwd_slab = 0;  ///< the spec's walk_bwd_slab (0: the base spec's)
-  int segments = 0;       ///< the spec's cp.segments (0: the base spec's, -1: "auto")
-  bool fused = false;     ///< the spec's forward "fused"
+  int walk_slab = 0;                     ///< the spec's walk_slab (0: the base spec's)
+  int walk_bwd_slab = 0;                 ///< the spec's walk_bwd_slab (0: the base spec's)
+  int segments = 0;                      ///< the spec's cp.segments (0: the base spec's, -1: "auto")
+  std::optional<ForwardPath> forward{};  ///< the spec's forward (none: the base spec's)
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -355,9 +356,11 @@ const std::map<std::string, ArmKind> kArms = {
     {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
     {"seg8", {false, true, false, 0, 0, 8}},
     {"seg16", {false, true, false, 0, 0, 16}},
-    {"seg-auto", {false, true, false, 0, 0, -1}},    // cp.segments "auto"
-    {"fused", {false, true, false, 0, 0, 0, true}},  // forward "fused": the walk and the output in one program
-    {"fused-seg-auto", {false, true, false, 0, 0, -1, true}},  // forward "fused", cp.segments "auto"
+    {"seg-auto", {false, true, false, 0, 0, -1}},                        // cp.segments "auto"
+    {"programs", {false, true, false, 0, 0, 0, ForwardPath::programs}},  // forward "programs"
+    {"fused",
+     {false, true, false, 0, 0, 0, ForwardPath::fused}},  // forward "fused": the walk and the output in one program
+    {"fused-seg-auto", {false, true, false, 0, 0, -1, ForwardPath::fused}},  // forward "fused", cp.segments "auto"
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -377,7 +380,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).walk_slab != 0) s.walk_slab = kArms.at(name).walk_slab;
       if (kArms.at(name).walk_bwd_slab != 0) s.walk_bwd_slab = kArms.at(name).walk_bwd_slab;
       if (kArms.at(name).segments != 0) s.cp_segments = std::max(0, kArms.at(name).segments);
-      if (kArms.at(name).fused) s.forward = ForwardPath::fused;
+      if (kArms.at(name).forward) s.forward = *kArms.at(name).forward;
       specs.emplace_back(name, s);
     }
     SharedRegions regions;
@@ -536,10 +539,11 @@ int main(int argc, char** argv) {
                  "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
                  "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
                  "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64), "
-                 "seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), fused (forward \"fused\")")
+                 "seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused (forward "
+                 "\"programs\", \"fused\"), fused-seg-auto")
       ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32",
-                             "walk64", "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "seg-auto", "fused",
-                             "fused-seg-auto"}))
+                             "walk64", "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "seg-auto", "programs",
+                             "fused", "fused-seg-auto"}))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
@@ -560,9 +564,10 @@ int main(int argc, char** argv) {
   std::string segments = "1";
   app.add_option("--segments", segments, "the specs' cp.segments (intra-card segments per document): 1 to 64 or auto")
       ->check(CLI::IsMember({"auto"}) | CLI::Range(1, 64));
-  std::string forward = "programs";
-  app.add_option("--forward", forward, "the specs' forward (\"fused\": the walk and the output in one program)")
-      ->check(CLI::IsMember({"programs", "fused"}));
+  std::string forward = "auto";
+  app.add_option("--forward", forward,
+                 "the specs' forward (\"fused\": the walk and the output in one program; \"auto\": the layer's rule)")
+      ->check(CLI::IsMember({"programs", "fused", "auto"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
@@ -580,7 +585,9 @@ int main(int argc, char** argv) {
     b.walk_slab = walk_slab == "auto" ? 0 : std::stoi(walk_slab);
     b.walk_bwd_slab = walk_bwd_slab == "auto" ? 0 : std::stoi(walk_bwd_slab);
     b.segments = segments == "auto" ? 0 : std::stoi(segments);
-    b.forward = forward == "fused" ? ForwardPath::fused : ForwardPath::programs;
+    b.forward = forward == "fused"      ? ForwardPath::fused
+                : forward == "programs" ? ForwardPath::programs
+                                        : ForwardPath::automatic;
     fmt::print("device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}, segments {}, forward {}\n",
                b.ctx.name(), b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments, forward);
     if (programs) program_breakdown(b, shapes);

@@ -328,7 +328,7 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
              ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "",
              over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
              spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments) : "",
-             spec.forward == ForwardPath::fused ? ", forward=fused" : "");
+             layer->ir().spec.forward == ForwardPath::fused ? ", forward=fused" : "");
   bool ok = true;
   for (const auto& [name, err] : r.rel_rms) {
     const bool pass = err <= check::tolerance(name);
@@ -412,7 +412,7 @@ int main(int argc, char** argv) {
                         "every g equal to this log decay (-10000 to 0; e.g. 0: no decay, -20), instead of random");
   check_cmd->add_option("--beta", beta, "every beta equal to this (0 to 1), instead of random");
   check_cmd->add_option("--segments", segments, "the spec's cp.segments, instead of the file's");
-  check_cmd->add_option("--forward", forward, "the spec's forward (programs or fused), instead of the file's");
+  check_cmd->add_option("--forward", forward, "the spec's forward (programs, fused or auto), instead of the file's");
 
   try {
     app.parse(argc, argv);
@@ -456,8 +456,10 @@ int main(int argc, char** argv) {
         over.forward = ForwardPath::programs;
       else if (forward == "fused")
         over.forward = ForwardPath::fused;
+      else if (forward == "auto")
+        over.forward = ForwardPath::automatic;
       else if (!forward.empty())
-        throw UsageError("--forward", fmt::format("{} is not supported (supported: programs, fused)",
+        throw UsageError("--forward", fmt::format("{} is not supported (supported: programs, fused, auto)",
                                                   printable_excerpt(forward, 40)));
       return cmd_check(spec_path, lens, tokens.empty() ? 0 : whole_number<long long>("--tokens", tokens, 1, kMaxTokens),
                        n_docs.empty() ? 0 : whole_number<int>("--n-docs", n_docs, 1, 65535),

@@ -120,18 +120,34 @@ int auto_segments(int heads_v, int slabs, int slots) {
   return segs >= 4 ? segs : 1;
 }
 
+/// forward "auto". The fused walk is one chain per (document, value head, 128 columns) and runs one
+/// block per SM; the programs path splits a document's walk into narrower slabs and runs the output
+/// chunk-parallel. Measured on the H200 (docs/PERF.md): with 48 value heads the fused forward is about
+/// twice as fast (M 1.25 against 2.47 ms), with 6 it is slower on short documents (N 0.225 against
+/// 0.197 ms). The choice depends on the layer alone (it changes o's roundings, so it must not depend
+/// on the batch): fused when one document's fused walks number kAutoFusedMinWalks or more.
+constexpr int kAutoFusedMinWalks = 16;
+int fused_walks_per_document(const Spec& s) { return s.heads_v * (s.head_dim_v / FusedWalkGeometry::kBV); }
+ForwardPath auto_forward(const Spec& s) {
+  return fused_walks_per_document(s) >= kAutoFusedMinWalks ? ForwardPath::fused : ForwardPath::programs;
+}
+
 }  // namespace
 
 LayerIR lower(const Spec& spec_in) {
   validate(spec_in);
   LayerIR ir;
   ir.spec = spec_in;
+  if (spec_in.forward == ForwardPath::automatic) {
+    ir.forward_auto = true;
+    ir.spec.forward = auto_forward(spec_in);
+  }
   if (spec_in.cp_segments == 0) {
     const int bv =
         spec_in.walk_slab != 0 ? spec_in.walk_slab : StateWalkGeometry::auto_bv(spec_in.head_dim_v, spec_in.heads_v);
     ir.segments_auto = true;
     ir.spec.cp_segments =
-        spec_in.forward == ForwardPath::fused
+        ir.spec.forward == ForwardPath::fused
             ? auto_segments(spec_in.heads_v, spec_in.head_dim_v / FusedWalkGeometry::kBV, kFusedWalkSlots)
             : auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, kWalkSlots);
     ir.seg_min_chunks = ir.spec.cp_segments > 1 ? kAutoSegmentMinChunks : 0;
@@ -361,23 +377,36 @@ LayerIR lower(const Spec& spec_in) {
     // that makes them instead, so the backward can bind them (the hand-off); it leaves ht as the
     // forward wrote it. One whose output is needed runs the fused forward and hands nothing over.
     // With segments, the prescan (on W and U) and the merge give the state entering each segment.
+    // With full saves the forward then runs the pair for the saved tapes (from the segments'
+    // entry states the prescan and the merge already gave), so full and light keep the same bits.
     if (segments > 1) {
-      fwd.push_back({"chunk_prep", "W, U from Tm for the prescan"});
+      fwd.push_back(
+          {"chunk_prep", full ? "W, U from Tm for the prescan and the saved tapes" : "W, U from Tm for the prescan"});
       push_segment_programs(fwd, "");
     }
     fwd.push_back(
         {"fused_walk", segments > 1 ? "o and ht, every segment from its entry state; no tapes" : "o and ht; no tapes"});
+    if (full) {
+      if (segments <= 1) fwd.push_back({"chunk_prep", "W, U from Tm for the saved tapes"});
+      fwd.push_back({"state_walk", "h_tape, v_new saved; no ht"});
+    }
     const char* needed = "the output is needed";
     const char* not_needed = "the output is not needed";
-    if (segments > 1) {
+    if (full) {  // the pair alone when the output is not needed
+      rec = fwd;
+      for (auto& l : rec)
+        if (l.program == "fused_walk") l.when = needed;
+    } else if (segments > 1) {
       rec.push_back({"chunk_prep", "W, U from Tm"});
       push_segment_programs(rec, "");
     } else {
       rec.push_back({"chunk_prep", "W, U from Tm", not_needed});
     }
-    rec.push_back(
-        {"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht", not_needed});
-    rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
+    if (!full) {
+      rec.push_back(
+          {"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht", not_needed});
+      rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
+    }
   } else {
     fwd.push_back({"chunk_prep", "W, U from Tm"});
     push_segment_programs(fwd, "");
@@ -392,7 +421,10 @@ LayerIR lower(const Spec& spec_in) {
   std::vector<Launch> bwd;
   if (fold_rstd) {
     bwd.push_back({"l2norm", "qn (the forward folded the norm)"});
-    bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
+    if (full)
+      bwd.push_back({"l2norm", "kn"});
+    else
+      bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
   }
   if (!full) {
     bwd.push_back({"chunk_prep", "re-run: W and U from the saved Tm", "no fresh hand-off"});
@@ -427,6 +459,11 @@ std::string to_text(const LayerIR& ir) {
   std::string targets;
   for (Target t : s.targets) targets += (targets.empty() ? "" : ", ") + std::string(to_string(t));
   line(fmt::format("targets: {}", targets));
+  if (ir.forward_auto)
+    line(
+        fmt::format("forward: auto -> {} (fused when one document has {} or more fused walks, value heads x V / "
+                    "{}; here {})",
+                    to_string(s.forward), kAutoFusedMinWalks, FusedWalkGeometry::kBV, fused_walks_per_document(s)));
   if (ir.segments_auto)
     line(ir.seg_min_chunks > 0
              ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "

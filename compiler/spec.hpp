@@ -30,8 +30,9 @@ enum class GraphMode { off, replay };
 enum class TensorCores { automatic, mma_sync };
 /// How the forward is built: "programs" = the walk writes the state tapes and a separate output
 /// program reads them back; "fused" = one program walks the chunks and writes o directly, from
-/// chunk_prep's Tm (no W, U or tapes in the forward; the backward re-runs the pair that makes them).
-enum class ForwardPath { programs, fused };
+/// chunk_solve's Tm (no W, U or tapes in the forward; the backward re-runs the pair that makes them);
+/// "auto" = lower() picks one from the layer alone (LayerIR::forward_auto, `gdnc ir` prints the rule).
+enum class ForwardPath { programs, fused, automatic };
 enum class Determinism { deterministic, nondeterministic };
 enum class Target { sm_90a, sm_100a, sm_103a };
 enum class StateFlag { absent, present };
@@ -90,7 +91,7 @@ struct Spec {
   /// The same for the backward walk: 0 = "auto" (StateWalkBwdGeometry::bv(V)), 32 (8 warps, two
   /// blocks per SM) or 64 (16 warps, one block per SM: half the Q, K and W re-reads).
   int walk_bwd_slab = 0;
-  ForwardPath forward = ForwardPath::programs;
+  ForwardPath forward = ForwardPath::automatic;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};

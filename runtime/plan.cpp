@@ -255,8 +255,9 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
   const bool segments = ir.spec.cp_segments > 1;
   // The fused forward folds the norm into its products and needs only the rows' rstd; kn only for
   // the programs of the separate forward it runs (the prescan's W, a recompute's tape pair).
+  const bool full = ir.spec.save_mode == SaveMode::full;
   const bool fold = norm && fused;
-  const bool kn_needed = !fold || segments || output == OutputLaunch::no;
+  const bool kn_needed = !fold || segments || full || output == OutputLaunch::no;
   if (norm) {
     bind_l2norm(b, F::q, fold ? b.constant(0) : b.slot("qn"), b.slot("rstd_q"));
     bind_l2norm(b, F::k, kn_needed ? b.slot("kn") : b.constant(0), b.slot("rstd_k"));
@@ -300,6 +301,10 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, ht, b.frame(F::ht));
     GDN_BIND(l, P, o, b.frame(F::o));
     if (segments) GDN_BIND(l, P, seg_h0, b.slot("seg_h0"));
+    if (full) {  // the saved tapes from the same Tm, kn and gc as a light backward's re-run
+      if (!segments) bind_chunk_prep(b, k);
+      bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, b.constant(0), segments);
+    }
     return plan;
   }
   bind_chunk_prep(b, k);
@@ -331,7 +336,7 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
   if (norm && ir.spec.forward == ForwardPath::fused) {  // the forward folded the norm: no qn, kn saved
     bind_l2norm(b, F::q, q, b.constant(0));
-    if (rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));  // a hand-off brings kn
+    if (full || rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));  // a hand-off brings kn
   }
   if (!full && rerun == PrepRerun::yes) {
     bind_chunk_prep(b, k);  // Tm read back

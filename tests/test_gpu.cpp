@@ -267,10 +267,15 @@ TEST_SUITE("gpu_prep") {
           std::fill(in.g.begin(), in.g.end(), variant == 1 ? 0.0 : -20.0);
           std::fill(in.beta.begin(), in.beta.end(), 1.0);
         }
-        const ForwardSaves fwd(*make(s), p, in);
+        const auto layer = make(s);
+        // m.json's forward "auto" is the fused one, which folds the norm: raw keys times the saved
+        // fp32 rstd are its keys (no kn is saved); n.json's programs path saves kn.
+        const bool folded = layer->ir().spec.forward == ForwardPath::fused;
+        CHECK(folded == (std::string(example) == "m"));
+        const ForwardSaves fwd(*layer, p, in);
         const size_t T = size_t(p.T), HV = size_t(p.HV), H = size_t(p.H);
-        const std::string tm = fwd.slot("tm", T * HV * 64 * 2), kn = fwd.slot("kn", T * H * 128 * 2),
-                          gc = fwd.slot("gc", T * HV * 4);
+        const std::string tm = fwd.slot("tm", T * HV * 64 * 2), gc = fwd.slot("gc", T * HV * 4);
+        const std::string kn = folded ? fwd.slot("rstd_k", T * H * 4) : fwd.slot("kn", T * H * 128 * 2);
         auto bf_at = [](const std::string& b, size_t i) {
           uint16_t x;
           std::memcpy(&x, b.data() + 2 * i, 2);
@@ -282,7 +287,8 @@ TEST_SUITE("gpu_prep") {
           return double(x);
         };
         std::vector<double> k(T * H * 128);
-        for (size_t i = 0; i < k.size(); ++i) k[i] = bf_at(kn, i);
+        for (size_t i = 0; i < k.size(); ++i)
+          k[i] = folded ? double(from_bf16(to_bf16(static_cast<float>(in.k[i])))) * f32_at(kn, i / 128) : bf_at(kn, i);
         double num = 0, den = 0;
         long bad = 0, upper_nonzero = 0;
         for (size_t d = 0; d + 1 < p.cu_seqlens.size(); ++d)
@@ -549,10 +555,11 @@ TEST_SUITE("gpu_determinism") {
   TEST_CASE("batch invariance: a document's outputs and gradients have the same bits alone, packed, reordered") {
     const std::vector<long long> lens = {700, 65, 1, 2000, 129, 64};
     const std::vector<uint64_t> seeds = {11, 12, 13, 14, 15, 16};
-    Spec fused = spec_of("m");
-    fused.name = "m_fused_batch";
-    fused.forward = ForwardPath::fused;
-    for (const Spec& spec : {spec_of("n"), spec_of("m"), fused}) {
+    // m.json's forward "auto" is the fused one (48 value heads); the programs path at M as well.
+    Spec programs = spec_of("m");
+    programs.name = "m_programs_batch";
+    programs.forward = ForwardPath::programs;
+    for (const Spec& spec : {spec_of("n"), spec_of("m"), programs}) {
       const std::string example = spec.name;
       auto layer = make(spec);
       const auto run = [&](const std::vector<size_t>& order) {
@@ -1035,9 +1042,10 @@ TEST_SUITE("gpu_wgmma") {
   }
 }
 
-// The fused forward (spec field forward: "fused"): the walk and the output in one program. Its o
-// has its own roundings (held to fp64); the backward re-runs the programs path's pair from the same
-// Tm, kn and gc, so every gradient keeps the programs path's bits.
+// The fused forward (spec field forward: "fused", and "auto" on many value heads): the walk and the
+// output in one program. Its o has its own roundings (held to fp64); the backward re-runs the
+// programs path's pair from the same Tm, kn and gc, so without the in-kernel norm every gradient
+// keeps the programs path's bits (with it, Tm comes from raw keys times rstd: other roundings).
 TEST_SUITE("gpu_fused") {
   Spec fused_of(const char* example, const char* name) {
     Spec s = spec_of(example);
@@ -1099,17 +1107,35 @@ TEST_SUITE("gpu_fused") {
         CAPTURE(segments);
         CAPTURE(to_string(norm));
         Spec programs_spec = spec_of("m"), fused_spec = fused_of("m", "fused_m_bits");
+        programs_spec.forward = ForwardPath::programs;
         programs_spec.cp_segments = fused_spec.cp_segments = segments;
         programs_spec.norm = fused_spec.norm = norm;
         c.repeats = 1;
+        c.step = check::Case::Step::fwd_bwd;
         const check::Report programs = check::run(*make(programs_spec), c);
         c.repeats = 3;
-        const check::Report fused = check::run(*make(fused_spec), c);
+        const auto fused_layer = make(fused_spec);
+        const check::Report fused = check::run(*fused_layer, c);
         for (const auto& mm : fused.mismatches) FAIL_CHECK("not bitwise equal: " << mm);
         REQUIRE(fused.bytes.size() == 8);
         if (norm == Norm::none)
           for (const char* grad : {"dq", "dk", "dv", "dg", "dbeta", "dh0"})
             CHECK_MESSAGE(fused.bytes.at(grad) == programs.bytes.at(grad), grad);
+        // Full saves run the same pair in the forward that a light backward re-runs: every result
+        // keeps light's bits; so does the checkpointed step, with and without the hand-off.
+        c.repeats = 1;
+        Spec full_spec = fused_spec;
+        full_spec.name = "fused_m_bits_full";
+        full_spec.save_mode = SaveMode::full;
+        expect_same_bits(fused.bytes, check::run(*make(full_spec), c), "fused full vs light");
+        c.step = check::Case::Step::ckpt;
+        for (const ReuseTapes reuse : {ReuseTapes::yes, ReuseTapes::no}) {
+          Spec ckpt_spec = fused_spec;
+          ckpt_spec.name = reuse == ReuseTapes::yes ? "fused_m_bits_handoff" : "fused_m_bits_rerun";
+          ckpt_spec.reuse_recompute_tapes = reuse;
+          expect_same_bits(fused.bytes, check::run(*make(ckpt_spec), c), ckpt_spec.name + " ckpt vs fwd+bwd");
+        }
+        expect_same_bits(fused.bytes, check::run(*make(full_spec), c), "fused full ckpt vs light fwd+bwd");
       }
   }
 

@@ -10,6 +10,7 @@
 #include "tests/golden.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -41,6 +42,7 @@ TEST_SUITE("ir") {
 
   TEST_CASE("save modes move the walk's tapes between saved and workspace") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.forward = gdn::ForwardPath::programs;
     const auto light = gdn::lower(spec);
     CHECK(light.buffer("h_tape").role == gdn::BufferRole::workspace);
     CHECK(light.call_forms[2].launches.front().program == "chunk_prep");
@@ -57,8 +59,10 @@ TEST_SUITE("ir") {
     const auto mma_sync = gdn::lower(spec);
     CHECK(constant_of(automatic.program("chunk_bwd"), "WGMMA") == "true");
     CHECK(constant_of(mma_sync.program("chunk_bwd"), "WGMMA") == "false");
+    CHECK(constant_of(automatic.program("fused_walk"), "WGMMA") == "true");  // m.json: forward "auto" -> fused
+    CHECK(constant_of(mma_sync.program("fused_walk"), "WGMMA") == "false");
     for (const auto& p : automatic.programs)
-      if (p.name != "chunk_bwd") CHECK(constant_of(p, "WGMMA") == "(absent)");
+      if (p.name != "chunk_bwd" && p.name != "fused_walk") CHECK(constant_of(p, "WGMMA") == "(absent)");
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).tensor_cores == gdn::TensorCores::mma_sync);
   }
 
@@ -131,6 +135,7 @@ TEST_SUITE("ir") {
 
   TEST_CASE("forward \"fused\": chunk_solve solves Tm and fused_walk writes o; the recompute keeps the pair") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.forward = gdn::ForwardPath::programs;
     const auto plain = gdn::lower(spec);
     CHECK_THROWS_AS(plain.program("fused_walk"), std::out_of_range);
     spec.forward = gdn::ForwardPath::fused;
@@ -193,14 +198,60 @@ TEST_SUITE("ir") {
     CHECK(plain.buffer("qn").role == gdn::BufferRole::saved);
     CHECK(gdn::to_text(fused).find("decisions: forward=fused") != std::string::npos);
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).forward == gdn::ForwardPath::fused);
+    // Full saves: the forward runs the pair after the fused walk for the saved tapes (the same Tm,
+    // kn and gc as a light backward's re-run, so light and full keep the same bits); the backward
+    // normalizes q and k itself and re-runs nothing.
     spec.save_mode = gdn::SaveMode::full;
-    CHECK_THROWS_WITH_AS(gdn::lower(spec),
-                         "/forward: \"fused\" is not supported with save_mode \"full\" yet (supported: \"light\")",
-                         gdn::SpecError);
+    const auto full = gdn::lower(spec);
+    const auto full_launches = [&](gdn::CallForm form) {
+      std::vector<std::string> out;
+      for (const auto& cf : full.call_forms)
+        if (cf.form == form)
+          for (const auto& l : cf.launches) out.push_back(l.program + (l.when.empty() ? "" : " [" + l.when + "]"));
+      return out;
+    };
+    CHECK(full_launches(gdn::CallForm::forward) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm",
+                                                                            "gate_cumsum", "chunk_solve", "fused_walk",
+                                                                            "chunk_prep", "state_walk"});
+    CHECK(full_launches(gdn::CallForm::recompute) ==
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_solve",
+                                   "fused_walk [the output is needed]", "chunk_prep", "state_walk"});
+    CHECK(full_launches(gdn::CallForm::backward) ==
+          std::vector<std::string>{"l2norm", "l2norm", "dv_local", "state_walk_bwd", "chunk_bwd", "finalize"});
+    CHECK(full.buffer("h_tape").role == gdn::BufferRole::saved);
+    CHECK(full.buffer("kn").role == gdn::BufferRole::workspace);
+  }
+
+  TEST_CASE("forward \"auto\" picks the fused forward from the layer's heads alone") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    CHECK(spec.forward == gdn::ForwardPath::automatic);  // the default
+    for (const auto& [heads_v, want] :
+         {std::pair{48, gdn::ForwardPath::fused}, std::pair{16, gdn::ForwardPath::fused},
+          std::pair{15, gdn::ForwardPath::programs}, std::pair{6, gdn::ForwardPath::programs}}) {
+      CAPTURE(heads_v);
+      spec.heads_v = heads_v;
+      spec.heads_qk = heads_v % 16 == 0 ? 16 : heads_v % 3 == 0 ? 3 : 1;
+      for (const gdn::SaveMode save : {gdn::SaveMode::light, gdn::SaveMode::full}) {
+        spec.save_mode = save;
+        const auto ir = gdn::lower(spec);
+        CHECK(ir.forward_auto);
+        CHECK(ir.spec.forward == want);
+        CHECK(gdn::to_text(ir).find(fmt::format("forward: auto -> {} (", gdn::to_string(want))) != std::string::npos);
+        // The resolved path is what the IR's JSON and its decisions carry.
+        CHECK(gdn::to_json(ir)["decisions"]["forward"] == std::string(gdn::to_string(want)));
+      }
+    }
+    spec.forward = gdn::ForwardPath::programs;
+    CHECK_FALSE(gdn::lower(spec).forward_auto);
+    CHECK(gdn::to_text(gdn::lower(spec)).find("forward: auto") == std::string::npos);
+    CHECK(
+        gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"forward":"auto"})")).forward ==
+        gdn::ForwardPath::automatic);
   }
 
   TEST_CASE("cp.segments adds the prescan and the merge before every forward walk, and their workspace") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.forward = gdn::ForwardPath::programs;
     const auto plain = gdn::lower(spec);
     CHECK_THROWS_AS(plain.program("walk_prescan"), std::out_of_range);
     CHECK(constant_of(plain.program("state_walk"), "SEGMENTS") == "1");

@@ -105,7 +105,8 @@ TEST_SUITE("launches") {
     for (auto [save, segments, path] :
          {std::tuple{SaveMode::light, 1, ForwardPath::programs}, std::tuple{SaveMode::full, 1, ForwardPath::programs},
           std::tuple{SaveMode::light, 4, ForwardPath::programs}, std::tuple{SaveMode::full, 4, ForwardPath::programs},
-          std::tuple{SaveMode::light, 1, ForwardPath::fused}, std::tuple{SaveMode::light, 4, ForwardPath::fused}}) {
+          std::tuple{SaveMode::light, 1, ForwardPath::fused}, std::tuple{SaveMode::light, 4, ForwardPath::fused},
+          std::tuple{SaveMode::full, 1, ForwardPath::fused}, std::tuple{SaveMode::full, 4, ForwardPath::fused}}) {
       Spec spec = example("n");
       spec.save_mode = save;
       spec.cp_segments = segments;
@@ -181,7 +182,9 @@ TEST_SUITE("launches") {
 
   TEST_CASE("grids follow the problem size") {
     auto rec = std::make_shared<testing::RecordingLauncher>();
-    auto layer = Layer::with_launcher(example("m"), rec);
+    Spec programs = example("m");
+    programs.forward = ForwardPath::programs;
+    auto layer = Layer::with_launcher(programs, rec);
     const ProblemShape s{32768, 5};
     const FakeCall f = fake_call(*layer, s);
     layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
@@ -200,7 +203,7 @@ TEST_SUITE("launches") {
     }
     // Intra-card segments: the prescan walks S_ext's V and M's K columns of every segment, the
     // merge runs per document, the walk per segment.
-    Spec segmented = example("m");
+    Spec segmented = programs;
     segmented.cp_segments = 6;
     auto seg_rec = std::make_shared<testing::RecordingLauncher>();
     auto seg_layer = Layer::with_launcher(segmented, seg_rec);

@@ -249,9 +249,12 @@ class SpecTests(unittest.TestCase):
         s = gdnc.build_spec({"forward": "fused"}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
                             l2norm=True, initial_state=False, final_state=False)
         self.assertEqual(s["forward"], "fused")
-        with self.assertRaises(gdnc.SpecError) as e:
-            gdnc.build_spec({"forward": "fused", "save_mode": "full"}, heads_qk=2, heads_v=6, head_dim_k=128,
+        s = gdnc.build_spec({"forward": "fused", "save_mode": "full"}, heads_qk=2, heads_v=6, head_dim_k=128,
                             head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
+        self.assertEqual((s["forward"], s["save_mode"]), ("fused", "full"))
+        with self.assertRaises(gdnc.SpecError) as e:
+            gdnc.build_spec({"forward": "fast"}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
+                            l2norm=True, initial_state=False, final_state=False)
         self.assertIn("/forward", str(e.exception))
 
     def test_options_that_follow_from_the_call_cannot_be_overridden(self):
