@@ -357,8 +357,10 @@ LayerIR lower(const Spec& spec_in) {
   std::vector<Launch> fwd = {{"chunk_table", "cu_seqlens -> chunks, checked on the device"}};
   if (norm && fold_rstd) {
     fwd.push_back({"l2norm", "q: the rows' rstd only (folded into the fused products)"});
-    fwd.push_back({"l2norm", segments > 1 ? "k: the rows' rstd, and kn for the prescan's W"
-                                          : "k: the rows' rstd only (folded into the fused products)"});
+    if (segments > 1 || full)
+      fwd.push_back({"l2norm", segments > 1
+                                   ? "k: kn for the prescan's W (the rows' rstd come from chunk_solve)"
+                                   : "k: kn for the saved tapes' pair (the rows' rstd come from chunk_solve)"});
   } else if (norm) {
     fwd.push_back({"l2norm", "q"});
     fwd.push_back({"l2norm", "k"});
@@ -369,9 +371,11 @@ LayerIR lower(const Spec& spec_in) {
     launches.push_back({"walk_prescan", "S_ext and M of every segment but a document's last", when});
     launches.push_back({"walk_merge", "the state entering every segment, fp32", when});
   };
-  fwd.push_back({"chunk_solve", "Tm"});
+  fwd.push_back({"chunk_solve", fold_rstd ? "Tm, and the rows' rstd of k from K K^T's diagonal" : "Tm"});
   std::vector<Launch> rec = fwd;
-  if (fold_rstd && segments <= 1) rec[2].note = "k: the rows' rstd, and kn when the output is not needed (the pair)";
+  if (fold_rstd && segments <= 1 && !full)
+    rec.insert(rec.begin() + 2,
+               {"l2norm", "k: kn for the pair (the rows' rstd come from chunk_solve)", "the output is not needed"});
   if (fused) {
     // The fused forward leaves no tapes. A recompute whose output is not needed runs the pair
     // that makes them instead, so the backward can bind them (the hand-off); it leaves ht as the

@@ -253,14 +253,15 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
   }
   const bool fused = ir.spec.forward == ForwardPath::fused;
   const bool segments = ir.spec.cp_segments > 1;
-  // The fused forward folds the norm into its products and needs only the rows' rstd; kn only for
-  // the programs of the separate forward it runs (the prescan's W, a recompute's tape pair).
+  // The fused forward folds the norm into its products and needs only the rows' rstd (k's from
+  // chunk_solve, which has K K^T's diagonal); kn only for the programs of the separate forward it
+  // runs (the prescan's W, the tape pair of full saves or of a recompute).
   const bool full = ir.spec.save_mode == SaveMode::full;
   const bool fold = norm && fused;
   const bool kn_needed = !fold || segments || full || output == OutputLaunch::no;
   if (norm) {
     bind_l2norm(b, F::q, fold ? b.constant(0) : b.slot("qn"), b.slot("rstd_q"));
-    bind_l2norm(b, F::k, kn_needed ? b.slot("kn") : b.constant(0), b.slot("rstd_k"));
+    if (kn_needed) bind_l2norm(b, F::k, b.slot("kn"), fold ? b.constant(0) : b.slot("rstd_k"));
   }
   const ValueSource q = norm && !fold ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm && kn_needed ? b.slot("kn") : b.frame(F::k);

@@ -86,8 +86,8 @@ struct ChunkSolveParams {
   const float* beta;  ///< [T, HV]
   const float* gc;    ///< [T, HV]
   const ChunkInfo* chunks;
-  bf16_t* tm;           ///< [T, HV, CHUNK]: row t holds Tm's row for token t (rows < len of each chunk)
-  const float* rstd_k;  ///< [T, H] with Cfg::FOLD_RSTD: (K K^T)_ij is scaled by rstd_i rstd_j
+  bf16_t* tm;     ///< [T, HV, CHUNK]: row t holds Tm's row for token t (rows < len of each chunk)
+  float* rstd_k;  ///< [T, H] with Cfg::FOLD_RSTD: written from K K^T's diagonal, which it then normalizes
 };
 
 /// Forward state walk (F4), one program per (V slab, value head, document).

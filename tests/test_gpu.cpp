@@ -289,6 +289,22 @@ TEST_SUITE("gpu_prep") {
         std::vector<double> k(T * H * 128);
         for (size_t i = 0; i < k.size(); ++i)
           k[i] = folded ? double(from_bf16(to_bf16(static_cast<float>(in.k[i])))) * f32_at(kn, i / 128) : bf_at(kn, i);
+        if (folded) {  // chunk_solve's rstd (from K K^T's diagonal) against fp64 on the bf16 rows
+          double worst = 0;
+          long off = 0;  // NaN counts as off
+          for (size_t row = 0; row < T * H; ++row) {
+            double ss = 0;
+            for (size_t i = 0; i < 128; ++i) {
+              const double x = double(from_bf16(to_bf16(static_cast<float>(in.k[row * 128 + i]))));
+              ss += x * x;
+            }
+            const double err = std::abs(f32_at(kn, row) * std::sqrt(ss + 1e-6) - 1.0);
+            off += !(err < 1e-6);
+            if (err > worst) worst = err;
+          }
+          MESSAGE(example << " variant " << variant << ": rstd_k worst relative error " << worst);
+          CHECK(off == 0);
+        }
         double num = 0, den = 0;
         long bad = 0, upper_nonzero = 0;
         for (size_t d = 0; d + 1 < p.cu_seqlens.size(); ++d)

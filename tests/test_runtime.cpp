@@ -234,7 +234,7 @@ TEST_SUITE("runtime") {
     size_t mark = r.rec->records.size();
     CHECK(r.recompute(nullptr, OutputNeeded::yes) == HandOff::not_taken);
     CHECK(r.programs_since(mark) ==
-          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_solve", "fused_walk"});
+          std::vector<std::string>{"chunk_table", "l2norm", "gate_cumsum", "chunk_solve", "fused_walk"});
     // The fused forward folds the norm and saves no qn, kn: the backward normalizes q and k itself
     // (k only without a hand-off, which brings kn from the recompute's tape pair).
     mark = r.rec->records.size();

@@ -4,7 +4,9 @@
  *        Tm = (I + L)^-1 by the 16 x 16 block method (ALGORITHM F2: forward substitution inside
  *        the diagonal blocks in fp32, then the block merge), written as bf16 for chunk_prep (W, U),
  *        the fused walk and the backward. In the fused forward with the in-kernel L2 norm
- *        (FOLD_RSTD) K is the raw input and K K^T's (i, j) is scaled by rstd_i rstd_j in fp32.
+ *        (FOLD_RSTD) K is the raw input, the rows' rstd come from the diagonal of the raw K K^T
+ *        (written for the fused walk and the backward), and K K^T's (i, j) is scaled by
+ *        rstd_i rstd_j in fp32.
  *
  * The kernel is bound by the shared-memory pipe, not by arithmetic, so it is built around the
  * bytes each warp reads (one wavefront moves 128 bytes; a warp's 16-byte load always costs four):
@@ -102,12 +104,14 @@ struct ChunkSolve {
       const bool ok = tid < len;
       sg[tid] = ok ? p.gc[(t0 + tid) * HV + j] : 0.f;
       sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
-      if (Cfg::FOLD_RSTD) sr[tid] = ok ? p.rstd_k[(t0 + tid) * H + hq] : 0.f;
     }
     cp_async_wait<0>();
     __syncthreads();
 
     gram_to_l(sK, sL, sg, sb, sr, len, warp, lane);
+    // The rows' rstd for the backward and the fused walk, once per q/k head (the G value heads of
+    // a group compute the same values).
+    if (Cfg::FOLD_RSTD && j % G == 0 && tid < len) p.rstd_k[(t0 + tid) * H + hq] = sr[tid];
     diagonal_blocks(sL, sT, warp, lane);
     __syncthreads();
     // Column 0 (three steps) on warps 0-1, columns 1 then 2 (two steps, one) on warps 2-3; each
@@ -244,18 +248,38 @@ struct ChunkSolve {
     }
   }
 
+  /// With Cfg::FOLD_RSTD: the rstd of row block W's rows from the diagonal of the raw K K^T (each
+  /// row's sum of squares, summed on the tensor cores), into sr. Rows gr and gr + 8 of the
+  /// diagonal sit in the lane with lane % 4 == gr / 2, in element gr % 2 of halves 0 and 1.
+  template <int W>
+  __device__ static void diag_rstd(const float (&acc)[4][2][4], float* sr, int lane) {
+    const int gr = lane >> 2;
+    if ((lane & 3) != (gr >> 1)) return;
+    const bool odd = gr & 1;
+    const float ss0 = odd ? acc[W][0][1] : acc[W][0][0];
+    const float ss1 = odd ? acc[W][1][3] : acc[W][1][2];
+    sr[W * 16 + gr] = 1.f / sqrtf(ss0 + 1e-6f);
+    sr[W * 16 + gr + 8] = 1.f / sqrtf(ss1 + 1e-6f);
+  }
+
   /// Every warp reaches the same two block barriers: bar.sync from per-warp code paths would be
   /// divergent barriers (compute-sanitizer's synccheck rejects them).
-  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, const float* sr,
-                                   int len, int warp, int lane) {
+  template <int W>
+  __device__ static void gram_and_rstd(const bf16_t* sK, float (&acc)[4][2][4], float* sr, int lane) {
+    gram_row<W>(sK, acc, lane);
+    if (Cfg::FOLD_RSTD) diag_rstd<W>(acc, sr, lane);
+  }
+
+  __device__ static void gram_to_l(const bf16_t* sK, float* sL, const float* sg, const float* sb, float* sr, int len,
+                                   int warp, int lane) {
     float acc[4][2][4];
     switch (warp) {
-      case 0: gram_row<0>(sK, acc, lane); break;
-      case 1: gram_row<1>(sK, acc, lane); break;
-      case 2: gram_row<2>(sK, acc, lane); break;
-      default: gram_row<3>(sK, acc, lane); break;
+      case 0: gram_and_rstd<0>(sK, acc, sr, lane); break;
+      case 1: gram_and_rstd<1>(sK, acc, sr, lane); break;
+      case 2: gram_and_rstd<2>(sK, acc, sr, lane); break;
+      default: gram_and_rstd<3>(sK, acc, sr, lane); break;
     }
-    __syncthreads();  // every warp is done reading K; L takes its bytes
+    __syncthreads();  // every warp is done reading K (and has its rows' rstd in sr); L takes K's bytes
     switch (warp) {
       case 0: l_row<0>(acc, sL, sg, sb, sr, len, lane); break;
       case 1: l_row<1>(acc, sL, sg, sb, sr, len, lane); break;
