@@ -302,7 +302,7 @@ TEST_SUITE("gpu_prep") {
             off += !(err < 1e-6);
             if (err > worst) worst = err;
           }
-          MESSAGE(example << " variant " << variant << ": rstd_k worst relative error " << worst);
+          MESSAGE(std::string(example) << " variant " << variant << ": rstd_k worst relative error " << worst);
           CHECK(off == 0);
         }
         double num = 0, den = 0;
