@@ -401,6 +401,9 @@ def main():
     else:
         results = {
             "commit": args.commit, "peer": args.peer, "peer_version": peer_version, "order": args.order,
+            # "carried" (kernels loaded from a disk cache brought along) or "fresh" (compiled in this
+            # process): FlashQLA's times differed between the two (docs/PERF.md)
+            "peer_kernel_cache": os.environ.get("GDNC_PEER_KERNEL_CACHE", "unknown"),
             "gdnc_spec": gdnc_spec,
             "arm_order": order, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "protocol": normal, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
