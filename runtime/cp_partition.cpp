@@ -11,7 +11,10 @@
 
 namespace gdn {
 
-std::vector<CpRankPart> cp_partition(const std::vector<int64_t>& cu, int world) {
+namespace {
+
+/// The checks both views share; returns T.
+int64_t check_batch(const std::vector<int64_t>& cu, int world) {
   if (world < 1) throw std::invalid_argument(fmt::format("cp.ranks: {} must be at least 1", world));
   if (cu.size() < 2) throw std::invalid_argument(fmt::format("cu_seqlens: {} offsets, need at least 2", cu.size()));
   if (cu.front() != 0) throw std::invalid_argument(fmt::format("cu_seqlens[0]: {} must be 0", cu.front()));
@@ -22,6 +25,13 @@ std::vector<CpRankPart> cp_partition(const std::vector<int64_t>& cu, int world) 
   if (T == 0) throw std::invalid_argument("cu_seqlens: the batch holds no tokens");
   if (T % world != 0)
     throw std::invalid_argument(fmt::format("cp.ranks: T = {} tokens is not divisible by {} ranks", T, world));
+  return T;
+}
+
+}  // namespace
+
+std::vector<CpRankPart> cp_partition(const std::vector<int64_t>& cu, int world) {
+  const int64_t T = check_batch(cu, world);
   const int64_t P = T / world;
   const int N = static_cast<int>(cu.size()) - 1;
   // The rank holding token t.
@@ -49,6 +59,32 @@ std::vector<CpRankPart> cp_partition(const std::vector<int64_t>& cu, int world) 
     part.post_num_ranks = owner(cu[static_cast<size_t>(last) + 1] - 1) - r;
   }
   return parts;
+}
+
+CpFragments cp_fragments(const std::vector<int64_t>& cu, int world) {
+  const int64_t T = check_batch(cu, world);
+  const int64_t P = T / world;
+  CpFragments out;
+  out.cuts = {0};
+  for (size_t d = 0; d + 1 < cu.size(); ++d) {
+    const int64_t b = cu[d], e = cu[d + 1];
+    const int doc = static_cast<int>(d);
+    if (b == e) {  // an empty document: one empty fragment, so that its ht = h0 has an owner
+      out.fragments.push_back({b, e, doc, static_cast<int>(std::min<int64_t>(b / P, world - 1)), -1, true});
+      out.cuts.push_back(e);
+      continue;
+    }
+    int prev = -1;
+    for (int64_t f = b; f < e;) {
+      const int rank = static_cast<int>(f / P);
+      const int64_t g = std::min(e, (rank + 1) * P);  // the fragment ends at the document or the rank
+      out.fragments.push_back({f, g, doc, rank, prev, g == e});
+      prev = static_cast<int>(out.fragments.size()) - 1;
+      out.cuts.push_back(g);
+      f = g;
+    }
+  }
+  return out;
 }
 
 }  // namespace gdn

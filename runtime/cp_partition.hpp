@@ -4,7 +4,8 @@
  *        rank owns, and how many ranks before and after it its boundary documents span.
  *
  * Host-only and device-free: the part of KCP that every rank computes from the global cu_seqlens
- * before any kernel runs. The kernels, the collectives and the merges are not implemented yet (the
+ * before any kernel runs, and the fragment table of the single-rank proxy (the host oracle of
+ * the device-built one). The kernels, the collectives and the merges are not implemented yet (the
  * spec still rejects cp.ranks > 1); tests/test_cp_reference.cpp runs the whole protocol of
  * docs/algorithm.md 4.3 and 4.4 in fp64 on top of this partition.
  */
@@ -35,5 +36,31 @@ struct CpRankPart {
  *         cu_seqlens empty, not starting at 0, decreasing, or T = 0.
  */
 std::vector<CpRankPart> cp_partition(const std::vector<int64_t>& cu_seqlens, int world);
+
+/// One piece of a document between two cuts: the document's bounds and every rank boundary
+/// r * T / world strictly inside it. Each fragment is chunked from its own first token.
+struct CpFragment {
+  int64_t begin = 0;  ///< global tokens [begin, end); an empty document is one empty fragment
+  int64_t end = 0;
+  int doc = 0;        ///< the global document
+  int rank = 0;       ///< the rank holding it (an empty document at token r P: rank r, at T: the last)
+  int prev = -1;      ///< the same document's fragment before it (the carry comes from there), or -1
+  bool last = false;  ///< the document ends in it: its final state is the document's ht
+  int64_t chunks() const { return (end - begin + 63) / 64; }
+};
+
+/// The single-rank proxy's view of a partition (docs/design_kcp.md 2): the fragments in token
+/// order and the augmented cut list, cu_seqlens plus every rank boundary inside a document
+/// (`cuts[i]`, `cuts[i + 1]` bound fragment i). A fragment's entry state is its document's h0 (or
+/// zero) carried through the document's earlier fragments in order, S = M_f S + S_ext_f in fp32:
+/// the chain rank r's merge repeats over the gathered summaries of ranks r - pre .. r - 1.
+struct CpFragments {
+  std::vector<int64_t> cuts;
+  std::vector<CpFragment> fragments;
+};
+
+/// The fragments of `cu_seqlens` split over `world` ranks; the same checks and errors as
+/// cp_partition.
+CpFragments cp_fragments(const std::vector<int64_t>& cu_seqlens, int world);
 
 }  // namespace gdn

@@ -1,7 +1,7 @@
 /**
  * @file test_cp_partition.cpp
- * @brief Context parallelism's token partition (docs/algorithm.md 4.1): hand-checked cases, the
- *        properties that must hold for any batch, and the errors.
+ * @brief Context parallelism's token partition (docs/algorithm.md 4.1) and the single-rank proxy's
+ *        fragments: hand-checked cases, the properties that must hold for any batch, and the errors.
  */
 #include "runtime/cp_partition.hpp"
 #include "common/segments.hpp"
@@ -90,7 +90,101 @@ TEST_SUITE("cp") {
     }
   }
 
+  // The single-rank proxy's fragments (docs/design_kcp.md 2) of the batch above: the cut at 30
+  // is inside doc 1 and off a chunk boundary, the one at 60 too; 90 is a document boundary.
+  TEST_CASE("fragments: the augmented cut list and the carries of a document across three ranks") {
+    const gdn::CpFragments f = gdn::cp_fragments({0, 10, 75, 75, 90, 120}, 4);
+    CHECK(f.cuts == std::vector<int64_t>{0, 10, 30, 60, 75, 75, 90, 120});
+    REQUIRE(f.fragments.size() == 7);
+    const auto at = [&](size_t i) {
+      const gdn::CpFragment& x = f.fragments[i];
+      return std::vector<int64_t>{x.begin, x.end, x.doc, x.rank, x.prev, x.last ? 1 : 0};
+    };
+    CHECK(at(0) == std::vector<int64_t>{0, 10, 0, 0, -1, 1});
+    CHECK(at(1) == std::vector<int64_t>{10, 30, 1, 0, -1, 0});
+    CHECK(at(2) == std::vector<int64_t>{30, 60, 1, 1, 1, 0});  // carries from fragment 1
+    CHECK(at(3) == std::vector<int64_t>{60, 75, 1, 2, 2, 1});
+    CHECK(at(4) == std::vector<int64_t>{75, 75, 2, 2, -1, 1});  // the empty document
+    CHECK(at(5) == std::vector<int64_t>{75, 90, 3, 2, -1, 1});
+    CHECK(at(6) == std::vector<int64_t>{90, 120, 4, 3, -1, 1});
+    CHECK(f.fragments[2].chunks() == 1);
+    // A cut on a chunk boundary and an empty document on a rank boundary (rank 1 holds it), one at T.
+    const gdn::CpFragments g = gdn::cp_fragments({0, 128, 128, 256, 256}, 2);
+    CHECK(g.cuts == std::vector<int64_t>{0, 128, 128, 256, 256});
+    REQUIRE(g.fragments.size() == 4);
+    CHECK(g.fragments[1].rank == 1);
+    CHECK(g.fragments[3].rank == 1);
+    CHECK(g.fragments[0].chunks() == 2);
+  }
+
+  TEST_CASE("fragments agree with the partition and chain every document's pieces in order") {
+    std::mt19937_64 rng(11);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int world = 1 + static_cast<int>(rng() % 8);
+      const int64_t P = 1 + static_cast<int64_t>(rng() % 200);
+      const int64_t T = P * world;
+      std::vector<int64_t> cu = {0};
+      while (cu.back() < T) cu.push_back(std::min<int64_t>(T, cu.back() + static_cast<int64_t>(rng() % 300)));
+      INFO("trial " << trial << ", world " << world << ", P " << P);
+      const gdn::CpFragments f = gdn::cp_fragments(cu, world);
+      const auto parts = cp_partition(cu, world);
+      REQUIRE(f.cuts.size() == f.fragments.size() + 1);
+      // Each rank's non-empty fragments are its local sequences, in order.
+      std::vector<std::vector<size_t>> of_rank(static_cast<size_t>(world));
+      for (size_t i = 0; i < f.fragments.size(); ++i) {
+        const gdn::CpFragment& x = f.fragments[i];
+        CHECK(f.cuts[i] == x.begin);
+        CHECK(f.cuts[i + 1] == x.end);
+        CHECK(x.end - x.begin <= P);  // never wider than a rank
+        if (x.end > x.begin) {
+          CHECK(x.rank == x.begin / P);
+          CHECK(x.rank == (x.end - 1) / P);
+          of_rank[static_cast<size_t>(x.rank)].push_back(i);
+        }
+      }
+      for (int r = 0; r < world; ++r) {
+        const CpRankPart& part = parts[static_cast<size_t>(r)];
+        const auto& mine = of_rank[static_cast<size_t>(r)];
+        REQUIRE(mine.size() == part.docs.size());
+        for (size_t l = 0; l < mine.size(); ++l) {
+          const gdn::CpFragment& x = f.fragments[mine[l]];
+          CHECK(x.doc == part.docs[l]);
+          CHECK(x.end - x.begin == part.cu_seqlens[l + 1] - part.cu_seqlens[l]);
+        }
+        // A carry enters the rank's first sequence iff it started earlier; one leaves the last iff
+        // the document goes on.
+        CHECK((f.fragments[mine.front()].prev >= 0) == (part.pre_num_ranks > 0));
+        CHECK(!f.fragments[mine.back()].last == (part.post_num_ranks > 0));
+      }
+      // Every document: one last fragment, reached from its first through `prev` links back.
+      const int N = static_cast<int>(cu.size()) - 1;
+      std::vector<int> last(static_cast<size_t>(N), -1);
+      for (size_t i = 0; i < f.fragments.size(); ++i)
+        if (f.fragments[i].last) {
+          CHECK(last[static_cast<size_t>(f.fragments[i].doc)] == -1);
+          last[static_cast<size_t>(f.fragments[i].doc)] = static_cast<int>(i);
+        }
+      for (int d = 0; d < N; ++d) {
+        int i = last[static_cast<size_t>(d)];
+        REQUIRE(i >= 0);
+        int64_t end = cu[static_cast<size_t>(d) + 1];
+        while (i >= 0) {
+          const gdn::CpFragment& x = f.fragments[static_cast<size_t>(i)];
+          CHECK(x.doc == d);
+          CHECK(x.end == end);
+          end = x.begin;
+          i = x.prev;
+        }
+        CHECK(end == cu[static_cast<size_t>(d)]);
+      }
+    }
+  }
+
   TEST_CASE("bad input names the field and the value") {
+    CHECK_THROWS_WITH_AS(gdn::cp_fragments({0, 10, 25}, 2), "cp.ranks: T = 25 tokens is not divisible by 2 ranks",
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(gdn::cp_fragments({0, 10, 8, 12}, 2), "cu_seqlens[2]: 8 < cu_seqlens[1] (10)",
+                         std::invalid_argument);
     CHECK_THROWS_WITH_AS(cp_partition({0, 10, 25}, 2), "cp.ranks: T = 25 tokens is not divisible by 2 ranks",
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(cp_partition({0, 10}, 0), "cp.ranks: 0 must be at least 1", std::invalid_argument);
