@@ -4,10 +4,15 @@
  */
 #include "runtime/cp_partition.hpp"
 
+#include "cache/cache.hpp"
+#include "common/error.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
+#include <string_view>
 
 namespace gdn {
 
@@ -85,6 +90,64 @@ CpFragments cp_fragments(const std::vector<int64_t>& cu, int world) {
     }
   }
   return out;
+}
+
+CpAgreement cp_agreement(const std::vector<int64_t>& cu, int world, const Spec& spec) {
+  CpAgreement a;
+  a.world = world;
+  a.tokens = cu.empty() ? 0 : cu.back();
+  a.documents = cu.empty() ? 0 : static_cast<int64_t>(cu.size()) - 1;
+  a.heads_qk = spec.heads_qk;
+  a.heads_v = spec.heads_v;
+  a.head_dim_k = spec.head_dim_k;
+  a.head_dim_v = spec.head_dim_v;
+  const std::string cu_hex =
+      cache::sha256_hex(std::string_view(reinterpret_cast<const char*>(cu.data()), cu.size() * sizeof(int64_t)));
+  const std::string layer_hex = cache::sha256_hex(to_json(spec).dump());
+  std::memcpy(a.cu_seqlens_sha256, cu_hex.c_str(), std::min<size_t>(64, cu_hex.size()));
+  std::memcpy(a.layer_sha256, layer_hex.c_str(), std::min<size_t>(64, layer_hex.size()));
+  return a;
+}
+
+void cp_check_agreement(const std::vector<CpAgreement>& per_rank) {
+  if (per_rank.empty()) throw InputError("cp: no rank's record was gathered");
+  const CpAgreement& a = per_rank.front();
+  for (size_t r = 1; r < per_rank.size(); ++r) {
+    const CpAgreement& b = per_rank[r];
+    const auto differ = [&](const char* field, const std::string& mine, const std::string& first, const char* hint) {
+      throw InputError(
+          fmt::format("rank {} disagrees with rank 0 on {} ({} against {}){}", r, field, mine, first, hint));
+    };
+    const auto num = [&](const char* field, int64_t mine, int64_t first, const char* hint = "") {
+      if (mine != first) differ(field, std::to_string(mine), std::to_string(first), hint);
+    };
+    num("the communicator's size", b.world, a.world);
+    num("T", b.tokens, a.tokens, ": every rank passes the whole batch's cu_seqlens");
+    num("N", b.documents, a.documents, ": every rank passes the whole batch's cu_seqlens");
+    num("heads.qk", b.heads_qk, a.heads_qk);
+    num("heads.v", b.heads_v, a.heads_v);
+    num("head_dim.k", b.head_dim_k, a.head_dim_k);
+    num("head_dim.v", b.head_dim_v, a.head_dim_v);
+    const auto hex = [](const char(&d)[65]) { return std::string(d, strnlen(d, 64)).substr(0, 12); };
+    if (std::memcmp(b.cu_seqlens_sha256, a.cu_seqlens_sha256, 64) != 0)
+      differ("cu_seqlens", "sha256 " + hex(b.cu_seqlens_sha256), hex(a.cu_seqlens_sha256),
+             ": every rank passes the whole batch's cu_seqlens");
+    if (std::memcmp(b.layer_sha256, a.layer_sha256, 64) != 0)
+      differ("the layer spec", "sha256 " + hex(b.layer_sha256), hex(a.layer_sha256),
+             ": the code options (save_mode, deterministic, ...) must match too");
+  }
+}
+
+void cp_check_world(int ranks, const Spec& spec, int64_t tokens) {
+  if (ranks != spec.cp_ranks)
+    throw InputError(
+        fmt::format("cp.ranks: the communicator has {} ranks, the spec asks for {}", ranks, spec.cp_ranks));
+  const int64_t chunks = tokens / spec.chunk;
+  if (ranks > chunks)
+    throw InputError(
+        fmt::format("cp.ranks: {} ranks for {} tokens: each rank needs at least one {}-token chunk (at "
+                    "most {} ranks)",
+                    ranks, tokens, spec.chunk, chunks));
 }
 
 }  // namespace gdn

@@ -11,7 +11,10 @@
  */
 #pragma once
 
+#include "compiler/spec.hpp"
+
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace gdn {
@@ -62,5 +65,29 @@ struct CpFragments {
 /// The fragments of `cu_seqlens` split over `world` ranks; the same checks and errors as
 /// cp_partition.
 CpFragments cp_fragments(const std::vector<int64_t>& cu_seqlens, int world);
+
+/// What the ranks of a KCP context must agree on before any step. Gathered once, when the
+/// context is built (a host sync is fine there, never in a step), and compared field by field so
+/// that the error names the field; it travels through the all-gather as plain bytes.
+struct CpAgreement {
+  int64_t world = 0;      ///< the communicator's size
+  int64_t tokens = 0;     ///< T of the global packed batch
+  int64_t documents = 0;  ///< N
+  int64_t heads_qk = 0, heads_v = 0, head_dim_k = 0, head_dim_v = 0;
+  char cu_seqlens_sha256[65] = {};  ///< hex SHA-256 of the global offsets as int64
+  char layer_sha256[65] = {};       ///< hex SHA-256 of the layer spec's JSON (code options included)
+};
+
+/// This rank's record.
+static_assert(std::is_trivially_copyable_v<CpAgreement>, "CpAgreement is all-gathered as bytes");
+CpAgreement cp_agreement(const std::vector<int64_t>& cu_seqlens, int world, const Spec& spec);
+
+/// Throws InputError naming the first rank and field that differ from rank 0's, with both values:
+/// "rank 1 disagrees with rank 0 on heads_v (32 against 48)".
+void cp_check_agreement(const std::vector<CpAgreement>& per_rank);
+
+/// Throws InputError unless a communicator of `ranks` fits the spec and the batch: the spec's
+/// cp.ranks, and at least one 64-token chunk per rank.
+void cp_check_world(int ranks, const Spec& spec, int64_t tokens);
 
 }  // namespace gdn

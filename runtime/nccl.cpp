@@ -81,8 +81,8 @@ const Nccl& Nccl::load(const std::string& path) {
     } else if (const nccl_abi::Result rc = n->get_version(&n->version_); rc != nccl_abi::kSuccess) {
       error = fmt::format("NCCL library {}: ncclGetVersion failed (ncclResult_t {})", candidate, rc);
     } else if (n->version_ < kNcclMinVersion) {
-      error = fmt::format("NCCL library {} is version {} ({}): gdnc needs 2.18 or newer", candidate,
-                          n->version_text(), n->version_);
+      error = fmt::format("NCCL library {} is version {} ({}): gdnc needs 2.18 or newer", candidate, n->version_text(),
+                          n->version_);
     }
     if (!error.empty()) {  // a library that loads but cannot serve is an error, not a reason to look further
       dlclose(lib);

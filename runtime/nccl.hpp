@@ -39,7 +39,7 @@ struct UniqueId {
   char internal[kUniqueIdBytes];
 };
 using Comm = struct ncclComm*;
-using DataType = int;          ///< ncclDataType_t
+using DataType = int;           ///< ncclDataType_t
 constexpr DataType kUint8 = 1;  ///< ncclUint8
 constexpr DataType kFloat32 = 7;
 using Stream = void*;  ///< cudaStream_t / CUstream

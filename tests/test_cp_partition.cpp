@@ -4,6 +4,7 @@
  *        fragments: hand-checked cases, the properties that must hold for any batch, and the errors.
  */
 #include "runtime/cp_partition.hpp"
+#include "common/error.hpp"
 #include "common/segments.hpp"
 
 #include <doctest/doctest.h>
@@ -178,6 +179,68 @@ TEST_SUITE("cp") {
         CHECK(end == cu[static_cast<size_t>(d)]);
       }
     }
+  }
+
+  // The record every rank gathers once when a KCP context is built: equal records pass, and the
+  // first difference is named with both values.
+  TEST_CASE("ranks that disagree on the batch, the heads or the layer are refused by name") {
+    gdn::Spec spec;
+    spec.name = "kcp";
+    spec.heads_qk = 16;
+    spec.heads_v = 48;
+    const std::vector<int64_t> cu = {0, 100, 4096};
+    std::vector<gdn::CpAgreement> all(3, gdn::cp_agreement(cu, 3, spec));
+    CHECK_NOTHROW(gdn::cp_check_agreement(all));
+    CHECK(std::string(all[0].cu_seqlens_sha256).size() == 64);
+    gdn::Spec other = spec;
+    other.heads_v = 32;
+    other.heads_qk = 16;
+    all[2] = gdn::cp_agreement(cu, 3, other);
+    CHECK_THROWS_WITH_AS(gdn::cp_check_agreement(all), "rank 2 disagrees with rank 0 on heads.v (32 against 48)",
+                         gdn::InputError);
+    all[2] = gdn::cp_agreement({0, 101, 4096}, 3, spec);  // same T and N, other offsets
+    try {
+      gdn::cp_check_agreement(all);
+      FAIL("different cu_seqlens passed");
+    } catch (const gdn::InputError& e) {
+      const std::string m = e.what();
+      CHECK(m.rfind("rank 2 disagrees with rank 0 on cu_seqlens (sha256 ", 0) == 0);
+      CHECK(m.find("every rank passes the whole batch's cu_seqlens") != std::string::npos);
+    }
+    all[2] = gdn::cp_agreement({0, 4000}, 3, spec);
+    CHECK_THROWS_WITH_AS(gdn::cp_check_agreement(all),
+                         "rank 2 disagrees with rank 0 on T (4000 against 4096): every rank passes the whole batch's "
+                         "cu_seqlens",
+                         gdn::InputError);
+    other = spec;
+    other.save_mode = gdn::SaveMode::full;
+    all[2] = gdn::cp_agreement(cu, 3, other);
+    all[1] = gdn::cp_agreement(cu, 2, spec);
+    CHECK_THROWS_WITH_AS(gdn::cp_check_agreement(all),
+                         "rank 1 disagrees with rank 0 on the communicator's size (2 against 3)", gdn::InputError);
+    all[1] = all[0];
+    try {
+      gdn::cp_check_agreement(all);
+      FAIL("a different save_mode passed");
+    } catch (const gdn::InputError& e) {
+      CHECK(std::string(e.what()).rfind("rank 2 disagrees with rank 0 on the layer spec (sha256 ", 0) == 0);
+    }
+    CHECK_THROWS_WITH_AS(gdn::cp_check_agreement({}), "cp: no rank's record was gathered", gdn::InputError);
+  }
+
+  TEST_CASE("a communicator must match the spec's ranks and leave each rank a chunk") {
+    gdn::Spec spec;
+    spec.name = "kcp";
+    spec.heads_qk = spec.heads_v = 1;
+    CHECK_NOTHROW(gdn::cp_check_world(1, spec, 64));
+    CHECK_THROWS_WITH_AS(gdn::cp_check_world(2, spec, 4096),
+                         "cp.ranks: the communicator has 2 ranks, the spec asks for 1", gdn::InputError);
+    spec.cp_ranks = 8;  // not a valid spec yet (the kernels are missing); the check stands alone
+    CHECK_THROWS_WITH_AS(gdn::cp_check_world(8, spec, 320),
+                         "cp.ranks: 8 ranks for 320 tokens: each rank needs at least one 64-token chunk (at most 5 "
+                         "ranks)",
+                         gdn::InputError);
+    CHECK_NOTHROW(gdn::cp_check_world(8, spec, 512));
   }
 
   TEST_CASE("bad input names the field and the value") {
