@@ -16,6 +16,27 @@
 using gdn::cp_partition;
 using gdn::CpRankPart;
 
+namespace {
+
+struct RandomBatch {
+  int world;
+  int64_t P;                ///< tokens per rank
+  std::vector<int64_t> cu;  ///< documents of 0 to max_doc - 1 tokens (empty ones too) filling world * P
+};
+
+RandomBatch random_batch(std::mt19937_64& rng, int max_world, int64_t max_P, int64_t max_doc) {
+  RandomBatch b;
+  b.world = 1 + static_cast<int>(rng() % static_cast<uint64_t>(max_world));
+  b.P = 1 + static_cast<int64_t>(rng() % static_cast<uint64_t>(max_P));
+  const int64_t T = b.P * b.world;
+  b.cu = {0};
+  while (b.cu.back() < T)
+    b.cu.push_back(std::min<int64_t>(T, b.cu.back() + static_cast<int64_t>(rng() % static_cast<uint64_t>(max_doc))));
+  return b;
+}
+
+}  // namespace
+
 TEST_SUITE("cp") {
   TEST_CASE("a document across three ranks, one ending on a rank boundary, an empty one") {
     // T = 120 over 4 ranks of 30: doc 0 [0, 10), doc 1 [10, 75) spans ranks 0..2, doc 2 empty,
@@ -54,11 +75,10 @@ TEST_SUITE("cp") {
   TEST_CASE("random batches: the ranks tile the tokens and the documents, and pre/post agree") {
     std::mt19937_64 rng(5);
     for (int trial = 0; trial < 300; ++trial) {
-      const int world = 1 + static_cast<int>(rng() % 6);
-      const int64_t P = 1 + static_cast<int64_t>(rng() % 40);
-      const int64_t T = P * world;
-      std::vector<int64_t> cu = {0};
-      while (cu.back() < T) cu.push_back(std::min<int64_t>(T, cu.back() + static_cast<int64_t>(rng() % 50)));
+      const RandomBatch batch = random_batch(rng, 6, 40, 50);
+      const int world = batch.world;
+      const int64_t P = batch.P;
+      const std::vector<int64_t>& cu = batch.cu;
       CAPTURE(trial);
       const auto parts = cp_partition(cu, world);
       REQUIRE(parts.size() == static_cast<size_t>(world));
@@ -121,11 +141,10 @@ TEST_SUITE("cp") {
   TEST_CASE("fragments agree with the partition and chain every document's pieces in order") {
     std::mt19937_64 rng(11);
     for (int trial = 0; trial < 300; ++trial) {
-      const int world = 1 + static_cast<int>(rng() % 8);
-      const int64_t P = 1 + static_cast<int64_t>(rng() % 200);
-      const int64_t T = P * world;
-      std::vector<int64_t> cu = {0};
-      while (cu.back() < T) cu.push_back(std::min<int64_t>(T, cu.back() + static_cast<int64_t>(rng() % 300)));
+      const RandomBatch batch = random_batch(rng, 8, 200, 300);
+      const int world = batch.world;
+      const int64_t P = batch.P;
+      const std::vector<int64_t>& cu = batch.cu;
       INFO("trial " << trial << ", world " << world << ", P " << P);
       const gdn::CpFragments f = gdn::cp_fragments(cu, world);
       const auto parts = cp_partition(cu, world);
