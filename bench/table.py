@@ -102,7 +102,12 @@ def markdown(table, runs):
     versions = sorted({f"{PEER_LABEL.get(r['peer'], r['peer'])}: {r['peer_version']}" for r in runs if r["peer_version"]})
     config = runs[0].get("gdnc_spec", {}) if runs else {}
     config_text = f" with {json.dumps(config, sort_keys=True)}" if config else ""
-    lines = [f"gdnc at {', '.join(commits)}{config_text} on {', '.join(devices)}; peers {'; '.join(versions)}.",
+    # Whether the peer's kernels were compiled in the process or loaded from a carried disk cache:
+    # FlashQLA's times differed between the two (docs/PERF.md). Older run files do not say.
+    caches = sorted({f"{r['peer']} {r.get('peer_kernel_cache', 'unknown')}" for r in runs if r.get("peer")})
+    cache_text = f" Peer kernels: {', '.join(caches)}." if caches else ""
+    lines = [f"gdnc at {', '.join(commits)}{config_text} on {', '.join(devices)}; peers {'; '.join(versions)}."
+             + cache_text,
              "Ratio = peer ms / gdnc ms of the same process (above 1: gdnc faster), one per published run with its "
              "class; † = published by the paired-ratio test, § = sustained protocol (power cap).", "",
              "| shape | op | floor ms | gdnc ms | FlashQLA ms | FlashQLA / gdnc | gdnc ms | FLA ms | FLA / gdnc | gdnc / floor |",

@@ -203,6 +203,14 @@ class TableTests(unittest.TestCase):
         self.assertEqual(cols[6:9], ["2.100", "2.800", "1.333 win"])
         self.assertEqual(cols[9], f"{2.0 / 0.352:.1f}")
         self.assertIn("abc1234", text)
+        self.assertIn("Peer kernels: fla unknown, flashqla unknown.", text.splitlines()[0])  # older run files
+
+    def test_the_header_says_whether_the_peer_compiled_its_kernels_or_loaded_them(self):
+        fresh = run_file("flashqla", "forward", "t1", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)})
+        carried = run_file("flashqla", "reversed", "t2", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)})
+        fresh["peer_kernel_cache"], carried["peer_kernel_cache"] = "fresh", "carried"
+        self.assertIn("Peer kernels: flashqla carried, flashqla fresh.",
+                      table.markdown(table.build([fresh, carried]), [fresh, carried]).splitlines()[0])
 
     def test_command_line_writes_markdown_json_and_names_a_bad_file(self):
         run = run_file("flashqla", "forward", "t1", {("L", "fwd+bwd"): ([2.0] * 5, [3.0] * 5, 0, None)})
