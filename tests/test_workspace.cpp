@@ -83,28 +83,28 @@ TEST_SUITE("workspace") {
       for (SaveMode save : {SaveMode::light, SaveMode::full})
         for (Norm norm : {Norm::l2_in_kernel, Norm::none})
           for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
-            for (int segments : {1, 2, 8, 0}) {  // 0: one segment and the fused forward (light saves only)
-              if (segments == 0 && save == SaveMode::full) continue;
-              Spec s = example(name);
-              s.forward = segments == 0 ? ForwardPath::fused : ForwardPath::programs;
-              segments = std::max(segments, 1);
-              s.save_mode = save;
-              s.norm = norm;
-              s.initial_state = h0;
-              s.final_state = h0;
-              s.cp_segments = segments;
-              const LayerIR ir = lower(s);
-              for (const Buffer& b : ir.buffers)
-                if (!b.lives_in.empty()) {
-                  ++shared;
-                  CHECK_MESSAGE(b.bytes.text() == ir.buffer(b.lives_in).bytes.text(),
-                                b.name << " is not the size of " << b.lives_in);
-                }
-              for (const auto& c : all_conflicts(ir))
-                FAIL_CHECK(name << " " << to_string(save) << " segments " << segments << ": " << c);
-              ++variants;
-            }
-    CHECK(variants == 56);  // 2 shapes x 2 norms x 2 states x (light: 4, full: 3)
+            for (int segments : {1, 2, 8})
+              for (ForwardPath path : {ForwardPath::programs, ForwardPath::fused}) {
+                Spec s = example(name);
+                s.forward = path;
+                s.save_mode = save;
+                s.norm = norm;
+                s.initial_state = h0;
+                s.final_state = h0;
+                s.cp_segments = segments;
+                const LayerIR ir = lower(s);
+                for (const Buffer& b : ir.buffers)
+                  if (!b.lives_in.empty()) {
+                    ++shared;
+                    CHECK_MESSAGE(b.bytes.text() == ir.buffer(b.lives_in).bytes.text(),
+                                  b.name << " is not the size of " << b.lives_in);
+                  }
+                for (const auto& c : all_conflicts(ir))
+                  FAIL_CHECK(name << " " << to_string(save) << " " << to_string(path) << " segments " << segments
+                                  << ": " << c);
+                ++variants;
+              }
+    CHECK(variants == 96);  // 2 shapes x 2 saves x 2 norms x 2 states x 3 segment counts x 2 forward paths
     CHECK(shared > 0);      // the property was checked on real sharing, not vacuously
   }
 
