@@ -333,6 +333,46 @@ class LoadingTests(unittest.TestCase):
         self.assertIn("cannot load libgdn.so; tried: /nonexistent/libgdn.so (missing)", out)
 
 
+class CakeFacadeTests(unittest.TestCase):
+    """The seed's single-rank names (gdnc.cake): the option mapping and its errors (no GPU)."""
+
+    def test_only_given_options_enter_the_spec_with_the_variant_determinism(self):
+        from gdnc.cake import Options
+        self.assertEqual(Options().spec(True), {"deterministic": True})
+        self.assertEqual(Options(graph="replay").spec(False), {"graph": "replay", "deterministic": False})
+        o = Options(reuse_recompute_tapes="auto")
+        self.assertEqual(o.given, {"reuse_recompute_tapes": "auto"})  # an explicit "auto" is recorded
+        self.assertEqual(Options().given, {})
+        self.assertEqual((Options().graph, Options().save_mode, Options().reuse_recompute_tapes),
+                         ("off", "light", "auto"))
+        self.assertNotEqual(o, Options())
+        self.assertEqual(Options(save_mode="full", reuse_recompute_tapes=False),
+                         Options(reuse_recompute_tapes=False, save_mode="full"))
+        with self.assertRaises(AttributeError):
+            o.graph = "replay"
+        s = gdnc.build_spec(Options(save_mode="full", graph="replay", reuse_recompute_tapes=False).spec(True),
+                            heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128, l2norm=True,
+                            initial_state=False, final_state=False)
+        self.assertEqual((s["save_mode"], s["graph"], s["reuse_recompute_tapes"], s["deterministic"]),
+                         ("full", "replay", False, True))
+
+    def test_bad_options_are_named_with_what_they_take(self):
+        from gdnc.cake import Options
+        with self.assertRaisesRegex(ValueError, r"Options: save_mode='heavy' is not supported \(supported: 'light', 'full'\)"):
+            Options(save_mode="heavy")
+        with self.assertRaisesRegex(ValueError, r"reuse_recompute_tapes=1 is not supported"):
+            Options(reuse_recompute_tapes=1)  # 1 == True must not pass for True
+        with self.assertRaisesRegex(TypeError, r"unknown option\(s\) \['deterministic'\]"):
+            Options(deterministic=True)  # the variant decides it
+
+    def test_the_facade_takes_options_not_a_spec(self):
+        from gdnc.cake import cake_gdn_det_train, cake_gdn_train
+        with self.assertRaisesRegex(TypeError, r"pass code options as options=Options"):
+            cake_gdn_train(None, None, None, None, None, spec={"save_mode": "full"})
+        with self.assertRaisesRegex(TypeError, r"options must be gdnc.cake.Options, not dict"):
+            cake_gdn_det_train(None, None, None, None, None, options={"save_mode": "full"})
+
+
 if __name__ == "__main__":
     unittest.main()
 

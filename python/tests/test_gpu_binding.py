@@ -62,6 +62,30 @@ class GpuBindingTests(unittest.TestCase):
         err = ((o[0].float() - ref).pow(2).mean().sqrt() / ref.pow(2).mean().sqrt()).item()
         self.assertLess(err, 5e-3)
 
+    def test_the_seed_names_run_the_layer_with_their_determinism_and_options(self):
+        """cake_gdn_det_train is chunk_gated_delta_rule with deterministic True and the options as spec
+        fields: the same bits for o and every gradient (the same layer), full saves too."""
+        from gdnc.cake import Options, cake_gdn_det_train, cake_gdn_train
+        torch.manual_seed(3)
+        T, H, HV, D = 700, 2, 6, 128
+        cu = torch.tensor([0, 65, 700], dtype=torch.int32, device="cuda")
+
+        def run(fn, **kw):
+            q, k, v, g, beta = (x.clone().requires_grad_() for x in base)
+            o, _ = fn(q, k, v, g, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True, **kw)
+            o.backward(do)
+            return [o.detach()] + [x.grad for x in (q, k, v, g, beta)]
+
+        base = unit_inputs(T, H, HV, D)
+        do = torch.randn(1, T, HV, D, device="cuda").bfloat16()
+        plain = run(gdnc.chunk_gated_delta_rule, spec={"deterministic": True, "save_mode": "full"})
+        seed = run(cake_gdn_det_train, options=Options(save_mode="full"))
+        for a, b in zip(plain, seed):
+            self.assertTrue(torch.equal(a, b))
+        nondet = run(cake_gdn_train)
+        for x in nondet:
+            self.assertTrue(torch.isfinite(x.float()).all())
+
     def test_checkpoint_gives_the_same_gradient_bits(self):
         from gdnc._autograd import stats
         grads = []
