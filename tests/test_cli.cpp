@@ -93,6 +93,12 @@ TEST_SUITE("cli") {
     CHECK(ir.code == 0);
     CHECK(ir.out.find("launch state_walk") != std::string::npos);
     CHECK(gdnc("ir --json " + src("examples/n.json")).out.find("\"programs\"") != std::string::npos);
+    // The default forward "auto" says what it picked and why: N's 6 value heads keep the programs
+    // path, M's 48 take the fused one.
+    CHECK(ir.out.find("forward: auto -> programs (") != std::string::npos);
+    const Run m = gdnc("ir " + src("examples/m.json"));
+    CHECK(m.out.find("forward: auto -> fused (") != std::string::npos);
+    CHECK(m.out.find("launch fused_walk") != std::string::npos);
     const Run s = gdnc("source " + src("examples/n.json") + " --program l2norm --target sm_100a");
     CHECK(s.code == 0);
     CHECK(s.out.find("gdn_l2norm") != std::string::npos);
@@ -186,6 +192,7 @@ TEST_SUITE("cli") {
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --gate 0 --beta 1 --segments 4").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused --segments 4").code == 6);
+      CHECK(gdnc("check " + src("examples/m.json") + " --docs 3000 --forward auto").code == 6);
     }
   }
 
