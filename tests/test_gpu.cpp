@@ -275,7 +275,8 @@ TEST_SUITE("gpu_prep") {
         const ForwardSaves fwd(*layer, p, in);
         const size_t T = size_t(p.T), HV = size_t(p.HV), H = size_t(p.H);
         const std::string tm = fwd.slot("tm", T * HV * 64 * 2), gc = fwd.slot("gc", T * HV * 4);
-        const std::string kn = folded ? fwd.slot("rstd_k", T * H * 4) : fwd.slot("kn", T * H * 128 * 2);
+        const std::string kn = folded ? std::string() : fwd.slot("kn", T * H * 128 * 2);
+        const std::string rstd_k = folded ? fwd.slot("rstd_k", T * H * 4) : std::string();
         auto bf_at = [](const std::string& b, size_t i) {
           uint16_t x;
           std::memcpy(&x, b.data() + 2 * i, 2);
@@ -286,21 +287,20 @@ TEST_SUITE("gpu_prep") {
           std::memcpy(&x, b.data() + 4 * i, 4);
           return double(x);
         };
+        // The keys the solve saw: the saved kn, or (folded) the raw bf16 rows times the saved rstd.
         std::vector<double> k(T * H * 128);
         for (size_t i = 0; i < k.size(); ++i)
-          k[i] = folded ? double(from_bf16(to_bf16(static_cast<float>(in.k[i])))) * f32_at(kn, i / 128) : bf_at(kn, i);
+          k[i] = folded ? double(from_bf16(to_bf16(static_cast<float>(in.k[i])))) : bf_at(kn, i);
         if (folded) {  // chunk_solve's rstd (from K K^T's diagonal) against fp64 on the bf16 rows
           double worst = 0;
           long off = 0;  // NaN counts as off
           for (size_t row = 0; row < T * H; ++row) {
             double ss = 0;
-            for (size_t i = 0; i < 128; ++i) {
-              const double x = double(from_bf16(to_bf16(static_cast<float>(in.k[row * 128 + i]))));
-              ss += x * x;
-            }
-            const double err = std::abs(f32_at(kn, row) * std::sqrt(ss + 1e-6) - 1.0);
+            for (size_t i = 0; i < 128; ++i) ss += k[row * 128 + i] * k[row * 128 + i];
+            const double rstd = f32_at(rstd_k, row), err = std::abs(rstd * std::sqrt(ss + 1e-6) - 1.0);
             off += !(err < 1e-6);
             if (err > worst) worst = err;
+            for (size_t i = 0; i < 128; ++i) k[row * 128 + i] *= rstd;
           }
           MESSAGE(std::string(example) << " variant " << variant << ": rstd_k worst relative error " << worst);
           CHECK(off == 0);

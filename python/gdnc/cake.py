@@ -46,7 +46,7 @@ class Options:
         raise AttributeError("Options are immutable: build a new one")
 
     def __getattr__(self, name):
-        if name in CHOICES and name != "_given":
+        if name in CHOICES:
             return self._given.get(name, DEFAULTS[name])
         raise AttributeError(name)
 
