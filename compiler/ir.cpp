@@ -236,8 +236,13 @@ LayerIR lower(const Spec& spec_in) {
       segments > 1 ? GridKind::walk_segments : GridKind::walk, ir.walk_bwd_bv,
       StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
   add_segment_constants();
+  // With wgmma the sm_90a kernel (one product per warpgroup) needs a little more shared memory;
+  // the other targets' mma.sync kernel runs within it.
+  const bool chunk_bwd_wgmma = s.tensor_cores == TensorCores::automatic;
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
-      ChunkBwdGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+      chunk_bwd_wgmma ? std::max(ChunkBwdGeometry::smem_bytes(K, V, C), ChunkBwdGeometry::smem_bytes_ws(K, V, C))
+                      : ChunkBwdGeometry::smem_bytes(K, V, C),
+      GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
   ir.programs.back().constants.emplace_back("WGMMA", s.tensor_cores == TensorCores::automatic ? "true" : "false");
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,

@@ -632,13 +632,12 @@ TEST_SUITE("gpu_determinism") {
     expect_same_bits(first.bytes, f, "light vs full");
   }
 
-  // Measured on the H200: the wgmma chunk_bwd accumulates every product in the same k order
-  // as the mma.sync kernel and gives the same bits, so tensor_cores is a speed choice only. A change
-  // to either kernel that breaks this must say so here and in docs/spec.md.
-  TEST_CASE("tensor_cores auto (wgmma chunk_bwd) and mma_sync give the same bits") {
+  // The sm_90a chunk_bwd runs each product on one warpgroup in the k order of the mma.sync kernel,
+  // but sums dgam and dbeta in another fixed order: the forward and the walk's dh0 keep their bits,
+  // the chunk's gradients are held to the fp64 reference (docs/spec.md says the same).
+  TEST_CASE("tensor_cores auto and mma_sync: the same forward and dh0 bits, both backward kernels within bounds") {
     check::Case c;
     c.doc_lens = {1, 63, 64, 65, 3000, 700};
-    c.with_reference = false;
     c.seed = 41;
     const check::Report wgmma = check::run(*make(spec_of("m")), c);
     Spec s = spec_of("m");
@@ -646,7 +645,12 @@ TEST_SUITE("gpu_determinism") {
     s.tensor_cores = TensorCores::mma_sync;
     const check::Report mma = check::run(*make(s), c);
     CHECK(wgmma.bytes.size() == 8);
-    expect_same_bits(wgmma.bytes, mma, "auto vs mma_sync");
+    for (const auto& [name, bytes] : wgmma.bytes)
+      MESSAGE(name << std::string(mma.bytes.at(name) == bytes ? ": same bits" : ": other bits"));
+    for (const char* name : {"o", "ht", "dh0"})
+      CHECK_MESSAGE(wgmma.bytes.at(name) == mma.bytes.at(name), "auto vs mma_sync: " << name);
+    expect_within_bounds(wgmma, "shape M heads, auto");
+    expect_within_bounds(mma, "shape M heads, mma_sync");
   }
 
   // Each element of V', v_new, the h tape and the state keeps its k order whatever the slab width,

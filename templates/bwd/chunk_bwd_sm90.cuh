@@ -1,42 +1,38 @@
 /**
  * @file chunk_bwd_sm90.cuh
- * @brief chunk_bwd (B4 + B5 + B6) with its products on Hopper's warpgroup MMA: the same math,
- *        order of phases, barriers and fixed-order reductions as the mma.sync ChunkBwd of
- *        chunk_bwd.cuh (read that file's comment for the math), with
- *  - every shared tile in the 128-byte-swizzled layout of common/wgmma.cuh (no padding), filled
- *    by cp.async at swizzled positions and read element-wise through `at`;
- *  - every product as wgmma.mma_async, split by columns over the block's 4 warpgroups (each
- *    warpgroup computes all 64 rows of N/4 columns), so an accumulator keeps the element-to-
- *    thread mapping that for_pairs / row_partials / col_partials expect (WgAcc below);
- *  - a proxy fence before each barrier that precedes a product reading freshly written tiles.
- * Independent products are issued back to back and waited for once (wmma_issue / wmma_wait).
- * Measured on the H200: the results have the same bits as the mma.sync ChunkBwd's
- * (a wgmma k16 step rounds like the mma.sync steps it replaces, and every k loop keeps its
- * order); gpu_determinism holds the two to that. Why this kernel looks the way it does:
- * docs/design_chunk_bwd_sm90.md; gpu_wgmma checks every operand form used here.
+ * @brief chunk_bwd (B4 + B5 + B6) on sm_90a with every product on ONE warpgroup at its full
+ *        width (m64n64 or m64n128), the four warpgroups working on different products at once:
+ *        each operand is read once per k-step, the epilogues and row sums stay in the owner's
+ *        registers (a row's sum is four lanes of one warp), and the warpgroups hand their
+ *        intermediates to each other through shared tiles behind named barriers instead of
+ *        block-wide phases. The math and the hi + lo splits are those of the mma.sync kernel in
+ *        chunk_bwd.cuh (read its comment), every product keeps its k order; the fp32 sums of
+ *        dgam and dbeta run in another fixed order, so dg and dbeta have their own bits (the
+ *        tests hold both kernels to the fp64 reference).
+ *
+ * Who computes what (u = one 64 x 64 x 64 product):
+ *   WG0  dS~ = dO V'^T (2u) -> tile;  Q K^T .* dS~ sums (2u);  K K^T (2u);  Tm^T Y (2u) -> E tiles
+ *   WG1  dQ = dO S^T (4u) + dS~ K (2u) -> dq_v;  Tm^T dV' (2u) -> dv, dbeta's V term
+ *   WG2  dW = -dV' S^T (4u) -> tile;  dW K^T, dV' V^T (4u) -> dTm;  dTm Tm^T (2u) -> Y tiles
+ *   WG3  dK = V' Z^T (4u) + dS~^T Q (2u) + diag(b Gam) Tm^T dW (2u) + (Eb + Eb^T) K (4u) -> dk_v
+ * The chain dW -> dTm -> Y -> E -> dK runs through WG2, WG0 and WG3; the other products fill
+ * the gaps. dTm and Y are written over S, E over Z, once their readers have passed a barrier.
+ * Loads: two cp.async groups by all 512 threads (the first feeds the first products of WG0-2),
+ * exposed at the block start; the reverse walk that keeps the state on chip is the step after
+ * (docs/design_fused_bwd_sm90.md). An earlier form split every product by columns over the four
+ * warpgroups (m64n16 / m64n32 steps, block-wide barriers between phases): 4.47 ms at M against
+ * 3.10 for this one (docs/PERF.md).
  */
 #pragma once
 
 #include "bwd/dv_local.cuh"
+#include "common/pipeline.cuh"
 #include "common/wgmma.cuh"
 
 #if GDN_HAS_WGMMA
 
 namespace gdn {
 namespace sm90 {
-
-/// Element index of (r, c) in an SW128 tile of `rows` rows (common/sw128.hpp).
-__device__ __forceinline__ int swz(int r, int c, int rows) { return static_cast<int>(sw128::offset(r, c, rows) / 2); }
-
-/// A bf16 SW128 tile in shared memory.
-struct SwTile {
-  bf16_t* p;
-  int rows;
-  __device__ __forceinline__ bf16_t& at(int r, int c) const { return p[swz(r, c, rows)]; }
-  /// The pair (r, c), (r, c + 1) for even c: both sit in one 16-byte chunk.
-  __device__ __forceinline__ u32& pair(int r, int c) const { return *reinterpret_cast<u32*>(p + swz(r, c, rows)); }
-  __device__ __forceinline__ u32 addr() const { return wg::smem_u32(p); }
-};
 
 /// Starts the copy of a ROWS x COLS bf16 tile (global row stride gstride) into an SW128 tile;
 /// rows >= valid_rows become zeros. Each thread copies one fixed 16-byte column piece of every
@@ -61,369 +57,182 @@ __device__ __forceinline__ void load_sw_async(bf16_t* dst, const bf16_t* src, lo
   }
 }
 
-/// 64 x N fp32 accumulator of a 16-warp block: warpgroup g owns columns [g N/4, (g+1) N/4), warp
-/// w of it rows 16w..16w+15 (wgmma's m64 fragment). Same interface as Acc for the bwd helpers:
-/// slot s of warp w is the 16 x 8 tile (tile_row, tile_col).
-template <int N>
-struct WgAcc {
-  static constexpr int kWarps = 16;
-  static constexpr int kNW = N / 4;  ///< columns per warpgroup
-  static_assert(kNW == 16 || kNW == 32, "WgAcc: N must be 64 or 128");
-  static constexpr int kSlots = kNW / 8;
-  static constexpr int kTilesM = 4, kTilesN = N / 8;
-  __device__ __forceinline__ static int tile_row(int w, int) { return w % 4; }
-  __device__ __forceinline__ static int tile_col(int w, int s) { return (w / 4) * kSlots + s; }
-
-  float c[kSlots][4];
-
-  __device__ __forceinline__ void zero() { acc_zero(*this); }
-  template <class F>
-  __device__ __forceinline__ void for_each(F f) {
-    acc_for_each(*this, f);
-  }
-  __device__ __forceinline__ float (&regs())[kSlots * 4] { return *reinterpret_cast<float(*)[kSlots * 4]>(&c[0][0]); }
-};
-
-/// Issues acc += A B over `depth` (a multiple of 16), A 64 x depth, B depth x N, on the tensor
-/// cores, without waiting: chain several (into one accumulator or several), then wmma_wait.
-/// TA = 0: A is K-major, its tile 64 x depth; TA = 1: A is M-major, its tile depth x 64 (A^T
-/// stored). TB = 0: B is K-major, its tile N x depth (B^T stored); TB = 1: N-major, depth x N.
-/// Every warp of the block calls it. A chain keeps each product's k order, so the bits do not
-/// depend on how products are grouped.
-template <int TA, int TB, int N>
-__device__ __forceinline__ void wmma_issue(WgAcc<N>& acc, const SwTile& a, const SwTile& b, int depth) {
-  constexpr int NW = WgAcc<N>::kNW;
-  const int col0 = (threadIdx.x / 128) * NW;
-  float(&d)[WgAcc<N>::kSlots * 4] = acc.regs();
-  wg::fence_acc(d);
-  wg::fence();
-  for (int ks = 0; ks < depth / 16; ++ks) {
-    const wg::u64 da = TA ? wg::desc_mn_major(a.addr(), a.rows, ks) : wg::desc_k_major(a.addr(), a.rows, ks);
-    const wg::u64 db =
-        TB ? wg::desc_mn_major_cols(b.addr(), b.rows, col0, ks) : wg::desc_k_major_rows(b.addr(), b.rows, col0, ks);
-    wg::mma_k16<NW, TA, TB>(d, da, db, 1);
-  }
-}
-
-/// Waits for every product issued since the last wait; the accumulators are complete on return.
-template <class... Accs>
-__device__ __forceinline__ void wmma_wait(Accs&... accs) {
-  wg::commit();
-  wg::wait<0>();
-  (wg::fence_acc(accs.regs()), ...);
-}
-
-/// acc += A B, complete in registers on return.
-template <int TA, int TB, int N>
-__device__ __forceinline__ void wmma(WgAcc<N>& acc, const SwTile& a, const SwTile& b, int depth) {
-  wmma_issue<TA, TB>(acc, a, b, depth);
-  wmma_wait(acc);
-}
-
-/// The generic-proxy writes of this thread (cp.async, st.shared) become visible to the
-/// tensor cores' reads once every thread has passed the barrier after this fence.
-__device__ __forceinline__ void sync_for_wgmma() {
-  wg::fence_smem_for_async();
-  __syncthreads();
-}
-
 }  // namespace sm90
 
 template <class Cfg>
 struct ChunkBwdSm90 {
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV;
-  static constexpr int kThreads = ChunkBwdGeometry::kThreads, kWarps = kThreads / 32;
+  static constexpr int kThreads = ChunkBwdGeometry::kThreads;
   static_assert(kThreads == 512, "ChunkBwdSm90: 4 warpgroups");
   static_assert(C == 64 && K == 128 && V == 128, "ChunkBwdSm90: chunk 64 and K = V = 128 only");
   static_assert(HV == H * Cfg::G, "ChunkBwdSm90: HV must equal H * G");
 
-  // Tile sizes in elements; every tile is a multiple of 1024 bytes, so each stays 1024-aligned.
-  static constexpr int kTok = C * K;                       // [64 tokens x 128]
-  static constexpr int kSq = K * V;                        // [128 x 128]
-  static constexpr int kCC = C * C;                        // [64 x 64]
-  static constexpr int kPersist = 4 * kTok + kCC;          // Q, K, V, dV', Tm
-  static constexpr int kPhase = 2 * kSq + 2 * kTok + kCC;  // S, Z, dO, V', dS~
-  static_assert(kTok + 6 * kCC <= kPhase, "ChunkBwdSm90: B5 tiles overflow the B4 region");
-  static constexpr int kScalarOffsetBytes = 2 * (kPersist + kPhase);
-  static constexpr int kSmemBytes = kScalarOffsetBytes + 4 * (5 * C + C * (K / 8) + 64);
-  static_assert(kSmemBytes <= ChunkBwdGeometry::smem_bytes(K, V, C),
-                "ChunkBwdSm90: the host sizes shared memory for the mma.sync ChunkBwd; this one must fit in it");
+  // Byte offsets of the SW128 tiles (each a multiple of 1024 bytes).
+  static constexpr int kTok = C * K * 2, kSq = K * V * 2, kCC = C * C * 2;
+  static constexpr int kOffQ = 0, kOffK = kTok, kOffV = 2 * kTok, kOffDV = 3 * kTok, kOffO = 4 * kTok,
+                       kOffVn = 5 * kTok, kOffS = 6 * kTok, kOffZ = kOffS + kSq, kOffT = kOffZ + kSq,
+                       kOffDS = kOffT + kCC, kOffDW = kOffDS + kCC, kOffScalars = kOffDW + kTok;
+  static constexpr int kOffDTh = kOffS, kOffDTl = kOffS + kCC, kOffYh = kOffS + 2 * kCC, kOffYl = kOffS + 3 * kCC;
+  static constexpr int kOffEh = kOffZ, kOffEl = kOffZ + kCC;
+  // fp32 scalars: gc, beta, then the per-row terms of dgam and dbeta, each written by one warpgroup.
+  enum : int {
+    sG = 0,
+    sB = 64,
+    sGq = 128,
+    sAttR = 192,
+    sKst = 256,
+    sR1 = 320,
+    sDbv = 384,
+    sR2 = 448,
+    sGam = 512,
+    sDb = 576,
+    sAttC = 640,
+    sCs = 896,
+    sSz = 1152,
+    kScalarFloats = 1156
+  };
+  static constexpr int kSmemBytes = kOffScalars + 4 * kScalarFloats;
+  static_assert(kSmemBytes == ChunkBwdGeometry::smem_bytes_ws(K, V, C), "ChunkBwdSm90: the host's size differs");
 
-  using AccCK = sm90::WgAcc<K>;
-  using AccCV = sm90::WgAcc<V>;
-  using AccCC = sm90::WgAcc<C>;
+  // Named barriers (0 is __syncthreads); each of 1-7 is passed once per block.
+  enum : int {
+    kBarDS = 1,
+    kBarDW = 2,
+    kBarSFree = 3,
+    kBarY = 4,
+    kBarZFree = 5,
+    kBarE = 6,
+    kBarLoaded = 7,
+    kBarLocal = 8
+  };
+
+  /// The warpgroup's view of a 64 x N accumulator: warp w rows 16w + g (h = 0) and + 8 (h = 1),
+  /// columns 8i + tq + e at d[4i + 2h + e].
+  struct Lane {
+    int ctid, w, g, tq, r[2];
+    __device__ __forceinline__ explicit Lane(int t) : ctid(t), w(t >> 5), g((t & 31) >> 2), tq((t & 3) * 2) {
+      r[0] = 16 * w + g;
+      r[1] = r[0] + 8;
+    }
+  };
+
+  __device__ __forceinline__ static float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+  }
+  /// Sum over the 8 row groups of the warp (lanes with the same tq).
+  __device__ __forceinline__ static float octet_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 4);
+    x += __shfl_xor_sync(0xffffffffu, x, 8);
+    return x + __shfl_xor_sync(0xffffffffu, x, 16);
+  }
+
+  __device__ __forceinline__ static u32 swz(int r, int c, int rows) { return sw128::offset(r, c, rows); }
+  __device__ __forceinline__ static u32 lds_u32(const unsigned char* smem, u32 off) {
+    return *reinterpret_cast<const u32*>(smem + off);
+  }
+  __device__ __forceinline__ static void sts_u32(unsigned char* smem, u32 off, u32 v) {
+    *reinterpret_cast<u32*>(smem + off) = v;
+  }
+  __device__ __forceinline__ static float lo_f(u32 pair) { return __uint_as_float(pair << 16); }
+  __device__ __forceinline__ static float hi_f(u32 pair) { return __uint_as_float(pair & 0xffff0000u); }
+
+  /// acc (+)= A B over `steps` k-steps of 16; TA / TB: 1 = M- / N-major operand (as wg::mma_k16).
+  /// With accumulate = false the first step overwrites acc. Not waited for: commit, then wait.
+  template <int N, int TA, int TB>
+  __device__ __forceinline__ static void issue(float (&acc)[N / 2], u32 a, int a_rows, u32 b, int b_rows, int steps,
+                                               bool accumulate) {
+    wg::fence_acc(acc);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < steps; ++ks) {
+      const wg::u64 da = TA ? wg::desc_mn_major(a, a_rows, ks) : wg::desc_k_major(a, a_rows, ks);
+      const wg::u64 db = TB ? wg::desc_mn_major(b, b_rows, ks) : wg::desc_k_major(b, b_rows, ks);
+      wg::mma_k16<N, TA, TB>(acc, da, db, (accumulate || ks > 0) ? 1 : 0);
+    }
+  }
+  template <int W, class... Accs>
+  __device__ __forceinline__ static void wait(Accs&... accs) {
+    wg::wait<W>();
+    (wg::fence_acc(accs), ...);
+  }
 
   __device__ static void run(const ChunkBwdParams& p) {
     const ChunkInfo ci = p.chunks[blockIdx.x];
     if (ci.len == 0) return;
     const int j = blockIdx.y, h = j / Cfg::G, m = ci.len, tid = threadIdx.x;
     const long long t0 = ci.start, cg = blockIdx.x;
+    // SW128 tiles need 1024-byte aligned starts: the declaration's alignment holds because the
+    // kernel has no static shared memory (gpu_wgmma probes the same declaration).
     extern __shared__ __align__(1024) unsigned char smem[];
-    // The swizzle is applied by the hardware on address bits, so every tile must start 1024-byte
-    // aligned. That rests on the __align__(1024) declaration (dynamic shared memory starts at the
-    // window's base when there is no static shared memory); the compiler folds a run-time test of
-    // it away, and taking the address through inline asm to keep one costs 44 bytes of spills.
-    // gpu_wgmma's probe checks the same declaration on the device.
-    bf16_t* base = reinterpret_cast<bf16_t*>(smem);
-    const sm90::SwTile sQ{base, C}, sK{base + kTok, C}, sV{base + 2 * kTok, C}, sDV{base + 3 * kTok, C},
-        sT{base + 4 * kTok, C};
-    bf16_t* ph = base + kPersist;
-    const sm90::SwTile sS{ph, K}, sZ{ph + kSq, K}, sO{ph + 2 * kSq, C}, sVn{ph + 2 * kSq + kTok, C},
-        sDS{ph + 2 * kSq + 2 * kTok, C};
-    // B5 tiles over the dead B4 ones.
-    const sm90::SwTile sDW{ph, C}, sDTh{ph + kTok, C}, sDTl{ph + kTok + kCC, C}, sYh{ph + kTok + 2 * kCC, C},
-        sYl{ph + kTok + 3 * kCC, C}, sEh{ph + kTok + 4 * kCC, C}, sEl{ph + kTok + 5 * kCC, C};
-    float* sg = reinterpret_cast<float*>(smem + kScalarOffsetBytes);
-    float* sb = sg + C;
-    float* sgam = sb + C;
-    float* sdb = sgam + C;
-    float* stmp = sdb + C;
-    float* spart = stmp + C;
-    float* sred = spart + C * (K / 8);
-
+    bf16_t* const base = reinterpret_cast<bf16_t*>(smem);
+    auto tile = [&](int off) { return base + off / 2; };
     {
       const long long qs = (long long)H * K, vs = (long long)HV * V;
       const long long st = (cg * HV + j) * K * V;
-      sm90::load_sw_async<C, V, kThreads>(sO.p, p.d_o + (t0 * HV + j) * V, vs, m);
-      sm90::load_sw_async<C, V, kThreads>(sVn.p, p.v_new + (t0 * HV + j) * V, vs, m);
+      sm90::load_sw_async<C, V, kThreads>(tile(kOffO), p.d_o + (t0 * HV + j) * V, vs, m);
+      sm90::load_sw_async<C, V, kThreads>(tile(kOffVn), p.v_new + (t0 * HV + j) * V, vs, m);
+      sm90::load_sw_async<K, V, kThreads>(tile(kOffS), p.h_tape + st, V, K);
+      sm90::load_sw_async<C, V, kThreads>(tile(kOffDV), p.dv_new + (t0 * HV + j) * V, vs, m);
       bwd::cp_async_commit();
-      sm90::load_sw_async<C, K, kThreads>(sQ.p, p.q + (t0 * H + h) * K, qs, m);
-      sm90::load_sw_async<C, K, kThreads>(sK.p, p.k + (t0 * H + h) * K, qs, m);
-      sm90::load_sw_async<K, V, kThreads>(sS.p, p.h_tape + st, V, K);
-      bwd::cp_async_commit();
-      sm90::load_sw_async<K, V, kThreads>(sZ.p, p.dh_tape + st, V, K);
-      sm90::load_sw_async<C, V, kThreads>(sDV.p, p.dv_new + (t0 * HV + j) * V, vs, m);
-      sm90::load_sw_async<C, C, kThreads>(sT.p, p.tm + (t0 * HV + j) * C, (long long)HV * C, m);
-      sm90::load_sw_async<C, V, kThreads>(sV.p, p.v + (t0 * HV + j) * V, vs, m);
+      sm90::load_sw_async<C, K, kThreads>(tile(kOffQ), p.q + (t0 * H + h) * K, qs, m);
+      sm90::load_sw_async<C, K, kThreads>(tile(kOffK), p.k + (t0 * H + h) * K, qs, m);
+      sm90::load_sw_async<K, V, kThreads>(tile(kOffZ), p.dh_tape + st, V, K);
+      sm90::load_sw_async<C, C, kThreads>(tile(kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, m);
+      sm90::load_sw_async<C, V, kThreads>(tile(kOffV), p.v + (t0 * HV + j) * V, vs, m);
       bwd::cp_async_commit();
     }
-    for (int i = tid; i < C; i += kThreads) {
-      sg[i] = i < m ? p.gc[(t0 + i) * HV + j] : 0.f;
-      sb[i] = i < m ? p.beta[(t0 + i) * HV + j] : 0.f;
-      sgam[i] = 0.f;
-      sdb[i] = 0.f;
+    float* const sc = reinterpret_cast<float*>(smem + kOffScalars);
+    if (tid < C) {
+      sc[sG + tid] = tid < m ? p.gc[(t0 + tid) * HV + j] : 0.f;
+      sc[sB + tid] = tid < m ? p.beta[(t0 + tid) * HV + j] : 0.f;
     }
-    bwd::cp_async_wait<2>();  // dO and V'
-    sm90::sync_for_wgmma();
+    bwd::cp_async_wait<1>();
+    wg::fence_smem_for_async();
+    __syncthreads();
 
-    const float scale = p.scale;
-    const float gL = sg[m - 1];
+    const int role = tid >> 7;
+    const Lane L(tid & 127);
+    if (role == 0)
+      scores_and_inverse(p, smem, sc, L, m);
+    else if (role == 1)
+      query_side(p, smem, sc, L, m, t0, j);
+    else if (role == 2)
+      chain_side(smem, sc, L, m);
+    else
+      key_side(p, smem, sc, L, m, t0, j);
+    __syncthreads();
 
-    // ---- B4 ---------------------------------------------------------------------------------
-    {  // dS~ = scale * tril0((dO V'^T) .* Dec).
-      AccCC a;
-      a.zero();
-      sm90::wmma<0, 0>(a, sO, sVn, V);
-      bwd::for_pairs(a, [&](int r, int c, float& x, float& y) {
-        const float v0 = (r >= c && r < m) ? scale * x * gate_exp2(sg[r] - sg[c], true) : 0.f;
-        const float v1 = (r >= c + 1 && r < m) ? scale * y * gate_exp2(sg[r] - sg[c + 1], true) : 0.f;
-        sDS.pair(r, c) = pack_bf16x2(f2bf(v0), f2bf(v1));
-      });
-    }
-    bwd::cp_async_wait<1>();  // Q, K and S
-    sm90::sync_for_wgmma();
-
-    {  // dQ = scale diag(exp2(gc)) dO S^T + dS~ Kc; dgam += rowsum(dQ_state .* Qc).
-      AccCK dq;
-      dq.zero();
-      sm90::wmma<0, 0>(dq, sO, sS, V);
-      dq.for_each([&](int r, int, float& x) { x *= r < m ? scale * exp2f(fminf(sg[r], 0.f)) : 0.f; });
-      bwd::row_partials(
-          dq, [&](int r, int c, float x) { return x * bf2f(sQ.at(r, c)); }, spart);
-      sm90::wmma<0, 1>(dq, sDS, sK, C);
-      store_group_grad(p.dq_v, dq, t0, j, m);
-    }
-    __syncthreads();
-    if (tid < C) sgam[tid] += bwd::partials_sum<K / 8>(spart, tid);
-    __syncthreads();
-    {  // Attention part of the gate gradient: rowsum(M) - colsum(M), M = dS~ .* (Qc Kc^T), no diagonal.
-      AccCC qk;
-      qk.zero();
-      sm90::wmma<0, 0>(qk, sQ, sK, K);
-      qk.for_each([&](int r, int c, float& v) { v = r > c ? v * bf2f(sDS.at(r, c)) : 0.f; });
-      bwd::row_partials(
-          qk, [](int, int, float v) { return v; }, spart);
-      bwd::col_partials(
-          qk, [](int, int, float v) { return v; }, spart + C * (C / 8));
-    }
-    __syncthreads();
-    if (tid < C && tid < m)
-      sgam[tid] += bwd::partials_sum<C / 8>(spart, tid) - bwd::partials_sum<C / 16>(spart + C * (C / 8), tid);
-    bwd::cp_async_wait<0>();  // Z, dV', Tm and V
-    sm90::sync_for_wgmma();
-    // dKst = diag(exp2(gcL - gc)) V' Z^T; the last row's own term cancels and is left out.
-    AccCK dk;
-    dk.zero();
-    sm90::wmma_issue<0, 0>(dk, sVn, sZ, V);  // runs under the <S, Z> sums
-    {  // <S, Z>: per-warp sums, each thread over the same elements as the mma.sync kernel.
-      float sz = 0.f;
-      // Thread tid's elements (i / V, i % V) for i = tid, tid + kThreads, ...: column tid % V,
-      // every (kThreads / V)-th row, in that order. The rows step by 4, so the swizzle phase
-      // alternates between two values: two base offsets and constant steps.
-      static_assert(kThreads / V == 4 && K % 8 == 0, "ChunkBwdSm90: <S, Z> walks rows in steps of 4");
-      const int c = tid % V, r0 = tid / V;
-      const int e0 = sm90::swz(r0, c, K), e1 = sm90::swz(r0 + 4, c, K);
-#pragma unroll
-      for (int r8 = 0; r8 < K; r8 += 8) {
-        sz += bf2f(sS.p[e0 + r8 * 64]) * bf2f(sZ.p[e0 + r8 * 64]);
-        sz += bf2f(sS.p[e1 + r8 * 64]) * bf2f(sZ.p[e1 + r8 * 64]);
-      }
-      sz = warp_sum(sz);
-      if (tid % 32 == 0) sred[tid / 32] = sz;
-    }
-    sm90::wmma_wait(dk);
-    dk.for_each([&](int r, int, float& x) { x *= r < m ? gate_exp2(gL - sg[r], true) : 0.f; });
-    bwd::row_partials(
-        dk, [&](int r, int c, float x) { return x * bf2f(sK.at(r, c)); }, spart);
-    __syncthreads();
-    if (tid < C) stmp[tid] = bwd::partials_sum<K / 8>(spart, tid);
-    __syncthreads();
-    if (tid == 0) {
-      float szs = 0.f, kst = 0.f;
-      for (int w = 0; w < kWarps; ++w) szs += sred[w];
-      for (int r = 0; r < m - 1; ++r) kst += stmp[r];
-      sgam[m - 1] += exp2f(fminf(gL, 0.f)) * szs + kst;
-    } else if (tid < m) {
-      sgam[tid - 1] -= stmp[tid - 1];
-    }
-    // dK = dKst + dS~^T Qc.
-    sm90::wmma<1, 1>(dk, sDS, sQ, C);
-
-    {  // dW = -dV' S^T, rounded to bf16; written over the dead B4 tiles.
-      AccCK w;
-      w.zero();
-      sm90::wmma<0, 0>(w, sDV, sS, V);
-      __syncthreads();
-      bwd::for_pairs(w, [&](int r, int c, float& x, float& y) { sDW.pair(r, c) = pack_bf16x2(f2bf(-x), f2bf(-y)); });
-    }
-    sm90::sync_for_wgmma();
-
-    // ---- B5 ---------------------------------------------------------------------------------
-    {  // dkbg = Tm^T dW: dK += diag(b Gam) dkbg; R1 = rowsum(dkbg .* Kc).
-      AccCK x;
-      x.zero();
-      sm90::wmma<1, 1>(x, sT, sDW, C);
-      bwd::row_partials(
-          x, [&](int r, int c, float v) { return v * bf2f(sK.at(r, c)); }, spart);
-#pragma unroll
-      for (int q = 0; q < AccCK::kSlots; ++q) {
-        const int r0 = AccCK::tile_row(tid / 32, q) * 16 + (tid % 32) / 4;
-        const float f0 = r0 < m ? sb[r0] * exp2f(fminf(sg[r0], 0.f)) : 0.f;
-        const float f1 = r0 + 8 < m ? sb[r0 + 8] * exp2f(fminf(sg[r0 + 8], 0.f)) : 0.f;
-        dk.c[q][0] += f0 * x.c[q][0];
-        dk.c[q][1] += f0 * x.c[q][1];
-        dk.c[q][2] += f1 * x.c[q][2];
-        dk.c[q][3] += f1 * x.c[q][3];
-      }
-    }
-    __syncthreads();
-    if (tid < C && tid < m) {
-      const float r1 = bwd::partials_sum<K / 8>(spart, tid);
-      const float gam = exp2f(fminf(sg[tid], 0.f));
-      sdb[tid] += gam * r1;
-      sgam[tid] += sb[tid] * gam * r1;
-    }
-    {  // dvb = Tm^T dV': dv = diag(b) dvb; dbeta += rowsum(dvb .* Vc).
-      AccCV x;
-      x.zero();
-      sm90::wmma<1, 1>(x, sT, sDV, C);
-      bf16_t* out = p.dv + (t0 * HV + j) * V;
-      bwd::for_pairs(x, [&](int r, int c, float& a, float& b) {
-        if (r < m) bwd::store_bf16x2(out + (long long)r * HV * V + c, sb[r] * a, sb[r] * b);
-      });
-      __syncthreads();  // spart of R1 consumed above
-      bwd::row_partials(
-          x, [&](int r, int c, float v) { return v * bf2f(sV.at(r, c)); }, spart);
-    }
-    {  // dTm = tril1((dW Kc^T) diag(b Gam) + (dV' Vc^T) diag(b)), split into bf16 hi + lo.
-      AccCC t1, t2;
-      t1.zero();
-      t2.zero();
-      sm90::wmma_issue<0, 0>(t1, sDW, sK, K);
-      sm90::wmma_issue<0, 0>(t2, sDV, sV, V);
-      sm90::wmma_wait(t1, t2);
-#pragma unroll
-      for (int q = 0; q < AccCC::kSlots; ++q) {
-        const int r0 = AccCC::tile_row(tid / 32, q) * 16 + (tid % 32) / 4;
-        const int c0 = AccCC::tile_col(tid / 32, q) * 8 + (tid % 4) * 2;
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = r0 + (e >= 2 ? 8 : 0), c = c0 + (e & 1);
-          float v = 0.f;
-          if (r > c && r < m) v = sb[c] * (exp2f(fminf(sg[c], 0.f)) * t1.c[q][e] + t2.c[q][e]);
-          bf16_t hi, lo;
-          bwd::split_bf16(v, hi, lo);
-          sDTh.at(r, c) = hi;
-          sDTl.at(r, c) = lo;
+    // dgam and dbeta per row, each term in a fixed order, then B6: the reverse cumsum of dgam.
+    float* const gam = sc + sGam;
+    float* const db = sc + sDb;
+    if (tid < C) {
+      const int r = tid;
+      float gr = 0.f, dbr = 0.f;
+      if (r < m) {
+        const float g = sc[sG + r], b = sc[sB + r], gmr = exp2f(fminf(g, 0.f));
+        gr = sc[sGq + r];
+        gr += sc[sAttR + r] - (((sc[sAttC + r] + sc[sAttC + 64 + r]) + sc[sAttC + 128 + r]) + sc[sAttC + 192 + r]);
+        if (r == m - 1) {
+          const float szs = ((sc[sSz] + sc[sSz + 1]) + sc[sSz + 2]) + sc[sSz + 3];
+          float kst = 0.f;
+          for (int i = 0; i < m - 1; ++i) kst += sc[sKst + i];
+          gr += exp2f(fminf(sc[sG + m - 1], 0.f)) * szs + kst;
+        } else {
+          gr -= sc[sKst + r];
         }
+        const float r1 = sc[sR1 + r], r2 = sc[sR2 + r];
+        gr += b * gmr * r1;
+        gr += b * r2 - (((sc[sCs + r] + sc[sCs + 64 + r]) + sc[sCs + 128 + r]) + sc[sCs + 192 + r]);
+        dbr = gmr * r1 + sc[sDbv + r] + r2;
       }
+      gam[r] = gr;
+      db[r] = dbr;
     }
-    sm90::sync_for_wgmma();
-    if (tid < C && tid < m) sdb[tid] += bwd::partials_sum<V / 8>(spart, tid);
-    {  // Y = dTm Tm^T (hi + lo operands, fp32 accumulate), split again.
-      AccCC y;
-      y.zero();
-      sm90::wmma_issue<0, 0>(y, sDTh, sT, C);
-      sm90::wmma_issue<0, 0>(y, sDTl, sT, C);
-      sm90::wmma_wait(y);
-      bwd::for_pairs(y, [&](int r, int c, float& a, float& b) {
-        bf16_t h0, l0, h1, l1;
-        bwd::split_bf16(a, h0, l0);
-        bwd::split_bf16(b, h1, l1);
-        sYh.pair(r, c) = pack_bf16x2(h0, h1);
-        sYl.pair(r, c) = pack_bf16x2(l0, l1);
-      });
-    }
-    sm90::sync_for_wgmma();
-    {  // dL = tril1(-Tm^T Y); E = dL .* Dec; dbeta += rowsum(E .* KK); dgam += b .* rowsum - colsum(diag(b) E .* KK).
-      AccCC x, kk;
-      x.zero();
-      kk.zero();
-      sm90::wmma_issue<1, 1>(x, sT, sYh, C);
-      sm90::wmma_issue<1, 1>(x, sT, sYl, C);
-      sm90::wmma_issue<0, 0>(kk, sK, sK, K);
-      sm90::wmma_wait(x, kk);
-      x.for_each([&](int r, int c, float& v) {
-        const bool ok = r > c && r < m;
-        v = ok ? -v * gate_exp2(sg[r] - sg[c], true) : 0.f;  // v is now E
-      });
-      // Eb + Eb^T (Eb = diag(b) E strictly lower): each lower element's owner writes both slots.
-      x.for_each([&](int r, int c, float& v) {
-        if (r < c) return;
-        bf16_t hi = 0, lo = 0;
-        if (r > c) bwd::split_bf16(sb[r] * v, hi, lo);
-        sEh.at(r, c) = hi;
-        sEl.at(r, c) = lo;
-        sEh.at(c, r) = hi;
-        sEl.at(c, r) = lo;
-      });
-#pragma unroll
-      for (int q = 0; q < AccCC::kSlots; ++q)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) kk.c[q][e] *= x.c[q][e];
-      bwd::row_partials(
-          kk, [&](int, int, float v) { return v; }, spart);
-      bwd::col_partials(
-          kk, [&](int r, int, float v) { return sb[r] * v; }, spart + C * (C / 8));
-    }
-    sm90::sync_for_wgmma();
-    if (tid < C && tid < m) {
-      const float r2 = bwd::partials_sum<C / 8>(spart, tid);
-      const float cs = bwd::partials_sum<C / 16>(spart + C * (C / 8), tid);
-      sdb[tid] += r2;
-      sgam[tid] += sb[tid] * r2 - cs;
-    }
-    // dK += (Eb + Eb^T) Kc.
-    sm90::wmma_issue<0, 1>(dk, sEh, sK, C);
-    sm90::wmma_issue<0, 1>(dk, sEl, sK, C);
-    sm90::wmma_wait(dk);
-    store_group_grad(p.dk_v, dk, t0, j, m);
     __syncthreads();
-
-    // ---- B6: dg = reverse cumsum of dgam inside the chunk (one warp, fixed order). -------------
     if (tid < 32) {
       const int i0 = 2 * tid, i1 = 2 * tid + 1;
-      const float a = i0 < m ? sgam[i0] : 0.f, b = i1 < m ? sgam[i1] : 0.f;
+      const float a = gam[i0], b = gam[i1];
       const float pair = a + b;
       float incl = pair;
 #pragma unroll
@@ -434,22 +243,395 @@ struct ChunkBwdSm90 {
       const float after = incl - pair;
       if (i0 < m) {
         p.dg[(t0 + i0) * HV + j] = after + b + a;
-        p.dbeta[(t0 + i0) * HV + j] = sdb[i0];
+        p.dbeta[(t0 + i0) * HV + j] = db[i0];
       }
       if (i1 < m) {
         p.dg[(t0 + i1) * HV + j] = after + b;
-        p.dbeta[(t0 + i1) * HV + j] = sdb[i1];
+        p.dbeta[(t0 + i1) * HV + j] = db[i1];
       }
     }
   }
 
  private:
-  template <class AccT>
-  __device__ static void store_group_grad(bf16_t* buf, AccT& a, long long t0, int j, int m) {
-    bf16_t* out = buf + (t0 * HV + j) * K;
-    bwd::for_pairs(a, [&](int r, int c, float& x, float& y) {
-      if (r < m) bwd::store_bf16x2(out + (long long)r * HV * K + c, x, y);
-    });
+  __device__ __forceinline__ static void second_group_landed() {
+    bwd::cp_async_wait<0>();
+    wg::fence_smem_for_async();
+    pipe::named_sync(kBarLoaded, kThreads);
+  }
+  __device__ __forceinline__ static void local_sync(int role) { pipe::named_sync(kBarLocal + role, 128); }
+
+  /// Stores the rows < m of a 64 x 128 accumulator as bf16 pairs at out (row stride `stride`).
+  __device__ __forceinline__ static void store_rows(bf16_t* out, long long stride, const float (&d)[64], const Lane& L,
+                                                    int m, const float* row_scale = nullptr) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = L.r[hh];
+      if (r >= m) continue;
+      const float f = row_scale ? row_scale[r] : 1.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+        bwd::store_bf16x2(out + r * stride + 8 * i + L.tq, f * d[4 * i + 2 * hh], f * d[4 * i + 2 * hh + 1]);
+    }
+  }
+
+  /// Row sums of d .* X (X a 64 x 128 bf16 tile at off, rows 64) over the columns of 16-column
+  /// group i0 .. i0 + ni; both rows' sums of the thread (complete across the quad).
+  template <int R>
+  __device__ __forceinline__ static void row_dot(const unsigned char* smem, u32 off, const float (&d)[R], int i0,
+                                                 int ni, const Lane& L, float (&out)[2]) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      // The row's offsets are recomputed per call: shared between calls they stay live across
+      // the products in between and spill.
+      int r = L.r[hh];
+      asm volatile("" : "+r"(r));
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < ni; ++i) {
+        const u32 x = lds_u32(smem, off + swz(r, 8 * (i0 + i) + L.tq, 64));
+        s += d[4 * i + 2 * hh] * lo_f(x) + d[4 * i + 2 * hh + 1] * hi_f(x);
+      }
+      out[hh] += s;
+    }
+  }
+
+  /// Warpgroup 0: dS~, the scores' gate terms, K K^T and the inverse's backward Tm^T Y -> E.
+  __device__ static void scores_and_inverse(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L,
+                                            int m) {
+    const u32 s0 = wg::smem_u32(smem);
+    const float* g = sc + sG;
+    const float* b = sc + sB;
+    float A[32], QK[32];
+    issue<64, 0, 0>(A, s0 + kOffO, C, s0 + kOffVn, C, V / 16, false);
+    wg::commit();
+    second_group_landed();
+    issue<64, 0, 0>(QK, s0 + kOffQ, C, s0 + kOffK, C, K / 16, false);
+    wg::commit();
+    wait<1>(A);
+    {  // dS~ = scale * tril0((dO V'^T) .* Dec), rows < m.
+      const float scale = p.scale;
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = L.r[hh];
+        const float gr = g[r];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int c = 8 * i + L.tq;
+          const float v0 = (r >= c && r < m) ? scale * A[4 * i + 2 * hh] * gate_exp2(gr - g[c], true) : 0.f;
+          const float v1 = (r >= c + 1 && r < m) ? scale * A[4 * i + 2 * hh + 1] * gate_exp2(gr - g[c + 1], true) : 0.f;
+          sts_u32(smem, kOffDS + swz(r, c, C), pack_bf16x2(f2bf(v0), f2bf(v1)));
+        }
+      }
+    }
+    wg::fence_smem_for_async();
+    pipe::named_arrive(kBarDS, 384);
+    local_sync(0);
+    wait<0>(QK);
+    {  // M = dS~ .* (Q K^T), strictly lower: rowsum(M) - colsum(M) enters dgam.
+      float rs[2] = {0.f, 0.f};
+      float cs[16];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) cs[2 * i + e] = 0.f;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = L.r[hh], c = 8 * i + L.tq;
+          const u32 ds = lds_u32(smem, kOffDS + swz(r, c, C));
+          const float m0 = r > c ? QK[4 * i + 2 * hh] * lo_f(ds) : 0.f;
+          const float m1 = r > c + 1 ? QK[4 * i + 2 * hh + 1] * hi_f(ds) : 0.f;
+          rs[hh] += m0 + m1;
+          cs[2 * i] += m0;
+          cs[2 * i + 1] += m1;
+        }
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float s = quad_sum(rs[hh]);
+        if ((L.ctid & 3) == 0) sc[sAttR + L.r[hh]] = s;
+      }
+#pragma unroll
+      for (int q = 0; q < 16; ++q) {
+        const float s = octet_sum(cs[q]);
+        if (L.g == 0) sc[sAttC + 64 * L.w + 8 * (q >> 1) + L.tq + (q & 1)] = s;
+      }
+    }
+    float KK[32], X[32];
+    issue<64, 0, 0>(KK, s0 + kOffK, C, s0 + kOffK, C, K / 16, false);
+    wg::commit();
+    pipe::named_sync(kBarY, 256);
+    issue<64, 1, 1>(X, s0 + kOffT, C, s0 + kOffYh, C, C / 16, false);
+    issue<64, 1, 1>(X, s0 + kOffT, C, s0 + kOffYl, C, C / 16, true);
+    wg::commit();
+    wait<0>(KK, X);
+    // E = tril1(-Tm^T Y) .* Dec (rows < m); Eb + Eb^T (Eb = diag(b) E) as hi + lo tiles over Z.
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = L.r[hh], c = 8 * i + L.tq + e;
+          float& v = X[4 * i + 2 * hh + e];
+          v = (r > c && r < m) ? -v * gate_exp2(g[r] - g[c], true) : 0.f;
+        }
+    pipe::named_sync(kBarZFree, 256);
+    {
+      bf16_t* const eh = reinterpret_cast<bf16_t*>(smem + kOffEh);
+      bf16_t* const el = reinterpret_cast<bf16_t*>(smem + kOffEl);
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = L.r[hh], c = 8 * i + L.tq + e;
+            if (r < c) continue;
+            bf16_t hi = 0, lo = 0;
+            if (r > c) split_bf16(b[r] * X[4 * i + 2 * hh + e], hi, lo);
+            const u32 a = swz(r, c, C) / 2, t = swz(c, r, C) / 2;
+            eh[a] = hi;
+            el[a] = lo;
+            eh[t] = hi;
+            el[t] = lo;
+          }
+    }
+    wg::fence_smem_for_async();
+    pipe::named_arrive(kBarE, 256);
+    {  // rowsum(E .* KK) -> dbeta and dgam, colsum(diag(b) E .* KK) -> dgam.
+      float rs[2] = {0.f, 0.f};
+      float cs[16];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        cs[2 * i] = cs[2 * i + 1] = 0.f;
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float v = KK[4 * i + 2 * hh + e] * X[4 * i + 2 * hh + e];
+            rs[hh] += v;
+            cs[2 * i + e] += b[L.r[hh]] * v;
+          }
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float s = quad_sum(rs[hh]);
+        if ((L.ctid & 3) == 0) sc[sR2 + L.r[hh]] = s;
+      }
+#pragma unroll
+      for (int q = 0; q < 16; ++q) {
+        const float s = octet_sum(cs[q]);
+        if (L.g == 0) sc[sCs + 64 * L.w + 8 * (q >> 1) + L.tq + (q & 1)] = s;
+      }
+    }
+  }
+
+  /// Warpgroup 1: dQ = scale diag(exp2(gc)) dO S^T + dS~ K (its state part's gate term), then
+  /// dvb = Tm^T dV': dv = diag(b) dvb and dbeta's rowsum(dvb .* V).
+  __device__ static void query_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L, int m,
+                                    long long t0, int j) {
+    const u32 s0 = wg::smem_u32(smem);
+    const float* g = sc + sG;
+    float D[64];
+    issue<128, 0, 0>(D, s0 + kOffO, C, s0 + kOffS, K, V / 16, false);
+    wg::commit();
+    second_group_landed();
+    wait<0>(D);
+    pipe::named_arrive(kBarSFree, 384);
+    {
+      float f[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) f[hh] = L.r[hh] < m ? p.scale * exp2f(fminf(g[L.r[hh]], 0.f)) : 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          D[4 * i + 2 * hh] *= f[hh];
+          D[4 * i + 2 * hh + 1] *= f[hh];
+        }
+      row_dot(smem, kOffQ, D, 0, 16, L, rs);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float s = quad_sum(rs[hh]);
+        if ((L.ctid & 3) == 0) sc[sGq + L.r[hh]] = s;
+      }
+    }
+    pipe::named_sync(kBarDS, 384);
+    issue<128, 0, 1>(D, s0 + kOffDS, C, s0 + kOffK, C, C / 16, true);
+    wg::commit();
+    wait<0>(D);
+    store_rows(p.dq_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
+    float X[64];
+    issue<128, 1, 1>(X, s0 + kOffT, C, s0 + kOffDV, C, C / 16, false);
+    wg::commit();
+    wait<0>(X);
+    store_rows(p.dv + (t0 * HV + j) * V, (long long)HV * V, X, L, m, sc + sB);
+    float rs[2] = {0.f, 0.f};
+    row_dot(smem, kOffV, X, 0, 16, L, rs);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float s = quad_sum(rs[hh]);
+      if ((L.ctid & 3) == 0) sc[sDbv + L.r[hh]] = s;
+    }
+  }
+
+  /// Warpgroup 2: dW = -dV' S^T (bf16 tile), dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b))
+  /// as hi + lo tiles, Y = dTm Tm^T as hi + lo tiles (both over the dead S).
+  __device__ static void chain_side(unsigned char* smem, float* sc, const Lane& L, int m) {
+    const u32 s0 = wg::smem_u32(smem);
+    const float* g = sc + sG;
+    const float* b = sc + sB;
+    {
+      float W[64];
+      issue<128, 0, 0>(W, s0 + kOffDV, C, s0 + kOffS, K, V / 16, false);
+      wg::commit();
+      second_group_landed();
+      wait<0>(W);
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh)
+          sts_u32(smem, kOffDW + swz(L.r[hh], 8 * i + L.tq, C),
+                  pack_bf16x2(f2bf(-W[4 * i + 2 * hh]), f2bf(-W[4 * i + 2 * hh + 1])));
+    }
+    wg::fence_smem_for_async();
+    pipe::named_arrive(kBarDW, 256);
+    local_sync(2);
+    float T1[32], T2[32];
+    issue<64, 0, 0>(T2, s0 + kOffDV, C, s0 + kOffV, C, V / 16, false);
+    issue<64, 0, 0>(T1, s0 + kOffDW, C, s0 + kOffK, C, K / 16, false);
+    wg::commit();
+    wait<0>(T1, T2);
+    u32 hi2[16], lo2[16];  // dTm's hi and lo pairs of (row h, columns 8i + tq, + 1) at [2i + h]
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        bf16_t hv[2], lv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = L.r[hh], c = 8 * i + L.tq + e;
+          float v = 0.f;
+          if (r > c && r < m) v = b[c] * (exp2f(fminf(g[c], 0.f)) * T1[4 * i + 2 * hh + e] + T2[4 * i + 2 * hh + e]);
+          split_bf16(v, hv[e], lv[e]);
+        }
+        hi2[2 * i + hh] = pack_bf16x2(hv[0], hv[1]);
+        lo2[2 * i + hh] = pack_bf16x2(lv[0], lv[1]);
+      }
+    pipe::named_sync(kBarSFree, 384);  // WG1 and WG3 are done reading S
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const u32 at = swz(L.r[hh], 8 * i + L.tq, C);
+        sts_u32(smem, kOffDTh + at, hi2[2 * i + hh]);
+        sts_u32(smem, kOffDTl + at, lo2[2 * i + hh]);
+      }
+    wg::fence_smem_for_async();
+    local_sync(2);
+    float Y[32];
+    issue<64, 0, 0>(Y, s0 + kOffDTh, C, s0 + kOffT, C, C / 16, false);
+    issue<64, 0, 0>(Y, s0 + kOffDTl, C, s0 + kOffT, C, C / 16, true);
+    wg::commit();
+    wait<0>(Y);
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        bf16_t h0, l0, h1, l1;
+        split_bf16(Y[4 * i + 2 * hh], h0, l0);
+        split_bf16(Y[4 * i + 2 * hh + 1], h1, l1);
+        const u32 at = swz(L.r[hh], 8 * i + L.tq, C);
+        sts_u32(smem, kOffYh + at, pack_bf16x2(h0, h1));
+        sts_u32(smem, kOffYl + at, pack_bf16x2(l0, l1));
+      }
+    wg::fence_smem_for_async();
+    pipe::named_arrive(kBarY, 256);
+  }
+
+  /// Warpgroup 3: dK = diag(exp2(gcL - gc)) V' Z^T + dS~^T Q + diag(b Gam) Tm^T dW + (Eb + Eb^T) K,
+  /// the state term's and R1's row sums, and <S, Z>.
+  __device__ static void key_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L, int m,
+                                  long long t0, int j) {
+    const u32 s0 = wg::smem_u32(smem);
+    const float* g = sc + sG;
+    const float* b = sc + sB;
+    second_group_landed();
+    float D[64];
+    issue<128, 0, 0>(D, s0 + kOffVn, C, s0 + kOffZ, K, V / 16, false);
+    wg::commit();
+    {  // <S, Z> over the two tiles' bytes in the same order (their layouts are the same).
+      float sz = 0.f;
+      const uint4* S = reinterpret_cast<const uint4*>(smem + kOffS);
+      const uint4* Z = reinterpret_cast<const uint4*>(smem + kOffZ);
+#pragma unroll 2
+      for (int i = 0; i < kSq / 16 / 128; ++i) {
+        const uint4 a = S[i * 128 + L.ctid], z = Z[i * 128 + L.ctid];
+        sz += lo_f(a.x) * lo_f(z.x) + hi_f(a.x) * hi_f(z.x);
+        sz += lo_f(a.y) * lo_f(z.y) + hi_f(a.y) * hi_f(z.y);
+        sz += lo_f(a.z) * lo_f(z.z) + hi_f(a.z) * hi_f(z.z);
+        sz += lo_f(a.w) * lo_f(z.w) + hi_f(a.w) * hi_f(z.w);
+      }
+      sz = warp_sum(sz);
+      if ((L.ctid & 31) == 0) sc[sSz + L.w] = sz;
+    }
+    wait<0>(D);
+    pipe::named_arrive(kBarSFree, 384);
+    pipe::named_arrive(kBarZFree, 256);
+    const float gL = g[m - 1];
+    {  // dKst's rows scaled by exp2(gcL - gc); rowsum(dKst .* K) -> dgam (the shifted terms).
+      float f[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) f[hh] = L.r[hh] < m ? gate_exp2(gL - g[L.r[hh]], true) : 0.f;
+#pragma unroll
+      for (int i = 0; i < 16; ++i)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          D[4 * i + 2 * hh] *= f[hh];
+          D[4 * i + 2 * hh + 1] *= f[hh];
+        }
+      row_dot(smem, kOffK, D, 0, 16, L, rs);
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float s = quad_sum(rs[hh]);
+        if ((L.ctid & 3) == 0) sc[sKst + L.r[hh]] = s;
+      }
+    }
+    pipe::named_sync(kBarDS, 384);
+    issue<128, 1, 1>(D, s0 + kOffDS, C, s0 + kOffQ, C, C / 16, true);
+    wg::commit();
+    wait<0>(D);
+    pipe::named_sync(kBarDW, 256);
+    {  // dkbg = Tm^T dW in two 64-column halves: dK += diag(b Gam) dkbg, R1 = rowsum(dkbg .* K).
+      float f[2], rs[2] = {0.f, 0.f};
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) f[hh] = L.r[hh] < m ? b[L.r[hh]] * exp2f(fminf(g[L.r[hh]], 0.f)) : 0.f;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float X[32];
+        issue<64, 1, 1>(X, s0 + kOffT, C, s0 + kOffDW + half * C * 128, C, C / 16, false);
+        wg::commit();
+        wait<0>(X);
+        row_dot(smem, kOffK, X, 8 * half, 8, L, rs);
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) D[4 * (i + 8 * half) + 2 * hh + e] += f[hh] * X[4 * i + 2 * hh + e];
+      }
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const float s = quad_sum(rs[hh]);
+        if ((L.ctid & 3) == 0) sc[sR1 + L.r[hh]] = s;
+      }
+    }
+    pipe::named_sync(kBarE, 256);
+    issue<128, 0, 1>(D, s0 + kOffEh, C, s0 + kOffK, C, C / 16, true);
+    issue<128, 0, 1>(D, s0 + kOffEl, C, s0 + kOffK, C, C / 16, true);
+    wg::commit();
+    wait<0>(D);
+    store_rows(p.dk_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
   }
 };
 
