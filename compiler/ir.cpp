@@ -244,7 +244,7 @@ LayerIR lower(const Spec& spec_in) {
                       : ChunkBwdGeometry::smem_bytes(K, V, C),
       GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
-  ir.programs.back().constants.emplace_back("WGMMA", s.tensor_cores == TensorCores::automatic ? "true" : "false");
+  ir.programs.back().constants.emplace_back("WGMMA", chunk_bwd_wgmma ? "true" : "false");
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
 
