@@ -7,8 +7,8 @@
  *
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
- *                 walk32, walk64, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16, seg-auto (cp.segments),
- *                 programs, fused (forward "programs" / "fused"), fused-seg-auto (and cp.segments "auto")
+ *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16, seg-auto
+ * (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto (and cp.segments "auto")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -349,7 +349,8 @@ const std::map<std::string, ArmKind> kArms = {
     {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}},
-    {"walk64", {false, true, false, 64}},  // the forward walk's slab width
+    {"walk64", {false, true, false, 64}},        // the forward walk's slab width
+    {"walkbwd32", {false, true, false, 0, 32}},  // the backward walk's portable body, 32 wide
     {"walkbwd64", {false, true, false, 0, 64}},
     {"walks64", {false, true, false, 64, 64}},  // the backward's, both
     {"seg2", {false, true, false, 0, 0, 2}},
@@ -535,15 +536,19 @@ int main(int argc, char** argv) {
   app.add_option("--shapes", shapes,
                  "comma-separated subset of N,M,G,A and the single long documents L (N's heads, "
                  "32768 tokens) and M1 (M's heads, 32768 tokens)");
-  app.add_option("--arms", arm_names,
-                 "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
-                 "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
-                 "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd64 (walk_bwd_slab 64), walks64 (both 64), "
-                 "seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused (forward "
-                 "\"programs\", \"fused\"), fused-seg-auto")
-      ->check(CLI::IsMember({"spec", "spec-aa", "no-handoff", "graph", "graph-no-handoff", "mma-sync", "walk32",
-                             "walk64", "walkbwd64", "walks64", "seg2", "seg4", "seg8", "seg16", "seg-auto", "programs",
-                             "fused", "fused-seg-auto"}))
+  app.add_option(
+         "--arms", arm_names,
+         "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
+         "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
+         "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
+         "(both 64), "
+         "seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused (forward "
+         "\"programs\", \"fused\"), fused-seg-auto")
+      ->check(CLI::IsMember([] {
+        std::vector<std::string> names;
+        for (const auto& [name, kind] : kArms) names.push_back(name);
+        return names;
+      }()))
       ->delimiter(',');
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
@@ -560,7 +565,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "32", "64"}));
   std::string walk_bwd_slab = "auto";
   app.add_option("--walk-bwd-slab", walk_bwd_slab, "the specs' walk_bwd_slab (the backward walk's V-slab width)")
-      ->check(CLI::IsMember({"auto", "32", "64"}));
+      ->check(CLI::IsMember({"auto", "32", "64", "128"}));
   std::string segments = "1";
   app.add_option("--segments", segments, "the specs' cp.segments (intra-card segments per document): 1 to 64 or auto")
       ->check(CLI::IsMember({"auto"}) | CLI::Range(1, 64));

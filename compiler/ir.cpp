@@ -157,7 +157,10 @@ LayerIR lower(const Spec& spec_in) {
   const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;
   const bool norm = s.norm == Norm::l2_in_kernel;
   ir.walk_bv = s.walk_slab != 0 ? s.walk_slab : StateWalkGeometry::auto_bv(V, HV);
-  ir.walk_bwd_bv = s.walk_bwd_slab != 0 ? s.walk_bwd_slab : StateWalkBwdGeometry::bv(V);
+  const bool wgmma = s.tensor_cores == TensorCores::automatic;
+  ir.walk_bwd_bv = s.walk_bwd_slab != 0 ? s.walk_bwd_slab : StateWalkBwdGeometry::auto_bv(K, V, C, HV, wgmma);
+  // The prescan keeps the portable body: 128-wide slabs would only halve its blocks.
+  const int prescan_bwd_bv = ir.walk_bwd_bv == 128 ? StateWalkBwdGeometry::bv(V) : ir.walk_bwd_bv;
 
   auto add = [&](std::string name, std::string path, std::string cls, std::string params, int threads, int smem,
                  GridKind grid, int bv = 0, int min_blocks = 1) {
@@ -207,7 +210,6 @@ LayerIR lower(const Spec& spec_in) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
     // and scoring warpgroups to the walking ones, which needs the entry's count pinned (128 = 512
     // threads, one block per SM).
-    const bool wgmma = s.tensor_cores == TensorCores::automatic;
     add("fused_walk", "fwd/fused_walk.cuh", "FusedWalk", "FusedWalkParams", FusedWalkGeometry::kThreads,
         FusedWalkGeometry::smem_bytes(K, C), segments > 1 ? GridKind::walk_segments : GridKind::walk,
         FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
@@ -223,9 +225,9 @@ LayerIR lower(const Spec& spec_in) {
   // With segments the backward walk is segmented too: its prescan and merge run before it.
   if (segments > 1) {
     add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
-        StateWalkBwdGeometry::threads(ir.walk_bwd_bv),
-        StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bwd_bv), GridKind::walk_prescan, ir.walk_bwd_bv,
-        StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
+        StateWalkBwdGeometry::threads(prescan_bwd_bv),
+        StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, prescan_bwd_bv), GridKind::walk_prescan, prescan_bwd_bv,
+        StateWalkBwdGeometry::min_blocks_per_sm(prescan_bwd_bv));
     add_segment_constants();
     add("walk_merge_bwd", "fwd/walk_merge.cuh", "WalkMergeBwd", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
@@ -236,9 +238,15 @@ LayerIR lower(const Spec& spec_in) {
       segments > 1 ? GridKind::walk_segments : GridKind::walk, ir.walk_bwd_bv,
       StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
   add_segment_constants();
+  // 128-wide slabs at K = V = 128 with wgmma run the warp-specialized sm_90a body (setmaxnreg:
+  // the entry's register count pinned, as for the fused walk); the other targets run the portable
+  // body in the same 512-thread blocks.
+  ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
+  if (wgmma && ir.walk_bwd_bv == 128 && K == 128 && V == 128 && C == 64)
+    ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
   // With wgmma the sm_90a kernel (one product per warpgroup) needs a little more shared memory;
   // the other targets' mma.sync kernel runs within it.
-  const bool chunk_bwd_wgmma = s.tensor_cores == TensorCores::automatic;
+  const bool chunk_bwd_wgmma = wgmma;
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
       chunk_bwd_wgmma ? std::max(ChunkBwdGeometry::smem_bytes(K, V, C), ChunkBwdGeometry::smem_bytes_ws(K, V, C))
                       : ChunkBwdGeometry::smem_bytes(K, V, C),

@@ -133,9 +133,9 @@ void validate(const Spec& s) {
   // Struct-built specs bypass the JSON reader's check.
   if (s.walk_slab != 0 && s.walk_slab != 32 && s.walk_slab != 64)
     throw SpecError("/walk_slab", fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_slab));
-  if (s.walk_bwd_slab != 0 && s.walk_bwd_slab != 32 && s.walk_bwd_slab != 64)
+  if (s.walk_bwd_slab != 0 && s.walk_bwd_slab != 32 && s.walk_bwd_slab != 64 && s.walk_bwd_slab != 128)
     throw SpecError("/walk_bwd_slab",
-                    fmt::format("{} is not supported (supported: \"auto\", 32, 64)", s.walk_bwd_slab));
+                    fmt::format("{} is not supported (supported: \"auto\", 32, 64, 128)", s.walk_bwd_slab));
   check(kChunk, s.chunk);
   if (s.targets.empty()) throw SpecError("/targets", "must list at least one target");
   for (size_t i = 0; i < s.targets.size(); ++i)
@@ -253,19 +253,20 @@ Spec read_spec(const json& j) {
   s.determinism = det ? Determinism::deterministic : Determinism::nondeterministic;
   r.choice("graph", s.graph, {{"off", GraphMode::off}, {"replay", GraphMode::replay}});
   r.choice("tensor_cores", s.tensor_cores, {{"auto", TensorCores::automatic}, {"mma_sync", TensorCores::mma_sync}});
-  auto slab = [&](const char* key, int& out) {
+  auto slab = [&](const char* key, int& out, bool wide) {
     if (const json* ws = r.get(key, false)) {
       if (ws->is_string() && ws->get<std::string>() == "auto")
         out = 0;
-      else if (const auto width = as_int64(*ws); ws->is_number_integer() && width && (*width == 32 || *width == 64))
+      else if (const auto width = as_int64(*ws);
+               ws->is_number_integer() && width && (*width == 32 || *width == 64 || (wide && *width == 128)))
         out = static_cast<int>(*width);
       else
-        throw SpecError(std::string("/") + key,
-                        fmt::format("{} is not supported (supported: \"auto\", 32, 64)", value_excerpt(*ws)));
+        throw SpecError(std::string("/") + key, fmt::format("{} is not supported (supported: \"auto\", 32, 64{})",
+                                                            value_excerpt(*ws), wide ? ", 128" : ""));
     }
   };
-  slab("walk_slab", s.walk_slab);
-  slab("walk_bwd_slab", s.walk_bwd_slab);
+  slab("walk_slab", s.walk_slab, false);
+  slab("walk_bwd_slab", s.walk_bwd_slab, true);
   r.choice("forward", s.forward,
            {{"programs", ForwardPath::programs}, {"fused", ForwardPath::fused}, {"auto", ForwardPath::automatic}});
   bool h0 = true, ht = true;

@@ -654,28 +654,33 @@ TEST_SUITE("gpu_determinism") {
   }
 
   // Each element of V', v_new, the h tape and the state keeps its k order whatever the slab width,
-  // so walk_slab is a speed choice only (docs/spec.md); checked against fp64 in gpu_layer too.
-  TEST_CASE("walk_slab and walk_bwd_slab 32 and 64 give the same bits, light and full") {
+  // so walk_slab is a speed choice only (docs/spec.md); checked against fp64 in gpu_layer too. A
+  // 128-wide backward slab runs the warp-specialized sm_90a body under tensor_cores "auto" and the
+  // portable body in 512-thread blocks under "mma_sync": both give the 32-wide portable body's bits.
+  TEST_CASE("walk_slab 32 and 64 and walk_bwd_slab 32, 64 and 128 give the same bits, light and full") {
     check::Case c;
     c.doc_lens = {1, 63, 64, 65, 3000, 700};
     c.with_reference = false;
     c.seed = 43;
-    for (SaveMode save : {SaveMode::light, SaveMode::full}) {
-      std::map<std::string, std::string> first;
-      for (auto [fwd_slab, bwd_slab] : {std::pair{32, 32}, std::pair{64, 32}, std::pair{32, 64}, std::pair{64, 64}}) {
-        Spec s = spec_of("m");
-        s.save_mode = save;
-        s.walk_slab = fwd_slab;
-        s.walk_bwd_slab = bwd_slab;
-        s.name = fmt::format("m_walk{}_{}_{}", fwd_slab, bwd_slab, to_string(save));
-        const check::Report r = check::run(*make(s), c);
-        CHECK(r.bytes.size() == 8);
-        if (first.empty())
-          first = r.bytes;
-        else
-          expect_same_bits(first, r, s.name);
+    for (TensorCores tc : {TensorCores::automatic, TensorCores::mma_sync})
+      for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+        std::map<std::string, std::string> first;
+        for (auto [fwd_slab, bwd_slab] : {std::pair{32, 32}, std::pair{64, 32}, std::pair{32, 64}, std::pair{64, 64},
+                                          std::pair{32, 128}, std::pair{64, 128}}) {
+          Spec s = spec_of("m");
+          s.save_mode = save;
+          s.tensor_cores = tc;
+          s.walk_slab = fwd_slab;
+          s.walk_bwd_slab = bwd_slab;
+          s.name = fmt::format("m_walk{}_{}_{}_{}", fwd_slab, bwd_slab, to_string(save), to_string(tc));
+          const check::Report r = check::run(*make(s), c);
+          CHECK(r.bytes.size() == 8);
+          if (first.empty())
+            first = r.bytes;
+          else
+            expect_same_bits(first, r, s.name);
+        }
       }
-    }
   }
 }
 

@@ -52,7 +52,7 @@ TEST_SUITE("ir") {
     CHECK(full.call_forms[2].launches.front().program == "dv_local");
   }
 
-  TEST_CASE("tensor_cores picks chunk_bwd's instructions, and only chunk_bwd's") {
+  TEST_CASE("tensor_cores picks the instructions of chunk_bwd, fused_walk and state_walk_bwd, and only theirs") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     const auto automatic = gdn::lower(spec);
     spec.tensor_cores = gdn::TensorCores::mma_sync;
@@ -61,8 +61,11 @@ TEST_SUITE("ir") {
     CHECK(constant_of(mma_sync.program("chunk_bwd"), "WGMMA") == "false");
     CHECK(constant_of(automatic.program("fused_walk"), "WGMMA") == "true");  // m.json: forward "auto" -> fused
     CHECK(constant_of(mma_sync.program("fused_walk"), "WGMMA") == "false");
+    CHECK(constant_of(automatic.program("state_walk_bwd"), "WGMMA") == "true");
+    CHECK(constant_of(mma_sync.program("state_walk_bwd"), "WGMMA") == "false");
     for (const auto& p : automatic.programs)
-      if (p.name != "chunk_bwd" && p.name != "fused_walk") CHECK(constant_of(p, "WGMMA") == "(absent)");
+      if (p.name != "chunk_bwd" && p.name != "fused_walk" && p.name != "state_walk_bwd")
+        CHECK(constant_of(p, "WGMMA") == "(absent)");
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).tensor_cores == gdn::TensorCores::mma_sync);
   }
 
@@ -115,7 +118,10 @@ TEST_SUITE("ir") {
     spec.walk_bwd_slab = 64;
     const auto wide = gdn::lower(spec);
     const gdn::Program& w = wide.program("state_walk_bwd");
-    CHECK(automatic.walk_bwd_bv == gdn::StateWalkBwdGeometry::bv(128));
+    CHECK(automatic.walk_bwd_bv == 128);  // tensor_cores "auto": the sm_90a body's width
+    CHECK(automatic.program("state_walk_bwd").max_registers == 128);
+    CHECK(automatic.program("state_walk_bwd").smem_bytes == gdn::StateWalkBwdSm90Layout::smem_bytes(128, 64));
+    CHECK(w.max_registers == 0);
     CHECK(wide.walk_bwd_bv == 64);
     CHECK(w.threads == 512);
     CHECK(w.min_blocks_per_sm == 1);
@@ -130,7 +136,21 @@ TEST_SUITE("ir") {
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).walk_bwd_slab == 64);
     CHECK_THROWS_WITH_AS(
         gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"walk_bwd_slab":16})")),
-        "/walk_bwd_slab: 16 is not supported (supported: \"auto\", 32, 64)", gdn::SpecError);
+        "/walk_bwd_slab: 16 is not supported (supported: \"auto\", 32, 64, 128)", gdn::SpecError);
+    CHECK_THROWS_WITH_AS(
+        gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"walk_slab":128})")),
+        "/walk_slab: 128 is not supported (supported: \"auto\", 32, 64)", gdn::SpecError);
+    spec.walk_bwd_slab = 0;
+    spec.tensor_cores = gdn::TensorCores::mma_sync;
+    const auto portable = gdn::lower(spec);
+    CHECK(portable.walk_bwd_bv == gdn::StateWalkBwdGeometry::bv(128));
+    CHECK(portable.program("state_walk_bwd").max_registers == 0);
+    CHECK(portable.program("state_walk_bwd").threads == 256);
+    // Few value heads (N: 6) keep the 32-wide portable body under "auto": 128-wide blocks would
+    // leave most SMs idle.
+    const auto few = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string()));
+    CHECK(few.walk_bwd_bv == 32);
+    CHECK(few.program("state_walk_bwd").max_registers == 0);
   }
 
   TEST_CASE("forward \"fused\": chunk_solve solves Tm and fused_walk writes o; the recompute keeps the pair") {
@@ -268,7 +288,10 @@ TEST_SUITE("ir") {
     for (const char* name : {"walk_bwd_prescan", "walk_merge_bwd", "state_walk_bwd"})
       CHECK_MESSAGE(constant_of(seg.program(name), "SEGMENTS") == "8", name);
     CHECK(seg.program("walk_bwd_prescan").grid == gdn::GridKind::walk_prescan);
-    CHECK(seg.program("walk_bwd_prescan").threads == seg.program("state_walk_bwd").threads);
+    // The prescan keeps the portable body's 32-wide slabs when the walk takes the sm_90a body's 128.
+    CHECK(constant_of(seg.program("walk_bwd_prescan"), "BV") == "32");
+    CHECK(seg.program("walk_bwd_prescan").threads == gdn::StateWalkBwdGeometry::threads(32));
+    CHECK(constant_of(seg.program("state_walk_bwd"), "BV") == "128");
     CHECK(seg.program("state_walk_bwd").grid == gdn::GridKind::walk_segments);
     CHECK(constant_of(plain.program("state_walk_bwd"), "SEGMENTS") == "1");
     CHECK(plain.program("state_walk_bwd").grid == gdn::GridKind::walk);

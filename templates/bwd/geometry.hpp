@@ -26,28 +26,76 @@ struct DvLocalGeometry {
 /// inputs, refilled piece by piece as each piece is consumed (the next chunk's loads overlap
 /// this chunk's products); two blocks per SM hide what remains.
 struct StateWalkBwdGeometry {
-  /// The default slab width (the spec's walk_bwd_slab can pick 64).
+  /// The default slab width of the portable body (the spec's walk_bwd_slab can pick 64 or 128).
   static constexpr int bv(int V) { return V >= 32 ? 32 : V; }
-  /// 32-wide slabs: 8 warps, two blocks per SM; 64-wide: 16 warps, one block per SM (the same
-  /// warps per SM and per-warp work, half the blocks re-reading Q, K and W).
-  static constexpr int threads(int bvw) { return bvw == 64 ? 512 : 256; }
-  static constexpr int min_blocks_per_sm(int bvw) { return bvw == 64 ? 1 : 2; }  ///< caps registers at 128
+  /// The spec's walk_bwd_slab "auto": 128 where the warp-specialized sm_90a body applies (K = V =
+  /// 128, chunk 64, tensor_cores "auto") and a document alone gives 16 or more of its blocks
+  /// (HV >= 16), else bv(V). On the H200 the sm_90a body took the walk at M (HV 48, 5 documents)
+  /// from 1.914 to 0.879 ms, and made N (HV 6, 3 documents: 18 blocks for 132 SMs) 5 % slower
+  /// (docs/PERF.md). The threshold lies between the two measured points.
+  static constexpr int auto_bv(int K, int V, int chunk, int HV, bool wgmma) {
+    return wgmma && K == 128 && V == 128 && chunk == 64 && HV * (V / 128) >= 16 ? 128 : bv(V);
+  }
+  /// 32-wide slabs: 8 warps, two blocks per SM; 64- and 128-wide: 16 warps, one block per SM (the
+  /// same warps per SM, fewer blocks re-reading Q, K and W).
+  static constexpr int threads(int bvw) { return bvw >= 64 ? 512 : 256; }
+  static constexpr int min_blocks_per_sm(int bvw) { return bvw >= 64 ? 1 : 2; }  ///< caps registers at 128
   /// One pipeline stage: K, Q, W tiles, the dO and dv_local slabs, and gc twice (gc is still
   /// read while the next chunk's gc arrives).
   static constexpr int stage_bytes_bv(int K, int chunk, int bvw) {
     return 2 * (3 * chunk * bwd_pitch(K) + 2 * chunk * bwd_pitch(bvw)) + 2 * 4 * chunk;
   }
-  static constexpr int smem_bytes_bv(int K, int chunk, int bvw) {
+  static constexpr int portable_smem_bytes_bv(int K, int chunk, int bvw) {
     return stage_bytes_bv(K, chunk, bvw)
            // the gated dO slab split into hi and lo bf16 parts, bf16(Z) and -bf16(dV')
            + 2 * (2 * chunk * bwd_pitch(bvw) + K * bwd_pitch(bvw) + chunk * bwd_pitch(bvw));
   }
+  /// 128-wide slabs may run the sm_90a body (StateWalkBwdSm90Layout): the larger of the two.
+  static constexpr int smem_bytes_bv(int K, int chunk, int bvw);
   static constexpr int smem_bytes(int K, int V, int chunk) { return smem_bytes_bv(K, chunk, bv(V)); }
   /// The prescan adds the lo parts of Z and dV'.
   static constexpr int prescan_smem_bytes_bv(int K, int chunk, int bvw) {
-    return smem_bytes_bv(K, chunk, bvw) + 2 * (K * bwd_pitch(bvw) + chunk * bwd_pitch(bvw));
+    return portable_smem_bytes_bv(K, chunk, bvw) + 2 * (K * bwd_pitch(bvw) + chunk * bwd_pitch(bvw));
   }
 };
+
+/// The sm_90a body of the reverse walk (bwd/state_walk_bwd_sm90.cuh), 512 threads, 128 columns:
+/// two stages of SW128 tiles (K, Q, W [chunk][K], the dO and dv_local slabs [chunk][128] as two
+/// 64-column blocks, gc), each walking warpgroup's staging tiles for the dh tape [K][64] and
+/// dv_new [chunk][64] (padded rows: stmatrix writes them without bank conflicts), the ring's
+/// mbarriers and each walk's two buffers of column factors. The tiles start 1024-byte aligned
+/// and the window gets 1 KB of slack to align its base: 224,384 bytes at K = 128.
+struct StateWalkBwdSm90Layout {
+  static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
+  static constexpr int kThreads = 512;
+  static constexpr int kStages = 2;
+  static constexpr int kSlab = 64;          ///< V columns per walking warpgroup
+  static constexpr int kPitch = kSlab + 8;  ///< staging rows (bf16)
+  static constexpr int off_k(int, int) { return 0; }
+  static constexpr int off_q(int K, int chunk) { return chunk * K * 2; }
+  static constexpr int off_w(int K, int chunk) { return 2 * chunk * K * 2; }
+  static constexpr int off_o(int K, int chunk) { return 3 * chunk * K * 2; }
+  static constexpr int off_l(int K, int chunk) { return off_o(K, chunk) + chunk * 2 * kSlab * 2; }
+  static constexpr int off_g(int K, int chunk) { return off_l(K, chunk) + chunk * 2 * kSlab * 2; }
+  static constexpr int stage_bytes(int K, int chunk) { return align1k(off_g(K, chunk) + chunk * 4); }
+  static constexpr int tape_bytes(int K) { return K * kPitch * 2; }
+  static constexpr int dvn_bytes(int chunk) { return chunk * kPitch * 2; }
+  static constexpr int off_tape(int K, int chunk) { return kStages * stage_bytes(K, chunk); }
+  static constexpr int off_dvn(int K, int chunk) { return off_tape(K, chunk) + 2 * tape_bytes(K); }
+  static constexpr int off_bar(int K, int chunk) { return off_dvn(K, chunk) + 2 * dvn_bytes(chunk); }
+  static constexpr int kBarriers = 2 * kStages;  ///< full[s], empty[s]
+  /// One buffer: scale exp2(min(gc_t, 0)) for dO, exp2(gcL - gc_t) for dV'.
+  static constexpr int vec_bytes(int chunk) { return 2 * chunk * 4; }
+  static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 128; }
+  static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * 2 * vec_bytes(chunk) + 1024; }
+  static_assert(kBarriers * 8 <= 128, "the mbarriers must fit before the vectors");
+};
+
+constexpr int StateWalkBwdGeometry::smem_bytes_bv(int K, int chunk, int bvw) {
+  return bvw == 128 && portable_smem_bytes_bv(K, chunk, bvw) < StateWalkBwdSm90Layout::smem_bytes(K, chunk)
+             ? StateWalkBwdSm90Layout::smem_bytes(K, chunk)
+             : portable_smem_bytes_bv(K, chunk, bvw);
+}
 
 /// B4 + B5 + B6: one block per (chunk, value head).
 struct ChunkBwdGeometry {

@@ -22,19 +22,20 @@
 #pragma once
 
 #include "bwd/dv_local.cuh"
+#include "bwd/state_walk_bwd_sm90.cuh"
 #include "common/segments.cuh"
 
 namespace gdn {
 
 template <class Cfg>
-struct StateWalkBwd {
+struct StateWalkBwdMmaSync {
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK;
   static constexpr int BV = Cfg::BV;  // the spec's walk_bwd_slab, else StateWalkBwdGeometry::bv(V)
   static constexpr int kThreads = StateWalkBwdGeometry::threads(BV), kWarps = kThreads / 32;
   static constexpr int PK = bwd_pitch(K), PB = bwd_pitch(BV);
   static_assert(C == 64, "StateWalkBwd: only chunk size 64 is supported");
-  static_assert((BV == 32 || BV == 64) && V % BV == 0,
-                "StateWalkBwd: V must be a multiple of the 32- or 64-column slab");
+  static_assert((BV == 32 || BV == 64 || BV == 128) && V % BV == 0,
+                "StateWalkBwd: V must be a multiple of the 32-, 64- or 128-column slab");
   static_assert(K % 16 == 0 && K <= 256, "StateWalkBwd: K must be a multiple of 16 and at most 256");
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "StateWalkBwd: HV must equal H * G");
 
@@ -276,7 +277,24 @@ struct StateWalkBwd {
 template <class Cfg>
 struct StateWalkBwdPrescan {
   static_assert(Cfg::K == Cfg::V, "the prescan walks A's K columns as V-wide slabs: K must equal V");
-  __device__ static void run(const StateWalkBwdParams& p) { StateWalkBwd<Cfg>::template walk<true>(p); }
+  __device__ static void run(const StateWalkBwdParams& p) { StateWalkBwdMmaSync<Cfg>::template walk<true>(p); }
 };
+
+/// The program's class: the warp-specialized body (state_walk_bwd_sm90.cuh) on sm_90a when the
+/// spec's tensor_cores is "auto" (Cfg::WGMMA) and the block walks 128 columns at K = V = 128,
+/// chunk 64; the mma.sync one otherwise and on every other target.
+template <class Cfg, bool kSm90>
+struct StateWalkBwdPick {
+  using type = StateWalkBwdMmaSync<Cfg>;
+};
+#if GDN_HAS_WGMMA
+template <class Cfg>
+struct StateWalkBwdPick<Cfg, true> {
+  using type = StateWalkBwdSm90<Cfg>;
+};
+#endif
+template <class Cfg>
+using StateWalkBwd = typename StateWalkBwdPick<Cfg, Cfg::WGMMA && Cfg::BV == 128 && Cfg::K == 128 && Cfg::V == 128 &&
+                                                        Cfg::CHUNK == 64>::type;
 
 }  // namespace gdn

@@ -1,0 +1,365 @@
+/**
+ * @file state_walk_bwd_sm90.cuh
+ * @brief The reverse state walk (B3) on sm_90a: the math and rounding points of state_walk_bwd.cuh
+ *        (read its comment), 128 V columns per block, 512 threads in four warpgroups:
+ *  - warpgroup 0 (40 registers after setmaxnreg) loads chunk c (walked last to first) into a
+ *    ring of two stages by cp.async at 128-byte-swizzled positions (K, Q, W, the dO and dv_local
+ *    slabs, gc), each thread's copies completing as one arrival on the stage's `full` barrier;
+ *  - warpgroup 1 has no work (the block's 512 threads are the portable body's 16 warps, which
+ *    the same program runs on the other targets) and gives its registers away;
+ *  - warpgroups 2 and 3 (216 registers) walk 64 columns each. The gradient is kept transposed,
+ *    Z^T (64 x K fp32, 64 registers), so every product has the slab's columns on M and takes its
+ *    left operand from registers (the RS form):
+ *      D^T  = bf16(Z)^T K^T                    8 x m64n64k16        (the chain)
+ *      Z^T  = exp2(gcL) Z^T + dOs^T Q           8 x m64n128k16 (hi, lo; off the chain)
+ *      Z^T += (-bf16(dV'))^T W                  4 x m64n128k16       (the chain)
+ *    dO and dv_local arrive transposed in the accumulator layout through ldmatrix.trans. bf16(Z)
+ *    (the dh tape) and bf16(dV') (dv_new) leave through per-warp staging tiles (stmatrix.trans),
+ *    each warp storing its own 16 columns while the tensor cores run.
+ * Each k loop keeps state_walk_bwd's order and each element its rounding: the two bodies give the
+ * same bits, as the forward walk's two bodies do (gpu_determinism holds them to it).
+ */
+#pragma once
+
+#include "bwd/dv_local.cuh"
+#include "common/pipeline.cuh"
+#include "common/segments.cuh"
+#include "common/wgmma.cuh"
+
+#if GDN_HAS_WGMMA
+
+namespace gdn {
+
+template <class Cfg>
+struct StateWalkBwdSm90 {
+  static_assert(Cfg::K == 128 && Cfg::V == 128 && Cfg::CHUNK == 64 && Cfg::BV == 128,
+                "StateWalkBwdSm90: K = V = 128, chunk 64, 128 columns per block");
+  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G, BV = Cfg::BV;
+  using L = StateWalkBwdSm90Layout;
+  static_assert(L::kThreads == StateWalkBwdGeometry::threads(128), "the sm_90a body runs the portable block size");
+  static constexpr int kSlab = L::kSlab, kStages = L::kStages;
+  static constexpr int kStage = L::stage_bytes(K, C);
+  static constexpr int kOffK = L::off_k(K, C), kOffQ = L::off_q(K, C), kOffW = L::off_w(K, C);
+  static constexpr int kOffO = L::off_o(K, C), kOffL = L::off_l(K, C), kOffG = L::off_g(K, C);
+  static constexpr int kOffTape = L::off_tape(K, C), kOffDvn = L::off_dvn(K, C);
+  static constexpr int kOffBar = L::off_bar(K, C), kOffVec = L::off_vec(K, C);
+  static constexpr int kPitch = L::kPitch;
+  static constexpr int kTapeBytes = L::tape_bytes(K), kDvnBytes = L::dvn_bytes(C), kVecBytes = L::vec_bytes(C);
+  // 40 + 24 + 2 x 216 = 4 x the pinned 128.
+  static constexpr int kLoaderRegs = 40, kIdleRegs = 24, kWalkRegs = 216;
+  static_assert(kLoaderRegs + kIdleRegs + 2 * kWalkRegs <= 4 * 128, "setmaxnreg: the block's pinned registers");
+
+  typedef unsigned long long mbar_t;
+
+  __device__ __forceinline__ static float lds_f32(u32 a) {
+    float v;
+    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+    return v;
+  }
+  __device__ __forceinline__ static uint4 lds_v4(u32 a) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(a)
+                 : "memory");
+    return v;
+  }
+  __device__ __forceinline__ static void sts_f32(u32 a, float v) {
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+  }
+  __device__ __forceinline__ static void ldsm_x4_trans(u32 (&r)[4], u32 a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+  }
+  __device__ __forceinline__ static void stsm_x4_trans(u32 a, const u32 (&r)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
+                 "r"(r[1]), "r"(r[2]), "r"(r[3])
+                 : "memory");
+  }
+  __device__ __forceinline__ static u32 pack(float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); }
+
+  __device__ __forceinline__ static bf16_t* tile(unsigned char* base, int stage, int off) {
+    return reinterpret_cast<bf16_t*>(base + stage * kStage + off);
+  }
+
+  __device__ static void run(const StateWalkBwdParams& p) {
+    extern __shared__ unsigned char smem_raw[];
+    // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
+    unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
+    const SegmentWalk<Cfg> range(p.doc_chunk_offset);
+    if (!range.active) return;  // past the document's segments ("auto")
+    mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
+    mbar_t* const full = bars;             // [kStages], 128 arrivals: the loader's cp.async
+    mbar_t* const empty = bars + kStages;  // [kStages], 256 arrivals: both walks' threads
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        pipe::mbar_init(full + s, 128);
+        pipe::mbar_init(empty + s, 256);
+      }
+      pipe::fence_mbar_init();
+    }
+    __syncthreads();
+    const int role = threadIdx.x / 128;
+    if (role == 0) {
+      pipe::setmaxnreg_dec<kLoaderRegs>();
+      loader(p, range, smem, full, empty);
+    } else if (role == 1) {
+      pipe::setmaxnreg_dec<kIdleRegs>();
+    } else {
+      pipe::setmaxnreg_inc<kWalkRegs>();
+      walk(p, range, smem, role - 2, full, empty);
+    }
+  }
+
+ private:
+  /// A ROWS x COLS bf16 tile into an SW128 tile by the loader's 128 threads (rows >= valid become
+  /// zeros): every thread keeps one 16-byte column piece of every (128 / pieces)-th row.
+  template <int ROWS, int COLS>
+  __device__ __forceinline__ static void load_tile(bf16_t* dst, const bf16_t* src, long long gstride, int valid,
+                                                   int tid) {
+    constexpr int kPieces = COLS / 8, kRowStep = 128 / kPieces;
+    static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_tile: whole swizzle periods per step");
+    const int r0 = tid / kPieces, col = (tid % kPieces) * 8;
+    unsigned char* const d0 = reinterpret_cast<unsigned char*>(dst) + sw128::offset(r0, col, ROWS);
+#pragma unroll 2  // the loading warpgroup runs at 40 registers
+    for (int it = 0; it < ROWS / kRowStep; ++it) {
+      const int r = r0 + it * kRowStep;
+      const bool ok = r < valid;
+      bwd::cp_async16(d0 + it * kRowStep * 128, ok ? src + r * gstride + col : src, ok);
+    }
+  }
+
+  __device__ __forceinline__ static void load_chunk(const StateWalkBwdParams& p, unsigned char* smem, int stage,
+                                                    const ChunkInfo ci, int j, int hq, int v0, int tid) {
+    const long long t0 = ci.start;
+    const int len = ci.len;
+    load_tile<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid);
+    load_tile<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid);
+    load_tile<C, K>(tile(smem, stage, kOffW), p.w + (t0 * HV + j) * K, (long long)HV * K, len, tid);
+    load_tile<C, BV>(tile(smem, stage, kOffO), p.d_o + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid);
+    load_tile<C, BV>(tile(smem, stage, kOffL), p.dv_local + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid);
+    if (tid < C) {
+      float* const sg = reinterpret_cast<float*>(smem + stage * kStage + kOffG);
+      const bool ok = tid < len;
+      bwd::cp_async4(sg + tid, ok ? p.gc + (t0 + tid) * HV + j : p.gc, ok);
+    }
+  }
+
+  /// Warpgroup 0: the u-th chunk walked (chunk end - 1 - u) into stage u % 2 once the stage's
+  /// previous chunk (u - 2) is released.
+  __device__ __forceinline__ static void loader(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
+                                                unsigned char* smem, mbar_t* full, mbar_t* empty) {
+    const int tid = threadIdx.x;
+    const int j = blockIdx.y, hq = j / G, v0 = blockIdx.x * BV;
+    const int c_last = range.end - 1, nc = range.end - range.begin;
+    int s = 0, phase = 0;
+    ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
+#pragma unroll 1
+    for (int u = 0; u < nc; ++u) {
+      const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the loop
+      if (u + 1 < nc) next = p.chunks[c_last - u - 1];
+      if (u >= kStages) pipe::mbar_wait(empty + s, phase ^ 1);
+      load_chunk(p, smem, s, ci, j, hq, v0, tid);
+      pipe::cp_async_arrive(full + s);
+      if (++s == kStages) s = 0, phase ^= 1;
+    }
+  }
+
+  /// The A fragment of k-step ks of an m64nN accumulator (columns 16 ks .. 16 ks + 15), rounded.
+  template <int R>
+  __device__ __forceinline__ static void to_a(u32 (&a)[4], const float (&acc)[R], int ks) {
+    a[0] = pack(acc[8 * ks + 0], acc[8 * ks + 1]);
+    a[1] = pack(acc[8 * ks + 2], acc[8 * ks + 3]);
+    a[2] = pack(acc[8 * ks + 4], acc[8 * ks + 5]);
+    a[3] = pack(acc[8 * ks + 6], acc[8 * ks + 7]);
+  }
+
+  /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
+  __device__ __forceinline__ static void walk(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
+                                              unsigned char* smem, int slab, mbar_t* full, mbar_t* empty) {
+    const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
+    const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
+    const int seg = Cfg::SEGMENTS > 1 ? static_cast<int>(blockIdx.z) % Cfg::SEGMENTS : 0;
+    const int barrier = 1 + slab;  // the named barrier of this warpgroup
+    const int c_last = range.end - 1, nc = range.end - range.begin;
+    const int tq = (lane & 3) * 2, m_lane = lane >> 3;
+    const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;  // this thread's slab columns (M rows)
+
+    // Z^T: element (v, k) at Z[4 i + 2 h + e] for v = v_lo (h = 0) or v_hi (h = 1), k = 8 i + tq + e;
+    // for_state visits each with its offset in a [K, V] state of this value head.
+    float Z[64];
+    auto for_state = [&](long long base, auto&& f) {
+#pragma unroll
+      for (int i = 0; i < K / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            f(Z[4 * i + 2 * h + e], base + (long long)(8 * i + tq + e) * V + v0 + (h ? v_hi : v_lo));
+    };
+    if (Cfg::SEGMENTS > 1) {  // the gradient at the segment's end (walk_merge_bwd)
+      for_state((range.slot * HV + j) * K * V, [&](float& x, long long at) { x = p.seg_dz[at]; });
+    } else if (Cfg::HAS_HT && p.dht != nullptr) {
+      for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { x = p.dht[at]; });
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) Z[i] = 0.f;
+    }
+
+    const u32 vec0 = wg::smem_u32(smem + kOffVec + slab * 2 * kVecBytes);  // this walk's two buffers
+    const u32 tape_addr = wg::smem_u32(smem + kOffTape + slab * kTapeBytes);
+    const u32 dvn_addr = wg::smem_u32(smem + kOffDvn + slab * kDvnBytes);
+    const float scale = p.scale;
+    // A warp stages and stores only its own 16 columns (rows of the staging tiles hold 8-column
+    // pieces of matrix m = 2 ii + h: rows 16 q + 8 ii .. +7, columns 16 warp + 8 h .. +7; lane L
+    // gives the row address of matrix L / 8, row L % 8), so no barrier with the other warps.
+    auto stage_frags = [&](u32 base, int q, const u32(&f)[4]) {
+      const int r = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
+      stsm_x4_trans(base + 2 * (r * kPitch + v), f);
+    };
+    const int c8 = 16 * warp + 8 * (lane & 1);  // the 16-byte piece a lane stores, per row
+
+    int s = 0, phase = 0;  // the stage of the u-th chunk and the parity of its use count u / kStages
+    ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
+#pragma unroll 1
+    for (int u = 0; u < nc; ++u) {
+      const int c = c_last - u;
+      const u32 vec = vec0 + (u & 1) * kVecBytes;
+      const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the chain
+      if (u + 1 < nc) next = p.chunks[c - 1];
+      const int len = ci.len;
+      const long long t0 = ci.start;
+      const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
+      const u32 k_addr = wg::smem_u32(tile(smem, s, kOffK));
+      const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ));
+      const u32 w_addr = wg::smem_u32(tile(smem, s, kOffW));
+      const u32 o_addr = wg::smem_u32(tile(smem, s, kOffO)) + slab * C * 128;  // the slab's 64-column block
+      const u32 l_addr = wg::smem_u32(tile(smem, s, kOffL)) + slab * C * 128;
+
+      // Zb^T = bf16(Z^T) as A fragments; staged as this chunk's dh tape rows [k][v].
+      u32 Zb[K / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) to_a(Zb[ks], Z, ks);
+      __syncwarp();  // the warp's tape stores of the chunk before have read the staging
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) stage_frags(tape_addr, ks, Zb[ks]);
+      pipe::mbar_wait(full + s, phase);
+      wg::fence_smem_for_async();
+      // The chunk's column factors, once per column: scale exp2(min(gc_t, 0)) for dO by threads
+      // 0..63, exp2(gcL - gc_t) for dV' by 64..127.
+      const float gl = lds_f32(sg + 4 * (len - 1));
+      {
+        const int t = ctid & (C - 1);
+        const float g = lds_f32(sg + 4 * t);
+        sts_f32(vec + 4 * ctid, ctid < C ? scale * exp2f(fminf(g, 0.f)) : gate_exp2(gl - g, true));
+      }
+      pipe::named_sync(barrier, 128);
+      // Z^T's decay before the chain's first product: ptxas would otherwise wait for that product
+      // before touching Z (it tracks accumulators per warpgroup, not per group).
+      const float decay = gate_exp2(gl, true);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) Z[i] *= decay;
+
+      float D[32];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(D, Zb[ks], wg::desc_k_major(k_addr, C, ks), ks > 0);
+      wg::commit();
+
+      // Z^T += (dOs^T hi) Q + (dOs^T lo) Q, dOs = scale exp2(gc_t) dO_t, issued behind the chain's
+      // first product. dO^T arrives in the A layout through ldmatrix.trans
+      // (matrix m = 2 ii + h of k-step ks: tokens 16 ks + 8 ii .. +7, slab columns 16 warp + 8 h ..).
+      u32 Oh[C / 16][4], Ol[C / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        u32 o4[4];
+        ldsm_x4_trans(
+            o4, o_addr + sw128::offset(16 * ks + 8 * (m_lane >> 1) + (lane & 7), 16 * warp + 8 * (m_lane & 1), C));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // register q: tokens t = 16 ks + 8 (q / 2) + tq (+1)
+          const int t = 16 * ks + 8 * (q >> 1) + tq;
+          const float x0 = lds_f32(vec + 4 * t) * bf2f(static_cast<bf16_t>(o4[q] & 0xffffu));
+          const float x1 = lds_f32(vec + 4 * (t + 1)) * bf2f(static_cast<bf16_t>(o4[q] >> 16));
+          bf16_t h0, l0, h1, l1;
+          split_bf16(x0, h0, l0);
+          split_bf16(x1, h1, l1);
+          Oh[ks][q] = pack_bf16x2(h0, h1);
+          Ol[ks][q] = pack_bf16x2(l0, l1);
+        }
+      }
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        wg::fence_operand(Oh[ks]);
+        wg::fence_operand(Ol[ks]);
+      }
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(Z, Oh[ks], wg::desc_mn_major(q_addr, C, ks), 1);
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(Z, Ol[ks], wg::desc_mn_major(q_addr, C, ks), 1);
+      wg::commit();
+
+      // dh_tape[c] = bf16(Z) from the staging, while the tensor cores run.
+      __syncwarp();
+      {
+        bf16_t* const dst = p.dh_tape + ((long long)c * HV + j) * K * V + v0 + c8;
+#pragma unroll 4
+        for (int r = lane >> 1; r < K; r += 16)
+          bwd::st_global_v4(dst + (long long)r * V, lds_v4(tape_addr + 2 * (r * kPitch + c8)));
+      }
+
+      wg::wait<1>();
+      wg::fence_acc(D);
+      // dV'^T = exp2(gcL - gc_t) D^T + dv_local^T (0 for t >= len); -bf16(dV'^T) as A fragments,
+      // bf16(dV'^T) staged as dv_new rows [t][v].
+      u32 Dn[C / 16][4];
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        u32 l4[4], d4[4];
+        ldsm_x4_trans(
+            l4, l_addr + sw128::offset(16 * ks + 8 * (m_lane >> 1) + (lane & 7), 16 * warp + 8 * (m_lane & 1), C));
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int t = 16 * ks + 8 * (q >> 1) + tq;
+          const float* x = D + 8 * ks + 2 * q;
+          const float y0 = t < len ? lds_f32(vec + 4 * (C + t)) * x[0] + bf2f(static_cast<bf16_t>(l4[q] & 0xffffu)) : 0.f;
+          const float y1 =
+              t + 1 < len ? lds_f32(vec + 4 * (C + t + 1)) * x[1] + bf2f(static_cast<bf16_t>(l4[q] >> 16)) : 0.f;
+          d4[q] = pack(y0, y1);
+          Dn[ks][q] = d4[q] ^ 0x80008000u;  // negating a bf16 is exact: flip the sign bits
+        }
+        stage_frags(dvn_addr, ks, d4);  // the loop's first __syncwarp ordered the chunk before's stores
+      }
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(Dn[ks]);
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(Z, Dn[ks], wg::desc_mn_major(w_addr, C, ks), 1);
+      wg::commit();
+
+      __syncwarp();
+      {
+        bf16_t* const dst = p.dv_new + (t0 * HV + j) * V + v0 + c8;
+#pragma unroll 2
+        for (int r = lane >> 1; r < C; r += 16)
+          if (r < len) bwd::st_global_v4(dst + (long long)r * HV * V, lds_v4(dvn_addr + 2 * (r * kPitch + c8)));
+      }
+      wg::wait<0>();
+      wg::fence_acc(Z);
+      // Every thread arrives after its own reads of the stage (the ldmatrix reads and, through
+      // wait<0>, the tensor cores').
+      pipe::mbar_arrive(empty + s);
+      if (++s == kStages) s = 0, phase ^= 1;
+    }
+
+    // A document's dh0 is its first segment's.
+    if (Cfg::HAS_H0 && p.dh0 != nullptr && seg == 0)
+      for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { p.dh0[at] = x; });
+  }
+};
+
+}  // namespace gdn
+
+#endif  // GDN_HAS_WGMMA
