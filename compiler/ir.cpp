@@ -222,6 +222,12 @@ LayerIR lower(const Spec& spec_in) {
         OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
   add("dv_local", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
       DvLocalGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
+  // The reverse walk's sm_90a body (128-wide slabs) computes dv_local itself; without segments
+  // (whose prescan reads it) the program then does nothing on sm_90a. The IR is the same for
+  // every target, so the launch stays: the other targets' walk reads what it writes.
+  const bool walk_bwd_sm90 = wgmma && ir.walk_bwd_bv == 128 && K == 128 && V == 128 && C == 64;
+  const bool walk_fuses_dv = walk_bwd_sm90 && s.cp_segments == 1;
+  ir.programs.back().constants.emplace_back("WALK_FUSES_DV", walk_fuses_dv ? "true" : "false");
   // With segments the backward walk is segmented too: its prescan and merge run before it.
   if (segments > 1) {
     add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
@@ -242,8 +248,7 @@ LayerIR lower(const Spec& spec_in) {
   // the entry's register count pinned, as for the fused walk); the other targets run the portable
   // body in the same 512-thread blocks.
   ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
-  if (wgmma && ir.walk_bwd_bv == 128 && K == 128 && V == 128 && C == 64)
-    ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
+  if (walk_bwd_sm90) ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
   // With wgmma the sm_90a kernel (one product per warpgroup) needs a little more shared memory;
   // the other targets' mma.sync kernel runs within it.
   const bool chunk_bwd_wgmma = wgmma;
@@ -448,7 +453,7 @@ LayerIR lower(const Spec& spec_in) {
     push_segment_programs(bwd, "no fresh hand-off");
     bwd.push_back({"state_walk", "re-run: h_tape, v_new", "no fresh hand-off"});
   }
-  bwd.push_back({"dv_local", ""});
+  bwd.push_back({"dv_local", walk_fuses_dv ? "nothing on sm_90a: state_walk_bwd computes it there" : ""});
   if (segments > 1) {
     bwd.push_back({"walk_bwd_prescan", "dZ_ext and A = M^T of every segment but a document's first"});
     bwd.push_back({"walk_merge_bwd", "the gradient at every segment's end, fp32, from dht"});

@@ -128,7 +128,7 @@ TEST_SUITE("ir") {
     CHECK(w.smem_bytes == gdn::StateWalkBwdGeometry::smem_bytes_bv(128, 64, 64));
     CHECK(constant_of(w, "BV") == "64");
     for (const auto& p : automatic.programs) {
-      if (p.name == "state_walk_bwd") continue;
+      if (p.name == "state_walk_bwd" || p.name == "dv_local") continue;
       const gdn::Program& q = wide.program(p.name);
       CHECK_MESSAGE(p.constants == q.constants, p.name);
       CHECK_MESSAGE(p.threads == q.threads, p.name);
@@ -151,6 +151,15 @@ TEST_SUITE("ir") {
     const auto few = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string()));
     CHECK(few.walk_bwd_bv == 32);
     CHECK(few.program("state_walk_bwd").max_registers == 0);
+    // The sm_90a body computes dv_local itself: the program idles there unless a segment prescan
+    // (portable, 32 wide) reads it.
+    CHECK(constant_of(automatic.program("dv_local"), "WALK_FUSES_DV") == "true");
+    CHECK(constant_of(wide.program("dv_local"), "WALK_FUSES_DV") == "false");
+    CHECK(constant_of(portable.program("dv_local"), "WALK_FUSES_DV") == "false");
+    CHECK(constant_of(few.program("dv_local"), "WALK_FUSES_DV") == "false");
+    spec.tensor_cores = gdn::TensorCores::automatic;
+    spec.cp_segments = 4;
+    CHECK(constant_of(gdn::lower(spec).program("dv_local"), "WALK_FUSES_DV") == "false");
   }
 
   TEST_CASE("forward \"fused\": chunk_solve solves Tm and fused_walk writes o; the recompute keeps the pair") {

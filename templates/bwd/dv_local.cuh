@@ -209,6 +209,11 @@ struct DvLocal {
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "DvLocal: HV must equal H * G");
 
   __device__ static void run(const DvLocalParams& p) {
+#if GDN_HAS_WGMMA
+    // The reverse walk's sm_90a body computes dv_local itself (bwd/state_walk_bwd_sm90.cuh) and
+    // nothing else reads it: the program does nothing on this target.
+    if (Cfg::WALK_FUSES_DV) return;
+#endif
     // Chunks fastest (blockIdx order), not value heads fastest as in the forward's chunk_heads
     // programs: measured faster on the H200 (docs/PERF.md).
     const ChunkInfo ci = p.chunks[blockIdx.x];

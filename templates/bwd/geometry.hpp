@@ -60,30 +60,28 @@ struct StateWalkBwdGeometry {
 };
 
 /// The sm_90a body of the reverse walk (bwd/state_walk_bwd_sm90.cuh), 512 threads, 128 columns:
-/// two stages of SW128 tiles (K, Q, W [chunk][K], the dO and dv_local slabs [chunk][128] as two
-/// 64-column blocks, gc), each walking warpgroup's staging tiles for the dh tape [K][64] and
-/// dv_new [chunk][64] (padded rows: stmatrix writes them without bank conflicts), the ring's
-/// mbarriers and each walk's two buffers of column factors. The tiles start 1024-byte aligned
-/// and the window gets 1 KB of slack to align its base: 224,384 bytes at K = 128.
+/// two stages of SW128 tiles (K, Q, W [chunk][K], the dO slab [chunk][128] as two 64-column
+/// blocks, gc), each walking warpgroup's SW128 staging tile [K][64] (the dh tape and D's A
+/// operand, then dv_new), two tiles of dv_local's gated scores [chunk][chunk], the mbarriers and
+/// each walk's two buffers of column factors. The tiles start 1024-byte aligned and the window
+/// gets 1 KB of slack to align its base: 185,472 bytes at K = 128.
 struct StateWalkBwdSm90Layout {
   static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
   static constexpr int kThreads = 512;
   static constexpr int kStages = 2;
-  static constexpr int kSlab = 64;          ///< V columns per walking warpgroup
-  static constexpr int kPitch = kSlab + 8;  ///< staging rows (bf16)
+  static constexpr int kPTiles = 2;
+  static constexpr int kSlab = 64;  ///< V columns per walking warpgroup
   static constexpr int off_k(int, int) { return 0; }
   static constexpr int off_q(int K, int chunk) { return chunk * K * 2; }
   static constexpr int off_w(int K, int chunk) { return 2 * chunk * K * 2; }
   static constexpr int off_o(int K, int chunk) { return 3 * chunk * K * 2; }
-  static constexpr int off_l(int K, int chunk) { return off_o(K, chunk) + chunk * 2 * kSlab * 2; }
-  static constexpr int off_g(int K, int chunk) { return off_l(K, chunk) + chunk * 2 * kSlab * 2; }
+  static constexpr int off_g(int K, int chunk) { return off_o(K, chunk) + chunk * 2 * kSlab * 2; }
   static constexpr int stage_bytes(int K, int chunk) { return align1k(off_g(K, chunk) + chunk * 4); }
-  static constexpr int tape_bytes(int K) { return K * kPitch * 2; }
-  static constexpr int dvn_bytes(int chunk) { return chunk * kPitch * 2; }
-  static constexpr int off_tape(int K, int chunk) { return kStages * stage_bytes(K, chunk); }
-  static constexpr int off_dvn(int K, int chunk) { return off_tape(K, chunk) + 2 * tape_bytes(K); }
-  static constexpr int off_bar(int K, int chunk) { return off_dvn(K, chunk) + 2 * dvn_bytes(chunk); }
-  static constexpr int kBarriers = 2 * kStages;  ///< full[s], empty[s]
+  static constexpr int staging_bytes(int K) { return K * kSlab * 2; }
+  static constexpr int off_staging(int K, int chunk) { return kStages * stage_bytes(K, chunk); }
+  static constexpr int off_p(int K, int chunk) { return off_staging(K, chunk) + 2 * staging_bytes(K); }
+  static constexpr int off_bar(int K, int chunk) { return off_p(K, chunk) + kPTiles * chunk * chunk * 2; }
+  static constexpr int kBarriers = 2 * kStages + 2 * kPTiles;  ///< full[s], empty[s], pfull[b], pempty[b]
   /// One buffer: scale exp2(min(gc_t, 0)) for dO, exp2(gcL - gc_t) for dV'.
   static constexpr int vec_bytes(int chunk) { return 2 * chunk * 4; }
   static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 128; }

@@ -1,23 +1,27 @@
 /**
  * @file state_walk_bwd_sm90.cuh
- * @brief The reverse state walk (B3) on sm_90a: the math and rounding points of state_walk_bwd.cuh
- *        (read its comment), 128 V columns per block, 512 threads in four warpgroups:
- *  - warpgroup 0 (40 registers after setmaxnreg) loads chunk c (walked last to first) into a
- *    ring of two stages by cp.async at 128-byte-swizzled positions (K, Q, W, the dO and dv_local
- *    slabs, gc), each thread's copies completing as one arrival on the stage's `full` barrier;
- *  - warpgroup 1 has no work (the block's 512 threads are the portable body's 16 warps, which
- *    the same program runs on the other targets) and gives its registers away;
- *  - warpgroups 2 and 3 (216 registers) walk 64 columns each. The gradient is kept transposed,
- *    Z^T (64 x K fp32, 64 registers), so every product has the slab's columns on M and takes its
- *    left operand from registers (the RS form):
- *      D^T  = bf16(Z)^T K^T                    8 x m64n64k16        (the chain)
- *      Z^T  = exp2(gcL) Z^T + dOs^T Q           8 x m64n128k16 (hi, lo; off the chain)
- *      Z^T += (-bf16(dV'))^T W                  4 x m64n128k16       (the chain)
- *    dO and dv_local arrive transposed in the accumulator layout through ldmatrix.trans. bf16(Z)
- *    (the dh tape) and bf16(dV') (dv_new) leave through per-warp staging tiles (stmatrix.trans),
- *    each warp storing its own 16 columns while the tensor cores run.
- * Each k loop keeps state_walk_bwd's order and each element its rounding: the two bodies give the
- * same bits, as the forward walk's two bodies do (gpu_determinism holds them to it).
+ * @brief The reverse state walk (B3) with the local part of dV' (B2) on sm_90a: the math and
+ *        rounding points of dv_local.cuh and state_walk_bwd.cuh (read their comments), 128 V
+ *        columns per block, 512 threads in four warpgroups:
+ *  - warpgroup 0 (32 registers after setmaxnreg) loads chunk c (walked last to first) into a
+ *    ring of two stages by cp.async at 128-byte-swizzled positions (K, Q, W, the dO slab, gc),
+ *    each thread's copies completing as one arrival on the stage's `full` barrier;
+ *  - warpgroup 1 (80 registers) computes dv_local's gated scores of a chunk as soon as it lands,
+ *    P~ = bf16(scale (Q K^T) exp2(gc_r - gc_c)) on r >= c, into one of two P tiles (`pfull`;
+ *    `pempty` when both walks have read it), up to a chunk ahead of the walks;
+ *  - warpgroups 2 and 3 (200 registers) walk 64 columns each. The gradient is kept transposed,
+ *    Z^T (64 x K fp32, 64 registers), so every product has the slab's columns on M:
+ *      D^T  = bf16(Z)^T K^T                    8 x m64n64k16  (A: the dh tape's staging tile)
+ *      L^T  = dO^T P~                           4 x m64n64k16  (dv_local, both from shared memory)
+ *      Z^T  = exp2(gcL) Z^T + dOs^T Q           8 x m64n128k16 (hi, lo from registers)
+ *      Z^T += (-bf16(dV'))^T W                  4 x m64n128k16 (from registers)
+ *    with dV'^T = exp2(gcL - gc_t) D^T + bf16(L^T). dO arrives transposed in the A layout through
+ *    ldmatrix.trans; bf16(Z) (the dh tape) and bf16(dV') (dv_new) pass through one SW128 staging
+ *    tile per walk (stmatrix.trans), each warp storing its own 16 columns while the tensor cores
+ *    run. The chain per chunk is bf16(Z) -> D -> dV' -> Z.
+ * Each k loop keeps the portable programs' order and each element its rounding: the block gives
+ * the bits of dv_local followed by state_walk_bwd (gpu_determinism holds it to them), and the
+ * layer's dv_local program does nothing on sm_90a when this body runs (Cfg::WALK_FUSES_DV there).
  */
 #pragma once
 
@@ -40,17 +44,25 @@ struct StateWalkBwdSm90 {
   static constexpr int kSlab = L::kSlab, kStages = L::kStages;
   static constexpr int kStage = L::stage_bytes(K, C);
   static constexpr int kOffK = L::off_k(K, C), kOffQ = L::off_q(K, C), kOffW = L::off_w(K, C);
-  static constexpr int kOffO = L::off_o(K, C), kOffL = L::off_l(K, C), kOffG = L::off_g(K, C);
-  static constexpr int kOffTape = L::off_tape(K, C), kOffDvn = L::off_dvn(K, C);
+  static constexpr int kOffO = L::off_o(K, C), kOffG = L::off_g(K, C);
+  static constexpr int kOffStaging = L::off_staging(K, C), kOffP = L::off_p(K, C);
   static constexpr int kOffBar = L::off_bar(K, C), kOffVec = L::off_vec(K, C);
-  static constexpr int kPitch = L::kPitch;
-  static constexpr int kTapeBytes = L::tape_bytes(K), kDvnBytes = L::dvn_bytes(C), kVecBytes = L::vec_bytes(C);
-  // 40 + 24 + 2 x 216 = 4 x the pinned 128.
-  static constexpr int kLoaderRegs = 40, kIdleRegs = 24, kWalkRegs = 216;
-  static_assert(kLoaderRegs + kIdleRegs + 2 * kWalkRegs <= 4 * 128, "setmaxnreg: the block's pinned registers");
+  static constexpr int kStagingBytes = L::staging_bytes(K), kVecBytes = L::vec_bytes(C);
+  static constexpr int kPTiles = L::kPTiles;
+  // 32 + 80 + 2 x 200 = 4 x the pinned 128; the walks spill at 192, the scores at 72.
+  static constexpr int kLoaderRegs = 32, kScoreRegs = 80, kWalkRegs = 200;
+  static_assert(kLoaderRegs + kScoreRegs + 2 * kWalkRegs <= 4 * 128, "setmaxnreg: the block's pinned registers");
 
   typedef unsigned long long mbar_t;
 
+  __device__ __forceinline__ static float2 lds_f32x2(u32 a) {
+    float2 v;
+    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+    return v;
+  }
+  __device__ __forceinline__ static void sts_u32(u32 a, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+  }
   __device__ __forceinline__ static float lds_f32(u32 a) {
     float v;
     asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
@@ -91,12 +103,18 @@ struct StateWalkBwdSm90 {
     const SegmentWalk<Cfg> range(p.doc_chunk_offset);
     if (!range.active) return;  // past the document's segments ("auto")
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
-    mbar_t* const full = bars;             // [kStages], 128 arrivals: the loader's cp.async
-    mbar_t* const empty = bars + kStages;  // [kStages], 256 arrivals: both walks' threads
+    mbar_t* const full = bars;                 // [kStages], 128 arrivals: the loader's cp.async
+    mbar_t* const empty = bars + kStages;      // [kStages], 384 arrivals: the scores' and both walks' threads
+    mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
+    mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         pipe::mbar_init(full + s, 128);
-        pipe::mbar_init(empty + s, 256);
+        pipe::mbar_init(empty + s, 384);
+      }
+      for (int b = 0; b < kPTiles; ++b) {
+        pipe::mbar_init(pfull + b, 128);
+        pipe::mbar_init(pempty + b, 256);
       }
       pipe::fence_mbar_init();
     }
@@ -106,10 +124,11 @@ struct StateWalkBwdSm90 {
       pipe::setmaxnreg_dec<kLoaderRegs>();
       loader(p, range, smem, full, empty);
     } else if (role == 1) {
-      pipe::setmaxnreg_dec<kIdleRegs>();
+      pipe::setmaxnreg_dec<kScoreRegs>();
+      scores(p, range, smem, full, empty, pfull, pempty);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
-      walk(p, range, smem, role - 2, full, empty);
+      walk(p, range, smem, role - 2, full, empty, pfull, pempty);
     }
   }
 
@@ -123,7 +142,7 @@ struct StateWalkBwdSm90 {
     static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_tile: whole swizzle periods per step");
     const int r0 = tid / kPieces, col = (tid % kPieces) * 8;
     unsigned char* const d0 = reinterpret_cast<unsigned char*>(dst) + sw128::offset(r0, col, ROWS);
-#pragma unroll 2  // the loading warpgroup runs at 40 registers
+#pragma unroll 2  // the loading warpgroup runs at 32 registers
     for (int it = 0; it < ROWS / kRowStep; ++it) {
       const int r = r0 + it * kRowStep;
       const bool ok = r < valid;
@@ -139,7 +158,6 @@ struct StateWalkBwdSm90 {
     load_tile<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid);
     load_tile<C, K>(tile(smem, stage, kOffW), p.w + (t0 * HV + j) * K, (long long)HV * K, len, tid);
     load_tile<C, BV>(tile(smem, stage, kOffO), p.d_o + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid);
-    load_tile<C, BV>(tile(smem, stage, kOffL), p.dv_local + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid);
     if (tid < C) {
       float* const sg = reinterpret_cast<float*>(smem + stage * kStage + kOffG);
       const bool ok = tid < len;
@@ -167,6 +185,71 @@ struct StateWalkBwdSm90 {
     }
   }
 
+  /// Warpgroup 1: dv_local's gated scores of the u-th chunk walked, P = Q K^T on the tensor cores,
+  /// then scale, the gate and the mask (r >= c, r < len), into P tile u % 2 once both walks have
+  /// read its previous scores (chunk u - 2).
+  __device__ __forceinline__ static void scores(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
+                                                unsigned char* smem, mbar_t* full, mbar_t* empty, mbar_t* pfull,
+                                                mbar_t* pempty) {
+    const int tid = threadIdx.x - 128, warp = tid >> 5, lane = tid & 31;
+    const int c_last = range.end - 1, nc = range.end - range.begin;
+    const float scale = p.scale;
+    int s = 0, phase = 0;
+    int next_len = nc > 0 ? p.chunks[c_last].len : 0;
+#pragma unroll 1
+    for (int u = 0; u < nc; ++u) {
+      const int b = u & 1;
+      const int len = next_len;  // read one chunk ahead: its latency is off the loop
+      if (u + 1 < nc) next_len = p.chunks[c_last - u - 1].len;
+      const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
+      pipe::mbar_wait(full + s, phase);
+      wg::fence_smem_for_async();  // the cp.async writes are read by wgmma (the async proxy)
+      const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
+      float P[32];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks)
+        wg::mma_m64n64k16<0, 0>(P, wg::desc_k_major(q_addr, C, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
+      wg::commit();
+      // The gates of the thread's rows and columns while the product runs.
+      const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
+      const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8, tq = (lane & 3) * 2;
+      const float g_lo = lds_f32(sg + 4 * r_lo), g_hi = lds_f32(sg + 4 * r_hi);
+      float gcol[C / 8][2];
+#pragma unroll
+      for (int i = 0; i < C / 8; ++i) {
+        const float2 g2 = lds_f32x2(sg + 4 * (i * 8 + tq));
+        gcol[i][0] = g2.x;
+        gcol[i][1] = g2.y;
+      }
+      wg::wait<0>();
+      wg::fence_acc(P);
+      if (u >= kPTiles) pipe::mbar_wait(pempty + b, ((u >> 1) - 1) & 1);
+#pragma unroll
+      for (int i = 0; i < C / 8; ++i) {
+        const int col = i * 8 + tq;
+        u32 lo = 0u, hi = 0u;
+        // Column blocks right of the warp's 16 rows are above the diagonal: zeros, no gates.
+        if (i * 8 <= 16 * warp + 15) {
+          const bool ok00 = col <= r_lo && r_lo < len, ok01 = col + 1 <= r_lo && r_lo < len;
+          const bool ok10 = col <= r_hi && r_hi < len, ok11 = col + 1 <= r_hi && r_hi < len;
+          const float p00 = ok00 ? scale * P[4 * i] * gate_exp2(g_lo - gcol[i][0], true) : 0.f;
+          const float p01 = ok01 ? scale * P[4 * i + 1] * gate_exp2(g_lo - gcol[i][1], true) : 0.f;
+          const float p10 = ok10 ? scale * P[4 * i + 2] * gate_exp2(g_hi - gcol[i][0], true) : 0.f;
+          const float p11 = ok11 ? scale * P[4 * i + 3] * gate_exp2(g_hi - gcol[i][1], true) : 0.f;
+          lo = pack(p00, p01);
+          hi = pack(p10, p11);
+        }
+        sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
+        sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
+      }
+      wg::fence_smem_for_async();  // the walks' wgmma read P through the async proxy
+      pipe::mbar_arrive(pfull + b);
+      pipe::mbar_arrive(empty + s);  // this warpgroup's reads of the stage are done (wait<0> above)
+      if (++s == kStages) s = 0, phase ^= 1;
+    }
+  }
+
   /// The A fragment of k-step ks of an m64nN accumulator (columns 16 ks .. 16 ks + 15), rounded.
   template <int R>
   __device__ __forceinline__ static void to_a(u32 (&a)[4], const float (&acc)[R], int ks) {
@@ -178,7 +261,8 @@ struct StateWalkBwdSm90 {
 
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
   __device__ __forceinline__ static void walk(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
-                                              unsigned char* smem, int slab, mbar_t* full, mbar_t* empty) {
+                                              unsigned char* smem, int slab, mbar_t* full, mbar_t* empty, mbar_t* pfull,
+                                              mbar_t* pempty) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
     const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
     const int seg = Cfg::SEGMENTS > 1 ? static_cast<int>(blockIdx.z) % Cfg::SEGMENTS : 0;
@@ -209,24 +293,25 @@ struct StateWalkBwdSm90 {
     }
 
     const u32 vec0 = wg::smem_u32(smem + kOffVec + slab * 2 * kVecBytes);  // this walk's two buffers
-    const u32 tape_addr = wg::smem_u32(smem + kOffTape + slab * kTapeBytes);
-    const u32 dvn_addr = wg::smem_u32(smem + kOffDvn + slab * kDvnBytes);
-    const float scale = p.scale;
-    // A warp stages and stores only its own 16 columns (rows of the staging tiles hold 8-column
-    // pieces of matrix m = 2 ii + h: rows 16 q + 8 ii .. +7, columns 16 warp + 8 h .. +7; lane L
-    // gives the row address of matrix L / 8, row L % 8), so no barrier with the other warps.
-    auto stage_frags = [&](u32 base, int q, const u32(&f)[4]) {
+    // The walk's SW128 staging tile: bf16(Z) as [k][v] rows (the dh tape, and the A operand of D),
+    // then bf16(dV') as [t][v] rows (dv_new). A warp writes only its own 16 columns (stmatrix.trans:
+    // rows of matrix m = 2 ii + h are rows 16 q + 8 ii .. +7, columns 16 warp + 8 h .. +7; lane L
+    // gives the row address of matrix L / 8, row L % 8) and stores only those.
+    const u32 st_addr = wg::smem_u32(smem + kOffStaging + slab * kStagingBytes);
+    auto stage_frags = [&](int rows, int q, const u32(&f)[4]) {
       const int r = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
-      stsm_x4_trans(base + 2 * (r * kPitch + v), f);
+      stsm_x4_trans(st_addr + sw128::offset(r, v, rows), f);
     };
     const int c8 = 16 * warp + 8 * (lane & 1);  // the 16-byte piece a lane stores, per row
+    const float scale = p.scale;
 
     int s = 0, phase = 0;  // the stage of the u-th chunk and the parity of its use count u / kStages
     ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
 #pragma unroll 1
     for (int u = 0; u < nc; ++u) {
-      const int c = c_last - u;
-      const u32 vec = vec0 + (u & 1) * kVecBytes;
+      const int c = c_last - u, b = u & 1;
+      const u32 vec = vec0 + b * kVecBytes;
+      const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
       const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the chain
       if (u + 1 < nc) next = p.chunks[c - 1];
       const int len = ci.len;
@@ -236,17 +321,16 @@ struct StateWalkBwdSm90 {
       const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ));
       const u32 w_addr = wg::smem_u32(tile(smem, s, kOffW));
       const u32 o_addr = wg::smem_u32(tile(smem, s, kOffO)) + slab * C * 128;  // the slab's 64-column block
-      const u32 l_addr = wg::smem_u32(tile(smem, s, kOffL)) + slab * C * 128;
 
-      // Zb^T = bf16(Z^T) as A fragments; staged as this chunk's dh tape rows [k][v].
-      u32 Zb[K / 16][4];
+      // bf16(Z^T) into the staging tile as [k][v] rows, while the chunk may still be arriving.
+      __syncwarp();  // the warp's dv_new stores of the chunk before have read the staging
 #pragma unroll
-      for (int ks = 0; ks < K / 16; ++ks) to_a(Zb[ks], Z, ks);
-      __syncwarp();  // the warp's tape stores of the chunk before have read the staging
-#pragma unroll
-      for (int ks = 0; ks < K / 16; ++ks) stage_frags(tape_addr, ks, Zb[ks]);
+      for (int ks = 0; ks < K / 16; ++ks) {
+        u32 zb[4];
+        to_a(zb, Z, ks);
+        stage_frags(K, ks, zb);
+      }
       pipe::mbar_wait(full + s, phase);
-      wg::fence_smem_for_async();
       // The chunk's column factors, once per column: scale exp2(min(gc_t, 0)) for dO by threads
       // 0..63, exp2(gcL - gc_t) for dV' by 64..127.
       const float gl = lds_f32(sg + 4 * (len - 1));
@@ -255,6 +339,7 @@ struct StateWalkBwdSm90 {
         const float g = lds_f32(sg + 4 * t);
         sts_f32(vec + 4 * ctid, ctid < C ? scale * exp2f(fminf(g, 0.f)) : gate_exp2(gl - g, true));
       }
+      wg::fence_smem_for_async();  // the staging tile and the cp.async writes are read by wgmma
       pipe::named_sync(barrier, 128);
       // Z^T's decay before the chain's first product: ptxas would otherwise wait for that product
       // before touching Z (it tracks accumulators per warpgroup, not per group).
@@ -262,15 +347,22 @@ struct StateWalkBwdSm90 {
 #pragma unroll
       for (int i = 0; i < 64; ++i) Z[i] *= decay;
 
-      float D[32];
+      float D[32], Lc[32];
       wg::fence();
 #pragma unroll
-      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(D, Zb[ks], wg::desc_k_major(k_addr, C, ks), ks > 0);
+      for (int ks = 0; ks < K / 16; ++ks)
+        wg::mma_m64n64k16<1, 0>(D, wg::desc_mn_major(st_addr, K, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
+      wg::commit();
+      // dv_local^T = dO^T P~ once the scores are in.
+      pipe::mbar_wait(pfull + b, (u >> 1) & 1);
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks)
+        wg::mma_m64n64k16<1, 1>(Lc, wg::desc_mn_major(o_addr, C, ks), wg::desc_mn_major(p_addr, C, ks), ks > 0);
       wg::commit();
 
-      // Z^T += (dOs^T hi) Q + (dOs^T lo) Q, dOs = scale exp2(gc_t) dO_t, issued behind the chain's
-      // first product. dO^T arrives in the A layout through ldmatrix.trans
-      // (matrix m = 2 ii + h of k-step ks: tokens 16 ks + 8 ii .. +7, slab columns 16 warp + 8 h ..).
+      // Z^T += (dOs^T hi) Q + (dOs^T lo) Q, dOs = scale exp2(gc_t) dO_t, behind the chain's first
+      // product. dO^T arrives in the A layout through ldmatrix.trans (matrix m = 2 ii + h of k-step
+      // ks: tokens 16 ks + 8 ii .. +7, slab columns 16 warp + 8 h .. +7).
       u32 Oh[C / 16][4], Ol[C / 16][4];
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
@@ -280,8 +372,9 @@ struct StateWalkBwdSm90 {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // register q: tokens t = 16 ks + 8 (q / 2) + tq (+1)
           const int t = 16 * ks + 8 * (q >> 1) + tq;
-          const float x0 = lds_f32(vec + 4 * t) * bf2f(static_cast<bf16_t>(o4[q] & 0xffffu));
-          const float x1 = lds_f32(vec + 4 * (t + 1)) * bf2f(static_cast<bf16_t>(o4[q] >> 16));
+          const float2 f = lds_f32x2(vec + 4 * t);
+          const float x0 = f.x * bf2f(static_cast<bf16_t>(o4[q] & 0xffffu));
+          const float x1 = f.y * bf2f(static_cast<bf16_t>(o4[q] >> 16));
           bf16_t h0, l0, h1, l1;
           split_bf16(x0, h0, l0);
           split_bf16(x1, h1, l1);
@@ -302,35 +395,35 @@ struct StateWalkBwdSm90 {
       wg::commit();
 
       // dh_tape[c] = bf16(Z) from the staging, while the tensor cores run.
-      __syncwarp();
       {
         bf16_t* const dst = p.dh_tape + ((long long)c * HV + j) * K * V + v0 + c8;
 #pragma unroll 4
         for (int r = lane >> 1; r < K; r += 16)
-          bwd::st_global_v4(dst + (long long)r * V, lds_v4(tape_addr + 2 * (r * kPitch + c8)));
+          bwd::st_global_v4(dst + (long long)r * V, lds_v4(st_addr + sw128::offset(r, c8, K)));
       }
 
-      wg::wait<1>();
+      wg::wait<1>();  // D and dv_local^T
       wg::fence_acc(D);
-      // dV'^T = exp2(gcL - gc_t) D^T + dv_local^T (0 for t >= len); -bf16(dV'^T) as A fragments,
-      // bf16(dV'^T) staged as dv_new rows [t][v].
+      wg::fence_acc(Lc);
+      pipe::mbar_arrive(pempty + b);
+      // dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) (0 for t >= len); -bf16(dV'^T) as A
+      // fragments, bf16(dV'^T) staged as dv_new rows [t][v] (D, the staging's last reader, is done).
+      __syncwarp();  // the warp's tape stores have read the staging
       u32 Dn[C / 16][4];
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
-        u32 l4[4], d4[4];
-        ldsm_x4_trans(
-            l4, l_addr + sw128::offset(16 * ks + 8 * (m_lane >> 1) + (lane & 7), 16 * warp + 8 * (m_lane & 1), C));
+        u32 d4[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int t = 16 * ks + 8 * (q >> 1) + tq;
-          const float* x = D + 8 * ks + 2 * q;
-          const float y0 = t < len ? lds_f32(vec + 4 * (C + t)) * x[0] + bf2f(static_cast<bf16_t>(l4[q] & 0xffffu)) : 0.f;
-          const float y1 =
-              t + 1 < len ? lds_f32(vec + 4 * (C + t + 1)) * x[1] + bf2f(static_cast<bf16_t>(l4[q] >> 16)) : 0.f;
+          const int at = 8 * ks + 2 * q;  // accumulator columns t, t + 1 of rows v_lo (q even) or v_hi
+          const float2 e = lds_f32x2(vec + 4 * (C + t));
+          const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
+          const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
           d4[q] = pack(y0, y1);
           Dn[ks][q] = d4[q] ^ 0x80008000u;  // negating a bf16 is exact: flip the sign bits
         }
-        stage_frags(dvn_addr, ks, d4);  // the loop's first __syncwarp ordered the chunk before's stores
+        stage_frags(C, ks, d4);
       }
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(Dn[ks]);
@@ -344,7 +437,7 @@ struct StateWalkBwdSm90 {
         bf16_t* const dst = p.dv_new + (t0 * HV + j) * V + v0 + c8;
 #pragma unroll 2
         for (int r = lane >> 1; r < C; r += 16)
-          if (r < len) bwd::st_global_v4(dst + (long long)r * HV * V, lds_v4(dvn_addr + 2 * (r * kPitch + c8)));
+          if (r < len) bwd::st_global_v4(dst + (long long)r * HV * V, lds_v4(st_addr + sw128::offset(r, c8, C)));
       }
       wg::wait<0>();
       wg::fence_acc(Z);
