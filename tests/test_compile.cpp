@@ -192,6 +192,25 @@ TEST_SUITE("compile") {
     }
   }
 
+  TEST_CASE("the backward walk compiles with 128-wide slabs for every target and both bodies, without spills") {
+    // tensor_cores "auto" (m.json's default): the warp-specialized body on sm_90a, the portable one
+    // elsewhere; "mma_sync": the portable one everywhere. Both in 512-thread blocks.
+    for (gdn::TensorCores tc : {gdn::TensorCores::automatic, gdn::TensorCores::mma_sync}) {
+      auto spec = example("m");
+      spec.tensor_cores = tc;
+      spec.walk_bwd_slab = 128;
+      const gdn::Program p = gdn::lower(spec).program("state_walk_bwd");
+      CHECK(p.threads == 512);
+      CHECK(p.smem_bytes <= 227 * 1024);
+      for (gdn::Target t : gdn::supported_targets()) {
+        INFO(gdn::to_string(t) << (tc == gdn::TensorCores::automatic ? " auto" : " mma_sync"));
+        const auto c = gdn::nvrtc_compile(p, t, gdn::generate_source(p));
+        CHECK(c.spill_store_bytes == 0);
+        CHECK(c.registers <= 128);
+      }
+    }
+  }
+
   TEST_CASE("the wgmma probe compiles for sm_90a in every operand form, and is refused elsewhere") {
     for (const auto& probe : gdn::test::all_wgmma_probes()) {
       if (probe.kd != 128) continue;  // the depth only changes a loop count; the GPU test runs both
