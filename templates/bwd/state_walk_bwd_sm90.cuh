@@ -55,41 +55,6 @@ struct StateWalkBwdSm90 {
 
   typedef unsigned long long mbar_t;
 
-  __device__ __forceinline__ static float2 lds_f32x2(u32 a) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
-    return v;
-  }
-  __device__ __forceinline__ static void sts_u32(u32 a, u32 v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-  }
-  __device__ __forceinline__ static float lds_f32(u32 a) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-    return v;
-  }
-  __device__ __forceinline__ static uint4 lds_v4(u32 a) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(a)
-                 : "memory");
-    return v;
-  }
-  __device__ __forceinline__ static void sts_f32(u32 a, float v) {
-    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
-  }
-  __device__ __forceinline__ static void ldsm_x4_trans(u32 (&r)[4], u32 a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-  }
-  __device__ __forceinline__ static void stsm_x4_trans(u32 a, const u32 (&r)[4]) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
-                 "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-  }
   __device__ __forceinline__ static u32 pack(float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); }
 
   __device__ __forceinline__ static bf16_t* tile(unsigned char* base, int stage, int off) {
@@ -133,31 +98,16 @@ struct StateWalkBwdSm90 {
   }
 
  private:
-  /// A ROWS x COLS bf16 tile into an SW128 tile by the loader's 128 threads (rows >= valid become
-  /// zeros): every thread keeps one 16-byte column piece of every (128 / pieces)-th row.
-  template <int ROWS, int COLS>
-  __device__ __forceinline__ static void load_tile(bf16_t* dst, const bf16_t* src, long long gstride, int valid,
-                                                   int tid) {
-    constexpr int kPieces = COLS / 8, kRowStep = 128 / kPieces;
-    static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_tile: whole swizzle periods per step");
-    const int r0 = tid / kPieces, col = (tid % kPieces) * 8;
-    unsigned char* const d0 = reinterpret_cast<unsigned char*>(dst) + sw128::offset(r0, col, ROWS);
-#pragma unroll 2  // the loading warpgroup runs at 32 registers
-    for (int it = 0; it < ROWS / kRowStep; ++it) {
-      const int r = r0 + it * kRowStep;
-      const bool ok = r < valid;
-      bwd::cp_async16(d0 + it * kRowStep * 128, ok ? src + r * gstride + col : src, ok);
-    }
-  }
-
   __device__ __forceinline__ static void load_chunk(const StateWalkBwdParams& p, unsigned char* smem, int stage,
                                                     const ChunkInfo ci, int j, int hq, int v0, int tid) {
     const long long t0 = ci.start;
     const int len = ci.len;
-    load_tile<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid);
-    load_tile<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid);
-    load_tile<C, K>(tile(smem, stage, kOffW), p.w + (t0 * HV + j) * K, (long long)HV * K, len, tid);
-    load_tile<C, BV>(tile(smem, stage, kOffO), p.d_o + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid);
+    const auto copy16 = [](void* d, const void* g, bool ok) { bwd::cp_async16(d, g, ok); };
+    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
+    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
+    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffW), p.w + (t0 * HV + j) * K, (long long)HV * K, len, tid, copy16);
+    wg::load_tile_sw128<C, BV>(tile(smem, stage, kOffO), p.d_o + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid,
+                               copy16);
     if (tid < C) {
       float* const sg = reinterpret_cast<float*>(smem + stage * kStage + kOffG);
       const bool ok = tid < len;
@@ -214,11 +164,11 @@ struct StateWalkBwdSm90 {
       // The gates of the thread's rows and columns while the product runs.
       const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
       const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8, tq = (lane & 3) * 2;
-      const float g_lo = lds_f32(sg + 4 * r_lo), g_hi = lds_f32(sg + 4 * r_hi);
+      const float g_lo = wg::lds_f32(sg + 4 * r_lo), g_hi = wg::lds_f32(sg + 4 * r_hi);
       float gcol[C / 8][2];
 #pragma unroll
       for (int i = 0; i < C / 8; ++i) {
-        const float2 g2 = lds_f32x2(sg + 4 * (i * 8 + tq));
+        const float2 g2 = wg::lds_f32x2(sg + 4 * (i * 8 + tq));
         gcol[i][0] = g2.x;
         gcol[i][1] = g2.y;
       }
@@ -240,8 +190,8 @@ struct StateWalkBwdSm90 {
           lo = pack(p00, p01);
           hi = pack(p10, p11);
         }
-        sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
-        sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
+        wg::sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
+        wg::sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
       }
       wg::fence_smem_for_async();  // the walks' wgmma read P through the async proxy
       pipe::mbar_arrive(pfull + b);
@@ -300,7 +250,7 @@ struct StateWalkBwdSm90 {
     const u32 st_addr = wg::smem_u32(smem + kOffStaging + slab * kStagingBytes);
     auto stage_frags = [&](int rows, int q, const u32(&f)[4]) {
       const int r = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
-      stsm_x4_trans(st_addr + sw128::offset(r, v, rows), f);
+      wg::stsm_x4_trans(st_addr + sw128::offset(r, v, rows), f);
     };
     const int c8 = 16 * warp + 8 * (lane & 1);  // the 16-byte piece a lane stores, per row
     const float scale = p.scale;
@@ -333,11 +283,11 @@ struct StateWalkBwdSm90 {
       pipe::mbar_wait(full + s, phase);
       // The chunk's column factors, once per column: scale exp2(min(gc_t, 0)) for dO by threads
       // 0..63, exp2(gcL - gc_t) for dV' by 64..127.
-      const float gl = lds_f32(sg + 4 * (len - 1));
+      const float gl = wg::lds_f32(sg + 4 * (len - 1));
       {
         const int t = ctid & (C - 1);
-        const float g = lds_f32(sg + 4 * t);
-        sts_f32(vec + 4 * ctid, ctid < C ? scale * exp2f(fminf(g, 0.f)) : gate_exp2(gl - g, true));
+        const float g = wg::lds_f32(sg + 4 * t);
+        wg::sts_f32(vec + 4 * ctid, ctid < C ? scale * exp2f(fminf(g, 0.f)) : gate_exp2(gl - g, true));
       }
       wg::fence_smem_for_async();  // the staging tile and the cp.async writes are read by wgmma
       pipe::named_sync(barrier, 128);
@@ -367,12 +317,12 @@ struct StateWalkBwdSm90 {
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
         u32 o4[4];
-        ldsm_x4_trans(
+        wg::ldsm_x4_trans(
             o4, o_addr + sw128::offset(16 * ks + 8 * (m_lane >> 1) + (lane & 7), 16 * warp + 8 * (m_lane & 1), C));
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // register q: tokens t = 16 ks + 8 (q / 2) + tq (+1)
           const int t = 16 * ks + 8 * (q >> 1) + tq;
-          const float2 f = lds_f32x2(vec + 4 * t);
+          const float2 f = wg::lds_f32x2(vec + 4 * t);
           const float x0 = f.x * bf2f(static_cast<bf16_t>(o4[q] & 0xffffu));
           const float x1 = f.y * bf2f(static_cast<bf16_t>(o4[q] >> 16));
           bf16_t h0, l0, h1, l1;
@@ -399,7 +349,7 @@ struct StateWalkBwdSm90 {
         bf16_t* const dst = p.dh_tape + ((long long)c * HV + j) * K * V + v0 + c8;
 #pragma unroll 4
         for (int r = lane >> 1; r < K; r += 16)
-          bwd::st_global_v4(dst + (long long)r * V, lds_v4(st_addr + sw128::offset(r, c8, K)));
+          bwd::st_global_v4(dst + (long long)r * V, wg::lds_v4(st_addr + sw128::offset(r, c8, K)));
       }
 
       wg::wait<1>();  // D and dv_local^T
@@ -417,7 +367,7 @@ struct StateWalkBwdSm90 {
         for (int q = 0; q < 4; ++q) {
           const int t = 16 * ks + 8 * (q >> 1) + tq;
           const int at = 8 * ks + 2 * q;  // accumulator columns t, t + 1 of rows v_lo (q even) or v_hi
-          const float2 e = lds_f32x2(vec + 4 * (C + t));
+          const float2 e = wg::lds_f32x2(vec + 4 * (C + t));
           const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
           const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
           d4[q] = pack(y0, y1);
@@ -437,7 +387,7 @@ struct StateWalkBwdSm90 {
         bf16_t* const dst = p.dv_new + (t0 * HV + j) * V + v0 + c8;
 #pragma unroll 2
         for (int r = lane >> 1; r < C; r += 16)
-          if (r < len) bwd::st_global_v4(dst + (long long)r * HV * V, lds_v4(st_addr + sw128::offset(r, c8, C)));
+          if (r < len) bwd::st_global_v4(dst + (long long)r * HV * V, wg::lds_v4(st_addr + sw128::offset(r, c8, C)));
       }
       wg::wait<0>();
       wg::fence_acc(Z);

@@ -217,6 +217,65 @@ __device__ __forceinline__ void mma_rs_k16(float (&d)[N / 2], const u32 (&a)[4],
     mma_rs_m64n128k16<TB>(d, a, desc_b, scale_d);
 }
 
+/// Shared-window accesses by 32-bit shared address, for the warp-specialized bodies: through an
+/// aligned generic pointer the compiler kept generic loads (LD.E) for them.
+__device__ __forceinline__ float lds_f32(u32 a) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ float2 lds_f32x2(u32 a) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
+  return v;
+}
+__device__ __forceinline__ uint4 lds_v4(u32 a) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(a)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void sts_u32(u32 a, u32 v) {
+  asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
+}
+__device__ __forceinline__ void sts_f32(u32 a, float v) {
+  asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
+}
+/// Four transposed 8 x 8 bf16 matrices from (ldmatrix) or to (stmatrix) shared memory; lane L
+/// gives the row address of matrix L / 8, row L % 8.
+__device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
+__device__ __forceinline__ void stsm_x4_trans(u32 a, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
+               "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
+/// A ROWS x COLS bf16 tile into an SW128 tile by a loading warpgroup's 128 threads (tid 0..127);
+/// rows >= valid become zeros. Every thread keeps one 16-byte column piece of every
+/// (128 / pieces)-th row, so the swizzle phase of its pieces never changes. copy16(dst, src, ok)
+/// issues one zero-filling 16-byte cp.async (the caller's, so its address conversion stays its own).
+template <int ROWS, int COLS, class Copy16>
+__device__ __forceinline__ void load_tile_sw128(bf16_t* dst, const bf16_t* src, long long gstride, int valid, int tid,
+                                                Copy16 copy16) {
+  constexpr int kPieces = COLS / 8, kRowStep = 128 / kPieces;
+  static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_tile_sw128: whole swizzle periods per step");
+  const int r0 = tid / kPieces, col = (tid % kPieces) * 8;
+  unsigned char* const d0 = reinterpret_cast<unsigned char*>(dst) + sw128::offset(r0, col, ROWS);
+#pragma unroll 2  // loading warpgroups run at 32 to 40 registers
+  for (int it = 0; it < ROWS / kRowStep; ++it) {
+    const int r = r0 + it * kRowStep;
+    const bool ok = r < valid;
+    copy16(d0 + it * kRowStep * 128, ok ? src + r * gstride + col : src, ok);
+  }
+}
+
 /// Keeps the compiler from moving writes of a register A operand across the asynchronous MMA.
 __device__ __forceinline__ void fence_operand(u32 (&a)[4]) {
 #pragma unroll

@@ -61,44 +61,6 @@ struct FusedWalkSm90 {
 
   typedef unsigned long long mbar_t;
 
-  // Shared-window accesses by address: through the aligned base pointer the compiler kept generic
-  // loads (LD.E) for them.
-  __device__ __forceinline__ static float lds_f32(u32 a) {
-    float v;
-    asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
-    return v;
-  }
-  __device__ __forceinline__ static float2 lds_f32x2(u32 a) {
-    float2 v;
-    asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
-    return v;
-  }
-  __device__ __forceinline__ static uint4 lds_v4(u32 a) {
-    uint4 v;
-    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "r"(a)
-                 : "memory");
-    return v;
-  }
-  __device__ __forceinline__ static void sts_u32(u32 a, u32 v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(a), "r"(v) : "memory");
-  }
-  __device__ __forceinline__ static void sts_f32(u32 a, float v) {
-    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
-  }
-  __device__ __forceinline__ static void ldsm_x4_trans(u32 (&r)[4], u32 a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a)
-                 : "memory");
-  }
-  __device__ __forceinline__ static void stsm_x4_trans(u32 a, const u32 (&r)[4]) {
-    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
-                 "r"(r[1]), "r"(r[2]), "r"(r[3])
-                 : "memory");
-  }
-
   __device__ __forceinline__ static bf16_t* tile(unsigned char* base, int stage, int off) {
     return reinterpret_cast<bf16_t*>(base + stage * kStage + off);
   }
@@ -141,31 +103,16 @@ struct FusedWalkSm90 {
   }
 
  private:
-  /// A ROWS x COLS bf16 tile into an SW128 tile by the producer's 128 threads (rows >= valid
-  /// become zeros): every thread keeps one 16-byte column piece of every (128 / pieces)-th row.
-  template <int ROWS, int COLS>
-  __device__ __forceinline__ static void load_tile(bf16_t* dst, const bf16_t* src, long long gstride, int valid,
-                                                   int tid) {
-    constexpr int kPieces = COLS / 8, kRowStep = 128 / kPieces;
-    static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_tile: whole swizzle periods per step");
-    const int r0 = tid / kPieces, col = (tid % kPieces) * 8;
-    unsigned char* const d0 = reinterpret_cast<unsigned char*>(dst) + sw128::offset(r0, col, ROWS);
-#pragma unroll 2  // the loading warpgroup runs at 48 registers
-    for (int it = 0; it < ROWS / kRowStep; ++it) {
-      const int r = r0 + it * kRowStep;
-      const bool ok = r < valid;
-      fwd::cp_async16(d0 + it * kRowStep * 128, ok ? src + r * gstride + col : src, ok);
-    }
-  }
-
   __device__ __forceinline__ static void load_chunk(const FusedWalkParams& p, unsigned char* smem, int stage,
                                                     const ChunkInfo ci, int j, int hq, int v0, int tid) {
     const long long t0 = ci.start;
     const int len = ci.len;
-    load_tile<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid);
-    load_tile<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid);
-    load_tile<C, BV>(tile(smem, stage, kOffV), p.v + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid);
-    load_tile<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid);
+    const auto copy16 = [](void* d, const void* g, bool ok) { fwd::cp_async16(d, g, ok); };
+    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
+    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
+    wg::load_tile_sw128<C, BV>(tile(smem, stage, kOffV), p.v + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid,
+                               copy16);
+    wg::load_tile_sw128<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid, copy16);
     // gc and beta of the chunk's rows (zeros past the chunk, as fused_walk stages them), and with
     // FOLD_RSTD the rows' rstd of q and k.
     float* const sv = reinterpret_cast<float*>(smem + stage * kStage + (tid < C ? kOffG : kOffB));
@@ -225,11 +172,11 @@ struct FusedWalkSm90 {
       // The gates of the thread's rows and columns while the product runs.
       const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
       const int r_lo = warp * 16 + (lane >> 2), r_hi = r_lo + 8, tq = (lane & 3) * 2;
-      const float g_lo = lds_f32(sg + 4 * r_lo), g_hi = lds_f32(sg + 4 * r_hi);
+      const float g_lo = wg::lds_f32(sg + 4 * r_lo), g_hi = wg::lds_f32(sg + 4 * r_hi);
       float gcol[C / 8][2];
 #pragma unroll
       for (int i = 0; i < C / 8; ++i) {
-        const float2 g2 = lds_f32x2(sg + 4 * (i * 8 + tq));
+        const float2 g2 = wg::lds_f32x2(sg + 4 * (i * 8 + tq));
         gcol[i][0] = g2.x;
         gcol[i][1] = g2.y;
       }
@@ -238,8 +185,8 @@ struct FusedWalkSm90 {
       if (u >= kPTiles) pipe::mbar_wait(pempty + b, ((u >> 1) - 1) & 1);
       // With FOLD_RSTD the raw Q K^T times rstd_q of the row and rstd_k of the column first.
       const u32 sq = wg::smem_u32(smem + s * kStage + kOffRq), sk = wg::smem_u32(smem + s * kStage + kOffRk);
-      const float rq_lo = Cfg::FOLD_RSTD ? lds_f32(sq + 4 * r_lo) : 1.f;
-      const float rq_hi = Cfg::FOLD_RSTD ? lds_f32(sq + 4 * r_hi) : 1.f;
+      const float rq_lo = Cfg::FOLD_RSTD ? wg::lds_f32(sq + 4 * r_lo) : 1.f;
+      const float rq_hi = Cfg::FOLD_RSTD ? wg::lds_f32(sq + 4 * r_hi) : 1.f;
 #pragma unroll
       for (int i = 0; i < C / 8; ++i) {
         const int col = i * 8 + tq;
@@ -247,7 +194,7 @@ struct FusedWalkSm90 {
         // Column blocks right of the warp's 16 rows are above the diagonal: zeros, no gates.
         if (i * 8 <= 16 * warp + 15) {
           if (Cfg::FOLD_RSTD) {
-            const float2 rk = lds_f32x2(sk + 4 * col);
+            const float2 rk = wg::lds_f32x2(sk + 4 * col);
             P[4 * i] *= rq_lo * rk.x;
             P[4 * i + 1] *= rq_lo * rk.y;
             P[4 * i + 2] *= rq_hi * rk.x;
@@ -260,8 +207,8 @@ struct FusedWalkSm90 {
           lo = fwd::pack_f2bf(p00, p01);
           hi = fwd::pack_f2bf(p10, p11);
         }
-        sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
-        sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
+        wg::sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
+        wg::sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
       }
       wg::fence_smem_for_async();  // the walks' wgmma read P through the async proxy
       pipe::mbar_arrive(pfull + b);
@@ -329,7 +276,7 @@ struct FusedWalkSm90 {
 #pragma unroll
       for (int q = 0; q < C / 16; ++q) {
         const int t = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
-        stsm_x4_trans(o_addr + 2 * (t * kOutPitch + v), Ob[q]);
+        wg::stsm_x4_trans(o_addr + 2 * (t * kOutPitch + v), Ob[q]);
       }
       __syncwarp();
       const int c8 = 16 * warp + 8 * (lane & 1);
@@ -337,7 +284,7 @@ struct FusedWalkSm90 {
 #pragma unroll
       for (int t = lane >> 1; t < C; t += 16)
         if (t < ob_len)
-          *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = lds_v4(o_addr + 2 * (t * kOutPitch + c8));
+          *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = wg::lds_v4(o_addr + 2 * (t * kOutPitch + c8));
     };
     int s = 0, phase = 0;  // the stage of chunk u and the parity of its use count u / kStages
     ChunkInfo next = nc > 0 ? p.chunks[c_begin] : ChunkInfo{};
@@ -367,22 +314,22 @@ struct FusedWalkSm90 {
       // The chunk's column factors, once per column (not once per thread): exp2(gc_t) (0 past the
       // chunk) for X and O by threads 0..63, exp2(gcL - gc_t) by 64..127; with FOLD_RSTD times the
       // row's rstd of k (X, Vg) or q (O).
-      const float gl = lds_f32(sg + 4 * (len - 1));
+      const float gl = wg::lds_f32(sg + 4 * (len - 1));
       {
         const int t = ctid & (C - 1);
-        const float g = lds_f32(sg + 4 * t);
+        const float g = wg::lds_f32(sg + 4 * t);
         if (Cfg::FOLD_RSTD) {
           const u32 sr = wg::smem_u32(smem + s * kStage + kOffRk);
-          const float rk = lds_f32(sr + 4 * t);
+          const float rk = wg::lds_f32(sr + 4 * t);
           if (ctid < C) {
-            const float rq = lds_f32(wg::smem_u32(smem + s * kStage + kOffRq) + 4 * t);
-            sts_f32(vec + 4 * t, t < len ? exp2f(g) * rk : 0.f);
-            sts_f32(vec + 4 * (2 * C + t), t < len ? exp2f(g) * rq : 0.f);
+            const float rq = wg::lds_f32(wg::smem_u32(smem + s * kStage + kOffRq) + 4 * t);
+            wg::sts_f32(vec + 4 * t, t < len ? exp2f(g) * rk : 0.f);
+            wg::sts_f32(vec + 4 * (2 * C + t), t < len ? exp2f(g) * rq : 0.f);
           } else {
-            sts_f32(vec + 4 * ctid, gate_exp2(gl - g, t < len) * rk);
+            wg::sts_f32(vec + 4 * ctid, gate_exp2(gl - g, t < len) * rk);
           }
         } else {
-          sts_f32(vec + 4 * ctid, ctid < C ? (t < len ? exp2f(g) : 0.f) : gate_exp2(gl - g, t < len));
+          wg::sts_f32(vec + 4 * ctid, ctid < C ? (t < len ? exp2f(g) : 0.f) : gate_exp2(gl - g, t < len));
         }
       }
       pipe::named_sync(barrier, 128);
@@ -408,7 +355,7 @@ struct FusedWalkSm90 {
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
         u32 vt4[4];
-        ldsm_x4_trans(
+        wg::ldsm_x4_trans(
             vt4, v_addr + sw128::offset(16 * ks + 8 * (m_lane >> 1) + (lane & 7), 16 * warp + 8 * (m_lane & 1), C));
         float w[8];
 #pragma unroll
@@ -416,8 +363,8 @@ struct FusedWalkSm90 {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int i = 2 * ks + ii, t = 8 * i + tq + e;
-            const float et = lds_f32(vec + 4 * t), bt = lds_f32(sb + 4 * t);
-            const float eo = Cfg::FOLD_RSTD ? lds_f32(vec + 4 * (2 * C + t)) : et;
+            const float et = wg::lds_f32(vec + 4 * t), bt = wg::lds_f32(sb + 4 * t);
+            const float eo = Cfg::FOLD_RSTD ? wg::lds_f32(vec + 4 * (2 * C + t)) : et;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const u32 pair = vt4[2 * ii + h];
@@ -450,7 +397,7 @@ struct FusedWalkSm90 {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int t = 16 * ks + 8 * ii + tq + e;
-            d[2 * ii + e] = lds_f32(vec + 4 * (C + t));
+            d[2 * ii + e] = wg::lds_f32(vec + 4 * (C + t));
           }
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // fragment register q: column block ii = q / 2, rows h = q % 2
