@@ -7,8 +7,9 @@
  *
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
- *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16, seg-auto
- * (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto (and cp.segments "auto")
+ *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16,
+ *                 seg-auto (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto (and
+ *                 cp.segments "auto")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -541,9 +542,8 @@ int main(int argc, char** argv) {
          "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
          "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
-         "(both 64), "
-         "seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused (forward "
-         "\"programs\", \"fused\"), fused-seg-auto")
+         "(both 64), seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused "
+         "(forward \"programs\", \"fused\"), fused-seg-auto")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);

@@ -225,7 +225,7 @@ LayerIR lower(const Spec& spec_in) {
   // The reverse walk's sm_90a body (128-wide slabs) computes dv_local itself; without segments
   // (whose prescan reads it) the program then does nothing on sm_90a. The IR is the same for
   // every target, so the launch stays: the other targets' walk reads what it writes.
-  const bool walk_bwd_sm90 = wgmma && ir.walk_bwd_bv == 128 && K == 128 && V == 128 && C == 64;
+  const bool walk_bwd_sm90 = StateWalkBwdGeometry::sm90_body(K, V, C, ir.walk_bwd_bv, wgmma);
   const bool walk_fuses_dv = walk_bwd_sm90 && s.cp_segments == 1;
   ir.programs.back().constants.emplace_back("WALK_FUSES_DV", walk_fuses_dv ? "true" : "false");
   // With segments the backward walk is segmented too: its prescan and merge run before it.
@@ -251,13 +251,12 @@ LayerIR lower(const Spec& spec_in) {
   if (walk_bwd_sm90) ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
   // With wgmma the sm_90a kernel (one product per warpgroup) needs a little more shared memory;
   // the other targets' mma.sync kernel runs within it.
-  const bool chunk_bwd_wgmma = wgmma;
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
-      chunk_bwd_wgmma ? std::max(ChunkBwdGeometry::smem_bytes(K, V, C), ChunkBwdGeometry::smem_bytes_ws(K, V, C))
-                      : ChunkBwdGeometry::smem_bytes(K, V, C),
+      wgmma ? std::max(ChunkBwdGeometry::smem_bytes(K, V, C), ChunkBwdGeometry::smem_bytes_ws(K, V, C))
+            : ChunkBwdGeometry::smem_bytes(K, V, C),
       GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
-  ir.programs.back().constants.emplace_back("WGMMA", chunk_bwd_wgmma ? "true" : "false");
+  ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
 

@@ -34,7 +34,12 @@ struct StateWalkBwdGeometry {
   /// from 1.914 to 0.879 ms, and made N (HV 6, 3 documents: 18 blocks for 132 SMs) 5 % slower
   /// (docs/PERF.md). The threshold lies between the two measured points.
   static constexpr int auto_bv(int K, int V, int chunk, int HV, bool wgmma) {
-    return wgmma && K == 128 && V == 128 && chunk == 64 && HV * (V / 128) >= 16 ? 128 : bv(V);
+    return sm90_body(K, V, chunk, 128, wgmma) && HV * (V / 128) >= 16 ? 128 : bv(V);
+  }
+  /// Whether sm_90a runs the warp-specialized body (state_walk_bwd_sm90.cuh): 128-wide slabs at
+  /// K = V = 128, chunk 64, with wgmma allowed (tensor_cores "auto").
+  static constexpr bool sm90_body(int K, int V, int chunk, int bvw, bool wgmma) {
+    return wgmma && K == 128 && V == 128 && chunk == 64 && bvw == 128;
   }
   /// 32-wide slabs: 8 warps, two blocks per SM; 64- and 128-wide: 16 warps, one block per SM (the
   /// same warps per SM, fewer blocks re-reading Q, K and W).

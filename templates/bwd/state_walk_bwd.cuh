@@ -294,7 +294,7 @@ struct StateWalkBwdPick<Cfg, true> {
 };
 #endif
 template <class Cfg>
-using StateWalkBwd = typename StateWalkBwdPick<Cfg, Cfg::WGMMA && Cfg::BV == 128 && Cfg::K == 128 && Cfg::V == 128 &&
-                                                        Cfg::CHUNK == 64>::type;
+using StateWalkBwd = typename StateWalkBwdPick<Cfg, StateWalkBwdGeometry::sm90_body(Cfg::K, Cfg::V, Cfg::CHUNK, Cfg::BV,
+                                                                                    Cfg::WGMMA)>::type;
 
 }  // namespace gdn
