@@ -256,7 +256,7 @@ struct ChunkBwdSm90 {
   __device__ __forceinline__ static void second_group_landed() {
     bwd::cp_async_wait<0>();
     wg::fence_smem_for_async();
-    pipe::named_sync(kBarLoaded, kThreads);
+    pipe::named_sync_roles(kBarLoaded, kThreads);  // reached from every role's code
   }
   __device__ __forceinline__ static void local_sync(int role) { pipe::named_sync(kBarLocal + role, 128); }
 

@@ -66,10 +66,10 @@ struct StateWalkBwdGeometry {
 
 /// The sm_90a body of the reverse walk (bwd/state_walk_bwd_sm90.cuh), 512 threads, 128 columns:
 /// two stages of SW128 tiles (K, Q, W [chunk][K], the dO slab [chunk][128] as two 64-column
-/// blocks, gc), each walking warpgroup's SW128 staging tile [K][64] (the dh tape and D's A
-/// operand, then dv_new), two tiles of dv_local's gated scores [chunk][chunk], the mbarriers and
-/// each walk's two buffers of column factors. The tiles start 1024-byte aligned and the window
-/// gets 1 KB of slack to align its base: 185,472 bytes at K = 128.
+/// blocks, gc), each walking warpgroup's two SW128 staging tiles [K][64] (by chunk parity: the
+/// dh tape and D's A operand in one, dv_new in the other), two tiles of dv_local's gated scores
+/// [chunk][chunk], the mbarriers and each walk's two buffers of column factors. The tiles start
+/// 1024-byte aligned and the window gets 1 KB of slack to align its base: 218,240 bytes at K = 128.
 struct StateWalkBwdSm90Layout {
   static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
   static constexpr int kThreads = 512;
@@ -84,7 +84,7 @@ struct StateWalkBwdSm90Layout {
   static constexpr int stage_bytes(int K, int chunk) { return align1k(off_g(K, chunk) + chunk * 4); }
   static constexpr int staging_bytes(int K) { return K * kSlab * 2; }
   static constexpr int off_staging(int K, int chunk) { return kStages * stage_bytes(K, chunk); }
-  static constexpr int off_p(int K, int chunk) { return off_staging(K, chunk) + 2 * staging_bytes(K); }
+  static constexpr int off_p(int K, int chunk) { return off_staging(K, chunk) + 2 * 2 * staging_bytes(K); }
   static constexpr int off_bar(int K, int chunk) { return off_p(K, chunk) + kPTiles * chunk * chunk * 2; }
   static constexpr int kBarriers = 2 * kStages + 2 * kPTiles;  ///< full[s], empty[s], pfull[b], pempty[b]
   /// One buffer: scale exp2(min(gc_t, 0)) for dO, exp2(gcL - gc_t) for dV'.

@@ -16,9 +16,9 @@
  *      Z^T  = exp2(gcL) Z^T + dOs^T Q           8 x m64n128k16 (hi, lo from registers)
  *      Z^T += (-bf16(dV'))^T W                  4 x m64n128k16 (from registers)
  *    with dV'^T = exp2(gcL - gc_t) D^T + bf16(L^T). dO arrives transposed in the A layout through
- *    ldmatrix.trans; bf16(Z) (the dh tape) and bf16(dV') (dv_new) pass through one SW128 staging
- *    tile per walk (stmatrix.trans), each warp storing its own 16 columns while the tensor cores
- *    run. The chain per chunk is bf16(Z) -> D -> dV' -> Z.
+ *    ldmatrix.trans; bf16(Z) (the dh tape) and bf16(dV') (dv_new) pass through two SW128 staging
+ *    tiles per walk, by chunk parity (stmatrix.trans), each warp storing its own 16 columns while
+ *    the tensor cores run. The chain per chunk is bf16(Z) -> D -> dV' -> Z.
  * Each k loop keeps the portable programs' order and each element its rounding: the block gives
  * the bits of dv_local followed by state_walk_bwd (gpu_determinism holds it to them), and the
  * layer's dv_local program does nothing on sm_90a when this body runs (Cfg::WALK_FUSES_DV there).
@@ -243,12 +243,16 @@ struct StateWalkBwdSm90 {
     }
 
     const u32 vec0 = wg::smem_u32(smem + kOffVec + slab * 2 * kVecBytes);  // this walk's two buffers
-    // The walk's SW128 staging tile: bf16(Z) as [k][v] rows (the dh tape, and the A operand of D),
-    // then bf16(dV') as [t][v] rows (dv_new). A warp writes only its own 16 columns (stmatrix.trans:
-    // rows of matrix m = 2 ii + h are rows 16 q + 8 ii .. +7, columns 16 warp + 8 h .. +7; lane L
-    // gives the row address of matrix L / 8, row L % 8) and stores only those.
-    const u32 st_addr = wg::smem_u32(smem + kOffStaging + slab * kStagingBytes);
-    auto stage_frags = [&](int rows, int q, const u32(&f)[4]) {
+    // The walk's two SW128 staging tiles, by chunk parity: bf16(Z) as [k][v] rows in tile u % 2
+    // (the dh tape, and the A operand of D), bf16(dV') as [t][v] rows (dv_new) in the other one.
+    // D's wgmma reads all of its A tile, and a warp's wait for it says nothing of the other
+    // warps' reads, so dv_new may not overwrite that tile in the same chunk; by the next chunk's
+    // warpgroup barrier every warp has waited for it. A warp writes only its own 16 columns
+    // (stmatrix.trans: rows of matrix m = 2 ii + h are rows 16 q + 8 ii .. +7, columns
+    // 16 warp + 8 h .. +7; lane L gives the row address of matrix L / 8, row L % 8) and stores
+    // only those.
+    const u32 st0 = wg::smem_u32(smem + kOffStaging + slab * 2 * kStagingBytes);
+    auto stage_frags = [&](u32 st_addr, int rows, int q, const u32(&f)[4]) {
       const int r = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
       wg::stsm_x4_trans(st_addr + sw128::offset(r, v, rows), f);
     };
@@ -271,14 +275,15 @@ struct StateWalkBwdSm90 {
       const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ));
       const u32 w_addr = wg::smem_u32(tile(smem, s, kOffW));
       const u32 o_addr = wg::smem_u32(tile(smem, s, kOffO)) + slab * C * 128;  // the slab's 64-column block
+      const u32 z_addr = st0 + b * kStagingBytes, dv_addr = st0 + (b ^ 1) * kStagingBytes;
 
-      // bf16(Z^T) into the staging tile as [k][v] rows, while the chunk may still be arriving.
-      __syncwarp();  // the warp's dv_new stores of the chunk before have read the staging
+      // bf16(Z^T) into its staging tile as [k][v] rows, while the chunk may still be arriving.
+      __syncwarp();  // the warp's stores of the chunk before (dv_new from this tile) have read it
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) {
         u32 zb[4];
         to_a(zb, Z, ks);
-        stage_frags(K, ks, zb);
+        stage_frags(z_addr, K, ks, zb);
       }
       pipe::mbar_wait(full + s, phase);
       // The chunk's column factors, once per column: scale exp2(min(gc_t, 0)) for dO by threads
@@ -301,7 +306,7 @@ struct StateWalkBwdSm90 {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks)
-        wg::mma_m64n64k16<1, 0>(D, wg::desc_mn_major(st_addr, K, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
+        wg::mma_m64n64k16<1, 0>(D, wg::desc_mn_major(z_addr, K, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
       wg::commit();
       // dv_local^T = dO^T P~ once the scores are in.
       pipe::mbar_wait(pfull + b, (u >> 1) & 1);
@@ -349,7 +354,7 @@ struct StateWalkBwdSm90 {
         bf16_t* const dst = p.dh_tape + ((long long)c * HV + j) * K * V + v0 + c8;
 #pragma unroll 4
         for (int r = lane >> 1; r < K; r += 16)
-          bwd::st_global_v4(dst + (long long)r * V, wg::lds_v4(st_addr + sw128::offset(r, c8, K)));
+          bwd::st_global_v4(dst + (long long)r * V, wg::lds_v4(z_addr + sw128::offset(r, c8, K)));
       }
 
       wg::wait<1>();  // D and dv_local^T
@@ -357,8 +362,8 @@ struct StateWalkBwdSm90 {
       wg::fence_acc(Lc);
       pipe::mbar_arrive(pempty + b);
       // dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) (0 for t >= len); -bf16(dV'^T) as A
-      // fragments, bf16(dV'^T) staged as dv_new rows [t][v] (D, the staging's last reader, is done).
-      __syncwarp();  // the warp's tape stores have read the staging
+      // fragments, bf16(dV'^T) staged as dv_new rows [t][v] in the other tile (the chunk before's
+      // Z: the warpgroup barrier above came after every warp's wait for that chunk's D).
       u32 Dn[C / 16][4];
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
@@ -373,7 +378,7 @@ struct StateWalkBwdSm90 {
           d4[q] = pack(y0, y1);
           Dn[ks][q] = d4[q] ^ 0x80008000u;  // negating a bf16 is exact: flip the sign bits
         }
-        stage_frags(C, ks, d4);
+        stage_frags(dv_addr, C, ks, d4);
       }
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(Dn[ks]);
@@ -387,7 +392,7 @@ struct StateWalkBwdSm90 {
         bf16_t* const dst = p.dv_new + (t0 * HV + j) * V + v0 + c8;
 #pragma unroll 2
         for (int r = lane >> 1; r < C; r += 16)
-          if (r < len) bwd::st_global_v4(dst + (long long)r * HV * V, wg::lds_v4(st_addr + sw128::offset(r, c8, C)));
+          if (r < len) bwd::st_global_v4(dst + (long long)r * HV * V, wg::lds_v4(dv_addr + sw128::offset(r, c8, C)));
       }
       wg::wait<0>();
       wg::fence_acc(Z);
