@@ -256,7 +256,7 @@ struct ChunkBwdSm90 {
   __device__ __forceinline__ static void second_group_landed() {
     bwd::cp_async_wait<0>();
     wg::fence_smem_for_async();
-    pipe::named_sync_roles(kBarLoaded, kThreads);  // reached from every role's code
+    pipe::named_sync_roles(kBarLoaded, kThreads);
   }
   __device__ __forceinline__ static void local_sync(int role) { pipe::named_sync(kBarLocal + role, 128); }
 
@@ -324,7 +324,7 @@ struct ChunkBwdSm90 {
       }
     }
     wg::fence_smem_for_async();
-    pipe::named_arrive(kBarDS, 384);
+    pipe::named_arrive_roles(kBarDS, 384);
     local_sync(0);
     wait<0>(QK);
     {  // M = dS~ .* (Q K^T), strictly lower: rowsum(M) - colsum(M) enters dgam.
@@ -359,7 +359,7 @@ struct ChunkBwdSm90 {
     float KK[32], X[32];
     issue<64, 0, 0>(KK, s0 + kOffK, C, s0 + kOffK, C, K / 16, false);
     wg::commit();
-    pipe::named_sync(kBarY, 256);
+    pipe::named_sync_roles(kBarY, 256);
     issue<64, 1, 1>(X, s0 + kOffT, C, s0 + kOffYh, C, C / 16, false);
     issue<64, 1, 1>(X, s0 + kOffT, C, s0 + kOffYl, C, C / 16, true);
     wg::commit();
@@ -375,7 +375,7 @@ struct ChunkBwdSm90 {
           float& v = X[4 * i + 2 * hh + e];
           v = (r > c && r < m) ? -v * gate_exp2(g[r] - g[c], true) : 0.f;
         }
-    pipe::named_sync(kBarZFree, 256);
+    pipe::named_sync_roles(kBarZFree, 256);
     {
       bf16_t* const eh = reinterpret_cast<bf16_t*>(smem + kOffEh);
       bf16_t* const el = reinterpret_cast<bf16_t*>(smem + kOffEl);
@@ -397,7 +397,7 @@ struct ChunkBwdSm90 {
           }
     }
     wg::fence_smem_for_async();
-    pipe::named_arrive(kBarE, 256);
+    pipe::named_arrive_roles(kBarE, 256);
     {  // rowsum(E .* KK) -> dbeta and dgam, colsum(diag(b) E .* KK) -> dgam.
       float rs[2] = {0.f, 0.f};
       float cs[16];
@@ -437,7 +437,7 @@ struct ChunkBwdSm90 {
     wg::commit();
     second_group_landed();
     wait<0>(D);
-    pipe::named_arrive(kBarSFree, 384);
+    pipe::named_arrive_roles(kBarSFree, 384);
     {
       float f[2], rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -456,7 +456,7 @@ struct ChunkBwdSm90 {
         if ((L.ctid & 3) == 0) sc[sGq + L.r[hh]] = s;
       }
     }
-    pipe::named_sync(kBarDS, 384);
+    pipe::named_sync_roles(kBarDS, 384);
     issue<128, 0, 1>(D, s0 + kOffDS, C, s0 + kOffK, C, C / 16, true);
     wg::commit();
     wait<0>(D);
@@ -495,7 +495,7 @@ struct ChunkBwdSm90 {
                   pack_bf16x2(f2bf(-W[4 * i + 2 * hh]), f2bf(-W[4 * i + 2 * hh + 1])));
     }
     wg::fence_smem_for_async();
-    pipe::named_arrive(kBarDW, 256);
+    pipe::named_arrive_roles(kBarDW, 256);
     local_sync(2);
     float T1[32], T2[32];
     issue<64, 0, 0>(T2, s0 + kOffDV, C, s0 + kOffV, C, V / 16, false);
@@ -518,7 +518,7 @@ struct ChunkBwdSm90 {
         hi2[2 * i + hh] = pack_bf16x2(hv[0], hv[1]);
         lo2[2 * i + hh] = pack_bf16x2(lv[0], lv[1]);
       }
-    pipe::named_sync(kBarSFree, 384);  // WG1 and WG3 are done reading S
+    pipe::named_sync_roles(kBarSFree, 384);  // WG1 and WG3 are done reading S
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -546,7 +546,7 @@ struct ChunkBwdSm90 {
         sts_u32(smem, kOffYl + at, pack_bf16x2(l0, l1));
       }
     wg::fence_smem_for_async();
-    pipe::named_arrive(kBarY, 256);
+    pipe::named_arrive_roles(kBarY, 256);
   }
 
   /// Warpgroup 3: dK = diag(exp2(gcL - gc)) V' Z^T + dS~^T Q + diag(b Gam) Tm^T dW + (Eb + Eb^T) K,
@@ -576,8 +576,8 @@ struct ChunkBwdSm90 {
       if ((L.ctid & 31) == 0) sc[sSz + L.w] = sz;
     }
     wait<0>(D);
-    pipe::named_arrive(kBarSFree, 384);
-    pipe::named_arrive(kBarZFree, 256);
+    pipe::named_arrive_roles(kBarSFree, 384);
+    pipe::named_arrive_roles(kBarZFree, 256);
     const float gL = g[m - 1];
     {  // dKst's rows scaled by exp2(gcL - gc); rowsum(dKst .* K) -> dgam (the shifted terms).
       float f[2], rs[2] = {0.f, 0.f};
@@ -597,11 +597,11 @@ struct ChunkBwdSm90 {
         if ((L.ctid & 3) == 0) sc[sKst + L.r[hh]] = s;
       }
     }
-    pipe::named_sync(kBarDS, 384);
+    pipe::named_sync_roles(kBarDS, 384);
     issue<128, 1, 1>(D, s0 + kOffDS, C, s0 + kOffQ, C, C / 16, true);
     wg::commit();
     wait<0>(D);
-    pipe::named_sync(kBarDW, 256);
+    pipe::named_sync_roles(kBarDW, 256);
     {  // dkbg = Tm^T dW in two 64-column halves: dK += diag(b Gam) dkbg, R1 = rowsum(dkbg .* K).
       float f[2], rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -626,7 +626,7 @@ struct ChunkBwdSm90 {
         if ((L.ctid & 3) == 0) sc[sR1 + L.r[hh]] = s;
       }
     }
-    pipe::named_sync(kBarE, 256);
+    pipe::named_sync_roles(kBarE, 256);
     issue<128, 0, 1>(D, s0 + kOffEh, C, s0 + kOffK, C, C / 16, true);
     issue<128, 0, 1>(D, s0 + kOffEl, C, s0 + kOffK, C, C / 16, true);
     wg::commit();

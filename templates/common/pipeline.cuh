@@ -72,11 +72,14 @@ __device__ __forceinline__ void mbar_wait(unsigned long long* bar, u32 parity) {
 __device__ __forceinline__ void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
-/// The same barrier reached from different code paths (e.g. one call site per warpgroup role):
-/// `bar.sync` is `barrier.sync.aligned`, which requires every thread of a warp to execute the
-/// same instruction, and compute-sanitizer's synccheck reports it when the roles' copies differ.
+/// The same barriers reached from different code (one call site per warpgroup role): `bar.sync`
+/// and `bar.arrive` are the `.aligned` forms, which promise that every participating thread runs
+/// the same instruction, and compute-sanitizer's synccheck reports them when the roles' differ.
 __device__ __forceinline__ void named_sync_roles(int id, int threads) {
   asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive_roles(int id, int threads) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
