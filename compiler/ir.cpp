@@ -202,21 +202,32 @@ LayerIR lower(const Spec& spec_in) {
         GridKind::walk_merge);
     add_segment_constants();
   }
-  add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
-      StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), segments > 1 ? GridKind::walk_segments : GridKind::walk,
-      ir.walk_bv);
-  add_segment_constants();
+  if (!fused) {
+    add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
+        StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), segments > 1 ? GridKind::walk_segments : GridKind::walk,
+        ir.walk_bv);
+    add_segment_constants();
+  }
   if (fused) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
     // and scoring warpgroups to the walking ones, which needs the entry's count pinned (128 = 512
-    // threads, one block per SM).
-    add("fused_walk", "fwd/fused_walk.cuh", "FusedWalk", "FusedWalkParams", FusedWalkGeometry::kThreads,
-        FusedWalkGeometry::smem_bytes(K, C), segments > 1 ? GridKind::walk_segments : GridKind::walk,
-        FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
-    add_segment_constants();
-    ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
-    ir.programs.back().constants.push_back(fold_constant);
-    if (wgmma) ir.programs.back().max_registers = 65536 / (FusedWalkGeometry::kThreads * FusedWalkGeometry::kMinBlocks);
+    // threads, one block per SM). The same walk leaves the backward's tapes: with the output under
+    // full saves, alone (walk_tape: no Q, no P, no O) for a recompute or a light backward, so the
+    // tapes have one set of roundings in every call form.
+    auto add_fused_walk = [&](const char* name, bool output, bool tapes) {
+      add(name, "fwd/fused_walk.cuh", "FusedWalk", "FusedWalkParams", FusedWalkGeometry::kThreads,
+          FusedWalkGeometry::smem_bytes(K, C), segments > 1 ? GridKind::walk_segments : GridKind::walk,
+          FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
+      add_segment_constants();
+      ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
+      ir.programs.back().constants.push_back(fold_constant);
+      ir.programs.back().constants.emplace_back("OUTPUT", output ? "true" : "false");
+      ir.programs.back().constants.emplace_back("TAPES", tapes ? "true" : "false");
+      if (wgmma)
+        ir.programs.back().max_registers = 65536 / (FusedWalkGeometry::kThreads * FusedWalkGeometry::kMinBlocks);
+    };
+    add_fused_walk("fused_walk", true, s.save_mode == SaveMode::full);
+    add_fused_walk("walk_tape", false, true);
   } else
     add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
         OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
@@ -394,38 +405,38 @@ LayerIR lower(const Spec& spec_in) {
     rec.insert(rec.begin() + 2,
                {"l2norm", "k: kn for the pair (the rows' rstd come from chunk_solve)", "the output is not needed"});
   if (fused) {
-    // The fused forward leaves no tapes. A recompute whose output is not needed runs the pair
-    // that makes them instead, so the backward can bind them (the hand-off); it leaves ht as the
-    // forward wrote it. One whose output is needed runs the fused forward and hands nothing over.
-    // With segments, the prescan (on W and U) and the merge give the state entering each segment.
-    // With full saves the forward then runs the pair for the saved tapes (from the segments'
-    // entry states the prescan and the merge already gave), so full and light keep the same bits.
+    // The fused forward of light saves leaves no tapes. A recompute whose output is not needed runs
+    // the walk without it (walk_tape), so the backward can bind its tapes (the hand-off); it leaves
+    // ht as the forward wrote it. One whose output is needed runs the fused forward and hands
+    // nothing over. With segments, the prescan (on W and U) and the merge give the state entering
+    // each segment. With full saves the fused walk writes the saved tapes beside o (the same
+    // roundings as walk_tape's), so full and light keep the same bits. chunk_prep's W serves the
+    // backward's reverse walk.
     if (segments > 1) {
-      fwd.push_back(
-          {"chunk_prep", full ? "W, U from Tm for the prescan and the saved tapes" : "W, U from Tm for the prescan"});
+      fwd.push_back({"chunk_prep", full ? "W, U from Tm for the prescan; W saved" : "W, U from Tm for the prescan"});
       push_segment_programs(fwd, "");
+    } else if (full) {
+      fwd.push_back({"chunk_prep", "W from Tm, saved for the backward"});
     }
-    fwd.push_back(
-        {"fused_walk", segments > 1 ? "o and ht, every segment from its entry state; no tapes" : "o and ht; no tapes"});
-    if (full) {
-      if (segments <= 1) fwd.push_back({"chunk_prep", "W, U from Tm for the saved tapes"});
-      fwd.push_back({"state_walk", "h_tape, v_new saved; no ht"});
-    }
+    const std::string from_entry = segments > 1 ? ", every segment from its entry state" : "";
+    fwd.push_back({"fused_walk", full ? "o, ht and the saved tapes (h_tape, v_new)" + from_entry
+                                      : "o and ht" + from_entry + "; no tapes"});
     const char* needed = "the output is needed";
     const char* not_needed = "the output is not needed";
-    if (full) {  // the pair alone when the output is not needed
+    if (full) {  // the tapes alone when the output is not needed
       rec = fwd;
       for (auto& l : rec)
         if (l.program == "fused_walk") l.when = needed;
-    } else if (segments > 1) {
-      rec.push_back({"chunk_prep", "W, U from Tm"});
-      push_segment_programs(rec, "");
+      rec.push_back({"walk_tape", "h_tape, v_new saved; no o, no ht", not_needed});
     } else {
-      rec.push_back({"chunk_prep", "W, U from Tm", not_needed});
-    }
-    if (!full) {
+      if (segments > 1) {
+        rec.push_back({"chunk_prep", "W, U from Tm"});
+        push_segment_programs(rec, "");
+      } else {
+        rec.push_back({"chunk_prep", "W from Tm, handed to the backward if decided", not_needed});
+      }
       rec.push_back(
-          {"state_walk", "h_tape, v_new in the workspace, handed to the backward if decided; no ht", not_needed});
+          {"walk_tape", "h_tape, v_new in the workspace, handed to the backward if decided; no o, no ht", not_needed});
       rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
     }
   } else {
@@ -448,9 +459,14 @@ LayerIR lower(const Spec& spec_in) {
       bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
   }
   if (!full) {
-    bwd.push_back({"chunk_prep", "re-run: W and U from the saved Tm", "no fresh hand-off"});
+    bwd.push_back({"chunk_prep",
+                   fused ? "re-run: W (and U for a prescan) from the saved Tm" : "re-run: W and U from the saved Tm",
+                   "no fresh hand-off"});
     push_segment_programs(bwd, "no fresh hand-off");
-    bwd.push_back({"state_walk", "re-run: h_tape, v_new", "no fresh hand-off"});
+    if (fused)
+      bwd.push_back({"walk_tape", "re-run: h_tape, v_new (the fused walk's roundings)", "no fresh hand-off"});
+    else
+      bwd.push_back({"state_walk", "re-run: h_tape, v_new", "no fresh hand-off"});
   }
   bwd.push_back({"dv_local", walk_fuses_dv ? "nothing on sm_90a: state_walk_bwd computes it there" : ""});
   if (segments > 1) {

@@ -153,10 +153,10 @@ Layer::Compiled Layer::compile_plan(CallPlan plan, int id, int index) const {
   if (host_path_ == HostPath::llvm_stub)
     c.stub = stub_compiler().compile(plan, fmt::format("gdn_stub_{}_{}_{}", id, ir_.spec.name, plan.name));
   c.plan = std::move(plan);
-  const auto walk =
-      std::find_if(ir_.programs.begin(), ir_.programs.end(), [](const Program& p) { return p.name == "state_walk"; });
+  // The forward walk that leaves the backward's tapes: state_walk, or walk_tape on the fused path.
   c.writes_tapes = std::any_of(c.plan.launches.begin(), c.plan.launches.end(), [&](const PlannedLaunch& l) {
-    return walk != ir_.programs.end() && l.program == walk - ir_.programs.begin();
+    const std::string& name = ir_.programs.at(l.program).name;
+    return name == "state_walk" || name == "walk_tape";
   });
   return c;
 }

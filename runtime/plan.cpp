@@ -230,6 +230,34 @@ void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const 
   bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }
 
+/// The fused walk: `fused_walk` (o and ht, with full saves the tapes too) or `walk_tape` (the
+/// tapes alone). Raw q and k with the rows' rstd when the norm is on (the fused path folds it).
+void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes) {
+  const bool norm = b.ir().spec.norm == Norm::l2_in_kernel;
+  const bool segments = b.ir().spec.cp_segments > 1;
+  using F = Frame;
+  auto& l = b.launch(program, sizeof(FusedWalkParams));
+  using P = FusedWalkParams;
+  GDN_BIND(l, P, q, output ? b.frame(F::q) : b.constant(0));
+  GDN_BIND(l, P, k, b.frame(F::k));
+  GDN_BIND(l, P, rstd_q, norm && output ? b.slot("rstd_q") : b.constant(0));
+  GDN_BIND(l, P, rstd_k, norm ? b.slot("rstd_k") : b.constant(0));
+  GDN_BIND(l, P, v, b.frame(F::v));
+  GDN_BIND(l, P, beta, b.frame(F::beta));
+  GDN_BIND(l, P, gc, b.slot("gc"));
+  GDN_BIND(l, P, tm, b.slot("tm"));
+  GDN_BIND(l, P, chunks, b.slot("chunks"));
+  GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+  GDN_BIND(l, P, N, b.frame(F::N));
+  GDN_BIND(l, P, scale, b.frame(F::scale_bits));
+  GDN_BIND(l, P, h0, b.frame(F::h0));
+  GDN_BIND(l, P, ht, output ? b.frame(F::ht) : b.constant(0));
+  GDN_BIND(l, P, o, output ? b.frame(F::o) : b.constant(0));
+  GDN_BIND(l, P, seg_h0, segments ? b.slot("seg_h0") : b.constant(0));
+  GDN_BIND(l, P, h_tape, tapes ? b.slot("h_tape") : b.constant(0));
+  GDN_BIND(l, P, v_new, tapes ? b.slot("v_new") : b.constant(0));
+}
+
 }  // namespace
 
 CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
@@ -275,37 +303,14 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
   }
   bind_chunk_solve(b, fold ? b.frame(F::k) : k, fold ? b.slot("rstd_k") : b.constant(0));
   if (fused) {
-    if (output == OutputLaunch::no) {  // the tapes for a hand-off; ht stays the forward's
-      bind_chunk_prep(b, k);
-      bind_state_walk(b, ir, k, b.constant(0));
-      return plan;
-    }
-    if (segments) {  // W and U for the prescan
-      bind_chunk_prep(b, k);
-      bind_segment_entry_states(b, k);
-    }
-    auto& l = b.launch("fused_walk", sizeof(FusedWalkParams));
-    using P = FusedWalkParams;
-    GDN_BIND(l, P, q, b.frame(F::q));  // raw with the folded norm, else there is none
-    GDN_BIND(l, P, k, b.frame(F::k));
-    GDN_BIND(l, P, rstd_q, norm ? b.slot("rstd_q") : b.constant(0));
-    GDN_BIND(l, P, rstd_k, norm ? b.slot("rstd_k") : b.constant(0));
-    GDN_BIND(l, P, v, b.frame(F::v));
-    GDN_BIND(l, P, beta, b.frame(F::beta));
-    GDN_BIND(l, P, gc, b.slot("gc"));
-    GDN_BIND(l, P, tm, b.slot("tm"));
-    GDN_BIND(l, P, chunks, b.slot("chunks"));
-    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
-    GDN_BIND(l, P, N, b.frame(F::N));
-    GDN_BIND(l, P, scale, b.frame(F::scale_bits));
-    GDN_BIND(l, P, h0, b.frame(F::h0));
-    GDN_BIND(l, P, ht, b.frame(F::ht));
-    GDN_BIND(l, P, o, b.frame(F::o));
-    if (segments) GDN_BIND(l, P, seg_h0, b.slot("seg_h0"));
-    if (full) {  // the saved tapes from the same Tm, kn and gc as a light backward's re-run
-      if (!segments) bind_chunk_prep(b, k);
-      bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, b.constant(0), segments);
-    }
+    // W for the backward's reverse walk (saved, or handed over) and, with segments, W and U for
+    // the prescan.
+    if (segments || full || output == OutputLaunch::no) bind_chunk_prep(b, k);
+    if (segments) bind_segment_entry_states(b, k);
+    if (output == OutputLaunch::no)  // the tapes for a hand-off or the saves; ht stays the forward's
+      bind_fused_walk(b, "walk_tape", false, true);
+    else
+      bind_fused_walk(b, "fused_walk", true, full);
     return plan;
   }
   bind_chunk_prep(b, k);
@@ -340,8 +345,13 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
     if (full || rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));  // a hand-off brings kn
   }
   if (!full && rerun == PrepRerun::yes) {
-    bind_chunk_prep(b, k);  // Tm read back
-    bind_state_walk(b, ir, k, b.constant(0));
+    bind_chunk_prep(b, k);                        // Tm read back
+    if (ir.spec.forward == ForwardPath::fused) {  // the tapes in the fused walk's roundings
+      if (ir.spec.cp_segments > 1) bind_segment_entry_states(b, k);
+      bind_fused_walk(b, "walk_tape", false, true);
+    } else {
+      bind_state_walk(b, ir, k, b.constant(0));
+    }
   }
   {
     auto& l = b.launch("dv_local", sizeof(DvLocalParams));

@@ -132,6 +132,10 @@ struct FusedWalkParams {
   // Cfg::FOLD_RSTD: every product takes the raw q and k; their rows' rstd scale the results in fp32.
   const float* rstd_q;  ///< [T, H]
   const float* rstd_k;  ///< [T, H]
+  // Cfg::TAPES: the backward's tapes, as StateWalkParams has them (the walk_tape program, and the
+  // fused walk of full saves).
+  bf16_t* h_tape;  ///< [nt_max, HV, K, V]: the state entering each chunk
+  bf16_t* v_new;   ///< [T, HV, V]
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
@@ -241,7 +245,7 @@ static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kern
 static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
-static_assert(sizeof(FusedWalkParams) == 120, "FusedWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(FusedWalkParams) == 136, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 32, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");

@@ -154,6 +154,7 @@ TEST_SUITE("compile") {
 
   TEST_CASE("the forward walk compiles with 64-wide slabs for every target, without spills") {
     auto spec = example("m");
+    spec.forward = gdn::ForwardPath::programs;  // the fused path has no state_walk
     spec.walk_slab = 64;
     const gdn::Program p = gdn::lower(spec).program("state_walk");
     for (gdn::Target t : gdn::supported_targets()) {
@@ -166,16 +167,22 @@ TEST_SUITE("compile") {
   }
 
   TEST_CASE("the fused forward walk compiles for every target without spills, one 512-thread block per SM") {
-    auto spec = example("m");
-    spec.forward = gdn::ForwardPath::fused;
-    const gdn::Program p = gdn::lower(spec).program("fused_walk");
-    for (gdn::Target t : gdn::supported_targets()) {
-      INFO(gdn::to_string(t));
-      const auto c = gdn::nvrtc_compile(p, t, gdn::generate_source(p));
-      CHECK(c.spill_store_bytes == 0);
-      CHECK(c.registers <= 65536 / p.threads);  // pinned at 128 (__maxnreg__) for setmaxnreg
-      CHECK(p.smem_bytes <= 227 * 1024);
-    }
+    // Its three forms: o alone (light saves), o and the tapes (full saves), the tapes alone (walk_tape).
+    for (const gdn::SaveMode mode : {gdn::SaveMode::light, gdn::SaveMode::full})
+      for (const char* name : {"fused_walk", "walk_tape"}) {
+        if (mode == gdn::SaveMode::full && std::string(name) == "walk_tape") continue;
+        auto spec = example("m");
+        spec.forward = gdn::ForwardPath::fused;
+        spec.save_mode = mode;
+        const gdn::Program p = gdn::lower(spec).program(name);
+        for (gdn::Target t : gdn::supported_targets()) {
+          INFO(std::string(name) << " " << gdn::to_string(mode) << " " << gdn::to_string(t));
+          const auto c = gdn::nvrtc_compile(p, t, gdn::generate_source(p));
+          CHECK(c.spill_store_bytes == 0);
+          CHECK(c.registers <= 65536 / p.threads);  // pinned at 128 (__maxnreg__) for setmaxnreg
+          CHECK(p.smem_bytes <= 227 * 1024);
+        }
+      }
   }
 
   TEST_CASE("the backward walk compiles with 64-wide slabs (16 warps) for every target, without spills") {
@@ -265,7 +272,9 @@ TEST_SUITE("compile") {
   }
 
   TEST_CASE("the generated translation unit is tiny and names the entry") {
-    const auto ir = gdn::lower(example("m"));
+    auto spec = example("m");
+    spec.forward = gdn::ForwardPath::programs;
+    const auto ir = gdn::lower(spec);
     const std::string src = gdn::generate_source(ir.program("state_walk"));
     CHECK(src.find("#include \"fwd/state_walk.cuh\"") != std::string::npos);
     CHECK(src.find("extern \"C\" __global__") != std::string::npos);

@@ -52,7 +52,7 @@ TEST_SUITE("ir") {
     CHECK(full.call_forms[2].launches.front().program == "dv_local");
   }
 
-  TEST_CASE("tensor_cores picks the instructions of chunk_bwd, fused_walk and state_walk_bwd, and only theirs") {
+  TEST_CASE("tensor_cores picks the instructions of chunk_bwd, the fused walks and state_walk_bwd, and only theirs") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     const auto automatic = gdn::lower(spec);
     spec.tensor_cores = gdn::TensorCores::mma_sync;
@@ -61,16 +61,19 @@ TEST_SUITE("ir") {
     CHECK(constant_of(mma_sync.program("chunk_bwd"), "WGMMA") == "false");
     CHECK(constant_of(automatic.program("fused_walk"), "WGMMA") == "true");  // m.json: forward "auto" -> fused
     CHECK(constant_of(mma_sync.program("fused_walk"), "WGMMA") == "false");
+    CHECK(constant_of(automatic.program("walk_tape"), "WGMMA") == "true");
+    CHECK(constant_of(mma_sync.program("walk_tape"), "WGMMA") == "false");
     CHECK(constant_of(automatic.program("state_walk_bwd"), "WGMMA") == "true");
     CHECK(constant_of(mma_sync.program("state_walk_bwd"), "WGMMA") == "false");
     for (const auto& p : automatic.programs)
-      if (p.name != "chunk_bwd" && p.name != "fused_walk" && p.name != "state_walk_bwd")
+      if (p.name != "chunk_bwd" && p.name != "fused_walk" && p.name != "walk_tape" && p.name != "state_walk_bwd")
         CHECK(constant_of(p, "WGMMA") == "(absent)");
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).tensor_cores == gdn::TensorCores::mma_sync);
   }
 
   TEST_CASE("walk_slab sets the forward walk's slab width, shared memory and grid, and nothing else") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.forward = gdn::ForwardPath::programs;  // the fused path has no state_walk
     spec.walk_slab = 32;
     const auto narrow = gdn::lower(spec);
     spec.walk_slab = 64;
@@ -162,7 +165,7 @@ TEST_SUITE("ir") {
     CHECK(constant_of(gdn::lower(spec).program("dv_local"), "WALK_FUSES_DV") == "false");
   }
 
-  TEST_CASE("forward \"fused\": chunk_solve solves Tm and fused_walk writes o; the recompute keeps the pair") {
+  TEST_CASE("forward \"fused\": chunk_solve solves Tm, fused_walk writes o, walk_tape the backward's tapes") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     spec.forward = gdn::ForwardPath::programs;
     const auto plain = gdn::lower(spec);
@@ -209,16 +212,28 @@ TEST_SUITE("ir") {
     CHECK(launches(gdn::CallForm::recompute) ==
           std::vector<std::string>{"chunk_table", "l2norm", "l2norm [the output is not needed]", "gate_cumsum",
                                    "chunk_solve", "chunk_prep [the output is not needed]",
-                                   "state_walk [the output is not needed]", "fused_walk [the output is needed]"});
-    // The backward is the programs path's (the same tapes from the same Tm, kn and gc) after its
-    // own L2 norm: the fused forward folds the norm into its products and saves no qn, kn.
+                                   "walk_tape [the output is not needed]", "fused_walk [the output is needed]"});
+    // The backward is the programs path's after its own L2 norm (the fused forward folds the norm
+    // into its products and saves no qn, kn), with the tapes from the fused walk without its
+    // output: walk_tape instead of state_walk, the same program as the recompute's.
     CHECK(launches(gdn::CallForm::backward) == [&] {
       std::vector<std::string> out = {"l2norm", "l2norm [no fresh hand-off]"};
       for (const auto& cf : plain.call_forms)
         if (cf.form == gdn::CallForm::backward)
-          for (const auto& l : cf.launches) out.push_back(l.program + (l.when.empty() ? "" : " [" + l.when + "]"));
+          for (const auto& l : cf.launches)
+            out.push_back((l.program == "state_walk" ? std::string("walk_tape") : l.program) +
+                          (l.when.empty() ? "" : " [" + l.when + "]"));
       return out;
     }());
+    CHECK_THROWS_AS(fused.program("state_walk"), std::out_of_range);
+    const gdn::Program& tape = fused.program("walk_tape");
+    CHECK(constant_of(tape, "OUTPUT") == "false");
+    CHECK(constant_of(tape, "TAPES") == "true");
+    CHECK(constant_of(fw, "OUTPUT") == "true");
+    CHECK(constant_of(fw, "TAPES") == "false");
+    CHECK(tape.class_name == fw.class_name);
+    CHECK(tape.smem_bytes == fw.smem_bytes);
+    CHECK(tape.max_registers == fw.max_registers);
     CHECK(constant_of(fused.program("chunk_solve"), "FOLD_RSTD") == "true");
     CHECK(constant_of(fw, "FOLD_RSTD") == "true");
     CHECK(constant_of(plain.program("chunk_solve"), "FOLD_RSTD") == "false");
@@ -229,9 +244,9 @@ TEST_SUITE("ir") {
     CHECK(plain.buffer("qn").role == gdn::BufferRole::saved);
     CHECK(gdn::to_text(fused).find("decisions: forward=fused") != std::string::npos);
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).forward == gdn::ForwardPath::fused);
-    // Full saves: the forward runs the pair after the fused walk for the saved tapes (the same Tm,
-    // kn and gc as a light backward's re-run, so light and full keep the same bits); the backward
-    // normalizes q and k itself and re-runs nothing.
+    // Full saves: the fused walk writes the saved tapes beside o (the roundings of walk_tape, which
+    // a light backward re-runs, so light and full keep the same bits), after chunk_prep for the
+    // saved W; the backward normalizes q and k itself and re-runs nothing.
     spec.save_mode = gdn::SaveMode::full;
     const auto full = gdn::lower(spec);
     const auto full_launches = [&](gdn::CallForm form) {
@@ -242,11 +257,12 @@ TEST_SUITE("ir") {
       return out;
     };
     CHECK(full_launches(gdn::CallForm::forward) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm",
-                                                                            "gate_cumsum", "chunk_solve", "fused_walk",
-                                                                            "chunk_prep", "state_walk"});
+                                                                            "gate_cumsum", "chunk_solve", "chunk_prep",
+                                                                            "fused_walk"});
     CHECK(full_launches(gdn::CallForm::recompute) ==
-          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_solve",
-                                   "fused_walk [the output is needed]", "chunk_prep", "state_walk"});
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_solve", "chunk_prep",
+                                   "fused_walk [the output is needed]", "walk_tape [the output is not needed]"});
+    CHECK(constant_of(full.program("fused_walk"), "TAPES") == "true");
     CHECK(full_launches(gdn::CallForm::backward) ==
           std::vector<std::string>{"l2norm", "l2norm", "dv_local", "state_walk_bwd", "chunk_bwd", "finalize"});
     CHECK(full.buffer("h_tape").role == gdn::BufferRole::saved);

@@ -256,6 +256,13 @@ __device__ __forceinline__ void stsm_x4_trans(u32 a, const u32 (&r)[4]) {
                "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
 }
+/// An 8 x 8 bf16 matrix in the fragment layout (row lane / 4, columns 2 (lane % 4), +1), transposed
+/// across the warp into the same layout: a register-A fragment's rows become contiguous pairs.
+__device__ __forceinline__ u32 movmatrix_trans(u32 a) {
+  u32 d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
 
 /// A ROWS x COLS bf16 tile into an SW128 tile by a loading warpgroup's 128 threads (tid 0..127);
 /// rows >= valid become zeros. Every thread keeps one 16-byte column piece of every

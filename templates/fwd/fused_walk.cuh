@@ -23,6 +23,10 @@
  * and chunk rows 16 (w % 4) .. +15 with column half w / 4 of the slab for X, V' and O; both warps
  * of a row block compute its gated Q K^T (the same bits), as the output program does. Portable
  * mma.sync: every target runs it.
+ *
+ * Cfg::TAPES adds the backward's tapes, the separate walk's h_tape[c] = bf16(S entering chunk c)
+ * and v_new = bf16(V') (this walk's V', so its roundings); without Cfg::OUTPUT (the walk_tape
+ * program) Q, P and O are skipped.
  */
 #pragma once
 
@@ -44,6 +48,8 @@ struct FusedWalkMmaSync {
                 "FusedWalk assumes two halves of 8 warps");
 
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G;
+  static constexpr bool kOutput = Cfg::OUTPUT, kTapes = Cfg::TAPES;
+  static_assert(kOutput || kTapes, "FusedWalk: a walk writes o, the tapes or both");
   static constexpr int BV = FusedWalkGeometry::kSlab;  ///< the columns of a half
   static constexpr int kThreads = FusedWalkGeometry::kHalfThreads;
   static constexpr int kHalf = BV / 2;  ///< columns of a warp's half of the slab
@@ -129,7 +135,7 @@ struct FusedWalkMmaSync {
         sg[tid] = ok ? p.gc[(t0 + tid) * HV + j] : 0.f;
         sb[tid] = ok ? p.beta[(t0 + tid) * HV + j] : 0.f;
         if (Cfg::FOLD_RSTD) {
-          srq[tid] = ok ? p.rstd_q[(t0 + tid) * H + hq] : 0.f;
+          if (kOutput) srq[tid] = ok ? p.rstd_q[(t0 + tid) * H + hq] : 0.f;
           srk[tid] = ok ? p.rstd_k[(t0 + tid) * H + hq] : 0.f;
         }
       }
@@ -141,7 +147,7 @@ struct FusedWalkMmaSync {
 
       // P = Q K^T over the causal blocks 0..rb, gated, masked and rounded to bf16 A fragments.
       u32 Pa[C / 16][4];
-      {
+      if (kOutput) {
         float P[C / 8][4];
         fwd::causal_scores<K, C, LDK>(P, sQ, sK, rb);
         if (Cfg::FOLD_RSTD) {  // raw Q K^T times rstd_q of the row and rstd_k of the column
@@ -168,13 +174,13 @@ struct FusedWalkMmaSync {
       for (int k0 = 0; k0 < K; k0 += 16) {
         u32 ak[4], aq[4];
         fwd::load_a(ak, sK, LDK, rb * 16, k0);
-        fwd::load_a(aq, sQ, LDK, rb * 16, k0);
+        if (kOutput) fwd::load_a(aq, sQ, LDK, rb * 16, k0);
 #pragma unroll
         for (int np = 0; np < kHalf / 16; ++np) {
           u32 b[4];
           fwd::load_b_kn(b, sS, LDS, k0, c0 + np * 16);
           fwd::mma_pair(X[2 * np], X[2 * np + 1], ak, b);
-          fwd::mma_pair(O[2 * np], O[2 * np + 1], aq, b);
+          if (kOutput) fwd::mma_pair(O[2 * np], O[2 * np + 1], aq, b);
         }
       }
 
@@ -183,8 +189,8 @@ struct FusedWalkMmaSync {
       {
         const float e_lo = r_lo < len ? (Cfg::FOLD_RSTD ? exp2f(g_lo) * srk[r_lo] : exp2f(g_lo)) : 0.f;
         const float e_hi = r_hi < len ? (Cfg::FOLD_RSTD ? exp2f(g_hi) * srk[r_hi] : exp2f(g_hi)) : 0.f;
-        const float o_lo = Cfg::FOLD_RSTD ? (r_lo < len ? exp2f(g_lo) * srq[r_lo] : 0.f) : e_lo;
-        const float o_hi = Cfg::FOLD_RSTD ? (r_hi < len ? exp2f(g_hi) * srq[r_hi] : 0.f) : e_hi;
+        const float o_lo = Cfg::FOLD_RSTD && kOutput ? (r_lo < len ? exp2f(g_lo) * srq[r_lo] : 0.f) : e_lo;
+        const float o_hi = Cfg::FOLD_RSTD && kOutput ? (r_hi < len ? exp2f(g_hi) * srq[r_hi] : 0.f) : e_hi;
         const float b_lo = sb[r_lo], b_hi = sb[r_hi];
 #pragma unroll
         for (int q = 0; q < kHalf / 8; ++q) {
@@ -226,6 +232,7 @@ struct FusedWalkMmaSync {
       // O += P Vn (causal k-blocks), scaled, rounded, staged in this warp's part of Q, stored.
 #pragma unroll
       for (int kk = 0; kk < C / 16; ++kk) {
+        if (!kOutput) break;
         if (kk > rb) break;
 #pragma unroll
         for (int np = 0; np < kHalf / 16; ++np) {
@@ -236,12 +243,13 @@ struct FusedWalkMmaSync {
       }
 #pragma unroll
       for (int q = 0; q < kHalf / 8; ++q) {
+        if (!kOutput) break;
         const int col = c0 + q * 8 + tq;
         *reinterpret_cast<u32*>(sQ + r_lo * LDK + col) = fwd::pack_f2bf(O[q][0] * scale, O[q][1] * scale);
         *reinterpret_cast<u32*>(sQ + r_hi * LDK + col) = fwd::pack_f2bf(O[q][2] * scale, O[q][3] * scale);
       }
       __syncwarp();
-      {
+      if (kOutput) {
         const int rows = min(16, len - rb * 16);
         if (rows > 0)
           fwd::tile_to_global<32>(p.o + ((t0 + rb * 16) * HV + j) * V + v0 + c0, (long long)HV * V,
@@ -267,6 +275,12 @@ struct FusedWalkMmaSync {
             fwd::mma_pair(S[2 * np], S[2 * np + 1], a, b);
           }
         }
+      }
+      if (kTapes) {  // bf16(S) entering the chunk and Vn stay until the barrier below
+        fwd::tile_to_global<kThreads>(p.h_tape + ((long long)c * HV + j) * K * V + v0, V, sS, LDS, BV, K, tid,
+                                      kThreads);
+        fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len, tid,
+                                      kThreads);
       }
       sync();  // every tile of this chunk is free (the O rows left through global stores)
       if (c + 1 < c_end) issue_chunk(p, c + 1, smem, j, hq, v0, tid);
@@ -294,8 +308,9 @@ struct FusedWalkMmaSync {
                                      int tid) {
     const ChunkInfo ci = p.chunks[c];
     const long long t0 = ci.start;  // token offsets times heads times K outgrow int
-    fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_q), LDK, p.q + (t0 * H + hq) * K,
-                                      (long long)H * K, C, K, ci.len, tid);
+    if (kOutput)
+      fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_q), LDK, p.q + (t0 * H + hq) * K,
+                                        (long long)H * K, C, K, ci.len, tid);
     fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_k), LDK, p.k + (t0 * H + hq) * K,
                                       (long long)H * K, C, K, ci.len, tid);
     fwd::tile_to_smem_async<kThreads>(reinterpret_cast<bf16_t*>(smem + kOff_v), LDS, p.v + (t0 * HV + j) * V + v0,

@@ -25,6 +25,11 @@
  * same bits (gpu_fused holds them to it). A walk's O tile leaves through its own staging tile
  * (stmatrix.trans), each warp storing its own 16 columns, while the next chunk's first products
  * run.
+ * With Cfg::TAPES the walks also write the backward's tapes from their registers: h_tape[c] =
+ * bf16(S entering chunk c) and v_new = bf16(V'), each fragment transposed across the warp
+ * (movmatrix) into rows of contiguous columns, stored while the tensor cores run. Without
+ * Cfg::OUTPUT (the walk_tape program) there is no Q, no P and no O: the scores' warpgroup idles
+ * and the stage is released by the two walks alone.
  */
 #pragma once
 
@@ -45,6 +50,8 @@ struct FusedWalkSm90 {
                 "FusedWalkSm90: 128 columns per block in two walking warpgroups of 64, 512 threads");
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G, BV = Cfg::BV;
   static constexpr int kSlab = FusedWalkGeometry::kSlab;
+  static constexpr bool kOutput = Cfg::OUTPUT, kTapes = Cfg::TAPES;
+  static_assert(kOutput || kTapes, "FusedWalkSm90: a walk writes o, the tapes or both");
   using L = FusedWalkSm90Layout;
   static constexpr int kStage = L::stage_bytes(K, C);
   static constexpr int kOffQ = L::off_q(K, C), kOffK = L::off_k(K, C), kOffV = L::off_v(K, C);
@@ -74,13 +81,13 @@ struct FusedWalkSm90 {
     if (!range.active) return;  // past the document's segments
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
     mbar_t* const full = bars;                 // [kStages], 128 arrivals: the loader's cp.async
-    mbar_t* const empty = bars + kStages;      // [kStages], 384 arrivals: the scores' and both walks' threads
+    mbar_t* const empty = bars + kStages;      // [kStages]: the scores' (with OUTPUT) and both walks' threads
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         pipe::mbar_init(full + s, 128);
-        pipe::mbar_init(empty + s, 384);
+        pipe::mbar_init(empty + s, kOutput ? 384 : 256);
       }
       for (int b = 0; b < kPTiles; ++b) {
         pipe::mbar_init(pfull + b, 128);
@@ -95,7 +102,7 @@ struct FusedWalkSm90 {
       loader(p, range, smem, full, empty);
     } else if (role == 1) {
       pipe::setmaxnreg_dec<kScoreRegs>();
-      scores(p, range, smem, full, empty, pfull, pempty);
+      if (kOutput) scores(p, range, smem, full, empty, pfull, pempty);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
       walk(p, range, smem, role - 2, full, empty, pfull, pempty);
@@ -108,18 +115,19 @@ struct FusedWalkSm90 {
     const long long t0 = ci.start;
     const int len = ci.len;
     const auto copy16 = [](void* d, const void* g, bool ok) { fwd::cp_async16(d, g, ok); };
-    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
+    if (kOutput)
+      wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
     wg::load_tile_sw128<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
     wg::load_tile_sw128<C, BV>(tile(smem, stage, kOffV), p.v + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid,
                                copy16);
     wg::load_tile_sw128<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid, copy16);
     // gc and beta of the chunk's rows (zeros past the chunk, as fused_walk stages them), and with
-    // FOLD_RSTD the rows' rstd of q and k.
+    // FOLD_RSTD the rows' rstd of q (with OUTPUT) and k.
     float* const sv = reinterpret_cast<float*>(smem + stage * kStage + (tid < C ? kOffG : kOffB));
     const int r = tid % C;
     const float* src = (tid < C ? p.gc : p.beta) + (t0 + r) * HV + j;
     fwd::cp_async4(sv + r, r < len ? src : p.gc, r < len);
-    if (Cfg::FOLD_RSTD) {
+    if (Cfg::FOLD_RSTD && (kOutput || tid >= C)) {
       float* const sr = reinterpret_cast<float*>(smem + stage * kStage + (tid < C ? kOffRq : kOffRk));
       const float* rsrc = (tid < C ? p.rstd_q : p.rstd_k) + (t0 + r) * H + hq;
       fwd::cp_async4(sr + r, r < len ? rsrc : p.rstd_q, r < len);
@@ -227,6 +235,35 @@ struct FusedWalkSm90 {
     a[3] = fwd::pack_f2bf(f(acc[8 * ks + 6], 16 * ks + 8, 0), f(acc[8 * ks + 7], 16 * ks + 8, 1));
   }
 
+  /// h_tape[c] (at dst: the slab's column 0 of state row 0) = Sb^T's transpose: register r of
+  /// k-step ks holds rows v = 16 warp + 8 (r % 2) + lane / 4, columns k = 16 ks + 8 (r / 2) + tq, +1;
+  /// movmatrix turns it into row k = 16 ks + 8 (r / 2) + lane / 4, columns v = 16 warp + 8 (r % 2)
+  /// + 2 (lane % 4), +1: four lanes store a row's 16 contiguous bytes.
+  __device__ __forceinline__ static void store_h_tape(bf16_t* dst, const u32 (&Sb)[K / 16][4], int warp, int lane) {
+#pragma unroll
+    for (int ks = 0; ks < K / 16; ++ks)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int k = 16 * ks + 8 * (r >> 1) + (lane >> 2), v = 16 * warp + 8 * (r & 1) + 2 * (lane & 3);
+        *reinterpret_cast<u32*>(dst + (long long)k * V + v) = wg::movmatrix_trans(Sb[ks][r]);
+      }
+  }
+
+  /// v_new rows t < len (dst: the chunk's first token, the slab's column 0) from Vn^T, transposed
+  /// as in store_h_tape: register q of k-step ks holds rows v = 16 warp + 8 (q % 2) + lane / 4,
+  /// tokens 16 ks + 8 (q / 2) + tq, +1.
+  __device__ __forceinline__ static void store_v_new(bf16_t* dst, const u32 (&Vn)[C / 16][4], int len, int warp,
+                                                     int lane) {
+#pragma unroll
+    for (int ks = 0; ks < C / 16; ++ks)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const u32 x = wg::movmatrix_trans(Vn[ks][q]);
+        const int t = 16 * ks + 8 * (q >> 1) + (lane >> 2), v = 16 * warp + 8 * (q & 1) + 2 * (lane & 3);
+        if (t < len) *reinterpret_cast<u32*>(dst + (long long)t * HV * V + v) = x;
+      }
+  }
+
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
   __device__ __forceinline__ static void walk(const FusedWalkParams& p, const SegmentWalk<Cfg>& range,
                                               unsigned char* smem, int slab, mbar_t* full, mbar_t* empty, mbar_t* pfull,
@@ -309,6 +346,7 @@ struct FusedWalkSm90 {
       u32 Sb[K / 16][4];
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) to_a(Sb[ks], S, ks, [](float x, int, int) { return x; });
+      if (kTapes) store_h_tape(p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0, Sb, warp, lane);
       pipe::mbar_wait(full + s, phase);
       wg::fence_smem_for_async();
       // The chunk's column factors, once per column (not once per thread): exp2(gc_t) (0 past the
@@ -322,9 +360,11 @@ struct FusedWalkSm90 {
           const u32 sr = wg::smem_u32(smem + s * kStage + kOffRk);
           const float rk = wg::lds_f32(sr + 4 * t);
           if (ctid < C) {
-            const float rq = wg::lds_f32(wg::smem_u32(smem + s * kStage + kOffRq) + 4 * t);
             wg::sts_f32(vec + 4 * t, t < len ? exp2f(g) * rk : 0.f);
-            wg::sts_f32(vec + 4 * (2 * C + t), t < len ? exp2f(g) * rq : 0.f);
+            if (kOutput) {
+              const float rq = wg::lds_f32(wg::smem_u32(smem + s * kStage + kOffRq) + 4 * t);
+              wg::sts_f32(vec + 4 * (2 * C + t), t < len ? exp2f(g) * rq : 0.f);
+            }
           } else {
             wg::sts_f32(vec + 4 * ctid, gate_exp2(gl - g, t < len) * rk);
           }
@@ -338,13 +378,15 @@ struct FusedWalkSm90 {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(X, Sb[ks], wg::desc_k_major(k_addr, C, ks), ks > 0);
+      if (kOutput) {
 #pragma unroll
-      for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
+        for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
+      }
       wg::commit();
-      if (u > 0) store_o();
+      if (kOutput && u > 0) store_o();
       wg::wait<0>();
       wg::fence_acc(X);
-      wg::fence_acc(O);
+      if (kOutput) wg::fence_acc(O);
 
       // Wf^T = bf16(beta_t (v_t - exp2(gc_t) X^T)), zero for t >= len; O^T's columns times exp2(gc_t).
       // Column t = 8 i + tq + e of the accumulators sits at [4 i + 2 h + e] (h: row v_lo or v_hi).
@@ -364,14 +406,14 @@ struct FusedWalkSm90 {
           for (int e = 0; e < 2; ++e) {
             const int i = 2 * ks + ii, t = 8 * i + tq + e;
             const float et = wg::lds_f32(vec + 4 * t), bt = wg::lds_f32(sb + 4 * t);
-            const float eo = Cfg::FOLD_RSTD ? wg::lds_f32(vec + 4 * (2 * C + t)) : et;
+            const float eo = Cfg::FOLD_RSTD && kOutput ? wg::lds_f32(vec + 4 * (2 * C + t)) : et;
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const u32 pair = vt4[2 * ii + h];
               const float vt = bf2f(static_cast<bf16_t>(e ? pair >> 16 : pair & 0xffffu));
               const float x = bt * (vt - et * X[4 * i + 2 * h + e]);
               w[4 * ii + 2 * h + e] = t < len ? x : 0.f;
-              O[4 * i + 2 * h + e] *= eo;
+              if (kOutput) O[4 * i + 2 * h + e] *= eo;
             }
           }
 #pragma unroll
@@ -411,34 +453,41 @@ struct FusedWalkSm90 {
       const float decay = exp2f(gl);
 #pragma unroll
       for (int i = 0; i < 64; ++i) S[i] *= decay;
-      pipe::mbar_wait(pfull + b, (u >> 1) & 1);
+      if (kOutput) pipe::mbar_wait(pfull + b, (u >> 1) & 1);
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(S, Vg[ks], wg::desc_mn_major(k_addr, C, ks), 1);
+      if (kOutput) {
 #pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Vn[ks], wg::desc_k_major(p_addr, C, ks), 1);
+        for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Vn[ks], wg::desc_k_major(p_addr, C, ks), 1);
+      }
       wg::commit();
+      if (kTapes) store_v_new(p.v_new + (t0 * HV + j) * V + v0, Vn, len, warp, lane);
       wg::wait<0>();
       wg::fence_acc(S);
-      wg::fence_acc(O);
-      pipe::mbar_arrive(pempty + b);
+      if (kOutput) {
+        wg::fence_acc(O);
+        pipe::mbar_arrive(pempty + b);
+      }
 
       // O^T * scale, rounded; stored while the next chunk's first products run (store_o).
+      if (kOutput) {
 #pragma unroll
-      for (int q = 0; q < C / 16; ++q)
+        for (int q = 0; q < C / 16; ++q)
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
-          const float* x = O + 4 * (2 * q + (m >> 1)) + 2 * (m & 1);
-          Ob[q][m] = fwd::pack_f2bf(x[0] * scale, x[1] * scale);
-        }
-      ob_t0 = t0;
-      ob_len = len;
+          for (int m = 0; m < 4; ++m) {
+            const float* x = O + 4 * (2 * q + (m >> 1)) + 2 * (m & 1);
+            Ob[q][m] = fwd::pack_f2bf(x[0] * scale, x[1] * scale);
+          }
+        ob_t0 = t0;
+        ob_len = len;
+      }
       // Every thread arrives after its own reads of the stage (one arrival per warp after a
       // __syncwarp orders the same, but compute-sanitizer's racecheck does not follow it).
       pipe::mbar_arrive(empty + s);
       if (++s == kStages) s = 0, phase ^= 1;
     }
-    if (nc > 0) store_o();
+    if (kOutput && nc > 0) store_o();
 
     // A document's final state is its last segment's.
     if (Cfg::HAS_HT && p.ht != nullptr && range.last) for_state([&](float& x, long long at) { p.ht[at] = x; });
