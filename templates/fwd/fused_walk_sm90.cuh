@@ -25,11 +25,13 @@
  * same bits (gpu_fused holds them to it). A walk's O tile leaves through its own staging tile
  * (stmatrix.trans), each warp storing its own 16 columns, while the next chunk's first products
  * run.
- * With Cfg::TAPES the walks also write the backward's tapes from their registers: h_tape[c] =
- * bf16(S entering chunk c) and v_new = bf16(V'), each fragment transposed across the warp
- * (movmatrix) into rows of contiguous columns, stored while the tensor cores run. Without
- * Cfg::OUTPUT (the walk_tape program) there is no Q, no P and no O: the scores' warpgroup idles
- * and the stage is released by the two walks alone.
+ * With Cfg::TAPES the walks also write the backward's tapes, h_tape[c] = bf16(S entering chunk c)
+ * and v_new = bf16(V'). Without Cfg::OUTPUT (the walk_tape program) there is no Q, no P and no O:
+ * the scores' warpgroup idles, the stage is released by the two walks alone, and each walk stages
+ * its tapes (stmatrix.trans, as O is staged) in the shared memory of the P tiles (walk 0) or the O
+ * tiles (walk 1), each warp storing its own 16 columns in 16-byte pieces while the tensor cores
+ * run. With the output (full saves) those tiles are taken: each fragment is transposed across the
+ * warp (movmatrix) into rows of contiguous columns and stored from registers.
  */
 #pragma once
 
@@ -307,6 +309,16 @@ struct FusedWalkSm90 {
     u32 Ob[C / 16][4];
     long long ob_t0 = 0;
     int ob_len = 0;
+    // Without the output: this walk's tape staging, an SW128 tile [K][64] (then [C][64] for v_new).
+    const u32 tape_addr = wg::smem_u32(smem + (slab == 0 ? kOffP : kOffO));
+    static_assert(2 * C * C * 2 >= K * kSlab * 2 && 2 * C * kOutPitch * 2 >= K * kSlab * 2,
+                  "FusedWalkSm90: a tape staging tile fits the P tiles and the O tiles");
+    const int c8 = 16 * warp + 8 * (lane & 1);  // the 16-byte piece a lane stores, per row
+    auto stage_tape = [&](int rows, int q, const u32(&f)[4]) {
+      const int m_lane = lane >> 3;
+      const int r = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
+      wg::stsm_x4_trans(tape_addr + sw128::offset(r, v, rows), f);
+    };
     auto store_o = [&]() {
       __syncwarp();  // the warp's stores of the chunk before have read the staging
       const int m_lane = lane >> 3;
@@ -346,7 +358,7 @@ struct FusedWalkSm90 {
       u32 Sb[K / 16][4];
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) to_a(Sb[ks], S, ks, [](float x, int, int) { return x; });
-      if (kTapes) store_h_tape(p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0, Sb, warp, lane);
+      if (kTapes && kOutput) store_h_tape(p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0, Sb, warp, lane);
       pipe::mbar_wait(full + s, phase);
       wg::fence_smem_for_async();
       // The chunk's column factors, once per column (not once per thread): exp2(gc_t) (0 past the
@@ -384,6 +396,16 @@ struct FusedWalkSm90 {
       }
       wg::commit();
       if (kOutput && u > 0) store_o();
+      if (kTapes && !kOutput) {  // h_tape[c] through the staging, while the tensor cores run
+        __syncwarp();            // the warp's v_new stores of the chunk before have read the staging
+#pragma unroll
+        for (int ks = 0; ks < K / 16; ++ks) stage_tape(K, ks, Sb[ks]);
+        __syncwarp();
+        bf16_t* const dst = p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0 + c8;
+#pragma unroll 4
+        for (int r = lane >> 1; r < K; r += 16)
+          *reinterpret_cast<uint4*>(dst + (long long)r * V) = wg::lds_v4(tape_addr + sw128::offset(r, c8, K));
+      }
       wg::wait<0>();
       wg::fence_acc(X);
       if (kOutput) wg::fence_acc(O);
@@ -462,7 +484,18 @@ struct FusedWalkSm90 {
         for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Vn[ks], wg::desc_k_major(p_addr, C, ks), 1);
       }
       wg::commit();
-      if (kTapes) store_v_new(p.v_new + (t0 * HV + j) * V + v0, Vn, len, warp, lane);
+      if (kTapes && kOutput) store_v_new(p.v_new + (t0 * HV + j) * V + v0, Vn, len, warp, lane);
+      if (kTapes && !kOutput) {  // v_new rows < len through the staging
+        __syncwarp();            // the warp's h_tape stores have read the staging
+#pragma unroll
+        for (int ks = 0; ks < C / 16; ++ks) stage_tape(C, ks, Vn[ks]);
+        __syncwarp();
+        bf16_t* const dst = p.v_new + (t0 * HV + j) * V + v0 + c8;
+#pragma unroll 2
+        for (int r = lane >> 1; r < C; r += 16)
+          if (r < len)
+            *reinterpret_cast<uint4*>(dst + (long long)r * HV * V) = wg::lds_v4(tape_addr + sw128::offset(r, c8, C));
+      }
       wg::wait<0>();
       wg::fence_acc(S);
       if (kOutput) {
