@@ -26,12 +26,15 @@
  * (stmatrix.trans), each warp storing its own 16 columns, while the next chunk's first products
  * run.
  * With Cfg::TAPES the walks also write the backward's tapes, h_tape[c] = bf16(S entering chunk c)
- * and v_new = bf16(V'). Without Cfg::OUTPUT (the walk_tape program) there is no Q, no P and no O:
- * the scores' warpgroup idles, the stage is released by the two walks alone, and each walk stages
- * its tapes (stmatrix.trans, as O is staged) in the shared memory of the P tiles (walk 0) or the O
- * tiles (walk 1), each warp storing its own 16 columns in 16-byte pieces while the tensor cores
- * run. With the output (full saves) those tiles are taken: each fragment is transposed across the
- * warp (movmatrix) into rows of contiguous columns and stored from registers.
+ * and v_new = bf16(V'). Without Cfg::OUTPUT (the walk_tape program) there is no Q, no P and no O,
+ * and warpgroup 1 stores the tapes instead of computing scores: each walk stages bf16(S) in its
+ * stage's idle Q tile and V' in half of the idle P tiles (stmatrix.trans into SW128 tiles,
+ * `tfull`), and warpgroup 1 copies them out in coalesced 16-byte pieces and frees them (`tempty`)
+ * while the walk goes on: the HBM writes are off the walks' chain (stores from the walks
+ * themselves, before or beside their products, made walk_tape 0.83-0.90 ms at M, slower than
+ * the separate state_walk). With the output (full saves) those tiles are taken: each fragment is
+ * transposed across the warp (movmatrix) into rows of contiguous columns and stored from
+ * registers.
  */
 #pragma once
 
@@ -86,14 +89,25 @@ struct FusedWalkSm90 {
     mbar_t* const empty = bars + kStages;      // [kStages]: the scores' (with OUTPUT) and both walks' threads
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
+    // Without the output, in their place: tfull[2 walk + tape] (128 arrivals: the walk's threads)
+    // and tempty[2 walk + tape] (128: the storer's), tape 0 = h, 1 = v_new.
+    mbar_t* const tfull = bars + 2 * kStages;
+    mbar_t* const tempty = tfull + 4;
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         pipe::mbar_init(full + s, 128);
         pipe::mbar_init(empty + s, kOutput ? 384 : 256);
       }
-      for (int b = 0; b < kPTiles; ++b) {
-        pipe::mbar_init(pfull + b, 128);
-        pipe::mbar_init(pempty + b, 256);
+      if (kOutput) {
+        for (int b = 0; b < kPTiles; ++b) {
+          pipe::mbar_init(pfull + b, 128);
+          pipe::mbar_init(pempty + b, 256);
+        }
+      } else {
+        for (int b = 0; b < 4; ++b) {
+          pipe::mbar_init(tfull + b, 128);
+          pipe::mbar_init(tempty + b, 128);
+        }
       }
       pipe::fence_mbar_init();
     }
@@ -104,10 +118,13 @@ struct FusedWalkSm90 {
       loader(p, range, smem, full, empty);
     } else if (role == 1) {
       pipe::setmaxnreg_dec<kScoreRegs>();
-      if (kOutput) scores(p, range, smem, full, empty, pfull, pempty);
+      if (kOutput)
+        scores(p, range, smem, full, empty, pfull, pempty);
+      else
+        store_tapes(p, range, smem, tfull, tempty);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
-      walk(p, range, smem, role - 2, full, empty, pfull, pempty);
+      walk(p, range, smem, role - 2, full, empty, kOutput ? pfull : tfull, kOutput ? pempty : tempty);
     }
   }
 
@@ -237,6 +254,54 @@ struct FusedWalkSm90 {
     a[3] = fwd::pack_f2bf(f(acc[8 * ks + 6], 16 * ks + 8, 0), f(acc[8 * ks + 7], 16 * ks + 8, 1));
   }
 
+  /// Without the output: walk w's staging tiles, bf16(S) [K][64] in stage w's Q tile and V' [C][64]
+  /// in half w of the P tiles (SW128).
+  __device__ __forceinline__ static u32 h_staging(unsigned char* smem, int w) {
+    return wg::smem_u32(tile(smem, w, kOffQ));
+  }
+  __device__ __forceinline__ static u32 v_staging(unsigned char* smem, int w) {
+    return wg::smem_u32(smem + kOffP + w * C * kSlab * 2);
+  }
+
+  /// Warpgroup 1 without the output: per chunk, each walk's h tile, then each walk's V' rows < len,
+  /// copied from the staging in coalesced 16-byte pieces (eight threads per 128-byte row), each tile
+  /// freed once copied.
+  __device__ __forceinline__ static void store_tapes(const FusedWalkParams& p, const SegmentWalk<Cfg>& range,
+                                                     unsigned char* smem, mbar_t* tfull, mbar_t* tempty) {
+    static_assert(kStages >= 2 && C * K * 2 == K * kSlab * 2 && 2 * C * C * 2 >= 2 * C * kSlab * 2,
+                  "FusedWalkSm90: the tapes' staging fits the idle Q and P tiles");
+    const int tid = threadIdx.x - 128;
+    const int j = blockIdx.y, v0 = blockIdx.x * BV;
+    const int c_begin = range.begin, nc = range.end - range.begin;
+    const int c16 = 8 * (tid & 7);  // the 16-byte piece of a row this thread copies
+#pragma unroll 1
+    for (int u = 0; u < nc; ++u) {
+      const ChunkInfo ci = p.chunks[c_begin + u];
+      const u32 parity = u & 1;
+#pragma unroll 1
+      for (int w = 0; w < 2; ++w) {
+        const u32 src = h_staging(smem, w);
+        bf16_t* const dst = p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0 + w * kSlab + c16;
+        pipe::mbar_wait(tfull + 2 * w, parity);
+#pragma unroll
+        for (int r = tid >> 3; r < K; r += 16)
+          *reinterpret_cast<uint4*>(dst + (long long)r * V) = wg::lds_v4(src + sw128::offset(r, c16, K));
+        pipe::mbar_arrive(tempty + 2 * w);
+      }
+#pragma unroll 1
+      for (int w = 0; w < 2; ++w) {
+        const u32 src = v_staging(smem, w);
+        bf16_t* const dst = p.v_new + ((long long)ci.start * HV + j) * V + v0 + w * kSlab + c16;
+        pipe::mbar_wait(tfull + 2 * w + 1, parity);
+#pragma unroll
+        for (int r = tid >> 3; r < C; r += 16)
+          if (r < ci.len)
+            *reinterpret_cast<uint4*>(dst + (long long)r * HV * V) = wg::lds_v4(src + sw128::offset(r, c16, C));
+        pipe::mbar_arrive(tempty + 2 * w + 1);
+      }
+    }
+  }
+
   /// h_tape[c] (at dst: the slab's column 0 of state row 0) = Sb^T's transpose: register r of
   /// k-step ks holds rows v = 16 warp + 8 (r % 2) + lane / 4, columns k = 16 ks + 8 (r / 2) + tq, +1;
   /// movmatrix turns it into row k = 16 ks + 8 (r / 2) + lane / 4, columns v = 16 warp + 8 (r % 2)
@@ -309,16 +374,15 @@ struct FusedWalkSm90 {
     u32 Ob[C / 16][4];
     long long ob_t0 = 0;
     int ob_len = 0;
-    // Without the output: this walk's tape staging, an SW128 tile [K][64] (then [C][64] for v_new).
-    const u32 tape_addr = wg::smem_u32(smem + (slab == 0 ? kOffP : kOffO));
-    static_assert(2 * C * C * 2 >= K * kSlab * 2 && 2 * C * kOutPitch * 2 >= K * kSlab * 2,
-                  "FusedWalkSm90: a tape staging tile fits the P tiles and the O tiles");
-    const int c8 = 16 * warp + 8 * (lane & 1);  // the 16-byte piece a lane stores, per row
-    auto stage_tape = [&](int rows, int q, const u32(&f)[4]) {
+    // Without the output: this walk's tapes staged for the storer (stmatrix.trans, as O is staged:
+    // rows of matrix m = 2 ii + h are rows 16 q + 8 ii .. +7, columns 16 warp + 8 h .. +7).
+    // pfull / pempty are then the tape barriers tfull / tempty.
+    auto stage_tape = [&](u32 addr, int rows, int q, const u32(&f)[4]) {
       const int m_lane = lane >> 3;
       const int r = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
-      wg::stsm_x4_trans(tape_addr + sw128::offset(r, v, rows), f);
+      wg::stsm_x4_trans(addr + sw128::offset(r, v, rows), f);
     };
+    const u32 h_stage = h_staging(smem, slab), v_stage = v_staging(smem, slab);
     auto store_o = [&]() {
       __syncwarp();  // the warp's stores of the chunk before have read the staging
       const int m_lane = lane >> 3;
@@ -359,6 +423,12 @@ struct FusedWalkSm90 {
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) to_a(Sb[ks], S, ks, [](float x, int, int) { return x; });
       if (kTapes && kOutput) store_h_tape(p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0, Sb, warp, lane);
+      if (kTapes && !kOutput) {  // bf16(S) to the storer once it has copied the chunk before's
+        if (u > 0) pipe::mbar_wait(pempty + 2 * slab, (u - 1) & 1);
+#pragma unroll
+        for (int ks = 0; ks < K / 16; ++ks) stage_tape(h_stage, K, ks, Sb[ks]);
+        pipe::mbar_arrive(pfull + 2 * slab);
+      }
       pipe::mbar_wait(full + s, phase);
       wg::fence_smem_for_async();
       // The chunk's column factors, once per column (not once per thread): exp2(gc_t) (0 past the
@@ -396,16 +466,6 @@ struct FusedWalkSm90 {
       }
       wg::commit();
       if (kOutput && u > 0) store_o();
-      if (kTapes && !kOutput) {  // h_tape[c] through the staging, while the tensor cores run
-        __syncwarp();            // the warp's v_new stores of the chunk before have read the staging
-#pragma unroll
-        for (int ks = 0; ks < K / 16; ++ks) stage_tape(K, ks, Sb[ks]);
-        __syncwarp();
-        bf16_t* const dst = p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0 + c8;
-#pragma unroll 4
-        for (int r = lane >> 1; r < K; r += 16)
-          *reinterpret_cast<uint4*>(dst + (long long)r * V) = wg::lds_v4(tape_addr + sw128::offset(r, c8, K));
-      }
       wg::wait<0>();
       wg::fence_acc(X);
       if (kOutput) wg::fence_acc(O);
@@ -485,16 +545,11 @@ struct FusedWalkSm90 {
       }
       wg::commit();
       if (kTapes && kOutput) store_v_new(p.v_new + (t0 * HV + j) * V + v0, Vn, len, warp, lane);
-      if (kTapes && !kOutput) {  // v_new rows < len through the staging
-        __syncwarp();            // the warp's h_tape stores have read the staging
+      if (kTapes && !kOutput) {  // V' to the storer, likewise
+        if (u > 0) pipe::mbar_wait(pempty + 2 * slab + 1, (u - 1) & 1);
 #pragma unroll
-        for (int ks = 0; ks < C / 16; ++ks) stage_tape(C, ks, Vn[ks]);
-        __syncwarp();
-        bf16_t* const dst = p.v_new + (t0 * HV + j) * V + v0 + c8;
-#pragma unroll 2
-        for (int r = lane >> 1; r < C; r += 16)
-          if (r < len)
-            *reinterpret_cast<uint4*>(dst + (long long)r * HV * V) = wg::lds_v4(tape_addr + sw128::offset(r, c8, C));
+        for (int ks = 0; ks < C / 16; ++ks) stage_tape(v_stage, C, ks, Vn[ks]);
+        pipe::mbar_arrive(pfull + 2 * slab + 1);
       }
       wg::wait<0>();
       wg::fence_acc(S);

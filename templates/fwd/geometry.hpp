@@ -141,7 +141,8 @@ struct FusedWalkSm90Layout {
   static constexpr int off_p(int K, int chunk) { return kStages * stage_bytes(K, chunk); }  ///< 2 P tiles
   static constexpr int off_o(int K, int chunk) { return off_p(K, chunk) + 2 * chunk * chunk * 2; }
   static constexpr int off_bar(int K, int chunk) { return off_o(K, chunk) + 2 * chunk * kOutPitch * 2; }
-  static constexpr int kBarriers = 2 * kStages + 4;  ///< full[s], empty[s], pfull[2], pempty[2]
+  /// full[s], empty[s], then pfull[2], pempty[2] or, without the output, tfull[4], tempty[4]
+  static constexpr int kBarriers = 2 * kStages + 8;
   /// Each walking warpgroup's per-chunk column factors (fp32), in two buffers (chunks alternate):
   /// exp2(gc_t) for X, exp2(gcL - gc_t) for Vg, exp2(gc_t) for O; each times the row's rstd of k,
   /// k and q when the products take raw q and k (FOLD_RSTD).
