@@ -184,6 +184,10 @@ LayerIR lower(const Spec& spec_in) {
   ir.programs.back().constants.push_back(fold_constant);
   add("chunk_prep", "fwd/chunk_prep.cuh", "ChunkPrep", "ChunkPrepParams", ChunkPrepGeometry::kThreads,
       ChunkPrepGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, ChunkPrepGeometry::kMinBlocks);
+  // U feeds state_walk and the segments' prescan; the fused walks take raw v, so without segments
+  // the fused path's chunk_prep writes W alone (for the reverse walk).
+  const bool writes_u = !fused || s.cp_segments > 1;
+  ir.programs.back().constants.emplace_back("WRITES_U", writes_u ? "true" : "false");
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
   // then walks every segment of every document as its own block.
   const int segments = s.cp_segments;

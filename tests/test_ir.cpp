@@ -234,6 +234,14 @@ TEST_SUITE("ir") {
     CHECK(tape.class_name == fw.class_name);
     CHECK(tape.smem_bytes == fw.smem_bytes);
     CHECK(tape.max_registers == fw.max_registers);
+    // No U on the fused path without segments (its walks take raw v); the prescan needs it.
+    CHECK(constant_of(fused.program("chunk_prep"), "WRITES_U") == "false");
+    CHECK(constant_of(plain.program("chunk_prep"), "WRITES_U") == "true");
+    {
+      auto segmented = spec;
+      segmented.cp_segments = 4;
+      CHECK(constant_of(gdn::lower(segmented).program("chunk_prep"), "WRITES_U") == "true");
+    }
     CHECK(constant_of(fused.program("chunk_solve"), "FOLD_RSTD") == "true");
     CHECK(constant_of(fw, "FOLD_RSTD") == "true");
     CHECK(constant_of(plain.program("chunk_solve"), "FOLD_RSTD") == "false");

@@ -2,7 +2,8 @@
  * @file chunk_prep.cuh
  * @brief Forward stage F3 per (chunk, value head): U = Tm diag(beta) V and W = Tm diag(beta exp2(gc)) K
  *        from chunk_solve's Tm (F2). The forward runs it after chunk_solve, the backward of light
- *        saves again from the saved Tm.
+ *        saves again from the saved Tm. Without Cfg::WRITES_U only W (the fused path without
+ *        segments: its walks take raw v, and only the reverse walk reads W).
  *
  * Also hosts gdn::fwd, the small ldmatrix / cp.async tile helpers the three forward programs share
  * (they are forward-private today; they belong in templates/common/ once another stage wants them).
@@ -210,7 +211,8 @@ struct ChunkPrep {
     float* sb = reinterpret_cast<float*>(smem + kOff_beta);
 
     fwd::tile_to_smem_async<kThreads>(sK, LDK, p.k + (t0 * H + hq) * K, (long long)H * K, C, K, len);
-    fwd::tile_to_smem_async<kThreads>(sV, LDV, p.v + (t0 * HV + j) * V, (long long)HV * V, C, V, len);
+    if (Cfg::WRITES_U)
+      fwd::tile_to_smem_async<kThreads>(sV, LDV, p.v + (t0 * HV + j) * V, (long long)HV * V, C, V, len);
     fwd::cp_async_commit();
     if (tid < C) {
       const bool ok = tid < len;
@@ -244,6 +246,7 @@ struct ChunkPrep {
     // lower triangular, needs only the k-blocks 0..w % 4. Results are staged in the warp's own
     // part of the consumed operand tile.
     wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq);
+    if (!Cfg::WRITES_U) return;
     scale_rows<V, LDV>(sV, [&](int r) { return sb[r]; });
     __syncthreads();
     wu_product<V, LDV>(sTb, sV, p.u + (t0 * HV + j) * V, (long long)HV * V, len, warp, lane, gr, tq);
