@@ -320,9 +320,9 @@ LayerIR lower(const Spec& spec_in) {
   const std::vector<CallForm> both = {CallForm::forward, CallForm::recompute, CallForm::backward};
   const std::vector<CallForm> fwd_only = {CallForm::forward, CallForm::recompute};
   const std::vector<CallForm> bwd_only = {CallForm::backward};
-  // With the folded norm, kn is made where programs of the separate forward read it: the
-  // recompute's tape pair, the prescan's W (segments) and the backward. Before the tapes, so that
-  // a hand-off finds it in place.
+  // With the folded norm, kn is made where programs of the separate forward read it: chunk_prep's W
+  // in a recompute (handed over with the tapes), under full saves and for the prescan (segments),
+  // and the backward. Before the tapes, so that a hand-off finds it in place.
   if (fold_rstd) buf("kn", BufferRole::workspace, "bf16", "[T, H, K]", {qk * 2}, both);
   buf("w", tape_role, "bf16", "[T, HV, K]", {hv * K * 2}, full ? std::vector<CallForm>{} : both);
   buf("h_tape", tape_role, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2},
@@ -390,9 +390,8 @@ LayerIR lower(const Spec& spec_in) {
   if (norm && fold_rstd) {
     fwd.push_back({"l2norm", "q: the rows' rstd only (folded into the fused products)"});
     if (segments > 1 || full)
-      fwd.push_back({"l2norm", segments > 1
-                                   ? "k: kn for the prescan's W (the rows' rstd come from chunk_solve)"
-                                   : "k: kn for the saved tapes' pair (the rows' rstd come from chunk_solve)"});
+      fwd.push_back({"l2norm", segments > 1 ? "k: kn for the prescan's W (the rows' rstd come from chunk_solve)"
+                                            : "k: kn for the saved W (the rows' rstd come from chunk_solve)"});
   } else if (norm) {
     fwd.push_back({"l2norm", "q"});
     fwd.push_back({"l2norm", "k"});
@@ -406,8 +405,8 @@ LayerIR lower(const Spec& spec_in) {
   fwd.push_back({"chunk_solve", fold_rstd ? "Tm, and the rows' rstd of k from K K^T's diagonal" : "Tm"});
   std::vector<Launch> rec = fwd;
   if (fold_rstd && segments <= 1 && !full)
-    rec.insert(rec.begin() + 2,
-               {"l2norm", "k: kn for the pair (the rows' rstd come from chunk_solve)", "the output is not needed"});
+    rec.insert(rec.begin() + 2, {"l2norm", "k: kn for chunk_prep's W (the rows' rstd come from chunk_solve)",
+                                 "the output is not needed"});
   if (fused) {
     // The fused forward of light saves leaves no tapes. A recompute whose output is not needed runs
     // the walk without it (walk_tape), so the backward can bind its tapes (the hand-off); it leaves

@@ -282,8 +282,8 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
   const bool fused = ir.spec.forward == ForwardPath::fused;
   const bool segments = ir.spec.cp_segments > 1;
   // The fused forward folds the norm into its products and needs only the rows' rstd (k's from
-  // chunk_solve, which has K K^T's diagonal); kn only for the programs of the separate forward it
-  // runs (the prescan's W, the tape pair of full saves or of a recompute).
+  // chunk_solve, which has K K^T's diagonal); kn only for chunk_prep's W (the prescan's, and the
+  // reverse walk's under full saves or from a recompute's hand-off).
   const bool full = ir.spec.save_mode == SaveMode::full;
   const bool fold = norm && fused;
   const bool kn_needed = !fold || segments || full || output == OutputLaunch::no;
