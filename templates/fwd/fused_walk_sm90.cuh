@@ -302,32 +302,21 @@ struct FusedWalkSm90 {
     }
   }
 
-  /// h_tape[c] (at dst: the slab's column 0 of state row 0) = Sb^T's transpose: register r of
-  /// k-step ks holds rows v = 16 warp + 8 (r % 2) + lane / 4, columns k = 16 ks + 8 (r / 2) + tq, +1;
-  /// movmatrix turns it into row k = 16 ks + 8 (r / 2) + lane / 4, columns v = 16 warp + 8 (r % 2)
-  /// + 2 (lane % 4), +1: four lanes store a row's 16 contiguous bytes.
-  __device__ __forceinline__ static void store_h_tape(bf16_t* dst, const u32 (&Sb)[K / 16][4], int warp, int lane) {
+  /// The rows < rows of a transposed A-fragment tile from registers (h_tape[c] from Sb^T, v_new from
+  /// Vn^T), dst at the tile's row 0, the slab's column 0: register r of k-step ks holds rows
+  /// v = 16 warp + 8 (r % 2) + lane / 4 and columns 16 ks + 8 (r / 2) + tq, +1; movmatrix turns it
+  /// into row 16 ks + 8 (r / 2) + lane / 4, columns v = 16 warp + 8 (r % 2) + 2 (lane % 4), +1: four
+  /// lanes store a row's 16 contiguous bytes.
+  template <int KS>
+  __device__ __forceinline__ static void store_transposed(bf16_t* dst, long long row_stride, const u32 (&f)[KS][4],
+                                                          int rows, int warp, int lane) {
 #pragma unroll
-    for (int ks = 0; ks < K / 16; ++ks)
+    for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int k = 16 * ks + 8 * (r >> 1) + (lane >> 2), v = 16 * warp + 8 * (r & 1) + 2 * (lane & 3);
-        *reinterpret_cast<u32*>(dst + (long long)k * V + v) = wg::movmatrix_trans(Sb[ks][r]);
-      }
-  }
-
-  /// v_new rows t < len (dst: the chunk's first token, the slab's column 0) from Vn^T, transposed
-  /// as in store_h_tape: register q of k-step ks holds rows v = 16 warp + 8 (q % 2) + lane / 4,
-  /// tokens 16 ks + 8 (q / 2) + tq, +1.
-  __device__ __forceinline__ static void store_v_new(bf16_t* dst, const u32 (&Vn)[C / 16][4], int len, int warp,
-                                                     int lane) {
-#pragma unroll
-    for (int ks = 0; ks < C / 16; ++ks)
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const u32 x = wg::movmatrix_trans(Vn[ks][q]);
-        const int t = 16 * ks + 8 * (q >> 1) + (lane >> 2), v = 16 * warp + 8 * (q & 1) + 2 * (lane & 3);
-        if (t < len) *reinterpret_cast<u32*>(dst + (long long)t * HV * V + v) = x;
+        const u32 x = wg::movmatrix_trans(f[ks][r]);
+        const int row = 16 * ks + 8 * (r >> 1) + (lane >> 2), v = 16 * warp + 8 * (r & 1) + 2 * (lane & 3);
+        if (row < rows) *reinterpret_cast<u32*>(dst + row * row_stride + v) = x;
       }
   }
 
@@ -422,7 +411,8 @@ struct FusedWalkSm90 {
       u32 Sb[K / 16][4];
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) to_a(Sb[ks], S, ks, [](float x, int, int) { return x; });
-      if (kTapes && kOutput) store_h_tape(p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0, Sb, warp, lane);
+      if (kTapes && kOutput)
+        store_transposed(p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0, V, Sb, K, warp, lane);
       if (kTapes && !kOutput) {  // bf16(S) to the storer once it has copied the chunk before's
         if (u > 0) pipe::mbar_wait(pempty + 2 * slab, (u - 1) & 1);
 #pragma unroll
@@ -544,7 +534,7 @@ struct FusedWalkSm90 {
         for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Vn[ks], wg::desc_k_major(p_addr, C, ks), 1);
       }
       wg::commit();
-      if (kTapes && kOutput) store_v_new(p.v_new + (t0 * HV + j) * V + v0, Vn, len, warp, lane);
+      if (kTapes && kOutput) store_transposed(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, Vn, len, warp, lane);
       if (kTapes && !kOutput) {  // V' to the storer, likewise
         if (u > 0) pipe::mbar_wait(pempty + 2 * slab + 1, (u - 1) & 1);
 #pragma unroll
