@@ -41,7 +41,6 @@ static std::string to_string(GridKind g) {
     case GridKind::rows_qk: return fmt::format("(ceil(T*H / {}), 1, 1)", L2NormGeometry::kRowsPerBlock);
     case GridKind::chunk_heads: return "(NT, HV, 1)";
     case GridKind::chunk_head_groups: return fmt::format("(NT, ceil(HV / {}), 1)", GateCumsumGeometry::kHeadsPerBlock);
-    case GridKind::chunk_head_runs: return "(NT, ceil(HV / HEADS_PER_BLOCK), 1)";
     case GridKind::walk: return "(V / BV, HV, N)";
     case GridKind::walk_segments: return "(V / BV, HV, N * segments)";
     case GridKind::walk_prescan: return "((V + K) / BV, HV, N * segments)";
@@ -270,11 +269,9 @@ LayerIR lower(const Spec& spec_in) {
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
       wgmma ? std::max(ChunkBwdGeometry::smem_bytes(K, V, C), ChunkBwdGeometry::smem_bytes_ws(K, V, C))
             : ChunkBwdGeometry::smem_bytes(K, V, C),
-      GridKind::chunk_head_runs);
+      GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
   ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
-  ir.programs.back().constants.emplace_back("HEADS_PER_BLOCK",
-                                            std::to_string(ChunkBwdGeometry::heads_per_block(s.group(), HV)));
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
 

@@ -26,7 +26,6 @@ enum class GridKind {
   rows_qk,            ///< (ceil(T * H / rows per block), 1, 1)
   chunk_heads,        ///< (NT, HV, 1)
   chunk_head_groups,  ///< (NT, ceil(HV / heads per block), 1)
-  chunk_head_runs,    ///< (NT, ceil(HV / HEADS_PER_BLOCK), 1): the program walks its heads in turn
   walk,               ///< (V / BV, HV, N)
   walk_segments,      ///< (V / BV, HV, N * segments)
   walk_prescan,       ///< ((V + K) / BV, HV, N * segments)

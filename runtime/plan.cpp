@@ -95,13 +95,6 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
     case GridKind::chunk_heads: return {Lin{0, 0, 1, 0, 1}, heads, one};
     case GridKind::chunk_head_groups:
       return {Lin{0, 0, 1, 0, 1}, Lin{0, 0, 0, GateCumsumGeometry::grid_y(s.heads_v), 1}, one};
-    case GridKind::chunk_head_runs: {
-      int per_block = 0;
-      for (const auto& [k, v] : p.constants)
-        if (k == "HEADS_PER_BLOCK") per_block = std::stoi(v);
-      if (per_block < 1) throw std::logic_error(fmt::format("plan: program '{}' has no HEADS_PER_BLOCK", p.name));
-      return {Lin{0, 0, 1, 0, 1}, Lin{0, 0, 0, s.heads_v, per_block}, one};
-    }
     case GridKind::walk:
     case GridKind::walk_segments:
     case GridKind::walk_prescan: {

@@ -43,21 +43,10 @@ struct ChunkBwdMmaSync {
 
   __device__ static void run(const ChunkBwdParams& p) {
     // Chunks fastest (blockIdx order), not value heads fastest as in the forward's chunk_heads
-    // programs: measured faster on the H200 (docs/PERF.md). The block's run of value heads is
-    // walked in turn (the grid of the sm_90a kernel, which overlaps one head's loads with the
-    // previous head's products; this kernel reloads every tile per head).
+    // programs: measured faster on the H200 (docs/PERF.md).
     const ChunkInfo ci = p.chunks[blockIdx.x];
     if (ci.len == 0) return;
-    const int j0 = blockIdx.y * Cfg::HEADS_PER_BLOCK;
-    for (int j = j0; j < j0 + Cfg::HEADS_PER_BLOCK && j < HV; ++j) {
-      if (j > j0) __syncthreads();  // the previous head's last readers of the tiles
-      run_head(p, ci, j);
-    }
-  }
-
- private:
-  __device__ static void run_head(const ChunkBwdParams& p, const ChunkInfo ci, const int j) {
-    const int h = j / Cfg::G, m = ci.len, tid = threadIdx.x;
+    const int j = blockIdx.y, h = j / Cfg::G, m = ci.len, tid = threadIdx.x;
     const long long t0 = ci.start, cg = blockIdx.x;
     extern __shared__ __align__(16) unsigned char smem[];
     // Persistent tiles.
@@ -357,6 +346,7 @@ struct ChunkBwdMmaSync {
     }
   }
 
+ private:
   /// dq/dk of one value head as bf16 rows (FLA rounds these to bf16 too), summed over the group
   /// in a fixed order by Finalize. (fp32 atomics into the q/k head's row were measured slower:
   /// docs/PERF.md.)

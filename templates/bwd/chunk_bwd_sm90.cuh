@@ -16,16 +16,10 @@
  *   WG2  dW = -dV' S^T (4u) -> tile;  dW K^T, dV' V^T (4u) -> dTm;  dTm Tm^T (2u) -> Y tiles
  *   WG3  dK = V' Z^T (4u) + dS~^T Q (2u) + diag(b Gam) Tm^T dW (2u) + (Eb + Eb^T) K (4u) -> dk_v
  * The chain dW -> dTm -> Y -> E -> dK runs through WG2, WG0 and WG3; the other products fill
- * the gaps. dTm and Y are written over S once its readers have passed a barrier; E has tiles of
- * its own, so Z is free early.
- * A block walks a run of value heads of one chunk (ChunkBwdGeometry::heads_per_block). The first
- * head's tiles load in two cp.async groups by all 512 threads (the first feeds the first products
- * of WG0-2), exposed; WG1, whose own products end first, copies the next head's tiles in while
- * this head computes: dO, V' and Z once kBarDS is passed, S, dV', Tm, V (and Q for a new q/k
- * head) once every warpgroup has arrived at kBarPrefetch, gc and beta into a second pair. Only a
- * new q/k head's K loads between heads (it is read by the last product). The reverse walk that
- * keeps the state on chip is the step after (docs/design_fused_bwd_sm90.md). An earlier form
- * split every product by columns over the four
+ * the gaps. dTm and Y are written over S, E over Z, once their readers have passed a barrier.
+ * Loads: two cp.async groups by all 512 threads (the first feeds the first products of WG0-2),
+ * exposed at the block start; the reverse walk that keeps the state on chip is the step after
+ * (docs/design_fused_bwd_sm90.md). An earlier form split every product by columns over the four
  * warpgroups (m64n16 / m64n32 steps, block-wide barriers between phases): 4.47 ms at M against
  * 3.10 for this one (docs/PERF.md).
  */
@@ -45,14 +39,13 @@ namespace sm90 {
 /// kRowStep-th row: kRowStep is a multiple of 8, so the swizzle phase of its pieces never changes
 /// and the shared and global addresses advance by constants (no per-piece index arithmetic).
 template <int ROWS, int COLS, int THREADS>
-__device__ __forceinline__ void load_sw_async(bf16_t* dst, const bf16_t* src, long long gstride, int valid_rows,
-                                              int thread = static_cast<int>(threadIdx.x)) {
+__device__ __forceinline__ void load_sw_async(bf16_t* dst, const bf16_t* src, long long gstride, int valid_rows) {
   static_assert(COLS % 64 == 0 && ROWS % 8 == 0, "load_sw_async: SW128 tiles are 64-column blocks of 8-row groups");
   constexpr int kPieces = COLS / 8;
   static_assert(THREADS % kPieces == 0, "load_sw_async: every thread keeps one column piece");
   constexpr int kRowStep = THREADS / kPieces;
   static_assert(kRowStep % 8 == 0 && ROWS % kRowStep == 0, "load_sw_async: rows must advance by whole swizzle periods");
-  const int r0 = thread / kPieces, col = (thread % kPieces) * 8;
+  const int r0 = static_cast<int>(threadIdx.x) / kPieces, col = (static_cast<int>(threadIdx.x) % kPieces) * 8;
   const u32 d0 = wg::smem_u32(dst) + sw128::offset(r0, col, ROWS);
   const bf16_t* s0 = src + r0 * gstride + col;
 #pragma unroll
@@ -78,12 +71,10 @@ struct ChunkBwdSm90 {
   static constexpr int kTok = C * K * 2, kSq = K * V * 2, kCC = C * C * 2;
   static constexpr int kOffQ = 0, kOffK = kTok, kOffV = 2 * kTok, kOffDV = 3 * kTok, kOffO = 4 * kTok,
                        kOffVn = 5 * kTok, kOffS = 6 * kTok, kOffZ = kOffS + kSq, kOffT = kOffZ + kSq,
-                       kOffDS = kOffT + kCC, kOffDW = kOffDS + kCC, kOffEh = kOffDW + kTok, kOffEl = kOffEh + kCC,
-                       kOffScalars = kOffEl + kCC;
+                       kOffDS = kOffT + kCC, kOffDW = kOffDS + kCC, kOffScalars = kOffDW + kTok;
   static constexpr int kOffDTh = kOffS, kOffDTl = kOffS + kCC, kOffYh = kOffS + 2 * kCC, kOffYl = kOffS + 3 * kCC;
-  static constexpr int kHeadsPerBlock = Cfg::HEADS_PER_BLOCK;
-  // fp32 scalars: gc, beta (the next head's pair at sG + sNext, sB + sNext), then the per-row
-  // terms of dgam and dbeta, each written by one warpgroup.
+  static constexpr int kOffEh = kOffZ, kOffEl = kOffZ + kCC;
+  // fp32 scalars: gc, beta, then the per-row terms of dgam and dbeta, each written by one warpgroup.
   enum : int {
     sG = 0,
     sB = 64,
@@ -98,28 +89,21 @@ struct ChunkBwdSm90 {
     sAttC = 640,
     sCs = 896,
     sSz = 1152,
-    sNext = 1156,
-    kScalarFloats = 1284
+    kScalarFloats = 1156
   };
   static constexpr int kSmemBytes = kOffScalars + 4 * kScalarFloats;
   static_assert(kSmemBytes == ChunkBwdGeometry::smem_bytes_ws(K, V, C), "ChunkBwdSm90: the host's size differs");
 
-  // Named barriers (0 is __syncthreads); each is passed once per value head, and a
-  // __syncthreads separates two heads, so no warpgroup reaches one a head ahead of another.
+  // Named barriers (0 is __syncthreads); each of 1-7 is passed once per block.
   enum : int {
     kBarDS = 1,
     kBarDW = 2,
     kBarSFree = 3,
     kBarY = 4,
-    kBarPrefetch = 5,
+    kBarZFree = 5,
     kBarE = 6,
     kBarLoaded = 7,
     kBarLocal = 8
-  };
-  /// What a head's loads need: its value head, q/k head, the chunk's rows.
-  struct Head {
-    int j, h;
-    __device__ __forceinline__ explicit Head(int jv) : j(jv), h(jv / Cfg::G) {}
   };
 
   /// The warpgroup's view of a 64 x N accumulator: warp w rows 16w + g (h = 0) and + 8 (h = 1),
@@ -176,109 +160,64 @@ struct ChunkBwdSm90 {
   __device__ static void run(const ChunkBwdParams& p) {
     const ChunkInfo ci = p.chunks[blockIdx.x];
     if (ci.len == 0) return;
-    const int j0 = blockIdx.y * kHeadsPerBlock, nj = min(kHeadsPerBlock, HV - j0), m = ci.len, tid = threadIdx.x;
+    const int j = blockIdx.y, h = j / Cfg::G, m = ci.len, tid = threadIdx.x;
     const long long t0 = ci.start, cg = blockIdx.x;
     // SW128 tiles need 1024-byte aligned starts: the declaration's alignment holds because the
     // kernel has no static shared memory (gpu_wgmma probes the same declaration).
     extern __shared__ __align__(1024) unsigned char smem[];
+    bf16_t* const base = reinterpret_cast<bf16_t*>(smem);
+    auto tile = [&](int off) { return base + off / 2; };
+    {
+      const long long qs = (long long)H * K, vs = (long long)HV * V;
+      const long long st = (cg * HV + j) * K * V;
+      sm90::load_sw_async<C, V, kThreads>(tile(kOffO), p.d_o + (t0 * HV + j) * V, vs, m);
+      sm90::load_sw_async<C, V, kThreads>(tile(kOffVn), p.v_new + (t0 * HV + j) * V, vs, m);
+      sm90::load_sw_async<K, V, kThreads>(tile(kOffS), p.h_tape + st, V, K);
+      sm90::load_sw_async<C, V, kThreads>(tile(kOffDV), p.dv_new + (t0 * HV + j) * V, vs, m);
+      bwd::cp_async_commit();
+      sm90::load_sw_async<C, K, kThreads>(tile(kOffQ), p.q + (t0 * H + h) * K, qs, m);
+      sm90::load_sw_async<C, K, kThreads>(tile(kOffK), p.k + (t0 * H + h) * K, qs, m);
+      sm90::load_sw_async<K, V, kThreads>(tile(kOffZ), p.dh_tape + st, V, K);
+      sm90::load_sw_async<C, C, kThreads>(tile(kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, m);
+      sm90::load_sw_async<C, V, kThreads>(tile(kOffV), p.v + (t0 * HV + j) * V, vs, m);
+      bwd::cp_async_commit();
+    }
     float* const sc = reinterpret_cast<float*>(smem + kOffScalars);
-    // The first head's tiles in two groups: what the first products of warpgroups 0-2 read, then
-    // the rest. Later heads find theirs loaded by warpgroup 1 (query_side), all but K.
-    load_tiles<kThreads, kLdO | kLdVn | kLdS | kLdDV>(p, smem, t0, cg, j0, m, tid);
-    bwd::cp_async_commit();
-    load_tiles<kThreads, kLdQ | kLdK | kLdZ | kLdT | kLdV>(p, smem, t0, cg, j0, m, tid);
-    bwd::cp_async_commit();
-    load_gates(p, sc + sG, sc + sB, t0, j0, m, tid);
+    if (tid < C) {
+      sc[sG + tid] = tid < m ? p.gc[(t0 + tid) * HV + j] : 0.f;
+      sc[sB + tid] = tid < m ? p.beta[(t0 + tid) * HV + j] : 0.f;
+    }
     bwd::cp_async_wait<1>();
     wg::fence_smem_for_async();
     __syncthreads();
 
     const int role = tid >> 7;
-    for (int i = 0; i < nj; ++i) {
-      // The lane's offsets are derived per head: hoisted out of the loop, they stay live across
-      // every product and spill.
-      int lane_thread = tid & 127;
-      asm volatile("" : "+r"(lane_thread));
-      const Lane L(lane_thread);
-      const int j = j0 + i, next = i + 1 < nj ? j + 1 : -1;
-      if (i > 0) {
-        // K is read until the previous head's last product; a new q/k head reloads it here.
-        if (j / Cfg::G != (j - 1) / Cfg::G) {
-          int load_thread = tid;  // as lane_thread: the prologue's copy addresses are not kept
-          asm volatile("" : "+r"(load_thread));
-          load_tiles<kThreads, kLdK>(p, smem, t0, cg, j, m, load_thread);
-          bwd::cp_async_commit();
-        }
-        bwd::cp_async_wait<0>();
-        wg::fence_smem_for_async();
-        __syncthreads();
-      }
-      const int pair = (i & 1) * sNext;
-      const float* g = sc + sG + pair;
-      const float* b = sc + sB + pair;
-      if (role == 0)
-        scores_and_inverse(p, smem, sc, g, b, L, m);
-      else if (role == 1)
-        query_side(p, smem, sc, g, b, L, m, t0, cg, j, next, (sNext - pair));
-      else if (role == 2)
-        chain_side(smem, sc, g, b, L, m);
-      else
-        key_side(p, smem, sc, g, b, L, m, t0, j);
-      __syncthreads();
-      finish_rows(p, sc, g, b, m, t0, j);
-    }
-  }
+    const Lane L(tid & 127);
+    if (role == 0)
+      scores_and_inverse(p, smem, sc, L, m);
+    else if (role == 1)
+      query_side(p, smem, sc, L, m, t0, j);
+    else if (role == 2)
+      chain_side(smem, sc, L, m);
+    else
+      key_side(p, smem, sc, L, m, t0, j);
+    __syncthreads();
 
- private:
-  enum : unsigned { kLdO = 1, kLdVn = 2, kLdS = 4, kLdDV = 8, kLdQ = 16, kLdK = 32, kLdZ = 64, kLdT = 128, kLdV = 256 };
-
-  /// Starts the copies of value head j's tiles in MASK, by THREADS threads (this one `thread`).
-  template <int THREADS, unsigned MASK>
-  __device__ __forceinline__ static void load_tiles(const ChunkBwdParams& p, unsigned char* smem, long long t0,
-                                                    long long cg, int j, int m, int thread) {
-    bf16_t* const base = reinterpret_cast<bf16_t*>(smem);
-    auto tile = [&](int off) { return base + off / 2; };
-    const long long qs = (long long)H * K, vs = (long long)HV * V, st = (cg * HV + j) * K * V;
-    const int h = j / Cfg::G;
-    if (MASK & kLdO) sm90::load_sw_async<C, V, THREADS>(tile(kOffO), p.d_o + (t0 * HV + j) * V, vs, m, thread);
-    if (MASK & kLdVn) sm90::load_sw_async<C, V, THREADS>(tile(kOffVn), p.v_new + (t0 * HV + j) * V, vs, m, thread);
-    if (MASK & kLdS) sm90::load_sw_async<K, V, THREADS>(tile(kOffS), p.h_tape + st, V, K, thread);
-    if (MASK & kLdDV) sm90::load_sw_async<C, V, THREADS>(tile(kOffDV), p.dv_new + (t0 * HV + j) * V, vs, m, thread);
-    if (MASK & kLdQ) sm90::load_sw_async<C, K, THREADS>(tile(kOffQ), p.q + (t0 * H + h) * K, qs, m, thread);
-    if (MASK & kLdK) sm90::load_sw_async<C, K, THREADS>(tile(kOffK), p.k + (t0 * H + h) * K, qs, m, thread);
-    if (MASK & kLdZ) sm90::load_sw_async<K, V, THREADS>(tile(kOffZ), p.dh_tape + st, V, K, thread);
-    if (MASK & kLdT)
-      sm90::load_sw_async<C, C, THREADS>(tile(kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, m, thread);
-    if (MASK & kLdV) sm90::load_sw_async<C, V, THREADS>(tile(kOffV), p.v + (t0 * HV + j) * V, vs, m, thread);
-  }
-  /// gc and beta of value head j's chunk rows (zeros past m), by the threads r < C.
-  __device__ __forceinline__ static void load_gates(const ChunkBwdParams& p, float* g, float* b, long long t0, int j,
-                                                    int m, int r) {
-    if (r < C) {
-      g[r] = r < m ? p.gc[(t0 + r) * HV + j] : 0.f;
-      b[r] = r < m ? p.beta[(t0 + r) * HV + j] : 0.f;
-    }
-  }
-
-  /// dgam and dbeta per row, each term in a fixed order, then B6: the reverse cumsum of dgam.
-  /// All threads pass its barrier; warp 0 writes the rows.
-  __device__ static void finish_rows(const ChunkBwdParams& p, float* sc, const float* gv, const float* bv, int m,
-                                     long long t0, int j) {
-    const int tid = threadIdx.x;
+    // dgam and dbeta per row, each term in a fixed order, then B6: the reverse cumsum of dgam.
     float* const gam = sc + sGam;
     float* const db = sc + sDb;
     if (tid < C) {
       const int r = tid;
       float gr = 0.f, dbr = 0.f;
       if (r < m) {
-        const float g = gv[r], b = bv[r], gmr = exp2f(fminf(g, 0.f));
+        const float g = sc[sG + r], b = sc[sB + r], gmr = exp2f(fminf(g, 0.f));
         gr = sc[sGq + r];
         gr += sc[sAttR + r] - (((sc[sAttC + r] + sc[sAttC + 64 + r]) + sc[sAttC + 128 + r]) + sc[sAttC + 192 + r]);
         if (r == m - 1) {
           const float szs = ((sc[sSz] + sc[sSz + 1]) + sc[sSz + 2]) + sc[sSz + 3];
           float kst = 0.f;
           for (int i = 0; i < m - 1; ++i) kst += sc[sKst + i];
-          gr += exp2f(fminf(gv[m - 1], 0.f)) * szs + kst;
+          gr += exp2f(fminf(sc[sG + m - 1], 0.f)) * szs + kst;
         } else {
           gr -= sc[sKst + r];
         }
@@ -313,6 +252,7 @@ struct ChunkBwdSm90 {
     }
   }
 
+ private:
   __device__ __forceinline__ static void second_group_landed() {
     bwd::cp_async_wait<0>();
     wg::fence_smem_for_async();
@@ -343,12 +283,12 @@ struct ChunkBwdSm90 {
     for (int hh = 0; hh < 2; ++hh) {
       // The row's offsets are recomputed per call: shared between calls they stay live across
       // the products in between and spill.
-      int r = L.r[hh], tq = L.tq;
-      asm volatile("" : "+r"(r), "+r"(tq));
+      int r = L.r[hh];
+      asm volatile("" : "+r"(r));
       float s = 0.f;
 #pragma unroll
       for (int i = 0; i < ni; ++i) {
-        const u32 x = lds_u32(smem, off + swz(r, 8 * (i0 + i) + tq, 64));
+        const u32 x = lds_u32(smem, off + swz(r, 8 * (i0 + i) + L.tq, 64));
         s += d[4 * i + 2 * hh] * lo_f(x) + d[4 * i + 2 * hh + 1] * hi_f(x);
       }
       out[hh] += s;
@@ -356,9 +296,11 @@ struct ChunkBwdSm90 {
   }
 
   /// Warpgroup 0: dS~, the scores' gate terms, K K^T and the inverse's backward Tm^T Y -> E.
-  __device__ static void scores_and_inverse(const ChunkBwdParams& p, unsigned char* smem, float* sc, const float* g,
-                                            const float* b, const Lane& L, int m) {
+  __device__ static void scores_and_inverse(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L,
+                                            int m) {
     const u32 s0 = wg::smem_u32(smem);
+    const float* g = sc + sG;
+    const float* b = sc + sB;
     float A[32], QK[32];
     issue<64, 0, 0>(A, s0 + kOffO, C, s0 + kOffVn, C, V / 16, false);
     wg::commit();
@@ -422,8 +364,7 @@ struct ChunkBwdSm90 {
     issue<64, 1, 1>(X, s0 + kOffT, C, s0 + kOffYl, C, C / 16, true);
     wg::commit();
     wait<0>(KK, X);
-    pipe::named_arrive_roles(kBarPrefetch, kThreads);  // done with Q, Tm and the tiles over S
-    // E = tril1(-Tm^T Y) .* Dec (rows < m); Eb + Eb^T (Eb = diag(b) E) as hi + lo tiles.
+    // E = tril1(-Tm^T Y) .* Dec (rows < m); Eb + Eb^T (Eb = diag(b) E) as hi + lo tiles over Z.
 #pragma unroll
     for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -434,6 +375,7 @@ struct ChunkBwdSm90 {
           float& v = X[4 * i + 2 * hh + e];
           v = (r > c && r < m) ? -v * gate_exp2(g[r] - g[c], true) : 0.f;
         }
+    pipe::named_sync_roles(kBarZFree, 256);
     {
       bf16_t* const eh = reinterpret_cast<bf16_t*>(smem + kOffEh);
       bf16_t* const el = reinterpret_cast<bf16_t*>(smem + kOffEl);
@@ -486,10 +428,10 @@ struct ChunkBwdSm90 {
 
   /// Warpgroup 1: dQ = scale diag(exp2(gc)) dO S^T + dS~ K (its state part's gate term), then
   /// dvb = Tm^T dV': dv = diag(b) dvb and dbeta's rowsum(dvb .* V).
-  __device__ static void query_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const float* g,
-                                    const float* b, const Lane& L, int m, long long t0, long long cg, int j, int next,
-                                    int next_pair) {
+  __device__ static void query_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L, int m,
+                                    long long t0, int j) {
     const u32 s0 = wg::smem_u32(smem);
+    const float* g = sc + sG;
     float D[64];
     issue<128, 0, 0>(D, s0 + kOffO, C, s0 + kOffS, K, V / 16, false);
     wg::commit();
@@ -519,17 +461,11 @@ struct ChunkBwdSm90 {
     wg::commit();
     wait<0>(D);
     store_rows(p.dq_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
-    // Past kBarDS warpgroups 0 and 3 are done with dO, V' and Z: the next head's copies start
-    // (here, not before dS~ K: beside dQ's accumulators their addresses spill).
-    if (next >= 0) {
-      load_tiles<128, kLdO | kLdVn | kLdZ>(p, smem, t0, cg, next, m, L.ctid);
-      bwd::cp_async_commit();
-    }
     float X[64];
     issue<128, 1, 1>(X, s0 + kOffT, C, s0 + kOffDV, C, C / 16, false);
     wg::commit();
     wait<0>(X);
-    store_rows(p.dv + (t0 * HV + j) * V, (long long)HV * V, X, L, m, b);
+    store_rows(p.dv + (t0 * HV + j) * V, (long long)HV * V, X, L, m, sc + sB);
     float rs[2] = {0.f, 0.f};
     row_dot(smem, kOffV, X, 0, 16, L, rs);
 #pragma unroll
@@ -537,26 +473,14 @@ struct ChunkBwdSm90 {
       const float s = quad_sum(rs[hh]);
       if ((L.ctid & 3) == 0) sc[sDbv + L.r[hh]] = s;
     }
-    // The rest of the next head once every warpgroup is done with S (and dTm, Y over it), dV',
-    // Tm, V and Q; K stays until the last product and loads at the next head's start.
-    pipe::named_sync_roles(kBarPrefetch, kThreads);
-    if (next >= 0) {
-      if (next / Cfg::G != j / Cfg::G)
-        load_tiles<128, kLdS | kLdDV | kLdT | kLdV | kLdQ>(p, smem, t0, cg, next, m, L.ctid);
-      else
-        load_tiles<128, kLdS | kLdDV | kLdT | kLdV>(p, smem, t0, cg, next, m, L.ctid);
-      bwd::cp_async_commit();
-      load_gates(p, sc + sG + next_pair, sc + sB + next_pair, t0, next, m, L.ctid);
-    }
-    bwd::cp_async_wait<0>();
-    wg::fence_smem_for_async();
   }
 
   /// Warpgroup 2: dW = -dV' S^T (bf16 tile), dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b))
   /// as hi + lo tiles, Y = dTm Tm^T as hi + lo tiles (both over the dead S).
-  __device__ static void chain_side(unsigned char* smem, float* sc, const float* g, const float* b, const Lane& L,
-                                    int m) {
+  __device__ static void chain_side(unsigned char* smem, float* sc, const Lane& L, int m) {
     const u32 s0 = wg::smem_u32(smem);
+    const float* g = sc + sG;
+    const float* b = sc + sB;
     {
       float W[64];
       issue<128, 0, 0>(W, s0 + kOffDV, C, s0 + kOffS, K, V / 16, false);
@@ -623,14 +547,15 @@ struct ChunkBwdSm90 {
       }
     wg::fence_smem_for_async();
     pipe::named_arrive_roles(kBarY, 256);
-    pipe::named_arrive_roles(kBarPrefetch, kThreads);
   }
 
   /// Warpgroup 3: dK = diag(exp2(gcL - gc)) V' Z^T + dS~^T Q + diag(b Gam) Tm^T dW + (Eb + Eb^T) K,
   /// the state term's and R1's row sums, and <S, Z>.
-  __device__ static void key_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const float* g,
-                                  const float* b, const Lane& L, int m, long long t0, int j) {
+  __device__ static void key_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L, int m,
+                                  long long t0, int j) {
     const u32 s0 = wg::smem_u32(smem);
+    const float* g = sc + sG;
+    const float* b = sc + sB;
     second_group_landed();
     float D[64];
     issue<128, 0, 0>(D, s0 + kOffVn, C, s0 + kOffZ, K, V / 16, false);
@@ -652,6 +577,7 @@ struct ChunkBwdSm90 {
     }
     wait<0>(D);
     pipe::named_arrive_roles(kBarSFree, 384);
+    pipe::named_arrive_roles(kBarZFree, 256);
     const float gL = g[m - 1];
     {  // dKst's rows scaled by exp2(gcL - gc); rowsum(dKst .* K) -> dgam (the shifted terms).
       float f[2], rs[2] = {0.f, 0.f};
@@ -700,7 +626,6 @@ struct ChunkBwdSm90 {
         if ((L.ctid & 3) == 0) sc[sR1 + L.r[hh]] = s;
       }
     }
-    pipe::named_arrive_roles(kBarPrefetch, kThreads);  // done with Tm and Q
     pipe::named_sync_roles(kBarE, 256);
     issue<128, 0, 1>(D, s0 + kOffEh, C, s0 + kOffK, C, C / 16, true);
     issue<128, 0, 1>(D, s0 + kOffEl, C, s0 + kOffK, C, C / 16, true);

@@ -100,16 +100,9 @@ constexpr int StateWalkBwdGeometry::smem_bytes_bv(int K, int chunk, int bvw) {
              : portable_smem_bytes_bv(K, chunk, bvw);
 }
 
-/// B4 + B5 + B6: one block per (chunk, run of heads_per_block value heads), the heads walked in
-/// turn. The run is a whole number of q/k groups where it can be, so one load of a chunk's q and
-/// k tiles serves every value head of the group, and on sm_90a the next head's tiles load while
-/// this one computes.
+/// B4 + B5 + B6: one block per (chunk, value head).
 struct ChunkBwdGeometry {
   static constexpr int kThreads = 512;
-  /// G x ceil(4 / G) value heads (4, 4, 6, 4, 8, 12 for G = 1, 2, 3, 4, 8, 12), at most HV.
-  static constexpr int heads_per_block(int G, int HV) {
-    return G * ((4 + G - 1) / G) < HV ? G * ((4 + G - 1) / G) : HV;
-  }
   /// Tiles alive for the whole block: Q, K, V, dV' and Tm.
   static constexpr int persist_bytes(int K, int V, int chunk) {
     return 2 * (2 * chunk * bwd_pitch(K) + 2 * chunk * bwd_pitch(V) + chunk * bwd_pitch(chunk));
@@ -126,10 +119,9 @@ struct ChunkBwdGeometry {
     return persist_bytes(K, V, chunk) + phase_bytes(K, V, chunk) + scalar_bytes(K, V, chunk);
   }
   /// The sm_90a kernel with one product per warpgroup (chunk_bwd_sm90.cuh): Q, K, V, dV', dO,
-  /// V' and dW, S and Z, Tm and dS~, E's hi and lo as unpadded SW128 tiles, and 1284 fp32
-  /// scalars (gc and beta twice: the next head's load into the other pair).
+  /// V' and dW, S and Z, Tm and dS~ as unpadded SW128 tiles, and 1156 fp32 scalars.
   static constexpr int smem_bytes_ws(int K, int V, int chunk) {
-    return 2 * (7 * chunk * K + 2 * K * V + 4 * chunk * chunk) + 4 * 1284;
+    return 2 * (7 * chunk * K + 2 * K * V + 2 * chunk * chunk) + 4 * 1156;
   }
 };
 
