@@ -13,7 +13,7 @@
  * Who computes what (u = one 64 x 64 x 64 product):
  *   WG0  dS~ = dO V'^T (2u) -> tile;  Q K^T .* dS~ sums (2u);  K K^T (2u);  Tm^T Y (2u) -> E tiles
  *   WG1  dQ = dO S^T (4u) + dS~ K (2u) -> dq_v;  Tm^T dV' (2u) -> dv, dbeta's V term
- *   WG2  dW = -dV' S^T (4u) -> tile , dV' V^T (2u) issued behind it;  dW K^T (2u) -> dTm;  dTm Tm^T (2u) -> Y
+ *   WG2  dW = -dV' S^T (4u) -> tile;  dW K^T, dV' V^T (4u) -> dTm;  dTm Tm^T (2u) -> Y tiles
  *   WG3  dK = V' Z^T (4u) + dS~^T Q (2u) + diag(b Gam) Tm^T dW (2u) + (Eb + Eb^T) K (4u) -> dk_v
  * The chain dW -> dTm -> Y -> E -> dK runs through WG2, WG0 and WG3; the other products fill
  * the gaps. dTm and Y are written over S, E over Z, once their readers have passed a barrier.
@@ -481,17 +481,12 @@ struct ChunkBwdSm90 {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
-    float T1[32], T2[32];
     {
-      // dV' V^T needs neither dW nor the tile: it runs on the tensor cores while dW's epilogue
-      // stores (the chain dW -> dTm is the block's critical path).
       float W[64];
       issue<128, 0, 0>(W, s0 + kOffDV, C, s0 + kOffS, K, V / 16, false);
       wg::commit();
       second_group_landed();
-      issue<64, 0, 0>(T2, s0 + kOffDV, C, s0 + kOffV, C, V / 16, false);
-      wg::commit();
-      wait<1>(W);
+      wait<0>(W);
 #pragma unroll
       for (int i = 0; i < 16; ++i)
 #pragma unroll
@@ -502,6 +497,8 @@ struct ChunkBwdSm90 {
     wg::fence_smem_for_async();
     pipe::named_arrive_roles(kBarDW, 256);
     local_sync(2);
+    float T1[32], T2[32];
+    issue<64, 0, 0>(T2, s0 + kOffDV, C, s0 + kOffV, C, V / 16, false);
     issue<64, 0, 0>(T1, s0 + kOffDW, C, s0 + kOffK, C, K / 16, false);
     wg::commit();
     wait<0>(T1, T2);
