@@ -208,6 +208,11 @@ struct ChunkBwdSm90 {
     float* const db = sc + sDb;
     if (tid < C) {
       const int r = tid;
+      // The last row's sum of the others' shifted state terms, by the same butterfly in both
+      // warps (a serial loop over 63 rows held the whole block about 1 us: docs/PERF.md).
+      const int l = tid & 31;
+      const float kst =
+          warp_sum((2 * l < m - 1 ? sc[sKst + 2 * l] : 0.f) + (2 * l + 1 < m - 1 ? sc[sKst + 2 * l + 1] : 0.f));
       float gr = 0.f, dbr = 0.f;
       if (r < m) {
         const float g = sc[sG + r], b = sc[sB + r], gmr = exp2f(fminf(g, 0.f));
@@ -215,8 +220,6 @@ struct ChunkBwdSm90 {
         gr += sc[sAttR + r] - (((sc[sAttC + r] + sc[sAttC + 64 + r]) + sc[sAttC + 128 + r]) + sc[sAttC + 192 + r]);
         if (r == m - 1) {
           const float szs = ((sc[sSz] + sc[sSz + 1]) + sc[sSz + 2]) + sc[sSz + 3];
-          float kst = 0.f;
-          for (int i = 0; i < m - 1; ++i) kst += sc[sKst + i];
           gr += exp2f(fminf(sc[sG + m - 1], 0.f)) * szs + kst;
         } else {
           gr -= sc[sKst + r];
