@@ -209,7 +209,7 @@ struct ChunkBwdSm90 {
     if (tid < C) {
       const int r = tid;
       // The last row's sum of the others' shifted state terms, by the same butterfly in both
-      // warps (a serial loop over 63 rows held the whole block about 1 us: docs/PERF.md).
+      // warps: a serial loop over up to 63 rows kept the other 15 warps at the barrier below.
       const int l = tid & 31;
       const float kst =
           warp_sum((2 * l < m - 1 ? sc[sKst + 2 * l] : 0.f) + (2 * l + 1 < m - 1 ? sc[sKst + 2 * l + 1] : 0.f));
