@@ -29,16 +29,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
-export GDNC_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}" PYTHONUNBUFFERED=1
-bin=.scratch_device/bin
-if [ -f .scratch_device/bin.tar.xz ]; then
-  rm -rf "$bin" && mkdir -p "$bin" && tar xJf .scratch_device/bin.tar.xz -C "$bin" || exit 2
-fi
-chmod +x "$bin"/* 2>/dev/null
+export PYTHONUNBUFFERED=1
+. scripts/device_env.sh || exit 2
 export GDNC_COMMIT="${GDNC_COMMIT:-${GDN_COMMIT:-$(cat .scratch_device/TREE TREE 2>/dev/null | head -1)}}"
 # FLA 0.6.0 hands its calls to FlashQLA when that is importable; "FLA" must time FLA.
 export FLA_FLASH_QLA=0
-export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GDNC_LIBRARY="$PWD/$bin/libgdn.so" GDNC_REFERENCE_LIBRARY="$PWD/$bin/libgdn_reference.so"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

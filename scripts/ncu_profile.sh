@@ -12,14 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/out}"
 mkdir -p "$OUT"
-bin=.scratch_device/bin
-# scripts/pack_device.sh carries the binaries xz-packed, as gpu_run.sh unpacks them.
-if [ -f .scratch_device/bin.tar.xz ]; then
-  rm -rf "$bin" && mkdir -p "$bin" && tar xJf .scratch_device/bin.tar.xz -C "$bin"
-fi
-chmod +x "$bin"/* 2>/dev/null || true
-export GDNC_SOURCE_DIR="$PWD" GDNC_CACHE_DIR="${GDNC_CACHE_DIR:-/tmp/gdnc-cache}"
-export LD_LIBRARY_PATH="$PWD/$bin${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+. scripts/device_env.sh
 ncu_bin="$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1 || true)"
 [ -n "$ncu_bin" ] || { echo "ncu_profile: no ncu on this machine" >&2; exit 2; }
 kernels="${KERNELS:-chunk_bwd}"
