@@ -142,7 +142,11 @@ LayerIR lower(const Spec& spec_in) {
     ir.forward_auto = true;
     ir.spec.forward = auto_forward(spec_in);
   }
-  if (spec_in.cp_segments == 0) {
+  if (spec_in.cp_ranks > 1) {
+    // The single-GPU proxy of context parallelism: the pieces between rank boundaries are the
+    // segments (at most one per rank of a document), at pinned slots.
+    ir.spec.cp_segments = spec_in.cp_ranks;
+  } else if (spec_in.cp_segments == 0) {
     const int bv =
         spec_in.walk_slab != 0 ? spec_in.walk_slab : StateWalkGeometry::auto_bv(spec_in.head_dim_v, spec_in.heads_v);
     ir.segments_auto = true;
@@ -169,6 +173,7 @@ LayerIR lower(const Spec& spec_in) {
   };
   add("chunk_table", "prep/chunk_table.cuh", "ChunkTable", "ChunkTableParams", ChunkTableGeometry::kThreads,
       ChunkTableGeometry::smem_bytes(), GridKind::single);
+  ir.programs.back().constants.emplace_back("RANKS", std::to_string(s.cp_ranks));
   if (norm)
     add("l2norm", "prep/l2norm.cuh", "L2Norm", "L2NormParams", L2NormGeometry::kThreads, L2NormGeometry::smem_bytes(),
         GridKind::rows_qk);
@@ -194,9 +199,11 @@ LayerIR lower(const Spec& spec_in) {
   const std::pair<std::string, std::string> seg_constant{"SEGMENTS", std::to_string(segments)};
   const std::pair<std::string, std::string> seg_min_constant{"SEG_MIN_CHUNKS", std::to_string(ir.seg_min_chunks)};
   // Every program that walks or merges segments reads the same two constants.
+  const std::pair<std::string, std::string> ranks_constant{"RANKS", std::to_string(s.cp_ranks)};
   auto add_segment_constants = [&] {
     ir.programs.back().constants.push_back(seg_constant);
     ir.programs.back().constants.push_back(seg_min_constant);
+    ir.programs.back().constants.push_back(ranks_constant);
   };
   if (segments > 1) {
     add("walk_prescan", "fwd/state_walk.cuh", "StateWalkPrescan", "StateWalkParams", StateWalkGeometry::kThreads,
@@ -382,6 +389,10 @@ LayerIR lower(const Spec& spec_in) {
       share("seg_dz", "seg_h0");
     }
   }
+  // With cp.ranks R every rank boundary inside a document starts a piece chunked from its own first
+  // token: at most R - 1 chunks more than T / chunk + N (ir.extra_chunks, which NT includes).
+  ir.extra_chunks = s.cp_ranks - 1;
+  for (Buffer& b : ir.buffers) b.bytes.constant += b.bytes.per_chunk * ir.extra_chunks;
 
   // Call forms. The recompute is the forward a checkpointed step runs in its backward phase: it
   // may skip the output, and with light saves it may hand its tapes to the backward, which then
@@ -510,6 +521,12 @@ std::string to_text(const LayerIR& ir) {
                            "nc / {})) (its walks alone fill less than a quarter of the GPU)",
                            s.cp_segments, s.cp_segments, ir.seg_min_chunks)
              : std::string("segments: auto, 1 per document (the walks of one document fill the GPU)"));
+  else if (s.cp_ranks > 1)
+    line(
+        fmt::format("ranks: {} on one GPU (the proxy of context parallelism): every document is cut at the rank "
+                    "boundaries r T / {} inside it, each piece chunked from its own first token and walked as a "
+                    "segment (the prescan and the fp32 merge in piece order, as the ranks would)",
+                    s.cp_ranks, s.cp_ranks));
   else if (s.cp_segments > 1)
     line(fmt::format("segments: {} per document (pinned by the spec)", s.cp_segments));
   line("programs:");
@@ -521,7 +538,8 @@ std::string to_text(const LayerIR& ir) {
         p.threads, p.min_blocks_per_sm > 1 ? fmt::format(" min_blocks={}", p.min_blocks_per_sm) : "",
         p.max_registers > 0 ? fmt::format(" max_registers={}", p.max_registers) : "", p.smem_bytes, to_string(p.grid)));
   }
-  line("buffers (bytes with NT = T/chunk + N):");
+  line(ir.extra_chunks > 0 ? fmt::format("buffers (bytes with NT = T/chunk + N + {}):", ir.extra_chunks)
+                           : std::string("buffers (bytes with NT = T/chunk + N):"));
   for (const auto& b : ir.buffers) {
     std::string forms;
     for (CallForm f : b.forms) forms += (forms.empty() ? " forms=" : ",") + std::string(to_string(f));

@@ -103,6 +103,9 @@ struct LayerIR {
   /// cp.segments "auto": spec.cp_segments holds the resolved most per document, and a document of
   /// nc chunks takes min(that, max(1, nc / seg_min_chunks)) (0: pinned, every document the same).
   bool segments_auto = false;
+  /// cp.ranks - 1: the chunks the rank boundaries may add to NT = T / chunk + N (every per-chunk
+  /// byte formula and grid counts them).
+  int extra_chunks = 0;
   /// forward "auto": spec.forward holds the path lower() picked from the layer.
   bool forward_auto = false;
   int seg_min_chunks = 0;

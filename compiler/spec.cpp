@@ -93,9 +93,9 @@ const IntegerField kHeadsV{"/heads/v", 1, kMaxHeads, "is out of range (1 to 4096
 const IntegerField kHeadDimK{"/head_dim/k", kSupportedHeadDim, kSupportedHeadDim, "is not supported (supported: 128)"};
 const IntegerField kHeadDimV{"/head_dim/v", kSupportedHeadDim, kSupportedHeadDim, "is not supported (supported: 128)"};
 const IntegerField kChunk{"/chunk", kSupportedChunk, kSupportedChunk, "is not supported (supported: 64)"};
-const IntegerField kCpRanks{"/cp/ranks", 1, 1,
-                            "is not supported yet (supported: 1; context parallelism across GPUs is not implemented, "
-                            "intra-card segments are: cp.segments)"};
+const IntegerField kCpRanks{"/cp/ranks", 1, kMaxSegments,
+                            "is not supported (supported: 1 to 64; more than 1 runs the single-GPU proxy of context "
+                            "parallelism)"};
 const IntegerField kCpSegments{"/cp/segments", 0, kMaxSegments, "is not supported (supported: \"auto\", 1 to 64)"};
 
 void check(const IntegerField& f, long long value) {
@@ -144,6 +144,10 @@ void validate(const Spec& s) {
         throw SpecError(fmt::format("/targets/{}", i), fmt::format("\"{}\" is listed twice", to_string(s.targets[i])));
   check(kCpRanks, s.cp_ranks);
   check(kCpSegments, s.cp_segments);
+  if (s.cp_ranks > 1 && s.cp_segments > 1)
+    throw SpecError("/cp/segments", fmt::format("{} with cp.ranks {}: the ranks' pieces are the segments (use 1 or "
+                                                "\"auto\" with more than one rank)",
+                                                s.cp_segments, s.cp_ranks));
 }
 
 namespace {

@@ -9,6 +9,7 @@
 #include "common/json_input.hpp"
 #include "compiler/compiler.hpp"
 #include "params.cuh"
+#include "runtime/cp_partition.hpp"
 
 #include <fmt/format.h>
 
@@ -288,11 +289,19 @@ void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_siz
   const Spec& sp = ir_.spec;
   check_problem_size(s.T, s.N);
   // The segmented walks run one block row per (document, segment) on the grid's z axis.
+  const char* seg_field = sp.cp_ranks > 1 ? "cp.ranks" : "cp.segments";
   if (sp.cp_segments > 1 && s.N * sp.cp_segments > 65535)
     throw InputError(
-        fmt::format("N: {} documents x cp.segments {} = {} blocks exceeds the grid's z limit 65535 "
+        fmt::format("N: {} documents x {} {} = {} blocks exceeds the grid's z limit 65535 "
                     "(at most {} documents with this layer)",
-                    s.N, sp.cp_segments, s.N * sp.cp_segments, 65535 / sp.cp_segments));
+                    s.N, seg_field, sp.cp_segments, s.N * sp.cp_segments, 65535 / sp.cp_segments));
+  // The proxy cuts the packed tokens into cp.ranks equal parts, as a communicator of that size would.
+  if (sp.cp_ranks > 1) {
+    if (s.T % sp.cp_ranks != 0)
+      throw InputError(fmt::format("T: {} tokens do not split into cp.ranks {} equal parts ({} left over)", s.T,
+                                   sp.cp_ranks, s.T % sp.cp_ranks));
+    cp_check_world(sp.cp_ranks, sp, s.T);
+  }
   require_aligned(in.q, "q");
   require_aligned(in.k, "k");
   require_aligned(in.v, "v");

@@ -89,12 +89,12 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
   const Spec& s = ir.spec;
   const Lin one{0, 0, 0, 1, 1};
   const Lin heads{0, 0, 0, s.heads_v, 1};
+  const Lin chunks{0, 0, 1, ir.extra_chunks, 1};
   switch (p.grid) {
     case GridKind::single: return {one, one, one};
     case GridKind::rows_qk: return {Lin{s.heads_qk, 0, 0, 0, L2NormGeometry::kRowsPerBlock}, one, one};
-    case GridKind::chunk_heads: return {Lin{0, 0, 1, 0, 1}, heads, one};
-    case GridKind::chunk_head_groups:
-      return {Lin{0, 0, 1, 0, 1}, Lin{0, 0, 0, GateCumsumGeometry::grid_y(s.heads_v), 1}, one};
+    case GridKind::chunk_heads: return {chunks, heads, one};
+    case GridKind::chunk_head_groups: return {chunks, Lin{0, 0, 0, GateCumsumGeometry::grid_y(s.heads_v), 1}, one};
     case GridKind::walk:
     case GridKind::walk_segments:
     case GridKind::walk_prescan: {
@@ -135,7 +135,7 @@ class Builder {
   static ValueSource frame(Frame f) { return {ValueSource::from_frame, f, RegionKind::saved, 0, {}, 0}; }
   static ValueSource lin(Lin l) { return {ValueSource::from_formula, Frame::T, RegionKind::saved, 0, l, 0}; }
   static ValueSource constant(int64_t v) { return {ValueSource::from_constant, Frame::T, RegionKind::saved, 0, {}, v}; }
-  static ValueSource nt_max() { return lin(Lin{0, 0, 1, 0, 1}); }
+  ValueSource nt_max() const { return lin(Lin{0, 0, 1, ir_.extra_chunks, 1}); }
   const LayerIR& ir() const { return ir_; }
 
   PlannedLaunch& launch(const char* program, size_t params_size) {
@@ -212,6 +212,7 @@ void bind_walk_merge(Builder& b, const char* program, const char* maps, const Va
   auto& l = b.launch(program, sizeof(WalkMergeParams));
   using P = WalkMergeParams;
   GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+  GDN_BIND(l, P, chunks, b.slot("chunks"));
   GDN_BIND(l, P, seg_hm, b.slot(maps));
   GDN_BIND(l, P, h0, start);
   GDN_BIND(l, P, seg_h0, b.slot(out));

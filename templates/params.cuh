@@ -21,7 +21,7 @@ struct ChunkInfo {
   int start;
   int len;
   int doc;
-  int index_in_doc;
+  int piece;  ///< cp.ranks > 1: the document's piece between rank boundaries (0 for the first); else 0
 };
 
 /// Error codes the device-side cu_seqlens check writes (first failure wins).
@@ -46,7 +46,7 @@ struct ChunkTableParams {
   int cu_is_int64;
   int T;
   int N;
-  int nt_max;             ///< host bound on the chunk count: T / CHUNK + N
+  int nt_max;             ///< host bound on the chunk count: T / CHUNK + N (+ cp.ranks - 1)
   ChunkInfo* chunks;      ///< [nt_max]; entries past num_chunks get len = 0
   int* doc_chunk_offset;  ///< [N + 1]
   int* num_chunks;        ///< [1]
@@ -143,6 +143,7 @@ struct FusedWalkParams {
 /// segment, dht, and the gradient at each segment's end, chained from the last segment.
 struct WalkMergeParams {
   const int* doc_chunk_offset;  ///< [N + 1]: each document's segment count and slots (common/segments.cuh)
+  const ChunkInfo* chunks;      ///< the chunk table: with cp.ranks > 1 its pieces are the segments
   const float* seg_hm;          ///< [segment slots, HV, K, V + K]
   const float* h0;              ///< [N, HV, K, V] or null
   float* seg_h0;                ///< [N * SEGMENTS, HV, K, V]
@@ -246,7 +247,7 @@ static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host a
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 136, "FusedWalkParams: the host and the kernels share this layout");
-static_assert(sizeof(WalkMergeParams) == 32, "WalkMergeParams: the host and the kernels share this layout");
+static_assert(sizeof(WalkMergeParams) == 40, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");
 

@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 namespace fs = std::filesystem;
 
@@ -67,6 +68,28 @@ TEST_SUITE("compile") {
       ++segment_programs;
     }
     CHECK(segment_programs == 9);
+  }
+
+  TEST_CASE("the proxy's programs (cp.ranks 4) compile for sm_90a and spill no more than 4 segments do") {
+    auto spec = example("m");
+    spec.cp_segments = 4;
+    std::map<std::string, int> segmented_spills;
+    for (const auto& e : gdn::compile_layer(gdn::lower(spec), {gdn::Target::sm_90a}, shared_cache(), 2))
+      segmented_spills[e.program] = e.entry.manifest["info"]["spill_store_bytes"].get<int>();
+    spec.cp_segments = 1;
+    spec.cp_ranks = 4;
+    const auto ir = gdn::lower(spec);
+    int ranked = 0;
+    for (const auto& e : gdn::compile_layer(ir, {gdn::Target::sm_90a}, shared_cache(), 2)) {
+      bool has_ranks = false;
+      for (const auto& [k, v] : ir.program(e.program).constants) has_ranks |= k == "RANKS" && v == "4";
+      if (!has_ranks) continue;
+      CAPTURE(e.program);
+      REQUIRE(segmented_spills.count(e.program) == 1);
+      CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() <= segmented_spills[e.program]);
+      ++ranked;
+    }
+    CHECK(ranked == 8);  // chunk_table, both prescans and merges, fused_walk, walk_tape, state_walk_bwd
   }
 
   TEST_CASE("a truncated cubin is detected and rebuilt") {

@@ -254,7 +254,7 @@ TEST_SUITE("cp") {
     CHECK_NOTHROW(gdn::cp_check_world(1, spec, 64));
     CHECK_THROWS_WITH_AS(gdn::cp_check_world(2, spec, 4096),
                          "cp.ranks: the communicator has 2 ranks, the spec asks for 1", gdn::InputError);
-    spec.cp_ranks = 8;  // not a valid spec yet (the kernels are missing); the check stands alone
+    spec.cp_ranks = 8;
     CHECK_THROWS_WITH_AS(gdn::cp_check_world(8, spec, 320),
                          "cp.ranks: 8 ranks for 320 tokens: each rank needs at least one 64-token chunk (at most 5 "
                          "ranks)",

@@ -497,7 +497,102 @@ TEST_SUITE("gpu_layer") {
   }
 }
 
+TEST_SUITE("gpu_layer") {
+  // cp.ranks R > 1 on one GPU, the proxy of context parallelism: the packed tokens are cut into R
+  // equal parts, every document at the boundaries inside it, each piece chunked from its own first
+  // token and carried through the prescan and the fp32 merge. Other chunks than the plain layer's,
+  // so other roundings: held to the fp64 bounds. 7560 tokens (divisible by 2 .. 8): with 8 ranks of
+  // 945 tokens every boundary falls inside a chunk, the first document spans ranks 0 .. 4 (ranks 1
+  // to 3 hold only its middle) and rank 4 holds many short documents.
+  TEST_CASE("cp.ranks (the single-GPU proxy of context parallelism) against the fp64 reference") {
+    const uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) + 29;
+    MESSAGE("seed " << seed);
+    const std::vector<long long> lens = {4000, 1, 63, 64, 65, 30, 129, 700, 1, 100, 2407};
+    for (const char* example : {"n", "m"})
+      for (int ranks : {2, 4, 8}) {
+        Spec s = spec_of(example);
+        s.cp_ranks = ranks;
+        s.name = fmt::format("{}_ranks{}", example, ranks);
+        auto layer = make(s);
+        REQUIRE(layer->ir().spec.cp_segments == ranks);
+        check::Case c;
+        c.seed = seed + static_cast<uint64_t>(ranks);
+        c.doc_lens = lens;
+        expect_within_bounds(check::run(*layer, c), s.name + " mixed");
+        if (std::string(example) == "m" && ranks != 8) continue;
+        c.step = check::Case::Step::ckpt;
+        expect_within_bounds(check::run(*layer, c), s.name + " ckpt");
+        c.step = check::Case::Step::fwd_bwd;
+        c.doc_lens = {7560};
+        c.gate_value = 0.0;
+        expect_within_bounds(check::run(*layer, c), s.name + " one document, g=0");
+        c.gate_value = -20.0;
+        c.beta_value = 1.0;
+        expect_within_bounds(check::run(*layer, c), s.name + " one document, g=-20, beta=1");
+      }
+    Spec full = spec_of("n");
+    full.cp_ranks = 4;
+    full.save_mode = SaveMode::full;
+    full.name = "n_ranks4_full";
+    check::Case c;
+    c.seed = seed + 5;
+    c.doc_lens = lens;
+    expect_within_bounds(check::run(*make(full), c), full.name);
+  }
+}
+
 TEST_SUITE("gpu_determinism") {
+  // The proxy is the oracle of the multi-rank runs, so its own bits must be stable: repeats,
+  // light = full = ckpt. And where the rank boundaries fall on chunk boundaries of one document,
+  // its pieces are exactly what cp.segments cuts (nc * s / R chunks), so both give the same bits.
+  TEST_CASE("cp.ranks: repeats bitwise equal, light = full = ckpt, and equal to segments where the cuts agree") {
+    for (const char* example : {"n", "m"}) {
+      check::Case c;
+      c.doc_lens = {4000, 1, 63, 64, 65, 30, 129, 700, 1, 100, 2407};
+      c.with_reference = false;
+      c.seed = 83;
+      c.repeats = 3;
+      std::map<std::string, std::string> first;
+      for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+        Spec s = spec_of(example);
+        s.cp_ranks = 8;
+        s.save_mode = save;
+        s.name = fmt::format("{}_ranks8_{}", example, to_string(save));
+        auto layer = make(s);
+        c.step = check::Case::Step::fwd_bwd;
+        const check::Report r = check::run(*layer, c);
+        CHECK(r.bytes.size() == 8);
+        for (const auto& m : r.mismatches) FAIL_CHECK(s.name << " repeat differs: " << m);
+        if (first.empty())
+          first = r.bytes;
+        else
+          expect_same_bits(first, r, s.name + " vs light");
+        c.step = check::Case::Step::ckpt;
+        expect_same_bits(first, check::run(*layer, c), s.name + " ckpt");
+      }
+      // 4 ranks of 640 tokens (10 chunks) over one 2560-token document: the pieces are the four
+      // segments' chunk runs.
+      check::Case one;
+      one.doc_lens = {2560};
+      one.with_reference = false;
+      one.seed = 84;
+      Spec ranked = spec_of(example);
+      ranked.cp_ranks = 4;
+      ranked.name = fmt::format("{}_ranks4_aligned", example);
+      Spec segmented = spec_of(example);
+      segmented.cp_segments = 4;
+      segmented.name = fmt::format("{}_seg4_aligned", example);
+      const check::Report by_ranks = check::run(*make(ranked), one);
+      expect_same_bits(by_ranks.bytes, check::run(*make(segmented), one), ranked.name + " vs 4 segments");
+      // Not by construction: with a boundary inside a chunk (3 ranks of 853 tokens) they differ.
+      one.doc_lens = {2559};
+      ranked.cp_ranks = 3;
+      segmented.cp_segments = 3;
+      CHECK_MESSAGE(check::run(*make(ranked), one).bytes.at("o") != check::run(*make(segmented), one).bytes.at("o"),
+                    example << ": 3 ranks of 853 tokens chunk otherwise than 3 segments");
+    }
+  }
+
   // cp.segments "auto": few value heads, so up to 8 segments, each document as many as its own
   // length allows (one per 32 chunks): 16400 tokens take 8, 4200 take 2, shorter ones 1. Against
   // fp64, repeats and ckpt bitwise, and each document's bits alone equal to its bits packed.

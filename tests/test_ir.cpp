@@ -370,6 +370,43 @@ TEST_SUITE("ir") {
                          gdn::SpecError);
   }
 
+  TEST_CASE("cp.ranks > 1: the single-GPU proxy walks the ranks' pieces as segments, NT gains ranks - 1 chunks") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto plain = gdn::lower(spec);
+    CHECK(plain.extra_chunks == 0);
+    CHECK(constant_of(plain.program("chunk_table"), "RANKS") == "1");
+    spec.cp_ranks = 4;
+    for (int segments : {1, 0}) {
+      spec.cp_segments = segments;
+      const auto ir = gdn::lower(spec);
+      CHECK(ir.spec.cp_segments == 4);
+      CHECK_FALSE(ir.segments_auto);
+      CHECK(ir.seg_min_chunks == 0);
+      CHECK(ir.extra_chunks == 3);
+      for (const char* name : {"chunk_table", "walk_prescan", "walk_merge", "fused_walk", "walk_tape",
+                               "walk_bwd_prescan", "walk_merge_bwd", "state_walk_bwd"})
+        CHECK_MESSAGE(constant_of(ir.program(name), "RANKS") == "4", name);
+      CHECK(constant_of(ir.program("fused_walk"), "SEGMENTS") == "4");
+      CHECK(ir.program("fused_walk").grid == gdn::GridKind::walk_segments);
+      // Every per-chunk buffer holds three more chunks; per-token and per-document ones are unchanged.
+      CHECK(ir.buffer("h_tape").bytes.eval(32768, 5, 64) == plain.buffer("h_tape").bytes.eval(32768, 8, 64));
+      CHECK(ir.buffer("chunks").bytes.eval(1000, 2, 64) == (1000 / 64 + 2 + 3) * 16);
+      CHECK(ir.buffer("o").bytes.eval(1000, 2, 64) == plain.buffer("o").bytes.eval(1000, 2, 64));
+      const std::string text = gdn::to_text(ir);
+      CHECK(text.find("ranks: 4 on one GPU (the proxy of context parallelism)") != std::string::npos);
+      CHECK(text.find("buffers (bytes with NT = T/chunk + N + 3):") != std::string::npos);
+    }
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_ranks == 4);
+    spec.cp_segments = 2;
+    CHECK_THROWS_WITH_AS(gdn::lower(spec),
+                         "/cp/segments: 2 with cp.ranks 4: the ranks' pieces are the segments (use 1 or \"auto\" "
+                         "with more than one rank)",
+                         gdn::SpecError);
+    spec.cp_segments = 1;
+    spec.cp_ranks = 65;
+    CHECK_THROWS_AS(gdn::lower(spec), gdn::SpecError);
+  }
+
   TEST_CASE("cp.segments \"auto\": the most per document from the layer, the slots from the documents' lengths") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
     spec.cp_segments = 0;

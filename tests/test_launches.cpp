@@ -256,7 +256,24 @@ TEST_SUITE("launches") {
                          "N: 1024 documents x cp.segments 64 = 65536 blocks exceeds the grid's z limit 65535 (at most "
                          "1023 documents with this layer)",
                          InputError);
+    // The proxy of context parallelism cuts T into cp.ranks equal parts of at least a chunk each.
+    Spec ranked = example("n");
+    ranked.cp_ranks = 8;
+    auto rank_layer = Layer::with_launcher(ranked, rec);
+    auto ranked_fwd = [&](ProblemShape shape) {
+      const FakeCall r = fake_call(*rank_layer, shape);
+      rank_layer->forward(shape, r.in, r.out, reinterpret_cast<void*>(r.saved), r.saved_size,
+                          reinterpret_cast<void*>(r.ws), r.ws_size, nullptr);
+    };
+    CHECK_THROWS_WITH_AS(ranked_fwd({1001, 3}), "T: 1001 tokens do not split into cp.ranks 8 equal parts (1 left over)",
+                         InputError);
+    CHECK_THROWS_WITH_AS(ranked_fwd({256, 3}),
+                         "cp.ranks: 8 ranks for 256 tokens: each rank needs at least one 64-token chunk (at most 4 "
+                         "ranks)",
+                         InputError);
     CHECK(rec->records.empty());
+    ranked_fwd({1024, 3});
+    CHECK_FALSE(rec->records.empty());
   }
 }
 

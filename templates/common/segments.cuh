@@ -11,10 +11,17 @@
  * document's base is at least n + 1 + first / MIN + nc / MIN, past this one's last slot; and the
  * largest is below N + NT / MIN, the buffers' size (compiler/ir.cpp). The arithmetic is
  * common/segments.hpp, which the host tests check.
+ *
+ * cp.ranks R > 1 (the single-GPU proxy of context parallelism, docs/design_kcp.md 2): the segments
+ * are the pieces between the rank boundaries r T / R inside the document, each chunked from its
+ * own first token by chunk_table, which numbers them in ChunkInfo::piece. SEGMENTS is R (a document
+ * spans at most R ranks), the slots are pinned (n * R + piece), and a piece's first chunk is found
+ * by a binary search over the document's chunks (pieces are non-decreasing along them).
  */
 #pragma once
 
 #include "common/segments.hpp"
+#include "params.cuh"
 
 namespace gdn {
 
@@ -25,14 +32,37 @@ struct DocSegments {
   int count;        ///< its segments
   long long slot0;  ///< the slot of its segment 0
 
-  __device__ __forceinline__ DocSegments(const int* doc_chunk_offset, int n) {
+  const ChunkInfo* table;  ///< the chunk table (cp.ranks > 1: the pieces' numbers)
+
+  __device__ __forceinline__ DocSegments(const int* doc_chunk_offset, const ChunkInfo* chunk_table, int n)
+      : table(chunk_table) {
     first = doc_chunk_offset[n];
     chunks = doc_chunk_offset[n + 1] - first;
-    count = seg::count(chunks, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
-    slot0 = seg::slot0(n, first, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
+    if (Cfg::RANKS > 1) {
+      count = chunks > 0 ? table[first + chunks - 1].piece + 1 : 1;
+      slot0 = (long long)n * Cfg::SEGMENTS;
+    } else {
+      count = seg::count(chunks, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
+      slot0 = seg::slot0(n, first, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
+    }
   }
   /// The first chunk of segment s (s = count gives the end).
-  __device__ __forceinline__ int begin(int s) const { return seg::begin(first, chunks, count, s); }
+  __device__ __forceinline__ int begin(int s) const {
+    if (Cfg::RANKS > 1) {
+      if (s <= 0) return first;
+      if (s >= count) return first + chunks;
+      int lo = first, hi = first + chunks - 1;  // the first chunk of piece >= s lies in (lo, hi]
+      while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        if (table[mid].piece >= s)
+          hi = mid;
+        else
+          lo = mid;
+      }
+      return hi;
+    }
+    return seg::begin(first, chunks, count, s);
+  }
 };
 
 /// What one block of a segmented walk grid (z = n * SEGMENTS + segment) walks: chunks [begin, end)
@@ -46,11 +76,11 @@ struct SegmentWalk {
   int begin, end;  ///< chunks (when active)
   long long slot;  ///< the segment's slot in seg_h0 (SEGMENTS > 1)
 
-  __device__ __forceinline__ explicit SegmentWalk(const int* doc_chunk_offset) {
+  __device__ __forceinline__ SegmentWalk(const int* doc_chunk_offset, const ChunkInfo* chunk_table) {
     constexpr int SEG = Cfg::SEGMENTS;
     const int z = blockIdx.z, seg = SEG > 1 ? z % SEG : 0;
     n = SEG > 1 ? z / SEG : z;
-    const DocSegments<Cfg> ds(doc_chunk_offset, n);
+    const DocSegments<Cfg> ds(doc_chunk_offset, chunk_table, n);
     active = seg < ds.count;
     last = seg == ds.count - 1;
     begin = active ? ds.begin(seg) : 0;

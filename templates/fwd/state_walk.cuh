@@ -68,7 +68,7 @@ struct StateWalk {
     const int slab = transition ? blockIdx.x - V / BV : blockIdx.x, v0 = slab * BV;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gr = lane >> 2, tq = (lane & 3) * 2;
-    const DocSegments<Cfg> ds(p.doc_chunk_offset, n);
+    const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
     if (seg >= ds.count) return;  // past this document's segments ("auto")
     const int c_begin = ds.begin(seg), c_end = ds.begin(seg + 1);
     const long long slot = ds.slot0 + seg;

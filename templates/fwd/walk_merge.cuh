@@ -36,7 +36,7 @@ struct WalkMerge {
 #pragma unroll
     for (int e = 0; e < 16; ++e)
       x[e] = has_h0 ? p.h0[((long long)n * HV + j) * K * V + (long long)r * V + c0 + half + e] : 0.f;
-    const DocSegments<Cfg> ds(p.doc_chunk_offset, n);
+    const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
     for (int step = 0; step < ds.count; ++step) {
       const int seg = kReverse ? ds.count - 1 - step : step;
       const long long z = ds.slot0 + seg;

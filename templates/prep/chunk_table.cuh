@@ -3,7 +3,11 @@
  * @brief Builds the chunk table of a packed varlen batch on the device and checks cu_seqlens,
  *        so no call ever needs a device-to-host copy of cu_seqlens (graph-capturable).
  *
- * One block. Documents are cut into ceil(len / CHUNK) chunks from their own first token. Invalid
+ * One block. Documents are cut into ceil(len / CHUNK) chunks from their own first token. With
+ * cp.ranks R > 1 (the single-GPU proxy of context parallelism) a document is first cut at every rank
+ * boundary r P (P = T / R, which the host checks divides T) strictly inside it, and each piece is
+ * chunked from its own first token, as the rank holding it would; ChunkInfo::piece numbers the
+ * pieces (common/segments.cuh makes them the walks' segments). Invalid
  * cu_seqlens (first != 0, decreasing, last != T) are reported in DeviceStatus (the lowest failing
  * index wins, so the report is deterministic) and produce an empty table, so every later program
  * does nothing instead of reading out of bounds.
@@ -24,7 +28,17 @@ struct ChunkTable {
                          : static_cast<long long>(static_cast<const int*>(p.cu_seqlens)[i]);
   }
 
+  /// The end of the piece that starts at token a of a document ending at e: the next rank
+  /// boundary after a, or e. With one rank there is no boundary inside a document.
+  /// Token positions of a valid table are in [0, T], T < 2^31: 32-bit unsigned arithmetic (a 64-bit
+  /// division is a subroutine that spills in this 1024-thread block).
+  __device__ static unsigned piece_end(unsigned a, unsigned e, unsigned per_rank) {
+    if (Cfg::RANKS <= 1) return e;
+    return min(e, a - a % per_rank + per_rank);
+  }
+
   __device__ static void run(const ChunkTableParams& p) {
+    const unsigned per_rank = max(1u, static_cast<unsigned>(p.T) / Cfg::RANKS);
     __shared__ int first_bad;  // lowest failing index, or INT_MAX
     __shared__ int scan[kThreads];
     __shared__ int total;
@@ -46,8 +60,14 @@ struct ChunkTable {
     const int d0 = min(p.N, tid * per), d1 = min(p.N, d0 + per);
     int mine = 0;
     if (valid)
-      for (int d = d0; d < d1; ++d)
-        mine += static_cast<int>((cu_at(p, d + 1) - cu_at(p, d) + Cfg::CHUNK - 1) / Cfg::CHUNK);
+      for (int d = d0; d < d1; ++d) {
+        const unsigned e = static_cast<unsigned>(cu_at(p, d + 1));
+        for (unsigned a = static_cast<unsigned>(cu_at(p, d)); a < e;) {
+          const unsigned b = piece_end(a, e, per_rank);
+          mine += static_cast<int>((b - a + Cfg::CHUNK - 1) / Cfg::CHUNK);
+          a = b;
+        }
+      }
     scan[tid] = mine;
     __syncthreads();
     for (int off = 1; off < kThreads; off <<= 1) {
@@ -64,15 +84,19 @@ struct ChunkTable {
     for (int d = d0; d < d1; ++d) {
       p.doc_chunk_offset[d] = (valid && fits) ? offset : 0;
       if (valid && fits) {
-        const long long s = cu_at(p, d), e = cu_at(p, d + 1);
-        int idx = 0;
-        for (long long c = s; c < e; c += Cfg::CHUNK, ++idx) {
-          ChunkInfo info;
-          info.start = static_cast<int>(c);
-          info.len = static_cast<int>(min(static_cast<long long>(Cfg::CHUNK), e - c));
-          info.doc = d;
-          info.index_in_doc = idx;
-          p.chunks[offset + idx] = info;
+        const unsigned e = static_cast<unsigned>(cu_at(p, d + 1));
+        int idx = 0, piece = 0;
+        for (unsigned a = static_cast<unsigned>(cu_at(p, d)); a < e; ++piece) {
+          const unsigned b = piece_end(a, e, per_rank);
+          for (unsigned c = a; c < b; c += Cfg::CHUNK, ++idx) {
+            ChunkInfo info;
+            info.start = static_cast<int>(c);
+            info.len = static_cast<int>(min(static_cast<unsigned>(Cfg::CHUNK), b - c));
+            info.doc = d;
+            info.piece = piece;
+            p.chunks[offset + idx] = info;
+          }
+          a = b;
         }
         offset += idx;
       }
