@@ -21,7 +21,8 @@
 #             (fla-core 0.6.0, einops). Out: compare.md, compare.png, compare.tar.xz (run files,
 #             logs, table JSON)
 #   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a small layer
-#             (gdnc check: fwd+bwd, ckpt, graph replay, the fused forward, the backward walk's sm_90a body); per run the ERROR SUMMARY, logs packed in
+#             (gdnc check: fwd+bwd, ckpt, graph replay, the fused forward, the backward walk's sm_90a body,
+#             cp.ranks 2); per run the ERROR SUMMARY, logs packed in
 #             $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT (300 s) fails the step
 #   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3): SHA-256 of every
 #             result; diff two runs' $OUT/digests.txt to show a change kept every bit
@@ -95,9 +96,11 @@ if has sanitize; then
   sed 's/"name": "shape_n"/"name": "shape_n_fused", "forward": "fused"/' examples/n.json > "$sdir/n_fused.json"
   # The reverse walk's sm_90a body (mbarrier ring, wgmma, dv_local inside) at N's heads.
   sed 's/"name": "shape_n"/"name": "shape_n_walkbwd128", "walk_bwd_slab": 128/' examples/n.json > "$sdir/n_walkbwd128.json"
+  # The proxy of context parallelism: 766 tokens over 2 ranks, the boundary inside a chunk of the second document.
+  sed 's/"name": "shape_n"/"name": "shape_n_ranks2"/; s/"ranks": 1/"ranks": 2/' examples/n.json > "$sdir/n_ranks2.json"
   runs=("examples/n.json --docs 65,700 --seed 3" "examples/n.json --docs 65,700 --seed 3 --ckpt"
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
-        "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3")
+        "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3")
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
       log="$sdir/${tool}_$i.log"
