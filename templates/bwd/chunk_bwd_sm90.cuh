@@ -320,8 +320,11 @@ struct ChunkBwdSm90 {
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           const int c = 8 * i + L.tq;
-          const float v0 = (r >= c && r < m) ? scale * A[4 * i + 2 * hh] * gate_exp2(gr - g[c], true) : 0.f;
-          const float v1 = (r >= c + 1 && r < m) ? scale * A[4 * i + 2 * hh + 1] * gate_exp2(gr - g[c + 1], true) : 0.f;
+          // Every gate is computed and then selected (select_f32): a gate inside `?:` made each
+          // element a branch of its own, which serialized the epilogue of the chain's warpgroup.
+          const float e0 = exp2f(fminf(gr - g[c], 0.f)), e1 = exp2f(fminf(gr - g[c + 1], 0.f));
+          const float v0 = select_f32(r >= c && r < m, scale * A[4 * i + 2 * hh] * e0, 0.f);
+          const float v1 = select_f32(r >= c + 1 && r < m, scale * A[4 * i + 2 * hh + 1] * e1, 0.f);
           sts_u32(smem, kOffDS + swz(r, c, C), pack_bf16x2(f2bf(v0), f2bf(v1)));
         }
       }
@@ -376,7 +379,8 @@ struct ChunkBwdSm90 {
         for (int e = 0; e < 2; ++e) {
           const int r = L.r[hh], c = 8 * i + L.tq + e;
           float& v = X[4 * i + 2 * hh + e];
-          v = (r > c && r < m) ? -v * gate_exp2(g[r] - g[c], true) : 0.f;
+          const float gate = exp2f(fminf(g[r] - g[c], 0.f));  // selected, not branched on (dS~'s comment)
+          v = select_f32(r > c && r < m, -v * gate, 0.f);
         }
     pipe::named_sync_roles(kBarZFree, 256);
     {
@@ -514,8 +518,9 @@ struct ChunkBwdSm90 {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int r = L.r[hh], c = 8 * i + L.tq + e;
-          float v = 0.f;
-          if (r > c && r < m) v = b[c] * (exp2f(fminf(g[c], 0.f)) * T1[4 * i + 2 * hh + e] + T2[4 * i + 2 * hh + e]);
+          const float gate = exp2f(fminf(g[c], 0.f));  // selected, not branched on (dS~'s comment)
+          const float v =
+              select_f32(r > c && r < m, b[c] * (gate * T1[4 * i + 2 * hh + e] + T2[4 * i + 2 * hh + e]), 0.f);
           split_bf16(v, hv[e], lv[e]);
         }
         hi2[2 * i + hh] = pack_bf16x2(hv[0], hv[1]);

@@ -241,8 +241,8 @@ struct DvLocal {
     const float scale = p.scale;
     bwd::for_pairs(s, [&](int r, int c, float& a, float& b) {
       const bool ok0 = r >= c && r < m, ok1 = r >= c + 1 && r < m;
-      const float v0 = ok0 ? scale * a * gate_exp2(sg[r] - sg[c], true) : 0.f;
-      const float v1 = ok1 ? scale * b * gate_exp2(sg[r] - sg[c + 1], true) : 0.f;
+      const float v0 = select_f32(ok0, scale * a * gate_exp2(sg[r] - sg[c], true), 0.f);
+      const float v1 = select_f32(ok1, scale * b * gate_exp2(sg[r] - sg[c + 1], true), 0.f);
       bwd::store_bf16x2(sP + r * PC + c, v0, v1);
     });
     __syncthreads();

@@ -183,10 +183,10 @@ struct StateWalkBwdSm90 {
         if (i * 8 <= 16 * warp + 15) {
           const bool ok00 = col <= r_lo && r_lo < len, ok01 = col + 1 <= r_lo && r_lo < len;
           const bool ok10 = col <= r_hi && r_hi < len, ok11 = col + 1 <= r_hi && r_hi < len;
-          const float p00 = ok00 ? scale * P[4 * i] * gate_exp2(g_lo - gcol[i][0], true) : 0.f;
-          const float p01 = ok01 ? scale * P[4 * i + 1] * gate_exp2(g_lo - gcol[i][1], true) : 0.f;
-          const float p10 = ok10 ? scale * P[4 * i + 2] * gate_exp2(g_hi - gcol[i][0], true) : 0.f;
-          const float p11 = ok11 ? scale * P[4 * i + 3] * gate_exp2(g_hi - gcol[i][1], true) : 0.f;
+          const float p00 = select_f32(ok00, scale * P[4 * i] * gate_exp2(g_lo - gcol[i][0], true), 0.f);
+          const float p01 = select_f32(ok01, scale * P[4 * i + 1] * gate_exp2(g_lo - gcol[i][1], true), 0.f);
+          const float p10 = select_f32(ok10, scale * P[4 * i + 2] * gate_exp2(g_hi - gcol[i][0], true), 0.f);
+          const float p11 = select_f32(ok11, scale * P[4 * i + 3] * gate_exp2(g_hi - gcol[i][1], true), 0.f);
           lo = pack(p00, p01);
           hi = pack(p10, p11);
         }

@@ -240,8 +240,8 @@ struct ChunkSolve {
           const float a0 = Cfg::FOLD_RSTD ? acc[m][h][2 * e] * (r_row[e] * sr[c]) : acc[m][h][2 * e];
           const float a1 = Cfg::FOLD_RSTD ? acc[m][h][2 * e + 1] * (r_row[e] * sr[c + 1]) : acc[m][h][2 * e + 1];
           // strict lower part inside the chunk (c < r < len)
-          const float l0 = c < r && r < len ? a0 * gate_exp2(g_row[e] - g_c0, true) * b_row[e] : 0.f;
-          const float l1 = c + 1 < r && r < len ? a1 * gate_exp2(g_row[e] - g_c1, true) * b_row[e] : 0.f;
+          const float l0 = select_f32(c < r && r < len, a0 * gate_exp2(g_row[e] - g_c0, true) * b_row[e], 0.f);
+          const float l1 = select_f32(c + 1 < r && r < len, a1 * gate_exp2(g_row[e] - g_c1, true) * b_row[e], 0.f);
           *reinterpret_cast<float2*>(dst + at(rr, cc)) = make_float2(l0, l1);
         }
       }
