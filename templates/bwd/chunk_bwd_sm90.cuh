@@ -134,6 +134,12 @@ struct ChunkBwdSm90 {
   __device__ __forceinline__ static void sts_u32(unsigned char* smem, u32 off, u32 v) {
     *reinterpret_cast<u32*>(smem + off) = v;
   }
+  /// A 2-byte shared store under a predicate, without a branch around it.
+  __device__ __forceinline__ static void sts_u16_if(u32 addr, bf16_t v, bool p) {
+    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %2, 0;\n\t@q st.shared.u16 [%0], %1;\n\t}" ::"r"(addr), "h"(v),
+                 "r"(static_cast<unsigned>(p))
+                 : "memory");
+  }
   __device__ __forceinline__ static float lo_f(u32 pair) { return __uint_as_float(pair << 16); }
   __device__ __forceinline__ static float hi_f(u32 pair) { return __uint_as_float(pair & 0xffff0000u); }
 
@@ -384,23 +390,23 @@ struct ChunkBwdSm90 {
         }
     pipe::named_sync_roles(kBarZFree, 256);
     {
-      bf16_t* const eh = reinterpret_cast<bf16_t*>(smem + kOffEh);
-      bf16_t* const el = reinterpret_cast<bf16_t*>(smem + kOffEl);
 #pragma unroll
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
+            // The split runs for every element (the upper ones select 0) and the stores are
+            // predicated: a branch per element serialized this loop as it did the gates.
             const int r = L.r[hh], c = 8 * i + L.tq + e;
-            if (r < c) continue;
-            bf16_t hi = 0, lo = 0;
-            if (r > c) split_bf16(b[r] * X[4 * i + 2 * hh + e], hi, lo);
-            const u32 a = swz(r, c, C) / 2, t = swz(c, r, C) / 2;
-            eh[a] = hi;
-            el[a] = lo;
-            eh[t] = hi;
-            el[t] = lo;
+            bf16_t hi, lo;
+            split_bf16(select_f32(r > c, b[r] * X[4 * i + 2 * hh + e], 0.f), hi, lo);
+            const bool lower = r >= c;
+            const u32 a = swz(r, c, C), t = swz(c, r, C);
+            sts_u16_if(s0 + kOffEh + a, hi, lower);
+            sts_u16_if(s0 + kOffEl + a, lo, lower);
+            sts_u16_if(s0 + kOffEh + t, hi, lower);
+            sts_u16_if(s0 + kOffEl + t, lo, lower);
           }
     }
     wg::fence_smem_for_async();
