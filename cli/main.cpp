@@ -293,6 +293,7 @@ struct CheckOverrides {
   std::optional<double> gate;          ///< every g equal to this
   std::optional<double> beta;          ///< every beta equal to this
   int segments = 0;                    ///< the spec's cp.segments (0: the file's)
+  int ranks = 0;                       ///< the spec's cp.ranks, the single-GPU proxy (0: the file's)
   std::optional<ForwardPath> forward;  ///< the spec's forward (none: the file's)
 };
 
@@ -300,8 +301,9 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
               bool forward_only, bool ckpt, bool digests, const CheckOverrides& over) {
   Spec spec = spec_from_file(path);
   if (over.segments != 0) spec.cp_segments = over.segments;
+  if (over.ranks != 0) spec.cp_ranks = over.ranks;
   if (over.forward) spec.forward = *over.forward;
-  validate(spec);  // names /cp/segments or /forward and the value before any GPU work
+  validate(spec);  // names /cp/segments, /cp/ranks or /forward and the value before any GPU work
   std::vector<long long> lens = docs;
   if (lens.empty() && (tokens > 0 || n_docs > 0)) {
     if (tokens <= 0 || n_docs <= 0) throw UsageError("--tokens/--n-docs", "give both --tokens T and --n-docs N");
@@ -310,6 +312,13 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   // Neither given: a varlen batch with every chunk-boundary case (a one-token document, one a
   // token short of a chunk, exactly one chunk, one token over, and longer documents).
   if (lens.empty()) lens = kDefaultCheckDocs;
+  if (spec.cp_ranks > 1) {  // the proxy's equal parts, said before any GPU work
+    long long total = 0;
+    for (auto l : lens) total += l;
+    if (total % spec.cp_ranks != 0)
+      throw UsageError("--docs", fmt::format("T: {} tokens do not split into cp.ranks {} equal parts ({} left over)",
+                                             total, spec.cp_ranks, total % spec.cp_ranks));
+  }
   rt::Context ctx = rt::Context::create(0);
   cache::DiskCache cache;
   auto layer = Layer::create(spec, ctx, cache);
@@ -327,7 +336,9 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
              lens.size(), seed,
              ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "",
              over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
-             spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments) : "",
+             spec.cp_ranks > 1      ? fmt::format(", ranks={} (single-GPU proxy)", spec.cp_ranks)
+             : spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments)
+                                    : "",
              layer->ir().spec.forward == ForwardPath::fused ? ", forward=fused" : "");
   bool ok = true;
   for (const auto& [name, err] : r.rel_rms) {
@@ -407,11 +418,13 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--ckpt", ckpt, "run the checkpointed step: forward, recompute, backward on one workspace");
   check_cmd->add_flag("--digests", digests,
                       "also print the SHA-256 of every result's bytes (compare builds bit for bit)");
-  std::string gate, beta, segments, forward;
+  std::string gate, beta, segments, ranks, forward;
   check_cmd->add_option("--gate", gate,
                         "every g equal to this log decay (-10000 to 0; e.g. 0: no decay, -20), instead of random");
   check_cmd->add_option("--beta", beta, "every beta equal to this (0 to 1), instead of random");
   check_cmd->add_option("--segments", segments, "the spec's cp.segments, instead of the file's");
+  check_cmd->add_option("--ranks", ranks,
+                        "the spec's cp.ranks (the single-GPU proxy of context parallelism), instead of the file's");
   check_cmd->add_option("--forward", forward, "the spec's forward (programs, fused or auto), instead of the file's");
 
   try {
@@ -452,6 +465,7 @@ int main(int argc, char** argv) {
       if (!gate.empty()) over.gate = real_number("--gate", gate, -1e4, 0.0);
       if (!beta.empty()) over.beta = real_number("--beta", beta, 0.0, 1.0);
       if (!segments.empty()) over.segments = whole_number<int>("--segments", segments, INT_MIN, INT_MAX);
+      if (!ranks.empty()) over.ranks = whole_number<int>("--ranks", ranks, INT_MIN, INT_MAX);
       if (forward == "programs")
         over.forward = ForwardPath::programs;
       else if (forward == "fused")

@@ -185,6 +185,15 @@ TEST_SUITE("cli") {
     r = gdnc("check " + src("examples/n.json") + " --segments 65");
     CHECK(r.code == 3);
     CHECK(r.out.find("/cp/segments: 65 is not supported (supported: \"auto\", 1 to 64)") != std::string::npos);
+    r = gdnc("check " + src("examples/n.json") + " --ranks 65");
+    CHECK(r.code == 3);
+    CHECK(r.out.find("/cp/ranks: 65 is not supported (supported: 1 to 64") != std::string::npos);
+    r = gdnc("check " + src("examples/n.json") + " --ranks 2 --segments 4");
+    CHECK(r.code == 3);
+    CHECK(r.out.find("/cp/segments: 4 with cp.ranks 2") != std::string::npos);
+    r = gdnc("check " + src("examples/n.json") + " --ranks 3 --docs 1000");
+    CHECK(r.code == 2);
+    CHECK(r.out.find("T: 1000 tokens do not split into cp.ranks 3 equal parts (1 left over)") != std::string::npos);
     r = gdnc("check " + src("examples/n.json") + " --forward fast");
     CHECK(r.code == 2);
     CHECK(r.out.find("--forward") != std::string::npos);
@@ -193,6 +202,7 @@ TEST_SUITE("cli") {
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused --segments 4").code == 6);
       CHECK(gdnc("check " + src("examples/m.json") + " --docs 3000 --forward auto").code == 6);
+      CHECK(gdnc("check " + src("examples/n.json") + " --docs 1000,2000 --ranks 3").code == 6);
     }
   }
 

@@ -228,6 +228,19 @@ class SpecTests(unittest.TestCase):
                             head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
         self.assertEqual(str(e.exception), '/cp/segments: 65 is not supported (supported: "auto", 1 to 64)')
 
+    def test_ranks_run_the_single_gpu_proxy_with_room_for_the_rank_cuts(self):
+        spec = gdnc.build_spec({"cp": {"ranks": 4, "segments": 1}}, heads_qk=2, heads_v=6, head_dim_k=128,
+                               head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
+        self.assertEqual(spec["cp"], {"ranks": 4, "segments": 1})
+        plain = gdnc.region_layout(dict(spec, cp={"ranks": 1, "segments": 1}), 10000, 3)
+        ranked = gdnc.region_layout(spec, 10000, 3)
+        # The chunk table holds a 16-byte entry per chunk, and the rank cuts may add 3 chunks.
+        self.assertEqual(ranked["buffers"]["chunks"][1], plain["buffers"]["chunks"][1] + 3 * 16)
+        with self.assertRaises(gdnc.SpecError) as e:
+            gdnc.build_spec({"cp": {"ranks": 2, "segments": 4}}, heads_qk=2, heads_v=6, head_dim_k=128,
+                            head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
+        self.assertTrue(str(e.exception).startswith("/cp/segments: 4 with cp.ranks 2"), str(e.exception))
+
     def test_the_first_call_compiles_for_the_gpu_it_runs_on(self):
         from gdnc import spec as spec_module
         self.assertEqual(spec_module.target_of_capability((9, 0)), "sm_90a")
