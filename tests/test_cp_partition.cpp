@@ -138,6 +138,41 @@ TEST_SUITE("cp") {
     CHECK(g.fragments[0].chunks() == 2);
   }
 
+  // chunk_table builds the proxy's pieces on the device with seg::next_rank_boundary; walked the
+  // same way here, the pieces must be cp_fragments' (the host oracle), chunk for chunk.
+  TEST_CASE("the device rule for the proxy's pieces gives cp_fragments' cut list and chunk count") {
+    std::mt19937_64 rng(13);
+    for (int trial = 0; trial < 300; ++trial) {
+      const RandomBatch batch = random_batch(rng, 8, 300, 400);
+      INFO("trial " << trial << ", world " << batch.world << ", P " << batch.P);
+      const gdn::CpFragments f = gdn::cp_fragments(batch.cu, batch.world);
+      const unsigned per_rank = static_cast<unsigned>(batch.P);
+      std::vector<int64_t> cuts = {0};
+      int64_t chunks = 0, expected_chunks = 0;
+      int most_pieces = 0;
+      for (size_t d = 0; d + 1 < batch.cu.size(); ++d) {
+        const unsigned e = static_cast<unsigned>(batch.cu[d + 1]);
+        unsigned a = static_cast<unsigned>(batch.cu[d]);
+        if (a == e) cuts.push_back(e);  // an empty document is one empty fragment
+        int pieces = 0;
+        while (a < e) {
+          const unsigned b = std::min(e, gdn::seg::next_rank_boundary(a, per_rank));
+          chunks += (b - a + 63) / 64;
+          cuts.push_back(b);
+          a = b;
+          ++pieces;
+        }
+        most_pieces = std::max(most_pieces, pieces);
+      }
+      for (const gdn::CpFragment& x : f.fragments) expected_chunks += x.chunks();
+      CHECK(cuts == f.cuts);
+      CHECK(chunks == expected_chunks);
+      // The walks' grid has cp.ranks segments per document and the buffers NT + ranks - 1 chunks.
+      CHECK(most_pieces <= batch.world);
+      CHECK(chunks <= batch.cu.back() / 64 + static_cast<int64_t>(batch.cu.size()) - 1 + batch.world - 1);
+    }
+  }
+
   TEST_CASE("fragments agree with the partition and chain every document's pieces in order") {
     std::mt19937_64 rng(11);
     for (int trial = 0; trial < 300; ++trial) {

@@ -32,5 +32,11 @@ constexpr int begin(int first, int chunks, int segments, int s) {
   return first + static_cast<int>((long long)chunks * s / segments);
 }
 
+/// cp.ranks > 1, the packed tokens cut into parts of per_rank: the first part boundary after token
+/// a. A piece of a document that starts at a ends at the smaller of this and the document's end
+/// (chunk_table; tests/test_cp_partition.cpp holds the pieces to cp_fragments' cut list). Token
+/// positions are below 2^31, so the unsigned sum cannot wrap.
+constexpr unsigned next_rank_boundary(unsigned a, unsigned per_rank) { return a - a % per_rank + per_rank; }
+
 }  // namespace seg
 }  // namespace gdn

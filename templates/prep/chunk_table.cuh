@@ -15,6 +15,7 @@
 #pragma once
 
 #include "common/numeric.cuh"
+#include "common/segments.hpp"
 #include "prep/geometry.hpp"
 
 namespace gdn {
@@ -28,13 +29,13 @@ struct ChunkTable {
                          : static_cast<long long>(static_cast<const int*>(p.cu_seqlens)[i]);
   }
 
-  /// The end of the piece that starts at token a of a document ending at e: the next rank
-  /// boundary after a, or e. With one rank there is no boundary inside a document.
-  /// Token positions of a valid table are in [0, T], T < 2^31: 32-bit unsigned arithmetic (a 64-bit
-  /// division is a subroutine that spills in this 1024-thread block).
+  /// The end of the piece that starts at token a of a document ending at e (common/segments.hpp);
+  /// with one rank there is no boundary inside a document. 32-bit unsigned arithmetic: positions of
+  /// a valid table are in [0, T], T < 2^31, and a 64-bit division is a subroutine that spills in
+  /// this 1024-thread block.
   __device__ static unsigned piece_end(unsigned a, unsigned e, unsigned per_rank) {
     if (Cfg::RANKS <= 1) return e;
-    return min(e, a - a % per_rank + per_rank);
+    return min(e, seg::next_rank_boundary(a, per_rank));
   }
 
   __device__ static void run(const ChunkTableParams& p) {
