@@ -173,30 +173,26 @@ TEST_SUITE("cli") {
   }
 
   TEST_CASE("check's input and segment overrides are validated before any GPU work") {
-    Run r = gdnc("check " + src("examples/n.json") + " --gate 1");
-    CHECK(r.code == 2);
-    CHECK(r.out.find("--gate: 1 is not a number from -10000 to 0") != std::string::npos);
-    r = gdnc("check " + src("examples/n.json") + " --gate nan");
-    CHECK(r.code == 2);
-    CHECK(r.out.find("--gate: nan is not a number from -10000 to 0") != std::string::npos);
-    r = gdnc("check " + src("examples/n.json") + " --beta 1.5");
-    CHECK(r.code == 2);
-    CHECK(r.out.find("--beta") != std::string::npos);
-    r = gdnc("check " + src("examples/n.json") + " --segments 65");
-    CHECK(r.code == 3);
-    CHECK(r.out.find("/cp/segments: 65 is not supported (supported: \"auto\", 1 to 64)") != std::string::npos);
-    r = gdnc("check " + src("examples/n.json") + " --ranks 65");
-    CHECK(r.code == 3);
-    CHECK(r.out.find("/cp/ranks: 65 is not supported (supported: 1 to 64") != std::string::npos);
-    r = gdnc("check " + src("examples/n.json") + " --ranks 2 --segments 4");
-    CHECK(r.code == 3);
-    CHECK(r.out.find("/cp/segments: 4 with cp.ranks 2") != std::string::npos);
-    r = gdnc("check " + src("examples/n.json") + " --ranks 3 --docs 1000");
-    CHECK(r.code == 2);
-    CHECK(r.out.find("T: 1000 tokens do not split into cp.ranks 3 equal parts (1 left over)") != std::string::npos);
-    r = gdnc("check " + src("examples/n.json") + " --forward fast");
-    CHECK(r.code == 2);
-    CHECK(r.out.find("--forward") != std::string::npos);
+    struct Refused {
+      const char* args;
+      int code;
+      const char* says;
+    };
+    for (const Refused& x : std::vector<Refused>{
+             {" --gate 1", 2, "--gate: 1 is not a number from -10000 to 0"},
+             {" --gate nan", 2, "--gate: nan is not a number from -10000 to 0"},
+             {" --beta 1.5", 2, "--beta"},
+             {" --segments 65", 3, "/cp/segments: 65 is not supported (supported: \"auto\", 1 to 64)"},
+             {" --ranks 65", 3, "/cp/ranks: 65 is not supported (supported: 1 to 64"},
+             {" --ranks 2 --segments 4", 3, "/cp/segments: 4 with cp.ranks 2"},
+             {" --ranks 3 --docs 1000", 2, "T: 1000 tokens do not split into cp.ranks 3 equal parts (1 left over)"},
+             {" --forward fast", 2, "--forward"},
+         }) {
+      const Run r = gdnc("check " + src("examples/n.json") + x.args);
+      CAPTURE(x.args);
+      CHECK(r.code == x.code);
+      CHECK(r.out.find(x.says) != std::string::npos);
+    }
     if (!fs::exists("/dev/nvidia0")) {  // valid overrides get as far as the driver
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --gate 0 --beta 1 --segments 4").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused").code == 6);

@@ -72,11 +72,36 @@ void expect_same_bits(const std::map<std::string, std::string>& want, const chec
   for (const auto& [name, bytes] : want) CHECK_MESSAGE(got.bytes.at(name) == bytes, label << ": " << name);
 }
 
+/// `base` under light and full saves on `c` (with_reference off, repeats set by the caller): every
+/// repeat bitwise equal, full = light, and ckpt = fwd+bwd, bit for bit. Returns light's bytes.
+std::map<std::string, std::string> expect_call_forms_agree(const Spec& base, check::Case c, const std::string& name);
+
 /// " o=3.85e-03 dq=..." for a report's rel-RMS errors.
 std::string rel_rms_text(const check::Report& r) {
   std::string s;
   for (const auto& [n, e] : r.rel_rms) s += fmt::format(" {}={:.2e}", n, e);
   return s;
+}
+
+std::map<std::string, std::string> expect_call_forms_agree(const Spec& base, check::Case c, const std::string& name) {
+  std::map<std::string, std::string> first;
+  for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+    Spec s = base;
+    s.save_mode = save;
+    s.name = fmt::format("{}_{}", name, to_string(save));
+    auto layer = make(s);
+    c.step = check::Case::Step::fwd_bwd;
+    const check::Report r = check::run(*layer, c);
+    CHECK(r.bytes.size() == 8);
+    for (const auto& m : r.mismatches) FAIL_CHECK(s.name << " repeat differs: " << m);
+    if (first.empty())
+      first = r.bytes;
+    else
+      expect_same_bits(first, r, s.name + " vs light");
+    c.step = check::Case::Step::ckpt;
+    expect_same_bits(first, check::run(*layer, c), s.name + " ckpt");
+  }
+  return first;
 }
 
 void expect_within_bounds(const check::Report& r, const std::string& label) {
@@ -558,24 +583,9 @@ TEST_SUITE("gpu_determinism") {
       c.with_reference = false;
       c.seed = 83;
       c.repeats = 3;
-      std::map<std::string, std::string> first;
-      for (SaveMode save : {SaveMode::light, SaveMode::full}) {
-        Spec s = spec_of(example);
-        s.cp_ranks = 8;
-        s.save_mode = save;
-        s.name = fmt::format("{}_ranks8_{}", example, to_string(save));
-        auto layer = make(s);
-        c.step = check::Case::Step::fwd_bwd;
-        const check::Report r = check::run(*layer, c);
-        CHECK(r.bytes.size() == 8);
-        for (const auto& m : r.mismatches) FAIL_CHECK(s.name << " repeat differs: " << m);
-        if (first.empty())
-          first = r.bytes;
-        else
-          expect_same_bits(first, r, s.name + " vs light");
-        c.step = check::Case::Step::ckpt;
-        expect_same_bits(first, check::run(*layer, c), s.name + " ckpt");
-      }
+      Spec ranks8 = spec_of(example);
+      ranks8.cp_ranks = 8;
+      expect_call_forms_agree(ranks8, c, fmt::format("{}_ranks8", example));
       // 4 ranks of 640 tokens (10 chunks) over one 2560-token document: the pieces are the four
       // segments' chunk runs.
       check::Case one;
@@ -633,24 +643,9 @@ TEST_SUITE("gpu_determinism") {
     c.with_reference = false;
     c.seed = 47;
     c.repeats = 3;
-    std::map<std::string, std::string> first;
-    for (SaveMode save : {SaveMode::light, SaveMode::full}) {
-      Spec s = spec_of("m");
-      s.cp_segments = 5;
-      s.save_mode = save;
-      s.name = fmt::format("m_seg5_{}", to_string(save));
-      auto layer = make(s);
-      c.step = check::Case::Step::fwd_bwd;
-      const check::Report r = check::run(*layer, c);
-      CHECK(r.bytes.size() == 8);
-      for (const auto& m : r.mismatches) FAIL_CHECK(s.name << " repeat differs: " << m);
-      if (first.empty())
-        first = r.bytes;
-      else
-        expect_same_bits(first, r, s.name + " vs light");
-      c.step = check::Case::Step::ckpt;
-      expect_same_bits(first, check::run(*layer, c), s.name + " ckpt");
-    }
+    Spec seg5 = spec_of("m");
+    seg5.cp_segments = 5;
+    expect_call_forms_agree(seg5, c, "m_seg5");
     // A document's bits do not depend on what is packed with it: its segments are its own.
     const std::vector<long long> lens = {700, 3000, 65};
     const std::vector<uint64_t> seeds = {51, 52, 53};

@@ -29,13 +29,6 @@ __device__ __forceinline__ void split_bf16(float x, bf16_t& hi, bf16_t& lo) {
   lo = f2bf(x - bf2f(hi));
 }
 
-/// exp2 of a gate difference that must be <= 0 where used; masked positions pass `valid = false`
-/// and get 0 without evaluating exp2 of a large positive number (no inf * 0).
-__device__ __forceinline__ float select_f32(bool p, float a, float b);
-
-/// exp2(min(d, 0)) where valid, else 0; computed either way and selected (select_f32).
-__device__ __forceinline__ float gate_exp2(float d, bool valid) { return select_f32(valid, exp2f(fminf(d, 0.f)), 0.f); }
-
 /// a where p, else b, as one select instruction: both operands are computed first, so an
 /// epilogue over many elements stays straight-line code the scheduler can interleave (a `?:` whose
 /// arm holds an exp2 becomes a branch per element, its load, exp2 and multiply in series).
@@ -46,6 +39,10 @@ __device__ __forceinline__ float select_f32(bool p, float a, float b) {
       : "f"(a), "f"(b), "r"(static_cast<unsigned>(p)));
   return d;
 }
+
+/// exp2 of a gate difference, clamped to <= 0 (so never inf), where valid, else 0: computed either
+/// way and selected.
+__device__ __forceinline__ float gate_exp2(float d, bool valid) { return select_f32(valid, exp2f(fminf(d, 0.f)), 0.f); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
