@@ -5,6 +5,7 @@
 #include "compiler/ir.hpp"
 
 #include "bwd/geometry.hpp"
+#include "cp/geometry.hpp"
 #include "fwd/geometry.hpp"
 #include "prep/geometry.hpp"
 
@@ -46,6 +47,7 @@ static std::string to_string(GridKind g) {
     case GridKind::walk_prescan: return "((V + K) / BV, HV, N * segments)";
     case GridKind::walk_merge: return "(V / 32, HV, N)";
     case GridKind::finalize: return "(finalize_grid(T, H), 1, 1)";
+    case GridKind::exchange: return fmt::format("({}, 1, 1)", KcpExchangeGeometry::kBlocks);
   }
   return "?";
 }
@@ -281,6 +283,13 @@ LayerIR lower(const Spec& spec_in) {
   ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
+  // One rank of a context-parallel run: its summary for the all-gather, the gathered ones into
+  // the segment slots (docs/design_kcp.md 3.1). The proxy (one process) does not launch it.
+  if (s.cp_ranks > 1) {
+    add("kcp_exchange", "cp/kcp_exchange.cuh", "KcpExchange", "KcpExchangeParams", KcpExchangeGeometry::kThreads, 0,
+        GridKind::exchange);
+    add_segment_constants();
+  }
 
   // Buffers. bf16 = 2 bytes; per-chunk state tapes are NT * HV * K * V.
   const long long qk = 1LL * H * K, hv = HV;
@@ -322,6 +331,9 @@ LayerIR lower(const Spec& spec_in) {
     buf("rstd_k", BufferRole::saved, "fp32", "[T, H]", {1LL * H * 4});
   }
   buf("gc", BufferRole::saved, "fp32", "[T, HV]", {hv * 4});
+  // A rank of a context-parallel run keeps the state entering its first document's local piece,
+  // so a recompute or a backward's re-run needs no second all-gather.
+  if (s.cp_ranks > 1) buf("kcp_entry", BufferRole::saved, "fp32", "[HV, K, V]", {0, 0, 0, state});
   buf("tm", BufferRole::saved, "bf16", "[T, HV, CHUNK]", {hv * C * 2});
   const BufferRole tape_role = full ? BufferRole::saved : BufferRole::workspace;
   const std::vector<CallForm> both = {CallForm::forward, CallForm::recompute, CallForm::backward};

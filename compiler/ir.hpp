@@ -31,6 +31,7 @@ enum class GridKind {
   walk_prescan,       ///< ((V + K) / BV, HV, N * segments)
   walk_merge,         ///< (V / 32, HV, N)
   finalize,           ///< (FinalizeGeometry::grid_x(T, H), 1, 1)
+  exchange,           ///< (KcpExchangeGeometry::kBlocks, 1, 1)
 };
 
 /// bytes = per_token * T + per_doc * N + per_chunk * NT + constant, with NT = T / chunk + N.

@@ -92,6 +92,34 @@ CpFragments cp_fragments(const std::vector<int64_t>& cu, int world) {
   return out;
 }
 
+CpRankView cp_rank_view(const std::vector<int64_t>& cu, int world, int rank) {
+  const CpFragments all = cp_fragments(cu, world);
+  if (rank < 0 || rank >= world)
+    throw std::invalid_argument(fmt::format("rank: {} is outside 0 .. {} (world {})", rank, world - 1, world));
+  CpRankView v;
+  v.rank = rank;
+  v.world = world;
+  v.tokens = cu.back() / world;
+  v.token_begin = v.tokens * rank;
+  v.cu_seqlens = {0};
+  int first = -1, last = -1;
+  for (size_t i = 0; i < all.fragments.size(); ++i) {
+    const CpFragment& f = all.fragments[i];
+    if (f.rank != rank) continue;
+    if (first < 0) first = static_cast<int>(i);
+    last = static_cast<int>(i);
+    v.cu_seqlens.push_back(f.end - v.token_begin);
+    v.docs.push_back(f.doc);
+  }
+  // Every rank holds P > 0 tokens, so at least one fragment.
+  for (int f = all.fragments[static_cast<size_t>(first)].prev; f >= 0; f = all.fragments[static_cast<size_t>(f)].prev)
+    ++v.pieces_before;
+  for (size_t i = static_cast<size_t>(last) + 1;
+       i < all.fragments.size() && all.fragments[i].doc == all.fragments[static_cast<size_t>(last)].doc; ++i)
+    ++v.pieces_after;
+  return v;
+}
+
 CpAgreement cp_agreement(const std::vector<int64_t>& cu, int world, const Spec& spec) {
   CpAgreement a;
   a.world = world;

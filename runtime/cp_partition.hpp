@@ -67,6 +67,26 @@ struct CpFragments {
 /// cp_partition.
 CpFragments cp_fragments(const std::vector<int64_t>& cu_seqlens, int world);
 
+/// One rank of a context-parallel run as its phases see it (docs/design_kcp.md 3.1): its fragments
+/// as local documents, each chunked from its own first token, and how many pieces of its boundary
+/// documents the other ranks hold. Unlike CpRankPart, an empty document is kept (on the rank
+/// cp_fragments gives it), so that its ht = h0 and dh0 = dht have an owner.
+struct CpRankView {
+  int rank = 0;
+  int world = 1;
+  int64_t token_begin = 0;          ///< global tokens [token_begin, token_begin + tokens)
+  int64_t tokens = 0;               ///< P = T / world
+  std::vector<int64_t> cu_seqlens;  ///< local offsets 0 .. tokens, one document per fragment here
+  std::vector<int> docs;            ///< the global document of each local one
+  int pieces_before = 0;            ///< the first local document's pieces on earlier ranks
+  int pieces_after = 0;             ///< the last local document's pieces on later ranks
+  int documents() const { return static_cast<int>(docs.size()); }
+};
+
+/// Rank `rank`'s view of `cu_seqlens` split over `world` ranks; the checks and errors of
+/// cp_partition, and std::invalid_argument for a rank outside 0 .. world - 1.
+CpRankView cp_rank_view(const std::vector<int64_t>& cu_seqlens, int world, int rank);
+
 /// What the ranks of a KCP context must agree on before any step. Gathered once, when the
 /// context is built (a host sync is fine there, never in a step), and compared field by field so
 /// that the error names the field; it travels through the all-gather as plain bytes.

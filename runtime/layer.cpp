@@ -150,7 +150,7 @@ bool decide_handoff(ReuseTapes r, Target t, long long rows) {
 
 Layer::Compiled Layer::compile_plan(CallPlan plan, int id, int index) const {
   Compiled c;
-  c.graph_id = (serial_ << 3) | static_cast<uint64_t>(index);
+  c.graph_id = (serial_ << 4) | static_cast<uint64_t>(index);
   if (host_path_ == HostPath::llvm_stub)
     c.stub = stub_compiler().compile(plan, fmt::format("gdn_stub_{}_{}_{}", id, ir_.spec.name, plan.name));
   c.plan = std::move(plan);
@@ -171,6 +171,15 @@ void Layer::make_plans(HostPath path) {
   forward_without_output_ = compile_plan(plan_forward(ir_, OutputLaunch::no), id, 1);
   backward_ = compile_plan(plan_backward(ir_, PrepRerun::yes), id, 2);
   if (graph_backend_) graphs_ = std::make_unique<GraphCache>(GraphCache::Limits{});
+  if (ir_.spec.cp_ranks > 1) {
+    kcp_forward_summaries_ = compile_plan(plan_kcp_forward(ir_, KcpPhase::summaries), id, 4);
+    kcp_forward_walk_ = compile_plan(plan_kcp_forward(ir_, KcpPhase::walk), id, 5);
+    kcp_backward_summaries_ = compile_plan(plan_kcp_backward(ir_, PrepRerun::yes, KcpPhase::summaries), id, 6);
+    kcp_backward_walk_ = compile_plan(plan_kcp_backward(ir_, PrepRerun::yes, KcpPhase::walk), id, 7);
+    if (ir_.spec.save_mode == SaveMode::light)
+      kcp_backward_summaries_with_handoff_ =
+          compile_plan(plan_kcp_backward(ir_, PrepRerun::no, KcpPhase::summaries), id, 8);
+  }
   if (ir_.spec.save_mode == SaveMode::light) {
     backward_with_handoff_ = compile_plan(plan_backward(ir_, PrepRerun::no), id, 3);
     // A hand-off works because the recompute's tapes sit where the backward looks for them.
@@ -284,8 +293,8 @@ RegionLayout Layer::workspace_layout(CallForm f, ProblemShape s) const {
   return region_layout(BufferRole::workspace, f, s);
 }
 
-void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_size, size_t ws_size,
-                         CallForm form) const {
+void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_size, size_t ws_size, CallForm form,
+                         const CpRankView* rank) const {
   const Spec& sp = ir_.spec;
   check_problem_size(s.T, s.N);
   // The segmented walks run one block row per (document, segment) on the grid's z axis.
@@ -296,7 +305,16 @@ void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_siz
                     "(at most {} documents with this layer)",
                     s.N, seg_field, sp.cp_segments, s.N * sp.cp_segments, 65535 / sp.cp_segments));
   // The proxy cuts the packed tokens into cp.ranks equal parts, as a communicator of that size would.
-  if (sp.cp_ranks > 1) {
+  if (rank) {
+    if (sp.cp_ranks <= 1)
+      throw InputError(fmt::format("cp.ranks: layer '{}' has 1 rank, so it has no context-parallel phases", sp.name));
+    if (rank->world != sp.cp_ranks)
+      throw InputError(
+          fmt::format("rank view: {} ranks, but layer '{}' has cp.ranks {}", rank->world, sp.name, sp.cp_ranks));
+    if (s.T != rank->tokens || s.N != rank->documents())
+      throw InputError(fmt::format("rank view: rank {} holds {} tokens in {} documents, not T={}, N={}", rank->rank,
+                                   rank->tokens, rank->documents(), s.T, s.N));
+  } else if (sp.cp_ranks > 1) {
     if (s.T % sp.cp_ranks != 0)
       throw InputError(fmt::format("T: {} tokens do not split into cp.ranks {} equal parts ({} left over)", s.T,
                                    sp.cp_ranks, s.T % sp.cp_ranks));
@@ -321,9 +339,9 @@ void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_siz
 }
 
 CallFrame Layer::forward_frame(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, void* saved,
-                               size_t saved_size, void* ws, size_t ws_size, CUstream stream,
-                               OutputNeeded output) const {
-  check_common(s, in, saved_size, ws_size, CallForm::forward);
+                               size_t saved_size, void* ws, size_t ws_size, CUstream stream, OutputNeeded output,
+                               const CpRankView* rank) const {
+  check_common(s, in, saved_size, ws_size, CallForm::forward, rank);
   const Spec& sp = ir_.spec;
   if (output == OutputNeeded::yes) require_aligned(out.o, "o");
   const bool ht = sp.final_state == StateFlag::present;
@@ -338,8 +356,9 @@ CallFrame Layer::forward_frame(ProblemShape s, const LayerInputs& in, const Laye
 }
 
 CallFrame Layer::backward_frame(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
-                                size_t saved_size, void* ws, size_t ws_size, CUstream stream) const {
-  check_common(s, in, saved_size, ws_size, CallForm::backward);
+                                size_t saved_size, void* ws, size_t ws_size, CUstream stream,
+                                const CpRankView* rank) const {
+  check_common(s, in, saved_size, ws_size, CallForm::backward, rank);
   const Spec& sp = ir_.spec;
   require_aligned(gr.d_o, "do");
   require_aligned(gr.dq, "dq");
@@ -400,16 +419,105 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
   return HandOff::taken;
 }
 
+bool Layer::handoff_is_fresh(const Workspace& ws, ProblemShape s, CUstream stream) const {
+  const Workspace::Stamp& st = ws.handoff_;
+  return ws.has_handoff_ && st.layer == serial_ && st.call == ws.calls_ && st.stream == stream && st.shape.T == s.T &&
+         st.shape.N == s.N;
+}
+
 HandOff Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
                         size_t saved_size, Workspace& ws, CUstream stream) const {
   const CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream);
-  const Workspace::Stamp& st = ws.handoff_;
-  const bool fresh = ws.has_handoff_ && st.layer == serial_ && st.call == ws.calls_ && st.stream == stream &&
-                     st.shape.T == s.T && st.shape.N == s.N;
+  const bool fresh = handoff_is_fresh(ws, s, stream);
   ++ws.calls_;
   ws.has_handoff_ = false;
   run(fresh ? backward_with_handoff_ : backward_, f);
   return fresh ? HandOff::taken : HandOff::not_taken;
+}
+
+size_t Layer::kcp_record_bytes() const {
+  const Spec& sp = ir_.spec;
+  return static_cast<size_t>(sp.heads_v) * sp.head_dim_k * (sp.head_dim_v + sp.head_dim_k) * sizeof(float);
+}
+
+ProblemShape Layer::kcp_shape(const CpRankView& rank) const { return {rank.tokens, rank.documents()}; }
+
+void Layer::kcp_frame(CallFrame& f, const CpRankView& rank, int entry_mode, const void* send,
+                      const void* gathered) const {
+  if (rank.rank < 0 || rank.rank >= rank.world)
+    throw InputError(fmt::format("rank view: rank {} is outside 0 .. {}", rank.rank, rank.world - 1));
+  if (send) require_aligned(send, "send");
+  if (gathered) require_aligned(gathered, "gathered");
+  f[Frame::kcp_rank] = static_cast<uint64_t>(rank.rank);
+  f[Frame::kcp_local] = 1;
+  f[Frame::kcp_pieces_before] = static_cast<uint64_t>(rank.pieces_before);
+  f[Frame::kcp_pieces_after] = static_cast<uint64_t>(rank.pieces_after);
+  f[Frame::kcp_entry_mode] = static_cast<uint64_t>(entry_mode);
+  f[Frame::kcp_send] = reinterpret_cast<uint64_t>(send);
+  f[Frame::kcp_gathered] = reinterpret_cast<uint64_t>(gathered);
+}
+
+void Layer::kcp_forward_summaries(const CpRankView& rank, const LayerInputs& in, void* saved, size_t saved_size,
+                                  void* ws, size_t ws_size, void* send, CUstream stream) const {
+  const ProblemShape s = kcp_shape(rank);
+  if (!send) throw InputError("send: is null");
+  // The summaries produce no output: the frame's o and ht stay null (the walk phase binds them).
+  CallFrame f = frame_of(s, in, saved, ws, stream);
+  check_common(s, in, saved_size, ws_size, CallForm::forward, &rank);
+  require_aligned(saved, "saved");
+  require_aligned(ws, "workspace");
+  kcp_frame(f, rank, kKcpEntryNone, send, nullptr);
+  run(kcp_forward_summaries_, f);
+}
+
+void Layer::kcp_forward_walk(const CpRankView& rank, const LayerInputs& in, const LayerOutputs& out, void* saved,
+                             size_t saved_size, void* ws, size_t ws_size, const void* gathered, CUstream stream) const {
+  const ProblemShape s = kcp_shape(rank);
+  if (!gathered) throw InputError("gathered: is null");
+  CallFrame f = forward_frame(s, in, out, saved, saved_size, ws, ws_size, stream, OutputNeeded::yes, &rank);
+  kcp_frame(f, rank, kKcpEntryWrite, nullptr, gathered);
+  run(kcp_forward_walk_, f);
+}
+
+HandOff Layer::kcp_recompute(const CpRankView& rank, const LayerInputs& in, const LayerOutputs& out,
+                             OutputNeeded output, void* saved, size_t saved_size, Workspace& ws,
+                             CUstream stream) const {
+  const ProblemShape s = kcp_shape(rank);
+  CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, output, &rank);
+  kcp_frame(f, rank, kKcpEntryRead, nullptr, nullptr);
+  ++ws.calls_;
+  ws.has_handoff_ = false;
+  const Compiled& ran = output == OutputNeeded::yes ? forward_ : forward_without_output_;
+  run(ran, f);
+  const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes &&
+                    decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
+  if (!take) return HandOff::not_taken;
+  ws.has_handoff_ = true;
+  ws.handoff_ = {serial_, ws.calls_, stream, s};
+  return HandOff::taken;
+}
+
+HandOff Layer::kcp_backward_summaries(const CpRankView& rank, const LayerInputs& in, const LayerGrads& gr,
+                                      const void* saved, size_t saved_size, Workspace& ws, void* send,
+                                      CUstream stream) const {
+  const ProblemShape s = kcp_shape(rank);
+  if (!send) throw InputError("send: is null");
+  CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream, &rank);
+  kcp_frame(f, rank, kKcpEntryRead, send, nullptr);
+  const bool fresh = handoff_is_fresh(ws, s, stream);
+  ++ws.calls_;
+  ws.has_handoff_ = false;
+  run(fresh ? kcp_backward_summaries_with_handoff_ : kcp_backward_summaries_, f);
+  return fresh ? HandOff::taken : HandOff::not_taken;
+}
+
+void Layer::kcp_backward_walk(const CpRankView& rank, const LayerInputs& in, const LayerGrads& gr, const void* saved,
+                              size_t saved_size, Workspace& ws, const void* gathered, CUstream stream) const {
+  const ProblemShape s = kcp_shape(rank);
+  if (!gathered) throw InputError("gathered: is null");
+  CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream, &rank);
+  kcp_frame(f, rank, kKcpEntryRead, nullptr, gathered);
+  run(kcp_backward_walk_, f);
 }
 
 CallFrame Layer::frame_of(ProblemShape s, const LayerInputs& in, void* saved, void* ws, CUstream stream) const {

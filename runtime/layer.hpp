@@ -15,6 +15,7 @@
 #include "cache/cache.hpp"
 #include "common/error.hpp"
 #include "compiler/ir.hpp"
+#include "runtime/cp_partition.hpp"
 #include "runtime/driver.hpp"
 #include "runtime/graph.hpp"
 #include "runtime/launcher.hpp"
@@ -181,6 +182,33 @@ class Layer {
   HandOff backward(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
                    Workspace&, CUstream) const;
 
+  /// \name One rank of a context-parallel run (cp.ranks > 1; docs/design_kcp.md 3.1)
+  /// The rank's tensors are its own tokens (CpRankView::tokens of them, documents cut as
+  /// CpRankView::cu_seqlens, which `inputs.cu_seqlens` must hold on the device); h0, ht, dht and
+  /// dh0 have a row per local document, the global document's. Between a summaries phase and its
+  /// walk phase the caller all-gathers every rank's record (kcp_record_bytes() each, in rank order)
+  /// and leaves the workspace alone. ht is written for the documents that end on this rank and
+  /// dh0 for those that start on it; the other rows are left as they are. The results are the
+  /// single-GPU proxy's bits (cp.ranks R in one call over the whole batch) for the same partition.
+  /// @{
+  size_t kcp_record_bytes() const;
+  /// Everything before the forward's all-gather: writes this rank's record to `send`.
+  void kcp_forward_summaries(const CpRankView&, const LayerInputs&, void* saved, size_t saved_size, void* workspace,
+                             size_t workspace_size, void* send, CUstream) const;
+  /// The merge over the gathered records, the walk and the output; keeps the entry state in
+  /// `saved` for a recompute and the backward.
+  void kcp_forward_walk(const CpRankView&, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
+                        void* workspace, size_t workspace_size, const void* gathered, CUstream) const;
+  /// A checkpointed step's recompute: no all-gather (the forward kept the entry state).
+  HandOff kcp_recompute(const CpRankView&, const LayerInputs&, const LayerOutputs&, OutputNeeded, void* saved,
+                        size_t saved_size, Workspace&, CUstream) const;
+  /// Everything before the backward's all-gather: writes this rank's record to `send`.
+  HandOff kcp_backward_summaries(const CpRankView&, const LayerInputs&, const LayerGrads&, const void* saved,
+                                 size_t saved_size, Workspace&, void* send, CUstream) const;
+  void kcp_backward_walk(const CpRankView&, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
+                         Workspace&, const void* gathered, CUstream) const;
+  /// @}
+
   /// Synchronizes `stream` and throws InputError if the last forward on `saved` found invalid
   /// cu_seqlens (e.g. "cu_seqlens[3]: 100 < cu_seqlens[2] (200): must be non-decreasing").
   void check_device_status(const void* saved, ProblemShape, CUstream stream) const;
@@ -198,12 +226,16 @@ class Layer {
   void run_eager(const Compiled&, const CallFrame&) const;
   void run(const Compiled&, const CallFrame&) const;
   CallFrame forward_frame(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
-                          void* ws, size_t ws_size, CUstream, OutputNeeded) const;
+                          void* ws, size_t ws_size, CUstream, OutputNeeded, const CpRankView* = nullptr) const;
   CallFrame backward_frame(ProblemShape, const LayerInputs&, const LayerGrads&, const void* saved, size_t saved_size,
-                           void* ws, size_t ws_size, CUstream) const;
+                           void* ws, size_t ws_size, CUstream, const CpRankView* = nullptr) const;
+  ProblemShape kcp_shape(const CpRankView&) const;
+  void kcp_frame(CallFrame&, const CpRankView&, int entry_mode, const void* send, const void* gathered) const;
+  bool handoff_is_fresh(const Workspace&, ProblemShape, CUstream) const;
   RegionLayout region_layout(BufferRole, CallForm, ProblemShape) const;
   CallFrame frame_of(ProblemShape, const LayerInputs&, void* saved, void* ws, CUstream) const;
-  void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm) const;
+  void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm,
+                    const CpRankView*) const;
 
   LayerIR ir_;
   Target target_ = Target::sm_90a;
@@ -213,7 +245,9 @@ class Layer {
   Compiled forward_;
   Compiled forward_without_output_;
   Compiled backward_;
-  Compiled backward_with_handoff_;               ///< light saves only
+  Compiled backward_with_handoff_;                     ///< light saves only
+  Compiled kcp_forward_summaries_, kcp_forward_walk_;  ///< cp.ranks > 1
+  Compiled kcp_backward_summaries_, kcp_backward_summaries_with_handoff_, kcp_backward_walk_;
   std::shared_ptr<GraphBackend> graph_backend_;  ///< set in graph mode
   mutable std::mutex graph_mutex_;
   mutable std::unique_ptr<GraphCache> graphs_;

@@ -5,6 +5,7 @@
 #include "runtime/plan.hpp"
 
 #include "bwd/geometry.hpp"
+#include "cp/geometry.hpp"
 #include "fwd/geometry.hpp"
 #include "params.cuh"
 #include "prep/geometry.hpp"
@@ -108,6 +109,7 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
     case GridKind::walk_merge:
       return {Lin{0, 0, 0, s.head_dim_v / WalkMergeGeometry::kColumns, 1}, heads, Lin{0, 1, 0, 0, 1}};
     case GridKind::finalize: return {Lin{s.heads_qk, 0, 0, 0, FinalizeGeometry::kRowsPerBlock}, one, one};
+    case GridKind::exchange: return {Lin{0, 0, 0, KcpExchangeGeometry::kBlocks, 1}, one, one};
   }
   throw std::logic_error("plan: unknown grid kind");
 }
@@ -137,6 +139,10 @@ class Builder {
   static ValueSource constant(int64_t v) { return {ValueSource::from_constant, Frame::T, RegionKind::saved, 0, {}, v}; }
   ValueSource nt_max() const { return lin(Lin{0, 0, 1, ir_.extra_chunks, 1}); }
   const LayerIR& ir() const { return ir_; }
+  /// A rank's phases (plan_kcp_*): the exchange launches go in, and the walk phase starts at `split`.
+  bool kcp = false;
+  size_t split = 0;
+  size_t size() const { return plan_.launches.size(); }
 
   PlannedLaunch& launch(const char* program, size_t params_size) {
     const int idx = program_index(ir_, program);
@@ -216,18 +222,44 @@ void bind_walk_merge(Builder& b, const char* program, const char* maps, const Va
   GDN_BIND(l, P, seg_hm, b.slot(maps));
   GDN_BIND(l, P, h0, start);
   GDN_BIND(l, P, seg_h0, b.slot(out));
+  if (b.ir().spec.cp_ranks > 1 && std::string(program) == "walk_merge") {
+    GDN_BIND(l, P, kcp_entry, b.slot("kcp_entry"));
+    GDN_BIND(l, P, kcp_entry_mode, b.frame(Frame::kcp_entry_mode));
+  }
 }
 
-/// The state entering every segment (seg_h0): the prescan on W and U, then the merge.
-void bind_segment_entry_states(Builder& b, const ValueSource& k) {
+/// A rank's exchange (kcp_exchange) on the segment slots `slots`; a receive starts the walk phase.
+void bind_kcp_exchange(Builder& b, const char* slots, KcpExchangeMode mode) {
+  if (mode == kKcpForwardReceive || mode == kKcpBackwardReceive) b.split = b.size();
+  auto& l = b.launch("kcp_exchange", sizeof(KcpExchangeParams));
+  using P = KcpExchangeParams;
+  GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+  GDN_BIND(l, P, chunks, b.slot("chunks"));
+  GDN_BIND(l, P, slots, b.slot(slots));
+  const bool send = mode == kKcpForwardSend || mode == kKcpBackwardSend;
+  GDN_BIND(l, P, send, send ? b.frame(Frame::kcp_send) : b.constant(0));
+  GDN_BIND(l, P, gathered, send ? b.constant(0) : b.frame(Frame::kcp_gathered));
+  GDN_BIND(l, P, N, b.frame(Frame::N));
+  GDN_BIND(l, P, rank, b.frame(Frame::kcp_rank));
+  GDN_BIND(l, P, mode, b.constant(mode));
+}
+
+/// The state entering every segment (seg_h0): the prescan on W and U, then the merge. A rank's
+/// forward (`exchange`) sends its summary and receives the gathered ones in between.
+void bind_segment_entry_states(Builder& b, const ValueSource& k, bool exchange = false) {
   bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
+  if (exchange) {
+    bind_kcp_exchange(b, "seg_hm", kKcpForwardSend);
+    bind_kcp_exchange(b, "seg_hm", kKcpForwardReceive);
+  }
   bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
 }
 
 /// The forward walk; with intra-card segments the prescan and the merge first.
-void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht) {
+void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht,
+                     bool exchange = false) {
   const bool segments = ir.spec.cp_segments > 1;
-  if (segments) bind_segment_entry_states(b, k);
+  if (segments) bind_segment_entry_states(b, k, exchange);
   bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }
 
@@ -261,10 +293,13 @@ void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes) {
 
 }  // namespace
 
-CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
+namespace {
+
+CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& split) {
   CallPlan plan;
   plan.name = output == OutputLaunch::yes ? "forward" : "forward_without_output";
   Builder b(ir, plan, CallForm::forward);
+  b.kcp = kcp;
   const bool norm = ir.spec.norm == Norm::l2_in_kernel;
   using F = Frame;
   {
@@ -279,6 +314,11 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
     GDN_BIND(l, P, num_chunks, b.slot("num_chunks"));
     GDN_BIND(l, P, status, b.slot("status"));
+    if (ir.spec.cp_ranks > 1) {
+      GDN_BIND(l, P, rank_local, b.frame(F::kcp_local));
+      GDN_BIND(l, P, pieces_before, b.frame(F::kcp_pieces_before));
+      GDN_BIND(l, P, pieces_after, b.frame(F::kcp_pieces_after));
+    }
   }
   const bool fused = ir.spec.forward == ForwardPath::fused;
   const bool segments = ir.spec.cp_segments > 1;
@@ -307,15 +347,16 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     // W for the backward's reverse walk (saved, or handed over) and, with segments, W and U for
     // the prescan.
     if (segments || full || output == OutputLaunch::no) bind_chunk_prep(b, k);
-    if (segments) bind_segment_entry_states(b, k);
+    if (segments) bind_segment_entry_states(b, k, b.kcp);
     if (output == OutputLaunch::no)  // the tapes for a hand-off or the saves; ht stays the forward's
       bind_fused_walk(b, "walk_tape", false, true);
     else
       bind_fused_walk(b, "fused_walk", true, full);
+    split = b.split;
     return plan;
   }
   bind_chunk_prep(b, k);
-  bind_state_walk(b, ir, k, b.frame(F::ht));
+  bind_state_walk(b, ir, k, b.frame(F::ht), b.kcp);
   if (output == OutputLaunch::yes) {
     auto& l = b.launch("output", sizeof(OutputParams));
     using P = OutputParams;
@@ -329,15 +370,17 @@ CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
     GDN_BIND(l, P, scale, b.frame(F::scale_bits));
     GDN_BIND(l, P, o, b.frame(F::o));
   }
+  split = b.split;
   return plan;
 }
 
-CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
+CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& split) {
   CallPlan plan;
   const bool full = ir.spec.save_mode == SaveMode::full;
   const bool norm = ir.spec.norm == Norm::l2_in_kernel;
   plan.name = full ? "backward" : rerun == PrepRerun::yes ? "backward" : "backward_with_handoff";
   Builder b(ir, plan, CallForm::backward);
+  b.kcp = kcp;
   using F = Frame;
   const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
@@ -389,6 +432,10 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
     };
     if (segments) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
+      if (b.kcp) {
+        bind_kcp_exchange(b, "seg_dzm", kKcpBackwardSend);
+        bind_kcp_exchange(b, "seg_dzm", kKcpBackwardReceive);
+      }
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
     }
     bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
@@ -429,7 +476,44 @@ CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
     GDN_BIND(l, P, dk, b.frame(F::dk));
     GDN_BIND(l, P, T, b.frame(F::T));
   }
+  split = b.split;
   return plan;
+}
+
+/// The launches of one phase of a rank's plan cut at its all-gather.
+CallPlan phase_of(CallPlan plan, size_t split, KcpPhase phase, const LayerIR& ir) {
+  if (ir.spec.cp_ranks <= 1 || ir.spec.cp_segments <= 1 || split == 0)
+    throw std::logic_error(fmt::format("plan: layer '{}' has no context-parallel phases", ir.spec.name));
+  if (phase == KcpPhase::summaries)
+    plan.launches.erase(plan.launches.begin() + static_cast<std::ptrdiff_t>(split), plan.launches.end());
+  else
+    plan.launches.erase(plan.launches.begin(), plan.launches.begin() + static_cast<std::ptrdiff_t>(split));
+  plan.name = fmt::format("kcp_{}_{}", plan.name, phase == KcpPhase::summaries ? "summaries" : "walk");
+  return plan;
+}
+
+}  // namespace
+
+CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
+  size_t split = 0;
+  return forward_plan(ir, output, false, split);
+}
+
+CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
+  size_t split = 0;
+  return backward_plan(ir, rerun, false, split);
+}
+
+CallPlan plan_kcp_forward(const LayerIR& ir, KcpPhase phase) {
+  size_t split = 0;
+  CallPlan plan = forward_plan(ir, OutputLaunch::yes, true, split);
+  return phase_of(std::move(plan), split, phase, ir);
+}
+
+CallPlan plan_kcp_backward(const LayerIR& ir, PrepRerun rerun, KcpPhase phase) {
+  size_t split = 0;
+  CallPlan plan = backward_plan(ir, rerun, true, split);
+  return phase_of(std::move(plan), split, phase, ir);
 }
 
 void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, Launcher& launcher) {

@@ -49,6 +49,14 @@ enum class Frame : uint8_t {
   dh0,
   scale_bits,
   stream,
+  // One rank of a context-parallel run (zero otherwise): docs/design_kcp.md 3.1.
+  kcp_rank,
+  kcp_local,          ///< 1: T and cu_seqlens are the rank's own tokens
+  kcp_pieces_before,  ///< the first document's pieces on earlier ranks
+  kcp_pieces_after,   ///< the last document's pieces on later ranks
+  kcp_entry_mode,     ///< KcpEntryMode of the forward merge
+  kcp_send,           ///< this rank's summary record
+  kcp_gathered,       ///< every rank's record, in rank order
   count
 };
 inline constexpr int kFrameWords = static_cast<int>(Frame::count);
@@ -104,6 +112,13 @@ enum class PrepRerun { yes, no };     ///< a backward binds handed-off tapes ins
 
 CallPlan plan_forward(const LayerIR&, OutputLaunch);
 CallPlan plan_backward(const LayerIR&, PrepRerun);
+
+/// One rank of a context-parallel run (cp.ranks > 1): the forward and the backward cut at their
+/// all-gather. `summaries` ends with this rank's record in Frame::kcp_send; `walk` starts by copying
+/// the gathered records (Frame::kcp_gathered) into the segment slots, then merges and walks.
+enum class KcpPhase { summaries, walk };
+CallPlan plan_kcp_forward(const LayerIR&, KcpPhase);
+CallPlan plan_kcp_backward(const LayerIR&, PrepRerun, KcpPhase);
 
 /// The slots of the saved region, or of the workspace of one call form, in region order.
 std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR&, BufferRole, CallForm);

@@ -21,8 +21,12 @@ struct ChunkInfo {
   int start;
   int len;
   int doc;
-  int piece;  ///< cp.ranks > 1: the document's piece between rank boundaries (0 for the first); else 0
+  /// cp.ranks > 1: bits 0-7 the document's piece between rank boundaries (0 for the first), bits
+  /// 8-15 the document's pieces in all (common/segments.cuh); else 0. A rank of a context-parallel
+  /// run holds one piece of each of its documents, numbered as in the whole batch.
+  int piece;
 };
+constexpr int kPieceBits = 8;
 
 /// Error codes the device-side cu_seqlens check writes (first failure wins).
 enum CuSeqlensError : int {
@@ -51,6 +55,13 @@ struct ChunkTableParams {
   int* doc_chunk_offset;  ///< [N + 1]
   int* num_chunks;        ///< [1]
   DeviceStatus* status;   ///< [1]
+  /// One rank of a context-parallel run (cp.ranks > 1, docs/design_kcp.md 3.1): 1 when T and
+  /// cu_seqlens are the rank's own tokens (no cuts inside; each document is one piece); 0 for the
+  /// whole batch (the single-GPU proxy cuts it at the rank boundaries).
+  int rank_local;
+  int pieces_before;  ///< rank_local: the first document's pieces on earlier ranks
+  int pieces_after;   ///< rank_local: the last document's pieces on later ranks
+  int pad_end;
 };
 
 struct L2NormParams {
@@ -147,6 +158,34 @@ struct WalkMergeParams {
   const float* seg_hm;          ///< [segment slots, HV, K, V + K]
   const float* h0;              ///< [N, HV, K, V] or null
   float* seg_h0;                ///< [N * SEGMENTS, HV, K, V]
+  /// One rank of a context-parallel forward (docs/design_kcp.md 3.1): the state entering the
+  /// first document's local piece when that document started on an earlier rank. kKcpEntryWrite:
+  /// the merge (over the gathered pieces copied into seg_hm) stores it; kKcpEntryRead: the merge
+  /// starts from it (a recompute, a backward's re-run: no second all-gather). Else unused.
+  float* kcp_entry;  ///< [HV, K, V]
+  int kcp_entry_mode;
+  int pad_end;
+};
+enum KcpEntryMode : int { kKcpEntryNone = 0, kKcpEntryWrite = 1, kKcpEntryRead = 2 };
+
+/// One rank of a context-parallel run: its summaries into the caller's send buffer, and the
+/// gathered summaries of the ranks its boundary documents span into its segment slots.
+struct KcpExchangeParams {
+  const int* doc_chunk_offset;  ///< [N + 1]
+  const ChunkInfo* chunks;
+  float* slots;           ///< seg_hm (forward) or seg_dzm (backward): [N * SEGMENTS, HV, K, V + K]
+  float* send;            ///< [HV, K, V + K]: this rank's record
+  const float* gathered;  ///< [ranks, HV, K, V + K]: every rank's record, in rank order
+  int N;
+  int rank;
+  int mode;  ///< KcpExchangeMode
+  int pad_end;
+};
+enum KcpExchangeMode : int {
+  kKcpForwardSend = 0,
+  kKcpForwardReceive = 1,
+  kKcpBackwardSend = 2,
+  kKcpBackwardReceive = 3
 };
 
 /// Forward output (F5), one program per (chunk, value head).
@@ -235,7 +274,7 @@ struct FinalizeParams {
 };
 
 // Sizes pinned: a change here changes the ABI between the host and every cached kernel.
-static_assert(sizeof(ChunkTableParams) == 56, "ChunkTableParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkTableParams) == 72, "ChunkTableParams: the host and the kernels share this layout");
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
 static_assert(sizeof(GateCumsumParams) == 32, "GateCumsumParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkPrepParams) == 64, "ChunkPrepParams: the host and the kernels share this layout");
@@ -247,7 +286,8 @@ static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host a
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 136, "FusedWalkParams: the host and the kernels share this layout");
-static_assert(sizeof(WalkMergeParams) == 40, "WalkMergeParams: the host and the kernels share this layout");
+static_assert(sizeof(WalkMergeParams) == 56, "WalkMergeParams: the host and the kernels share this layout");
+static_assert(sizeof(KcpExchangeParams) == 56, "KcpExchangeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");
 

@@ -85,6 +85,10 @@ TEST_SUITE("compile") {
       for (const auto& [k, v] : ir.program(e.program).constants) has_ranks |= k == "RANKS" && v == "4";
       if (!has_ranks) continue;
       CAPTURE(e.program);
+      if (e.program == "kcp_exchange") {  // a rank's copies: no segmented counterpart
+        CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() == 0);
+        continue;
+      }
       REQUIRE(segmented_spills.count(e.program) == 1);
       CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() <= segmented_spills[e.program]);
       ++ranked;

@@ -572,6 +572,89 @@ TEST_SUITE("gpu_layer") {
   }
 }
 
+TEST_SUITE("gpu_kcp") {
+  // One rank of a context-parallel run sees only its own tokens; its phases (summaries, an
+  // all-gather, merge + walk, and the backward's mirror) must give the proxy's bits for the same
+  // partition (docs/design_kcp.md 3.1). Here the R ranks run in turn on one GPU, each on its slice
+  // with its own regions, the records gathered in one buffer between the phases: the two-GPU run
+  // adds only the transport. 7560 tokens: with 2 ranks the boundary falls inside the first
+  // document; with 4 rank 1 holds only the middle of the first document and rank 3 the end of the
+  // last; with 8 ranks 1 to 3 hold only its middle and rank 4 many short documents.
+  void expect_ranks_give_proxy_bits(const Spec& spec, check::Case c, const std::string& label) {
+    auto layer = make(spec);
+    c.with_reference = false;
+    c.simulated_ranks = false;
+    const check::Report proxy = check::run(*layer, c);
+    c.simulated_ranks = true;
+    const check::Report ranks = check::run(*layer, c);
+    CHECK_MESSAGE(ranks.bytes.size() == proxy.bytes.size(), label);
+    for (const auto& m : ranks.mismatches) FAIL_CHECK(label << " repeat differs: " << m);
+    expect_same_bits(proxy.bytes, ranks, label);
+    MESSAGE(label << ": " << ranks.bytes.size() << " results bitwise equal to the proxy's");
+  }
+
+  TEST_CASE("the ranks' phases give the single-GPU proxy's bits") {
+    const uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) + 31;
+    MESSAGE("seed " << seed);
+    const std::vector<long long> lens = {4000, 1, 63, 64, 65, 30, 129, 700, 1, 100, 2407};
+    for (const char* example : {"n", "m"})
+      for (int world : {2, 4, 8}) {
+        if (std::string(example) == "m" && world == 8) continue;
+        for (SaveMode save : {SaveMode::light, SaveMode::full}) {
+          Spec s = spec_of(example);
+          s.cp_ranks = world;
+          s.save_mode = save;
+          s.name = fmt::format("{}_kcp{}_{}", example, world, to_string(save));
+          check::Case c;
+          c.seed = seed + static_cast<uint64_t>(world);
+          c.doc_lens = lens;
+          c.repeats = 2;
+          expect_ranks_give_proxy_bits(s, c, s.name + " fwd+bwd");
+          c.repeats = 1;
+          c.step = check::Case::Step::ckpt;
+          expect_ranks_give_proxy_bits(s, c, s.name + " ckpt");
+        }
+      }
+    // One document over every rank, an empty document on a rank boundary (its ht = h0 has an
+    // owner), no initial state, int64 cu_seqlens, and graph replay of the phases.
+    Spec n4 = spec_of("n");
+    n4.cp_ranks = 4;
+    n4.name = "n_kcp4";
+    check::Case c;
+    c.seed = seed + 11;
+    c.doc_lens = {7560};
+    expect_ranks_give_proxy_bits(n4, c, "n_kcp4 one document");
+    c.doc_lens = {1890, 0, 1000, 0, 2780, 1890};
+    c.cu_type = IndexType::int64;
+    expect_ranks_give_proxy_bits(n4, c, "n_kcp4 empty documents on boundaries, int64");
+    Spec noh0 = n4;
+    noh0.initial_state = StateFlag::absent;
+    noh0.name = "n_kcp4_noh0";
+    c.doc_lens = lens;
+    expect_ranks_give_proxy_bits(noh0, c, noh0.name);
+    Spec graphs = n4;
+    graphs.graph = GraphMode::replay;
+    graphs.name = "n_kcp4_replay";
+    c.repeats = 3;
+    expect_ranks_give_proxy_bits(graphs, c, graphs.name);
+  }
+
+  TEST_CASE("the ranks' phases against the fp64 reference") {
+    const uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) + 37;
+    MESSAGE("seed " << seed);
+    for (const char* example : {"n", "m"}) {
+      Spec s = spec_of(example);
+      s.cp_ranks = 4;
+      s.name = fmt::format("{}_kcp4_ref", example);
+      check::Case c;
+      c.seed = seed;
+      c.doc_lens = {4000, 1, 63, 64, 65, 30, 129, 700, 1, 100, 2407};
+      c.simulated_ranks = true;
+      expect_within_bounds(check::run(*make(s), c), s.name);
+    }
+  }
+}
+
 TEST_SUITE("gpu_determinism") {
   // The proxy is the oracle of the multi-rank runs, so its own bits must be stable: repeats,
   // light = full = ckpt. And where the rank boundaries fall on chunk boundaries of one document,

@@ -235,6 +235,105 @@ Report run(const Layer& layer, const Case& c) {
   Dev dg = Dev::poisoned(tv * 4), db = Dev::poisoned(tv * 4), dh0 = Dev::poisoned(state * 4);
   Report r;
   const CUstream run_on = c.legacy_stream ? nullptr : stream.handle();
+
+  // The simulated ranks: each its slice of the global tensors (rows of its tokens, states of its
+  // documents), its own cu_seqlens, saved region and workspace; one gathered buffer.
+  struct Rank {
+    CpRankView view;
+    Dev cu, saved, ws;
+    std::optional<Workspace> stamped;
+  };
+  std::vector<Rank> ranks;
+  const int world = sp.cp_ranks;
+  if (c.simulated_ranks) {
+    if (world <= 1) throw std::invalid_argument("check::Case: simulated_ranks needs a layer with cp.ranks > 1");
+    for (int rank = 0; rank < world; ++rank) {
+      CpRankView view = cp_rank_view(p.cu_seqlens, world, rank);
+      const ProblemShape local{view.tokens, view.documents()};
+      std::vector<int> l32(view.cu_seqlens.begin(), view.cu_seqlens.end());
+      std::vector<long long> l64(view.cu_seqlens.begin(), view.cu_seqlens.end());
+      Dev lcu = c.cu_type == IndexType::int32 ? Dev::from(l32) : Dev::from(l64);
+      Dev lsaved = Dev::poisoned(layer.saved_bytes(local));
+      Dev lws = Dev::poisoned(
+          std::max(layer.workspace_bytes(CallForm::forward, local), layer.workspace_bytes(CallForm::backward, local)));
+      ranks.push_back(Rank{std::move(view), std::move(lcu), std::move(lsaved), std::move(lws), std::nullopt});
+    }
+  }
+  Dev gathered = Dev::poisoned(c.simulated_ranks ? static_cast<size_t>(world) * layer.kcp_record_bytes() : 16);
+  const auto shift = [](const void* base, size_t bytes) -> void* {
+    return base ? const_cast<char*>(static_cast<const char*>(base)) + bytes : nullptr;
+  };
+  const size_t state_bytes = static_cast<size_t>(p.HV) * p.K * p.V * 4;
+  const auto local_inputs = [&](const Rank& rk) {
+    const size_t t0 = static_cast<size_t>(rk.view.token_begin);
+    LayerInputs l = li;
+    l.q = shift(li.q, t0 * p.H * p.K * 2);
+    l.k = shift(li.k, t0 * p.H * p.K * 2);
+    l.v = shift(li.v, t0 * p.HV * p.V * 2);
+    l.g = static_cast<const float*>(shift(li.g, t0 * p.HV * 4));
+    l.beta = static_cast<const float*>(shift(li.beta, t0 * p.HV * 4));
+    l.cu_seqlens = rk.cu.get();
+    l.h0 = static_cast<const float*>(shift(li.h0, static_cast<size_t>(rk.view.docs.front()) * state_bytes));
+    return l;
+  };
+  const auto local_outputs = [&](const Rank& rk, const LayerOutputs& out) {
+    const size_t t0 = static_cast<size_t>(rk.view.token_begin);
+    return LayerOutputs{shift(out.o, t0 * p.HV * p.V * 2),
+                        static_cast<float*>(shift(out.ht, static_cast<size_t>(rk.view.docs.front()) * state_bytes))};
+  };
+  const auto local_grads = [&](const Rank& rk, const LayerGrads& gr) {
+    const size_t t0 = static_cast<size_t>(rk.view.token_begin), n0 = static_cast<size_t>(rk.view.docs.front());
+    return LayerGrads{shift(gr.d_o, t0 * p.HV * p.V * 2),
+                      static_cast<const float*>(shift(gr.dht, n0 * state_bytes)),
+                      shift(gr.dq, t0 * p.H * p.K * 2),
+                      shift(gr.dk, t0 * p.H * p.K * 2),
+                      shift(gr.dv, t0 * p.HV * p.V * 2),
+                      static_cast<float*>(shift(gr.dg, t0 * p.HV * 4)),
+                      static_cast<float*>(shift(gr.dbeta, t0 * p.HV * 4)),
+                      static_cast<float*>(shift(gr.dh0, n0 * state_bytes))};
+  };
+  const size_t record = c.simulated_ranks ? layer.kcp_record_bytes() : 0;
+  const auto send_of = [&](const Rank& rk) {
+    return shift(gathered.get(), static_cast<size_t>(rk.view.rank) * record);
+  };
+  const auto shape_of = [](const Rank& rk) { return ProblemShape{rk.view.tokens, rk.view.documents()}; };
+  // One call form over the whole batch: the layer's own call, or every rank's phases in turn.
+  const auto forward = [&](Workspace& stamped, const LayerOutputs& out, CUstream s) {
+    if (!c.simulated_ranks) return layer.forward(shape, li, out, saved.get(), saved.buf.bytes(), stamped, s);
+    for (Rank& rk : ranks) {
+      rk.stamped.emplace(rk.ws.get(), rk.ws.buf.bytes());
+      layer.kcp_forward_summaries(rk.view, local_inputs(rk), rk.saved.get(), rk.saved.buf.bytes(), rk.ws.get(),
+                                  rk.ws.buf.bytes(), send_of(rk), s);
+    }
+    for (Rank& rk : ranks)
+      layer.kcp_forward_walk(rk.view, local_inputs(rk), local_outputs(rk, out), rk.saved.get(), rk.saved.buf.bytes(),
+                             rk.ws.get(), rk.ws.buf.bytes(), gathered.get(), s);
+  };
+  const auto check_status = [&](CUstream s) {
+    if (!c.simulated_ranks) return layer.check_device_status(saved.get(), shape, s);
+    for (Rank& rk : ranks) layer.check_device_status(rk.saved.get(), shape_of(rk), s);
+  };
+  const auto recompute = [&](Workspace& stamped, const LayerOutputs& out, CUstream s) {
+    if (!c.simulated_ranks) {
+      layer.recompute(shape, li, out, OutputNeeded::no, saved.get(), saved.buf.bytes(), stamped, s);
+      return;
+    }
+    for (Rank& rk : ranks)
+      layer.kcp_recompute(rk.view, local_inputs(rk), local_outputs(rk, out), OutputNeeded::no, rk.saved.get(),
+                          rk.saved.buf.bytes(), *rk.stamped, s);
+  };
+  const auto backward = [&](Workspace& stamped, const LayerGrads& gr, CUstream s) {
+    if (!c.simulated_ranks) return layer.backward(shape, li, gr, saved.get(), saved.buf.bytes(), stamped, s);
+    HandOff taken = HandOff::taken;
+    for (Rank& rk : ranks)
+      if (layer.kcp_backward_summaries(rk.view, local_inputs(rk), local_grads(rk, gr), rk.saved.get(),
+                                       rk.saved.buf.bytes(), *rk.stamped, send_of(rk), s) == HandOff::not_taken)
+        taken = HandOff::not_taken;
+    for (Rank& rk : ranks)
+      layer.kcp_backward_walk(rk.view, local_inputs(rk), local_grads(rk, gr), rk.saved.get(), rk.saved.buf.bytes(),
+                              *rk.stamped, gathered.get(), s);
+    return taken;
+  };
   // Repeats are compared on the device against a device copy of the first run's results.
   std::optional<DeviceDiff> diff;
   std::map<std::string, Dev> first_run;
@@ -244,8 +343,8 @@ Report run(const Layer& layer, const Case& c) {
     for (Dev* d : {&o, &ht, &dq, &dk, &dv, &dg, &db, &dh0})
       GDN_CHECK_CU(rt::drv().cuMemsetD8Async(d->buf.handle(), 0xFF, d->buf.bytes(), run_on), "poison");
     Workspace stamped(ws.get(), ws.buf.bytes());
-    layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, run_on);
-    layer.check_device_status(saved.get(), shape, run_on);
+    forward(stamped, lo, run_on);
+    check_status(run_on);
     std::vector<std::tuple<std::string, const Dev*, size_t>> results = {{"o", &o, tv * p.V * 2}};
     if (has_ht) results.emplace_back("ht", &ht, state * 4);
     if (c.backward) {
@@ -260,15 +359,14 @@ Report run(const Layer& layer, const Case& c) {
       CUstream backward_stream = run_on;
       if (c.step != Case::Step::fwd_bwd) {
         const LayerOutputs no_output{nullptr, lo.ht};
-        layer.recompute(shape, li, no_output, OutputNeeded::no, saved.get(), saved.buf.bytes(), stamped, run_on);
+        recompute(stamped, no_output, run_on);
       }
-      if (c.step == Case::Step::ckpt_intervening)
-        layer.forward(shape, li, lo, saved.get(), saved.buf.bytes(), stamped, run_on);
+      if (c.step == Case::Step::ckpt_intervening) forward(stamped, lo, run_on);
       if (c.step == Case::Step::ckpt_other_stream) {
         sync(run_on);
         backward_stream = other_stream.handle();
       }
-      r.handoff = layer.backward(shape, li, lg, saved.get(), saved.buf.bytes(), stamped, backward_stream);
+      r.handoff = backward(stamped, lg, backward_stream);
       GDN_CHECK_CU(rt::drv().cuStreamSynchronize(backward_stream), "backward");
       sync(run_on);
       for (auto [name, dev, bytes] :

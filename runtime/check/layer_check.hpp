@@ -36,6 +36,11 @@ struct Case {
   /// workspace between the recompute and the backward; ckpt_other_stream runs the backward on a
   /// second stream (after the first is drained).
   enum class Step { fwd_bwd, ckpt, ckpt_intervening, ckpt_other_stream } step = Step::fwd_bwd;
+  /// A layer with cp.ranks R > 1: run its R ranks' phases in turn on one GPU, each on its own
+  /// tokens and regions, every rank's record placed in one gathered buffer between the phases (what
+  /// an all-gather does), instead of the single-GPU proxy's one call. The results land in the
+  /// same global tensors, so they compare bit for bit with the proxy's.
+  bool simulated_ranks = false;
 };
 
 struct Report {

@@ -98,7 +98,7 @@ struct StateWalkBwdMmaSync {
     const int v0 = (transition ? blockIdx.x - V / BV : blockIdx.x) * BV;
     const bool inputs = !transition;
     const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
-    if (seg >= ds.count) return;  // past this document's segments ("auto")
+    if (!ds.local(seg)) return;  // past this document's segments ("auto"), or a remote piece
     const int c_first = ds.begin(seg), c_last = ds.begin(seg + 1) - 1;
     const long long slot = ds.slot0 + seg;
     if (kPrescan && seg == 0) return;

@@ -17,6 +17,11 @@
  * own first token by chunk_table, which numbers them in ChunkInfo::piece. SEGMENTS is R (a document
  * spans at most R ranks), the slots are pinned (n * R + piece), and a piece's first chunk is found
  * by a binary search over the document's chunks (pieces are non-decreasing along them).
+ *
+ * One rank of a context-parallel run (chunk_table's rank_local) holds one piece of each of its
+ * documents: the local pieces [lo, hi] of a document are those it has chunks of; the others are
+ * remote (their segments have no block to walk: the prescans and walks skip them, the merges chain
+ * through their gathered summaries). In the proxy every piece is local.
  */
 #pragma once
 
@@ -30,6 +35,7 @@ struct DocSegments {
   int first;        ///< the document's first chunk
   int chunks;       ///< its chunk count
   int count;        ///< its segments
+  int lo, hi;       ///< its local segments (cp.ranks > 1: the pieces this run has chunks of)
   long long slot0;  ///< the slot of its segment 0
 
   const ChunkInfo* table;  ///< the chunk table (cp.ranks > 1: the pieces' numbers)
@@ -39,27 +45,36 @@ struct DocSegments {
     first = doc_chunk_offset[n];
     chunks = doc_chunk_offset[n + 1] - first;
     if (Cfg::RANKS > 1) {
-      count = chunks > 0 ? table[first + chunks - 1].piece + 1 : 1;
+      constexpr int mask = (1 << kPieceBits) - 1;
+      const int tag_first = chunks > 0 ? table[first].piece : 1 << kPieceBits;
+      const int tag_last = chunks > 0 ? table[first + chunks - 1].piece : 1 << kPieceBits;
+      count = tag_last >> kPieceBits;
+      lo = tag_first & mask;
+      hi = tag_last & mask;
       slot0 = (long long)n * Cfg::SEGMENTS;
     } else {
       count = seg::count(chunks, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
+      lo = 0;
+      hi = count - 1;
       slot0 = seg::slot0(n, first, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
     }
   }
+  /// Segment s has a block to walk here (it exists and its chunks are this run's).
+  __device__ __forceinline__ bool local(int s) const { return s >= lo && s <= hi && s < count; }
   /// The first chunk of segment s (s = count gives the end).
   __device__ __forceinline__ int begin(int s) const {
     if (Cfg::RANKS > 1) {
-      if (s <= 0) return first;
-      if (s >= count) return first + chunks;
-      int lo = first, hi = first + chunks - 1;  // the first chunk of piece >= s lies in (lo, hi]
-      while (hi - lo > 1) {
-        const int mid = lo + (hi - lo) / 2;
-        if (table[mid].piece >= s)
-          hi = mid;
+      if (s <= lo) return first;
+      if (s > hi) return first + chunks;
+      int a = first, b = first + chunks - 1;  // the first chunk of piece >= s lies in (a, b]
+      while (b - a > 1) {
+        const int mid = a + (b - a) / 2;
+        if ((table[mid].piece & ((1 << kPieceBits) - 1)) >= s)
+          b = mid;
         else
-          lo = mid;
+          a = mid;
       }
-      return hi;
+      return b;
     }
     return seg::begin(first, chunks, count, s);
   }
@@ -71,7 +86,7 @@ struct DocSegments {
 template <class Cfg>
 struct SegmentWalk {
   int n;           ///< the document
-  bool active;     ///< false past the document's segments ("auto"): nothing to do
+  bool active;     ///< false past the document's segments ("auto") or on a remote piece: nothing to do
   bool last;       ///< the document's last segment
   int begin, end;  ///< chunks (when active)
   long long slot;  ///< the segment's slot in seg_h0 (SEGMENTS > 1)
@@ -81,7 +96,7 @@ struct SegmentWalk {
     const int z = blockIdx.z, seg = SEG > 1 ? z % SEG : 0;
     n = SEG > 1 ? z / SEG : z;
     const DocSegments<Cfg> ds(doc_chunk_offset, chunk_table, n);
-    active = seg < ds.count;
+    active = ds.local(seg);
     last = seg == ds.count - 1;
     begin = active ? ds.begin(seg) : 0;
     end = active ? ds.begin(seg + 1) : 0;

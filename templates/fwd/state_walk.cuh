@@ -69,7 +69,7 @@ struct StateWalk {
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int gr = lane >> 2, tq = (lane & 3) * 2;
     const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
-    if (seg >= ds.count) return;  // past this document's segments ("auto")
+    if (!ds.local(seg)) return;  // past this document's segments ("auto"), or a remote piece
     const int c_begin = ds.begin(seg), c_end = ds.begin(seg + 1);
     const long long slot = ds.slot0 + seg;
     if (kPrescan && seg == ds.count - 1) return;  // the merge never needs the last segment's transition

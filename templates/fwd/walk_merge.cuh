@@ -6,6 +6,9 @@
  * One block per (32 state columns, value head, document). S = h0 (or 0); for each segment i:
  * seg_h0[i] = S, then S = M_i S + S_ext_i. The sum over k runs in a fixed order (deterministic).
  * The work is SEGMENTS - 1 products of 128 x 128 by 128 x 32 per block: small next to the walks.
+ * On one rank of a context-parallel run the chain of a boundary document runs through the remote
+ * pieces' gathered summaries in the same order and the same fp32 operations as the proxy's chain,
+ * so the local piece starts from the proxy's bits (docs/design_kcp.md 3.1).
  *
  * WalkMergeBwd is the backward's: Z = dht (or 0); for each segment i from the last: seg_dz[i] = Z,
  * then Z = A_i Z + dZ_ext_i, A_i = M_i^T from the backward prescan (docs/algorithm.md 4.4, 4.6).
@@ -37,13 +40,28 @@ struct WalkMerge {
     for (int e = 0; e < 16; ++e)
       x[e] = has_h0 ? p.h0[((long long)n * HV + j) * K * V + (long long)r * V + c0 + half + e] : 0.f;
     const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
-    for (int step = 0; step < ds.count; ++step) {
-      const int seg = kReverse ? ds.count - 1 - step : step;
+    // Forward: segments 0 .. hi (a rank stops at its local piece: what follows is the later
+    // ranks'); backward: count - 1 down to lo. Remote segments chain through the gathered
+    // summaries that kcp_exchange copied into their slots.
+    int seg = kReverse ? ds.count - 1 : 0;
+    const int last = kReverse ? ds.lo : ds.hi;
+    // The state entering the first document's local piece, kept by the forward for a recompute.
+    const bool entry = !kReverse && Cfg::RANKS > 1 && ds.lo > 0;
+    float* const entry_at = p.kcp_entry + (long long)j * K * V + (long long)r * V + c0 + half;
+    if (entry && p.kcp_entry_mode == kKcpEntryRead) {
+#pragma unroll
+      for (int e = 0; e < 16; ++e) x[e] = entry_at[e];
+      seg = ds.lo;
+    }
+    for (;; seg += kReverse ? -1 : 1) {
       const long long z = ds.slot0 + seg;
       float* out = p.seg_h0 + (z * HV + j) * K * V + (long long)r * V + c0 + half;
 #pragma unroll
       for (int e = 0; e < 16; ++e) out[e] = x[e];
-      if (step == ds.count - 1) break;
+      if (entry && seg == ds.lo && p.kcp_entry_mode == kKcpEntryWrite)
+#pragma unroll
+        for (int e = 0; e < 16; ++e) entry_at[e] = x[e];
+      if (seg == last) break;
 #pragma unroll
       for (int e = 0; e < 16; ++e) sS[r][half + e] = x[e];
       __syncthreads();

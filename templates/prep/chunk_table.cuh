@@ -7,7 +7,10 @@
  * cp.ranks R > 1 (the single-GPU proxy of context parallelism) a document is first cut at every rank
  * boundary r P (P = T / R, which the host checks divides T) strictly inside it, and each piece is
  * chunked from its own first token, as the rank holding it would; ChunkInfo::piece numbers the
- * pieces (common/segments.cuh makes them the walks' segments). Invalid
+ * pieces (common/segments.cuh makes them the walks' segments), with each document's piece count.
+ * One rank of a context-parallel run (rank_local) sees only its own tokens: no cuts, every document
+ * is one piece, numbered as in the whole batch (its first document's follows pieces_before pieces on
+ * earlier ranks, its last document's has pieces_after more on later ranks). Invalid
  * cu_seqlens (first != 0, decreasing, last != T) are reported in DeviceStatus (the lowest failing
  * index wins, so the report is deterministic) and produce an empty table, so every later program
  * does nothing instead of reading out of bounds.
@@ -33,13 +36,14 @@ struct ChunkTable {
   /// with one rank there is no boundary inside a document. 32-bit unsigned arithmetic: positions of
   /// a valid table are in [0, T], T < 2^31, and a 64-bit division is a subroutine that spills in
   /// this 1024-thread block.
-  __device__ static unsigned piece_end(unsigned a, unsigned e, unsigned per_rank) {
-    if (Cfg::RANKS <= 1) return e;
+  __device__ static unsigned piece_end(unsigned a, unsigned e, unsigned per_rank, bool cuts) {
+    if (Cfg::RANKS <= 1 || !cuts) return e;
     return min(e, seg::next_rank_boundary(a, per_rank));
   }
 
   __device__ static void run(const ChunkTableParams& p) {
     const unsigned per_rank = max(1u, static_cast<unsigned>(p.T) / Cfg::RANKS);
+    const bool cuts = !p.rank_local;
     __shared__ int first_bad;  // lowest failing index, or INT_MAX
     __shared__ int scan[kThreads];
     __shared__ int total;
@@ -64,7 +68,7 @@ struct ChunkTable {
       for (int d = d0; d < d1; ++d) {
         const unsigned e = static_cast<unsigned>(cu_at(p, d + 1));
         for (unsigned a = static_cast<unsigned>(cu_at(p, d)); a < e;) {
-          const unsigned b = piece_end(a, e, per_rank);
+          const unsigned b = piece_end(a, e, per_rank, cuts);
           mine += static_cast<int>((b - a + Cfg::CHUNK - 1) / Cfg::CHUNK);
           a = b;
         }
@@ -86,15 +90,23 @@ struct ChunkTable {
       p.doc_chunk_offset[d] = (valid && fits) ? offset : 0;
       if (valid && fits) {
         const unsigned e = static_cast<unsigned>(cu_at(p, d + 1));
-        int idx = 0, piece = 0;
-        for (unsigned a = static_cast<unsigned>(cu_at(p, d)); a < e; ++piece) {
-          const unsigned b = piece_end(a, e, per_rank);
+        const unsigned a0 = static_cast<unsigned>(cu_at(p, d));
+        int piece = 0, pieces = 1;
+        if (cuts) {
+          for (unsigned a = a0; (a = piece_end(a, e, per_rank, true)) < e;) ++pieces;
+        } else {
+          piece = d == 0 ? p.pieces_before : 0;
+          pieces = piece + 1 + (d == p.N - 1 ? p.pieces_after : 0);
+        }
+        int idx = 0;
+        for (unsigned a = a0; a < e; ++piece) {
+          const unsigned b = piece_end(a, e, per_rank, cuts);
           for (unsigned c = a; c < b; c += Cfg::CHUNK, ++idx) {
             ChunkInfo info;
             info.start = static_cast<int>(c);
             info.len = static_cast<int>(min(static_cast<unsigned>(Cfg::CHUNK), b - c));
             info.doc = d;
-            info.piece = piece;
+            info.piece = Cfg::RANKS > 1 ? piece | pieces << kPieceBits : 0;
             p.chunks[offset + idx] = info;
           }
           a = b;
