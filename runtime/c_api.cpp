@@ -5,7 +5,9 @@
 #include "runtime/gdn.h"
 
 #include "compiler/nvrtc.hpp"
+#include "runtime/kcp.hpp"
 #include "runtime/layer.hpp"
+#include "runtime/nccl.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -18,6 +20,11 @@ struct gdn_layer {
 
 struct gdn_workspace {
   gdn::Workspace ws;
+};
+
+struct gdn_kcp_context {
+  const gdn_layer* layer;
+  gdn::KcpContext kcp;
 };
 
 namespace {
@@ -45,6 +52,9 @@ int guarded(F&& f) {
   } catch (const gdn::rt::DriverError& e) {
     last_error = e.what();
     return GDN_ERR_CUDA;
+  } catch (const gdn::rt::NcclError& e) {
+    last_error = e.what();
+    return GDN_ERR_NCCL;
   } catch (const std::exception& e) {
     last_error = e.what();
     return GDN_ERR_OTHER;
@@ -64,6 +74,49 @@ gdn::CallForm form_of(int f) {
   }
   throw gdn::InputError("form: " + std::to_string(f) + " is not a call form (0 forward, 1 recompute, 2 backward)");
 }
+
+/// A region's slots ordered by offset, then name, into the caller's array (see gdn_spec_region_layout).
+void write_layout(const gdn::RegionLayout& l, gdn_slot* slots, size_t capacity, size_t* count, size_t* total) {
+  if (!count) throw gdn::InputError("count: is null");
+  std::vector<std::pair<size_t, std::string>> order;
+  for (const auto& [name, offset] : l.offset) order.emplace_back(offset, name);
+  std::sort(order.begin(), order.end());
+  if (slots && capacity < order.size())
+    throw gdn::InputError("capacity: " + std::to_string(capacity) + " slots given, the layout has " +
+                          std::to_string(order.size()));
+  if (slots)
+    for (size_t i = 0; i < order.size(); ++i) {
+      const std::string& name = order[i].second;
+      if (name.size() >= sizeof(slots[i].name))
+        throw std::logic_error("region layout: buffer name '" + name + "' does not fit gdn_slot::name");
+      std::memset(slots[i].name, 0, sizeof(slots[i].name));
+      std::memcpy(slots[i].name, name.c_str(), name.size());
+      slots[i].offset = order[i].first;
+      slots[i].bytes = l.size.at(name);
+    }
+  *count = order.size();
+  if (total) *total = l.bytes;
+}
+
+const gdn::KcpContext& kcp_of(const gdn_kcp_context* c) {
+  if (!c) throw gdn::InputError("context: is null");
+  c->layer->ctx.make_current();
+  return c->kcp;
+}
+
+template <class T>
+T& out_of(T* p, const char* name) {
+  if (!p) throw gdn::InputError(std::string(name) + ": is null");
+  return *p;
+}
+
+/// NCCL as gdn_nccl_load left it (else loaded from the default places on first use).
+const gdn::rt::Nccl* loaded_nccl = nullptr;
+const gdn::rt::Nccl& nccl() {
+  if (!loaded_nccl) loaded_nccl = &gdn::rt::Nccl::load();
+  return *loaded_nccl;
+}
+gdn::rt::nccl_abi::Comm comm_of(void* c) { return static_cast<gdn::rt::nccl_abi::Comm>(c); }
 
 }  // namespace
 
@@ -99,31 +152,13 @@ int gdn_spec_validate(const char* spec_json, char* canonical, size_t capacity) {
 int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t T, int N, gdn_slot* slots,
                            size_t capacity, size_t* count, size_t* total) {
   return guarded([&] {
-    if (!count) throw gdn::InputError("count: is null");
     if (region != GDN_REGION_SAVED && region != GDN_REGION_WORKSPACE)
       throw gdn::InputError("region: " + std::to_string(region) + " is not a region (0 saved, 1 workspace)");
     const gdn::CallForm f = region == GDN_REGION_SAVED ? gdn::CallForm::forward : form_of(form);
     const gdn::LayerIR ir = gdn::lower(parse_spec(spec_json));
     const gdn::RegionLayout l = gdn::region_layout(
         ir, region == GDN_REGION_SAVED ? gdn::BufferRole::saved : gdn::BufferRole::workspace, f, {T, N});
-    std::vector<std::pair<size_t, std::string>> order;
-    for (const auto& [name, offset] : l.offset) order.emplace_back(offset, name);
-    std::sort(order.begin(), order.end());
-    if (slots && capacity < order.size())
-      throw gdn::InputError("capacity: " + std::to_string(capacity) + " slots given, the layout has " +
-                            std::to_string(order.size()));
-    if (slots)
-      for (size_t i = 0; i < order.size(); ++i) {
-        const std::string& name = order[i].second;
-        if (name.size() >= sizeof(slots[i].name))
-          throw std::logic_error("gdn_spec_region_layout: buffer name '" + name + "' does not fit gdn_slot::name");
-        std::memset(slots[i].name, 0, sizeof(slots[i].name));
-        std::memcpy(slots[i].name, name.c_str(), name.size());
-        slots[i].offset = order[i].first;
-        slots[i].bytes = l.size.at(name);
-      }
-    *count = order.size();
-    if (total) *total = l.bytes;
+    write_layout(l, slots, capacity, count, total);
   });
 }
 
@@ -222,6 +257,208 @@ int gdn_layer_backward_ws(const gdn_layer* l, int64_t T, int N, const void* q, c
 
 int gdn_layer_check_status(const gdn_layer* l, int64_t T, int N, const void* saved, void* stream) {
   return guarded([&] { l->layer->check_device_status(saved, {T, N}, static_cast<CUstream>(stream)); });
+}
+
+int gdn_kcp_context_create(const gdn_layer* l, const int64_t* cu, size_t count, int rank, int world,
+                           gdn_kcp_context** out) {
+  return guarded([&] {
+    if (!l) throw gdn::InputError("layer: is null");
+    if (!cu) throw gdn::InputError("cu_seqlens: is null");
+    out_of(out, "out");
+    *out = new gdn_kcp_context{l, gdn::KcpContext(*l->layer, std::vector<int64_t>(cu, cu + count), rank, world)};
+  });
+}
+
+void gdn_kcp_context_destroy(gdn_kcp_context* c) { delete c; }
+
+int gdn_kcp_context_view(const gdn_kcp_context* c, gdn_kcp_view* out) {
+  return guarded([&] {
+    const gdn::CpRankView& v = kcp_of(c).view();
+    out_of(out, "out") = {v.token_begin, v.tokens, v.documents(), v.docs.front(), v.pieces_before, v.pieces_after};
+  });
+}
+
+int gdn_kcp_local_cu_seqlens(const gdn_kcp_context* c, int64_t* out, size_t capacity) {
+  return guarded([&] {
+    const std::vector<int64_t>& cu = kcp_of(c).view().cu_seqlens;
+    if (!out || capacity < cu.size())
+      throw gdn::InputError("out: room for " + std::to_string(out ? capacity : 0) + " offsets, the rank has " +
+                            std::to_string(cu.size()));
+    std::copy(cu.begin(), cu.end(), out);
+  });
+}
+
+int gdn_kcp_local_documents(const gdn_kcp_context* c, int32_t* out, size_t capacity) {
+  return guarded([&] {
+    const std::vector<int>& docs = kcp_of(c).view().docs;
+    if (!out || capacity < docs.size())
+      throw gdn::InputError("out: room for " + std::to_string(out ? capacity : 0) + " documents, the rank has " +
+                            std::to_string(docs.size()));
+    std::copy(docs.begin(), docs.end(), out);
+  });
+}
+
+size_t gdn_kcp_agreement_bytes(void) { return sizeof(gdn::CpAgreement); }
+
+int gdn_kcp_agreement(const gdn_kcp_context* c, void* record, size_t bytes) {
+  return guarded([&] {
+    if (!record) throw gdn::InputError("record: is null");
+    if (bytes != sizeof(gdn::CpAgreement))
+      throw gdn::InputError("bytes: " + std::to_string(bytes) + ", a record has " +
+                            std::to_string(sizeof(gdn::CpAgreement)) + " (gdn_kcp_agreement_bytes)");
+    std::memcpy(record, &kcp_of(c).agreement(), bytes);
+  });
+}
+
+int gdn_kcp_check_agreement(const gdn_kcp_context* c, const void* gathered, size_t bytes) {
+  return guarded([&] {
+    const gdn::KcpContext& k = kcp_of(c);
+    const size_t want = sizeof(gdn::CpAgreement) * static_cast<size_t>(k.world());
+    if (bytes != want)
+      throw gdn::InputError("bytes: " + std::to_string(bytes) + ", " + std::to_string(k.world()) + " records have " +
+                            std::to_string(want));
+    if (!gathered) throw gdn::InputError("gathered: is null");
+    std::vector<gdn::CpAgreement> all(static_cast<size_t>(k.world()));
+    std::memcpy(all.data(), gathered, want);
+    k.check_agreement(all.data(), all.size());
+  });
+}
+
+int gdn_kcp_record_bytes(const gdn_kcp_context* c, size_t* out) {
+  return guarded([&] { out_of(out, "out") = kcp_of(c).record_bytes(); });
+}
+
+int gdn_saved_bytes_kcp(const gdn_kcp_context* c, size_t* out) {
+  return guarded([&] { out_of(out, "out") = kcp_of(c).saved_bytes(); });
+}
+
+int gdn_workspace_bytes_kcp(const gdn_kcp_context* c, int form, size_t* out) {
+  return guarded([&] { out_of(out, "out") = kcp_of(c).workspace_bytes(form_of(form)); });
+}
+
+int gdn_workspace_layout_kcp(const gdn_kcp_context* c, int form, gdn_slot* slots, size_t capacity, size_t* count,
+                             size_t* total) {
+  return guarded([&] { write_layout(kcp_of(c).workspace_layout(form_of(form)), slots, capacity, count, total); });
+}
+
+int gdn_kcp_forward_summaries(const gdn_kcp_context* c, const void* q, const void* k, const void* v, const float* g,
+                              const float* beta, const void* cu, int cu64, const float* h0, float scale, void* saved,
+                              size_t saved_bytes, gdn_workspace* ws, void* stream) {
+  return guarded([&] {
+    kcp_of(c).forward_summaries(inputs(q, k, v, g, beta, cu, cu64, h0, scale), saved, saved_bytes, workspace_of(ws),
+                                static_cast<CUstream>(stream));
+  });
+}
+
+int gdn_kcp_forward_walk(const gdn_kcp_context* c, const void* q, const void* k, const void* v, const float* g,
+                         const float* beta, const void* cu, int cu64, const float* h0, float scale, void* o, float* ht,
+                         void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream) {
+  return guarded([&] {
+    kcp_of(c).forward_walk(inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved, saved_bytes, workspace_of(ws),
+                           static_cast<CUstream>(stream));
+  });
+}
+
+int gdn_kcp_recompute(const gdn_kcp_context* c, const void* q, const void* k, const void* v, const float* g,
+                      const float* beta, const void* cu, int cu64, const float* h0, float scale, int output_needed,
+                      void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream,
+                      int* handoff) {
+  return guarded([&] {
+    const gdn::HandOff h = kcp_of(c).recompute(inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht},
+                                               output_needed ? gdn::OutputNeeded::yes : gdn::OutputNeeded::no, saved,
+                                               saved_bytes, workspace_of(ws), static_cast<CUstream>(stream));
+    if (handoff) *handoff = h == gdn::HandOff::taken;
+  });
+}
+
+int gdn_kcp_backward_summaries(const gdn_kcp_context* c, const void* q, const void* k, const void* v, const float* g,
+                               const float* beta, const void* cu, int cu64, const float* h0, float scale,
+                               const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg, float* dbeta,
+                               float* dh0, const void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream,
+                               int* handoff) {
+  return guarded([&] {
+    const gdn::HandOff h = kcp_of(c).backward_summaries(inputs(q, k, v, g, beta, cu, cu64, h0, scale),
+                                                        {d_o, dht, dq, dk, dv, dg, dbeta, dh0}, saved, saved_bytes,
+                                                        workspace_of(ws), static_cast<CUstream>(stream));
+    if (handoff) *handoff = h == gdn::HandOff::taken;
+  });
+}
+
+int gdn_kcp_backward_walk(const gdn_kcp_context* c, const void* q, const void* k, const void* v, const float* g,
+                          const float* beta, const void* cu, int cu64, const float* h0, float scale, const void* d_o,
+                          const float* dht, void* dq, void* dk, void* dv, float* dg, float* dbeta, float* dh0,
+                          const void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream) {
+  return guarded([&] {
+    kcp_of(c).backward_walk(inputs(q, k, v, g, beta, cu, cu64, h0, scale), {d_o, dht, dq, dk, dv, dg, dbeta, dh0},
+                            saved, saved_bytes, workspace_of(ws), static_cast<CUstream>(stream));
+  });
+}
+
+int gdn_nccl_load(const char* path, int* version) {
+  return guarded([&] {
+    loaded_nccl = &gdn::rt::Nccl::load(path ? path : "");
+    if (version) *version = loaded_nccl->version();
+  });
+}
+
+int gdn_nccl_unique_id(void* id, size_t bytes) {
+  return guarded([&] {
+    if (!id) throw gdn::InputError("id: is null");
+    if (bytes != sizeof(gdn::rt::nccl_abi::UniqueId))
+      throw gdn::InputError("bytes: " + std::to_string(bytes) + ", an NCCL unique id has " +
+                            std::to_string(sizeof(gdn::rt::nccl_abi::UniqueId)));
+    gdn::rt::nccl_abi::UniqueId u{};
+    nccl().check(nccl().get_unique_id(&u), "ncclGetUniqueId");
+    std::memcpy(id, &u, sizeof(u));
+  });
+}
+
+int gdn_nccl_comm_init(const void* id, size_t bytes, int rank, int world, void** comm) {
+  return guarded([&] {
+    if (!id) throw gdn::InputError("id: is null");
+    if (bytes != sizeof(gdn::rt::nccl_abi::UniqueId))
+      throw gdn::InputError("bytes: " + std::to_string(bytes) + ", an NCCL unique id has " +
+                            std::to_string(sizeof(gdn::rt::nccl_abi::UniqueId)));
+    if (world < 1 || rank < 0 || rank >= world)
+      throw gdn::InputError("rank: " + std::to_string(rank) + " is outside 0 .. " + std::to_string(world - 1));
+    gdn::rt::nccl_abi::UniqueId u{};
+    std::memcpy(&u, id, sizeof(u));
+    gdn::rt::nccl_abi::Comm c = nullptr;
+    nccl().check(nccl().comm_init_rank(&c, world, u, rank), "ncclCommInitRank");
+    out_of(comm, "nccl_comm") = c;
+  });
+}
+
+int gdn_nccl_comm_destroy(void* comm) {
+  return guarded([&] {
+    if (comm) nccl().check(nccl().comm_destroy(comm_of(comm)), "ncclCommDestroy");
+  });
+}
+
+int gdn_kcp_check_agreement_nccl(const gdn_kcp_context* c, void* comm, void* stream) {
+  return guarded([&] { kcp_of(c).check_agreement_nccl(nccl(), comm_of(comm), static_cast<CUstream>(stream)); });
+}
+
+int gdn_kcp_forward_nccl(const gdn_kcp_context* c, void* comm, const void* q, const void* k, const void* v,
+                         const float* g, const float* beta, const void* cu, int cu64, const float* h0, float scale,
+                         void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream) {
+  return guarded([&] {
+    kcp_of(c).forward_nccl(nccl(), comm_of(comm), inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved,
+                           saved_bytes, workspace_of(ws), static_cast<CUstream>(stream));
+  });
+}
+
+int gdn_kcp_backward_nccl(const gdn_kcp_context* c, void* comm, const void* q, const void* k, const void* v,
+                          const float* g, const float* beta, const void* cu, int cu64, const float* h0, float scale,
+                          const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg, float* dbeta,
+                          float* dh0, const void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream,
+                          int* handoff) {
+  return guarded([&] {
+    const gdn::HandOff h = kcp_of(c).backward_nccl(nccl(), comm_of(comm), inputs(q, k, v, g, beta, cu, cu64, h0, scale),
+                                                   {d_o, dht, dq, dk, dv, dg, dbeta, dh0}, saved, saved_bytes,
+                                                   workspace_of(ws), static_cast<CUstream>(stream));
+    if (handoff) *handoff = h == gdn::HandOff::taken;
+  });
 }
 
 }  // extern "C"

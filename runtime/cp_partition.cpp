@@ -120,8 +120,9 @@ CpRankView cp_rank_view(const std::vector<int64_t>& cu, int world, int rank) {
   return v;
 }
 
-CpAgreement cp_agreement(const std::vector<int64_t>& cu, int world, const Spec& spec) {
+CpAgreement cp_agreement(const std::vector<int64_t>& cu, int world, int rank, const Spec& spec) {
   CpAgreement a;
+  a.rank = rank;
   a.world = world;
   a.tokens = cu.empty() ? 0 : cu.back();
   a.documents = cu.empty() ? 0 : static_cast<int64_t>(cu.size()) - 1;
@@ -139,6 +140,12 @@ CpAgreement cp_agreement(const std::vector<int64_t>& cu, int world, const Spec& 
 
 void cp_check_agreement(const std::vector<CpAgreement>& per_rank) {
   if (per_rank.empty()) throw InputError("cp: no rank's record was gathered");
+  for (size_t r = 0; r < per_rank.size(); ++r)
+    if (per_rank[r].rank != static_cast<int64_t>(r))
+      throw InputError(
+          fmt::format("cp: the record gathered at place {} was made by rank {}: two processes claim one "
+                      "rank, or the all-gather did not keep rank order",
+                      r, per_rank[r].rank));
   const CpAgreement& a = per_rank.front();
   for (size_t r = 1; r < per_rank.size(); ++r) {
     const CpAgreement& b = per_rank[r];

@@ -91,6 +91,7 @@ CpRankView cp_rank_view(const std::vector<int64_t>& cu_seqlens, int world, int r
 /// context is built (a host sync is fine there, never in a step), and compared field by field so
 /// that the error names the field; it travels through the all-gather as plain bytes.
 struct CpAgreement {
+  int64_t rank = 0;       ///< the rank that made the record: record r of a gather must say r
   int64_t world = 0;      ///< the communicator's size
   int64_t tokens = 0;     ///< T of the global packed batch
   int64_t documents = 0;  ///< N
@@ -99,12 +100,13 @@ struct CpAgreement {
   char layer_sha256[65] = {};       ///< hex SHA-256 of the layer spec's JSON (code options included)
 };
 
-/// This rank's record.
 static_assert(std::is_trivially_copyable_v<CpAgreement>, "CpAgreement is all-gathered as bytes");
-CpAgreement cp_agreement(const std::vector<int64_t>& cu_seqlens, int world, const Spec& spec);
+/// Rank `rank`'s record.
+CpAgreement cp_agreement(const std::vector<int64_t>& cu_seqlens, int world, int rank, const Spec& spec);
 
 /// Throws InputError naming the first rank and field that differ from rank 0's, with both values:
-/// "rank 1 disagrees with rank 0 on heads_v (32 against 48)".
+/// "rank 1 disagrees with rank 0 on heads_v (32 against 48)"; or a record at place r made by
+/// another rank (two processes that claim one rank, or a gather out of rank order).
 void cp_check_agreement(const std::vector<CpAgreement>& per_rank);
 
 /// Throws InputError unless a communicator of `ranks` fits the spec and the batch: the spec's

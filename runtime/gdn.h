@@ -24,7 +24,8 @@ enum gdn_status {
   GDN_ERR_INPUT = 2,
   GDN_ERR_COMPILE = 3,
   GDN_ERR_CUDA = 4,
-  GDN_ERR_OTHER = 5
+  GDN_ERR_OTHER = 5,
+  GDN_ERR_NCCL = 6 /**< NCCL could not be loaded, is older than 2.18, or a call failed */
 };
 enum gdn_call_form { GDN_FORWARD = 0, GDN_RECOMPUTE = 1, GDN_BACKWARD = 2 };
 
@@ -92,6 +93,96 @@ int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t 
 
 /** Synchronizes `stream`; GDN_ERR_INPUT with the message if the forward found invalid cu_seqlens. */
 int gdn_layer_check_status(const gdn_layer*, int64_t T, int N, const void* saved, void* stream);
+
+/* ---- Context parallelism (KCP): one rank of a layer with cp.ranks > 1 ----------------------
+ * A context is built once per batch layout and rank, from the WHOLE batch's cu_seqlens on the
+ * host (N + 1 int64 offsets from 0 to T; T divisible by the world, at least one 64-token chunk
+ * per rank). The rank's tensors are its own T / world tokens [token_begin, token_begin + tokens)
+ * with the local cu_seqlens of gdn_kcp_local_cu_seqlens (on the device, int32 or int64); h0, ht,
+ * dht and dh0 have one row per local document. A step:
+ *   forward:  gdn_kcp_forward_summaries, all-gather, gdn_kcp_forward_walk
+ *   backward: gdn_kcp_backward_summaries, all-gather, gdn_kcp_backward_walk
+ * The all-gather is the caller's (any communicator), in place over the workspace slot
+ * "kcp_gathered" (gdn_workspace_layout_kcp): every rank's record_bytes, in rank order; a
+ * summaries phase has written this rank's record at its place. No phase synchronizes with the
+ * host, so a CUDA graph captures the step with the collective. The results are bitwise those of
+ * the single-GPU proxy (the same layer called over the whole batch on one GPU). The context
+ * keeps a pointer to its layer: destroy the context first. */
+typedef struct gdn_kcp_context gdn_kcp_context;
+/** The rank's share of the batch. */
+typedef struct gdn_kcp_view {
+  int64_t token_begin;    /**< the rank's first global token */
+  int64_t tokens;         /**< T / world */
+  int32_t documents;      /**< local documents (pieces of global documents) */
+  int32_t first_document; /**< the global index of the first local document */
+  int32_t pieces_before;  /**< pieces of the first local document on earlier ranks */
+  int32_t pieces_after;   /**< pieces of the last local document on later ranks */
+} gdn_kcp_view;
+
+int gdn_kcp_context_create(const gdn_layer*, const int64_t* cu_seqlens, size_t count, int rank, int world,
+                           gdn_kcp_context** out);
+void gdn_kcp_context_destroy(gdn_kcp_context*);
+int gdn_kcp_context_view(const gdn_kcp_context*, gdn_kcp_view* out);
+/** The local cu_seqlens (documents + 1 int64 offsets) into out[0 .. capacity). */
+int gdn_kcp_local_cu_seqlens(const gdn_kcp_context*, int64_t* out, size_t capacity);
+/** The global document of each local one (documents ints) into out[0 .. capacity). */
+int gdn_kcp_local_documents(const gdn_kcp_context*, int32_t* out, size_t capacity);
+/** The agreement record (host bytes, gdn_kcp_agreement_bytes() each) that the ranks all-gather
+ *  once, and the check of all of them (world records in rank order): GDN_ERR_INPUT naming the
+ *  first rank and field that differ. */
+size_t gdn_kcp_agreement_bytes(void);
+int gdn_kcp_agreement(const gdn_kcp_context*, void* record, size_t bytes);
+int gdn_kcp_check_agreement(const gdn_kcp_context*, const void* gathered, size_t bytes);
+/** One rank's summary record; the gathered buffer holds world of them. */
+int gdn_kcp_record_bytes(const gdn_kcp_context*, size_t* out);
+int gdn_saved_bytes_kcp(const gdn_kcp_context*, size_t* out);
+/** The KCP workspace of a call form (the same arena serves a whole checkpointed step when sized
+ *  for GDN_BACKWARD), and its layout as gdn_spec_region_layout gives it, slot "kcp_gathered"
+ *  included. */
+int gdn_workspace_bytes_kcp(const gdn_kcp_context*, int form, size_t* out);
+int gdn_workspace_layout_kcp(const gdn_kcp_context*, int form, gdn_slot* slots, size_t capacity, size_t* count,
+                             size_t* total);
+
+int gdn_kcp_forward_summaries(const gdn_kcp_context*, const void* q, const void* k, const void* v, const float* g,
+                              const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0, float scale,
+                              void* saved, size_t saved_bytes, gdn_workspace* workspace, void* stream);
+int gdn_kcp_forward_walk(const gdn_kcp_context*, const void* q, const void* k, const void* v, const float* g,
+                         const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0, float scale,
+                         void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* workspace, void* stream);
+/** A checkpointed step's recompute: no all-gather (the forward kept the rank's entry state). */
+int gdn_kcp_recompute(const gdn_kcp_context*, const void* q, const void* k, const void* v, const float* g,
+                      const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0, float scale,
+                      int output_needed, void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* workspace,
+                      void* stream, int* handoff);
+int gdn_kcp_backward_summaries(const gdn_kcp_context*, const void* q, const void* k, const void* v, const float* g,
+                               const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0, float scale,
+                               const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg, float* dbeta,
+                               float* dh0, const void* saved, size_t saved_bytes, gdn_workspace* workspace,
+                               void* stream, int* handoff);
+int gdn_kcp_backward_walk(const gdn_kcp_context*, const void* q, const void* k, const void* v, const float* g,
+                          const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0, float scale,
+                          const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg, float* dbeta,
+                          float* dh0, const void* saved, size_t saved_bytes, gdn_workspace* workspace, void* stream);
+
+/* The convenience path over NCCL, loaded with dlopen: `path` (NULL: $GDNC_NCCL_LIBRARY, then
+ * libnccl.so.2 through the loader); NCCL 2.18 or newer. nccl_comm is an ncclComm_t of `world`
+ * ranks whose rank is the context's. */
+int gdn_nccl_load(const char* path, int* version);
+int gdn_nccl_unique_id(void* id, size_t bytes); /**< 128 bytes (NCCL_UNIQUE_ID_BYTES) */
+int gdn_nccl_comm_init(const void* id, size_t bytes, int rank, int world, void** nccl_comm);
+int gdn_nccl_comm_destroy(void* nccl_comm);
+/** Gathers every rank's agreement record over the communicator and checks them (one host sync). */
+int gdn_kcp_check_agreement_nccl(const gdn_kcp_context*, void* nccl_comm, void* stream);
+/** The forward (summaries, ncclAllGather in place, walk) and the backward of a step. */
+int gdn_kcp_forward_nccl(const gdn_kcp_context*, void* nccl_comm, const void* q, const void* k, const void* v,
+                         const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0,
+                         float scale, void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* workspace,
+                         void* stream);
+int gdn_kcp_backward_nccl(const gdn_kcp_context*, void* nccl_comm, const void* q, const void* k, const void* v,
+                          const float* g, const float* beta, const void* cu_seqlens, int cu_is_int64, const float* h0,
+                          float scale, const void* d_o, const float* dht, void* dq, void* dk, void* dv, float* dg,
+                          float* dbeta, float* dh0, const void* saved, size_t saved_bytes, gdn_workspace* workspace,
+                          void* stream, int* handoff);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,8 @@
  * @file fake_nccl.cpp
  * @brief A stand-in for libnccl.so.2 with NCCL 2's C ABI, for the loader's tests on machines
  *        without NCCL: FAKE_NCCL_VERSION sets what ncclGetVersion reports, FAKE_NCCL_NO_ALLGATHER
- *        leaves ncclAllGather out. A communicator records its size and rank; nothing is sent.
+ *        leaves ncclAllGather out. A communicator records its size and rank; nothing is sent, but
+ *        the last all-gather's arguments are kept for fakeNcclLastAllGather.
  */
 #include <cstddef>
 #include <cstring>
@@ -46,7 +47,22 @@ int ncclCommUserRank(void* comm, int* rank) {
   return 0;
 }
 #ifndef FAKE_NCCL_NO_ALLGATHER
-int ncclAllGather(const void*, void*, size_t count, int, void*, void*) { return count == 0 ? 4 : 0; }
+struct FakeAllGather {
+  const void* send;
+  void* recv;
+  size_t count;
+  int type;
+  void* comm;
+  void* stream;
+  int calls;
+};
+FakeAllGather last_all_gather{};
+int ncclAllGather(const void* send, void* recv, size_t count, int type, void* comm, void* stream) {
+  last_all_gather = {send, recv, count, type, comm, stream, last_all_gather.calls + 1};
+  return count == 0 ? 4 : 0;
+}
+/// Not NCCL's: for tests, the arguments of the last ncclAllGather and the number of calls.
+const FakeAllGather* fakeNcclLastAllGather() { return &last_all_gather; }
 #endif
 const char* ncclGetErrorString(int rc) { return rc == 4 ? "invalid argument (fake)" : "fake error"; }
 }

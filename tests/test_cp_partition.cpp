@@ -243,16 +243,17 @@ TEST_SUITE("cp") {
     spec.heads_qk = 16;
     spec.heads_v = 48;
     const std::vector<int64_t> cu = {0, 100, 4096};
-    std::vector<gdn::CpAgreement> all(3, gdn::cp_agreement(cu, 3, spec));
+    std::vector<gdn::CpAgreement> all;
+    for (int r = 0; r < 3; ++r) all.push_back(gdn::cp_agreement(cu, 3, r, spec));
     CHECK_NOTHROW(gdn::cp_check_agreement(all));
     CHECK(std::string(all[0].cu_seqlens_sha256).size() == 64);
     gdn::Spec other = spec;
     other.heads_v = 32;
     other.heads_qk = 16;
-    all[2] = gdn::cp_agreement(cu, 3, other);
+    all[2] = gdn::cp_agreement(cu, 3, 2, other);
     CHECK_THROWS_WITH_AS(gdn::cp_check_agreement(all), "rank 2 disagrees with rank 0 on heads.v (32 against 48)",
                          gdn::InputError);
-    all[2] = gdn::cp_agreement({0, 101, 4096}, 3, spec);  // same T and N, other offsets
+    all[2] = gdn::cp_agreement({0, 101, 4096}, 3, 2, spec);  // same T and N, other offsets
     try {
       gdn::cp_check_agreement(all);
       FAIL("different cu_seqlens passed");
@@ -261,24 +262,35 @@ TEST_SUITE("cp") {
       CHECK(m.rfind("rank 2 disagrees with rank 0 on cu_seqlens (sha256 ", 0) == 0);
       CHECK(m.find("every rank passes the whole batch's cu_seqlens") != std::string::npos);
     }
-    all[2] = gdn::cp_agreement({0, 4000}, 3, spec);
+    all[2] = gdn::cp_agreement({0, 4000}, 3, 2, spec);
     CHECK_THROWS_WITH_AS(gdn::cp_check_agreement(all),
                          "rank 2 disagrees with rank 0 on T (4000 against 4096): every rank passes the whole batch's "
                          "cu_seqlens",
                          gdn::InputError);
     other = spec;
     other.save_mode = gdn::SaveMode::full;
-    all[2] = gdn::cp_agreement(cu, 3, other);
-    all[1] = gdn::cp_agreement(cu, 2, spec);
+    all[2] = gdn::cp_agreement(cu, 3, 2, other);
+    all[1] = gdn::cp_agreement(cu, 2, 1, spec);
     CHECK_THROWS_WITH_AS(gdn::cp_check_agreement(all),
                          "rank 1 disagrees with rank 0 on the communicator's size (2 against 3)", gdn::InputError);
-    all[1] = all[0];
+    all[1] = gdn::cp_agreement(cu, 3, 1, spec);
     try {
       gdn::cp_check_agreement(all);
       FAIL("a different save_mode passed");
     } catch (const gdn::InputError& e) {
       CHECK(std::string(e.what()).rfind("rank 2 disagrees with rank 0 on the layer spec (sha256 ", 0) == 0);
     }
+    // Two processes that both say rank 0, and a gather out of rank order.
+    all = {gdn::cp_agreement(cu, 3, 0, spec), gdn::cp_agreement(cu, 3, 0, spec), gdn::cp_agreement(cu, 3, 2, spec)};
+    CHECK_THROWS_WITH_AS(gdn::cp_check_agreement(all),
+                         "cp: the record gathered at place 1 was made by rank 0: two processes claim one rank, or the "
+                         "all-gather did not keep rank order",
+                         gdn::InputError);
+    std::swap(all[0], all[2]);
+    CHECK_THROWS_WITH_AS(gdn::cp_check_agreement(all),
+                         "cp: the record gathered at place 0 was made by rank 2: two processes claim one rank, or the "
+                         "all-gather did not keep rank order",
+                         gdn::InputError);
     CHECK_THROWS_WITH_AS(gdn::cp_check_agreement({}), "cp: no rank's record was gathered", gdn::InputError);
   }
 
