@@ -259,6 +259,49 @@ int gdn_layer_check_status(const gdn_layer* l, int64_t T, int N, const void* sav
   return guarded([&] { l->layer->check_device_status(saved, {T, N}, static_cast<CUstream>(stream)); });
 }
 
+int gdn_cp_rank_view(const int64_t* cu, size_t count, int rank, int world, gdn_kcp_view* view, int64_t* local_cu,
+                     int32_t* local_docs, size_t capacity) {
+  return guarded([&] {
+    if (!cu) throw gdn::InputError("cu_seqlens: is null");
+    gdn::CpRankView v;
+    try {
+      v = gdn::cp_rank_view(std::vector<int64_t>(cu, cu + count), world, rank);
+    } catch (const std::invalid_argument& e) {
+      throw gdn::InputError(e.what());
+    }
+    out_of(view, "view") = {v.token_begin, v.tokens, v.documents(), v.docs.front(), v.pieces_before, v.pieces_after};
+    if ((local_cu || local_docs) && capacity < v.cu_seqlens.size())
+      throw gdn::InputError("capacity: " + std::to_string(capacity) + " entries, the rank has " +
+                            std::to_string(v.documents()) + " documents (" + std::to_string(v.cu_seqlens.size()) +
+                            " offsets)");
+    if (local_cu) std::copy(v.cu_seqlens.begin(), v.cu_seqlens.end(), local_cu);
+    if (local_docs) std::copy(v.docs.begin(), v.docs.end(), local_docs);
+  });
+}
+
+int gdn_spec_kcp_workspace_layout(const char* spec_json, int form, const int64_t* cu, size_t count, int rank,
+                                  gdn_slot* slots, size_t capacity, size_t* slot_count, size_t* total) {
+  return guarded([&] {
+    if (!cu) throw gdn::InputError("cu_seqlens: is null");
+    const gdn::LayerIR ir = gdn::lower(parse_spec(spec_json));
+    if (ir.spec.cp_ranks <= 1)
+      throw gdn::InputError("cp.ranks: spec '" + ir.spec.name + "' has 1 rank; the KCP workspace needs cp.ranks > 1");
+    gdn::CpRankView v;
+    try {
+      v = gdn::cp_rank_view(std::vector<int64_t>(cu, cu + count), ir.spec.cp_ranks, rank);
+    } catch (const std::invalid_argument& e) {
+      throw gdn::InputError(e.what());
+    }
+    gdn::cp_check_world(ir.spec.cp_ranks, ir.spec, cu[count - 1]);
+    write_layout(gdn::kcp_workspace_layout(ir, form_of(form), {v.tokens, v.documents()}), slots, capacity, slot_count,
+                 total);
+  });
+}
+
+int gdn_spec_kcp_record_bytes(const char* spec_json, size_t* out) {
+  return guarded([&] { out_of(out, "out") = gdn::kcp_record_bytes(parse_spec(spec_json)); });
+}
+
 int gdn_kcp_context_create(const gdn_layer* l, const int64_t* cu, size_t count, int rank, int world,
                            gdn_kcp_context** out) {
   return guarded([&] {

@@ -120,6 +120,10 @@ CpRankView cp_rank_view(const std::vector<int64_t>& cu, int world, int rank) {
   return v;
 }
 
+size_t kcp_record_bytes(const Spec& sp) {
+  return static_cast<size_t>(sp.heads_v) * sp.head_dim_k * (sp.head_dim_v + sp.head_dim_k) * sizeof(float);
+}
+
 CpAgreement cp_agreement(const std::vector<int64_t>& cu, int world, int rank, const Spec& spec) {
   CpAgreement a;
   a.rank = rank;

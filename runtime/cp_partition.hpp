@@ -87,6 +87,10 @@ struct CpRankView {
 /// cp_partition, and std::invalid_argument for a rank outside 0 .. world - 1.
 CpRankView cp_rank_view(const std::vector<int64_t>& cu_seqlens, int world, int rank);
 
+/// One rank's summary record of a layer, all-gathered between the phases: (S_ext, M) of every
+/// value head, [HV, K, V + K] fp32 (the backward's (dZ_ext, A) has the same shape).
+size_t kcp_record_bytes(const Spec&);
+
 /// What the ranks of a KCP context must agree on before any step. Gathered once, when the
 /// context is built (a host sync is fine there, never in a step), and compared field by field so
 /// that the error names the field; it travels through the all-gather as plain bytes.

@@ -119,6 +119,18 @@ typedef struct gdn_kcp_view {
   int32_t pieces_after;   /**< pieces of the last local document on later ranks */
 } gdn_kcp_view;
 
+/** Rank `rank`'s share of a batch split over `world` ranks, without a layer or a GPU: the view,
+ *  and, where not NULL, the local cu_seqlens (documents + 1 offsets) and the global document of
+ *  each local one (documents), each array holding `capacity` entries. */
+int gdn_cp_rank_view(const int64_t* cu_seqlens, size_t count, int rank, int world, gdn_kcp_view* view,
+                     int64_t* local_cu_seqlens, int32_t* local_documents, size_t capacity);
+/** The KCP workspace layout of rank `rank` for a spec with cp.ranks > 1 and the whole batch's
+ *  cu_seqlens, from the spec alone (no GPU), as gdn_workspace_layout_kcp gives it. */
+int gdn_spec_kcp_workspace_layout(const char* spec_json, int form, const int64_t* cu_seqlens, size_t count, int rank,
+                                  gdn_slot* slots, size_t capacity, size_t* slot_count, size_t* total);
+/** One rank's summary record of a spec's layer. */
+int gdn_spec_kcp_record_bytes(const char* spec_json, size_t* out);
+
 int gdn_kcp_context_create(const gdn_layer*, const int64_t* cu_seqlens, size_t count, int rank, int world,
                            gdn_kcp_context** out);
 void gdn_kcp_context_destroy(gdn_kcp_context*);

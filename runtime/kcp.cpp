@@ -20,6 +20,20 @@ size_t align_up(size_t x) { return (x + kSlotAlign - 1) / kSlotAlign * kSlotAlig
 
 }  // namespace
 
+RegionLayout kcp_workspace_layout(const LayerIR& ir, CallForm form, ProblemShape local) {
+  RegionLayout l = region_layout(ir, BufferRole::workspace, form, local);
+  // One offset for every call form: a checkpointed step's forward, recompute and backward share
+  // one arena, and the gathered buffer never lands on the tapes a recompute hands over.
+  const size_t layer_bytes = std::max(region_layout(ir, BufferRole::workspace, CallForm::forward, local).bytes,
+                                      region_layout(ir, BufferRole::workspace, CallForm::backward, local).bytes);
+  const size_t at = align_up(layer_bytes);
+  const size_t gathered = kcp_record_bytes(ir.spec) * static_cast<size_t>(ir.spec.cp_ranks);
+  l.offset[kGatheredSlot] = at;
+  l.size[kGatheredSlot] = gathered;
+  l.bytes = at + align_up(gathered);
+  return l;
+}
+
 KcpContext::KcpContext(const Layer& layer, std::vector<int64_t> cu_seqlens, int rank, int world)
     : layer_(&layer), global_cu_(std::move(cu_seqlens)) {
   const Spec& sp = layer.ir().spec;
@@ -47,16 +61,7 @@ void KcpContext::check_agreement(const CpAgreement* gathered, size_t count) cons
 }
 
 RegionLayout KcpContext::workspace_layout(CallForm form) const {
-  RegionLayout l = layer_->workspace_layout(form, shape());
-  // One offset for every call form: a checkpointed step's forward, recompute and backward share
-  // one arena, and the gathered buffer never lands on the tapes a recompute hands over.
-  const size_t layer_bytes = std::max(layer_->workspace_bytes(CallForm::forward, shape()),
-                                      layer_->workspace_bytes(CallForm::backward, shape()));
-  const size_t at = align_up(layer_bytes);
-  l.offset[kGatheredSlot] = at;
-  l.size[kGatheredSlot] = gathered_bytes();
-  l.bytes = at + align_up(gathered_bytes());
-  return l;
+  return kcp_workspace_layout(layer_->ir(), form, shape());
 }
 
 void KcpContext::require_workspace(const Workspace& ws, CallForm form) const {

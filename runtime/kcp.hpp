@@ -28,6 +28,10 @@
 
 namespace gdn {
 
+/// The KCP workspace of a call form for a rank with `local` tokens and documents (see
+/// KcpContext::workspace_layout), from the IR alone: no GPU.
+RegionLayout kcp_workspace_layout(const LayerIR&, CallForm, ProblemShape local);
+
 class KcpContext {
  public:
   /// Rank `rank` of `world` over the batch `cu_seqlens` (global, N + 1 offsets from 0 to T).
@@ -51,7 +55,7 @@ class KcpContext {
   void check_agreement(const CpAgreement* gathered, size_t count) const;
 
   /// One rank's summary record and the gathered buffer (world() records).
-  size_t record_bytes() const { return layer_->kcp_record_bytes(); }
+  size_t record_bytes() const { return kcp_record_bytes(layer_->ir().spec); }
   size_t gathered_bytes() const { return record_bytes() * static_cast<size_t>(world()); }
 
   size_t saved_bytes() const { return layer_->saved_bytes(shape()); }

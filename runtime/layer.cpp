@@ -435,10 +435,7 @@ HandOff Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads&
   return fresh ? HandOff::taken : HandOff::not_taken;
 }
 
-size_t Layer::kcp_record_bytes() const {
-  const Spec& sp = ir_.spec;
-  return static_cast<size_t>(sp.heads_v) * sp.head_dim_k * (sp.head_dim_v + sp.head_dim_k) * sizeof(float);
-}
+size_t Layer::kcp_record_bytes() const { return gdn::kcp_record_bytes(ir_.spec); }
 
 ProblemShape Layer::kcp_shape(const CpRankView& rank) const { return {rank.tokens, rank.documents()}; }
 

@@ -5,12 +5,12 @@
                                    spec={"save_mode": "light", "deterministic": True})
 """
 
-from . import cake
-from ._lib import CompileError, CudaError, GdncError, InputError, SpecError, library
+from . import cake, cp
+from ._lib import CompileError, CudaError, GdncError, InputError, NcclError, SpecError, library
 from .api import check_arguments, chunk_gated_delta_rule
 from .spec import build as build_spec
 from .spec import region_layout
 from .spec import validate as validate_spec
 
-__all__ = ["cake", "chunk_gated_delta_rule", "check_arguments", "build_spec", "validate_spec", "region_layout", "library", "GdncError",
-           "InputError", "SpecError", "CompileError", "CudaError"]
+__all__ = ["cake", "cp", "chunk_gated_delta_rule", "check_arguments", "build_spec", "validate_spec", "region_layout", "library", "GdncError",
+           "InputError", "SpecError", "CompileError", "CudaError", "NcclError"]

@@ -104,3 +104,67 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
 def apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_cu_seqlens=False):
     return ChunkGatedDeltaRule.apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state,
                                      check_cu_seqlens)
+
+
+class _KcpWorkspace(_Workspace):
+    """A KCP workspace: the layer's slots for the rank's shape, then the gathered records."""
+
+
+class KcpChunkGatedDeltaRule(torch.autograd.Function):
+    """One rank of a context-parallel layer: summaries, the all-gather, merge + walk (gdnc.cp)."""
+
+    @staticmethod
+    def forward(ctx, rank_of_layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, workspace):
+        r = rank_of_layer
+        N = cu_seqlens.shape[0] - 1
+        HV, V, K = v.shape[2], v.shape[3], q.shape[3]
+        dev = q.device
+        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        o = torch.empty_like(v)
+        # Rows of documents that go on past this rank get no final state here: zeros, not garbage.
+        ht = torch.zeros(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
+        saved = torch.empty(r.saved_bytes, dtype=torch.uint8, device=dev)
+        ws = workspace if workspace is not None else _KcpWorkspace(r.workspace_bytes, dev)
+        cu64 = int(cu_seqlens.dtype == torch.int64)
+        args = (r.handle, _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(cu_seqlens), cu64,
+                _ptr(initial_state), scale)
+        # A recompute under torch.utils.checkpoint has a fresh saved region, without the entry state
+        # the forward merged: it runs the forward's phases again, all-gather included.
+        check(library().gdn_kcp_forward_summaries(*args, _ptr(saved), saved.numel(), ws.handle, stream))
+        r.gather(ws.memory)
+        check(library().gdn_kcp_forward_walk(*args, _ptr(o), _ptr(ht), _ptr(saved), saved.numel(), ws.handle,
+                                             stream))
+        if _in_backward_pass():
+            stats["recomputes"] += 1
+        ctx.rank_of_layer, ctx.scale, ctx.cu64, ctx.workspace = r, scale, cu64, workspace
+        ctx.has_h0 = initial_state is not None
+        ctx.save_for_backward(q, k, v, g, beta, cu_seqlens, initial_state, saved)
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, cu_seqlens, initial_state, saved = ctx.saved_tensors
+        r = ctx.rank_of_layer
+        dev = q.device
+        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        do = do.contiguous()
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        dg, dbeta = torch.empty_like(g), torch.empty_like(beta)
+        # Rows of documents that started on an earlier rank get no dh0 here: zeros.
+        dh0 = torch.zeros_like(initial_state) if ctx.has_h0 else None
+        ws = ctx.workspace if ctx.workspace is not None else _KcpWorkspace(r.workspace_bytes, dev)
+        args = (r.handle, _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(cu_seqlens), ctx.cu64,
+                _ptr(initial_state), ctx.scale, _ptr(do), _ptr(dht.contiguous() if dht is not None else None),
+                _ptr(dq), _ptr(dk), _ptr(dv), _ptr(dg), _ptr(dbeta), _ptr(dh0), _ptr(saved), saved.numel(),
+                ws.handle, stream)
+        handoff = ctypes.c_int(0)
+        check(library().gdn_kcp_backward_summaries(*args, ctypes.byref(handoff)))
+        r.gather(ws.memory)
+        check(library().gdn_kcp_backward_walk(*args))
+        stats["handoffs"] += handoff.value
+        return None, dq, dk, dv, dg, dbeta, None, dh0, None, None, None
+
+
+def apply_kcp(rank_of_layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, workspace=None):
+    return KcpChunkGatedDeltaRule.apply(rank_of_layer, q, k, v, g, beta, cu_seqlens, initial_state, scale,
+                                        output_final_state, workspace)

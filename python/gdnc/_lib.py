@@ -6,7 +6,7 @@ from pathlib import Path
 
 _lib = None
 
-GDN_OK, GDN_ERR_SPEC, GDN_ERR_INPUT, GDN_ERR_COMPILE, GDN_ERR_CUDA, GDN_ERR_OTHER = range(6)
+GDN_OK, GDN_ERR_SPEC, GDN_ERR_INPUT, GDN_ERR_COMPILE, GDN_ERR_CUDA, GDN_ERR_OTHER, GDN_ERR_NCCL = range(7)
 
 
 class GdncError(Exception):
@@ -31,6 +31,10 @@ class CompileError(GdncError, RuntimeError):
 
 class CudaError(GdncError, RuntimeError):
     """The CUDA driver failed or is missing."""
+
+
+class NcclError(GdncError, RuntimeError):
+    """NCCL (gdnc's own convenience path of context parallelism) could not be loaded or failed."""
 
 
 def _candidates():
@@ -78,6 +82,8 @@ def check(status):
         raise CompileError(message)
     if status == GDN_ERR_CUDA:
         raise CudaError(message)
+    if status == GDN_ERR_NCCL:
+        raise NcclError(message)
     raise GdncError(message)
 
 
@@ -102,8 +108,35 @@ def _declare(lib):
     lib.gdn_layer_backward_ws.argtypes = inputs + [p, p, p, p, p, p, p, p, p, sz, p, p, c.POINTER(i32)]
     lib.gdn_layer_check_status.argtypes = [p, i64, i32, p, p]
     lib.gdn_spec_region_layout.argtypes = [c.c_char_p, i32, i32, i64, i32, p, sz, c.POINTER(sz), c.POINTER(sz)]
+    # Context parallelism (runtime/gdn.h): one rank's context and its phases.
+    i64p, i32p, szp = c.POINTER(i64), c.POINTER(c.c_int32), c.POINTER(sz)
+    lib.gdn_cp_rank_view.argtypes = [i64p, sz, i32, i32, p, i64p, i32p, sz]
+    lib.gdn_spec_kcp_workspace_layout.argtypes = [c.c_char_p, i32, i64p, sz, i32, p, sz, szp, szp]
+    lib.gdn_spec_kcp_record_bytes.argtypes = [c.c_char_p, szp]
+    lib.gdn_kcp_context_create.argtypes = [p, i64p, sz, i32, i32, c.POINTER(p)]
+    lib.gdn_kcp_context_destroy.argtypes = [p]
+    lib.gdn_kcp_context_destroy.restype = None
+    lib.gdn_kcp_agreement_bytes.argtypes = []
+    lib.gdn_kcp_agreement_bytes.restype = sz
+    lib.gdn_kcp_agreement.argtypes = [p, p, sz]
+    lib.gdn_kcp_check_agreement.argtypes = [p, p, sz]
+    lib.gdn_kcp_record_bytes.argtypes = [p, szp]
+    lib.gdn_saved_bytes_kcp.argtypes = [p, szp]
+    lib.gdn_workspace_bytes_kcp.argtypes = [p, i32, szp]
+    lib.gdn_workspace_layout_kcp.argtypes = [p, i32, p, sz, szp, szp]
+    kcp_inputs = [p, p, p, p, p, p, p, i32, p, f32]
+    lib.gdn_kcp_forward_summaries.argtypes = kcp_inputs + [p, sz, p, p]
+    lib.gdn_kcp_forward_walk.argtypes = kcp_inputs + [p, p, p, sz, p, p]
+    lib.gdn_kcp_recompute.argtypes = kcp_inputs + [i32, p, p, p, sz, p, p, c.POINTER(i32)]
+    grads = [p, p, p, p, p, p, p, p]
+    lib.gdn_kcp_backward_summaries.argtypes = kcp_inputs + grads + [p, sz, p, p, c.POINTER(i32)]
+    lib.gdn_kcp_backward_walk.argtypes = kcp_inputs + grads + [p, sz, p, p]
     for name in ("gdn_spec_validate", "gdn_layer_create", "gdn_layer_saved_bytes", "gdn_layer_workspace_bytes",
                  "gdn_workspace_create", "gdn_layer_forward_ws", "gdn_layer_recompute", "gdn_layer_backward_ws",
-                 "gdn_layer_check_status", "gdn_spec_region_layout"):
+                 "gdn_layer_check_status", "gdn_spec_region_layout", "gdn_cp_rank_view",
+                 "gdn_spec_kcp_workspace_layout", "gdn_spec_kcp_record_bytes", "gdn_kcp_context_create",
+                 "gdn_kcp_agreement", "gdn_kcp_check_agreement", "gdn_kcp_record_bytes", "gdn_saved_bytes_kcp",
+                 "gdn_workspace_bytes_kcp", "gdn_workspace_layout_kcp", "gdn_kcp_forward_summaries",
+                 "gdn_kcp_forward_walk", "gdn_kcp_recompute", "gdn_kcp_backward_summaries", "gdn_kcp_backward_walk"):
         getattr(lib, name).restype = c.c_int
     del fp

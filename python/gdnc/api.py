@@ -14,7 +14,6 @@ _UNSUPPORTED = {
     "allow_neg_eigval": False,
     "state_v_first": False,
     "transpose_state_layout": False,
-    "cp_context": None,
     "use_gate_in_kernel": False,
     "A_log": None,
     "dt_bias": None,
@@ -23,8 +22,9 @@ _UNSUPPORTED = {
 # FLA hints that only avoid host syncs FLA would otherwise make. gdnc never syncs; it uses
 # cu_seqlens_cpu to check the values of cu_seqlens on the host, for free, when it is given.
 _HINTS = ("cu_seqlens_cpu", "chunk_indices")
-# gdnc's own options: the layer spec, and the opt-in synchronous check of cu_seqlens.
-_OWN = ("spec", "check_cu_seqlens")
+# gdnc's own options: the layer spec, and the opt-in synchronous check of cu_seqlens; FLA's
+# context parallelism (gdnc.cp) and, with it, a caller-held workspace (gdnc.cake.WorkspaceKcp).
+_OWN = ("spec", "check_cu_seqlens", "cp_context", "workspace")
 # Limits of libgdn's calls (runtime/plan.hpp, check_problem_size).
 _MAX_TOKENS = (1 << 31) - 1
 _MAX_DOCUMENTS = 65535
@@ -227,6 +227,74 @@ def _layer(canonical, device_index):
     return _layers[key]
 
 
+def _layer_of_call(options, H, HV, K, V, l2norm, has_h0, has_ht, device_index):
+    import torch
+    call_key = (_spec.options_key(options), H, HV, K, V, bool(l2norm), has_h0, bool(has_ht), device_index)
+    layer = _call_layers.get(call_key)
+    if layer is None:
+        # JIT for the GPU the call runs on (a spec's own "targets" still wins).
+        target = _spec.target_of_capability(torch.cuda.get_device_capability(device_index))
+        canonical = _spec.build(options, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V, l2norm=l2norm,
+                                initial_state=has_h0, final_state=has_ht, target=target)
+        layer = _call_layers[call_key] = _layer(canonical, device_index)
+    return layer
+
+
+def cp_options(options, cp_context):
+    """The caller's code options with cp.ranks set to the context's world (a different cp.ranks
+    given by the caller is an error naming both)."""
+    from .cp import CPContext
+    if not isinstance(cp_context, CPContext):
+        raise InputError(f"cp_context: expected a gdnc.cp.CPContext (gdnc.cp.build_cp_context), got "
+                         f"{type(cp_context).__name__}")
+    options = _spec.options_of(options)
+    cp = options.get("cp", {})
+    if not isinstance(cp, dict):
+        raise InputError(f"spec: cp must be an object, got {_spec.excerpt(cp)}")
+    if cp.get("ranks", cp_context.world) != cp_context.world:
+        raise InputError(f"spec: cp.ranks {_spec.excerpt(cp['ranks'])} differs from the cp_context's world of "
+                         f"{cp_context.world} ranks")
+    options["cp"] = dict(cp, ranks=cp_context.world)
+    return options
+
+
+def _chunk_gated_delta_rule_cp(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, B, T,
+                               H, HV, K, V, kwargs):
+    import torch
+    from ._autograd import apply_kcp
+    cp_context, workspace = kwargs.get("cp_context"), kwargs.get("workspace")
+    if cp_context is None:
+        raise InputError("workspace: a caller-held workspace is for context-parallel calls (cp_context)")
+    if kwargs.get("check_cu_seqlens"):
+        raise InputError("check_cu_seqlens: not with cp_context (the context checked the batch's cu_seqlens on "
+                         "the host when it was built)")
+    options = cp_options(kwargs.get("spec"), cp_context)
+    if B != 1:
+        raise InputError(f"q: batch {B} with cp_context; pack the rank's tokens into B = 1")
+    if T != cp_context.tokens:
+        raise InputError(f"q: {T} tokens, but rank {cp_context.rank} of the cp_context holds {cp_context.tokens}")
+    local = cp_context.cu_seqlens
+    if cu_seqlens is None:
+        cu_seqlens = local
+    elif cu_seqlens is not local and (tuple(cu_seqlens.shape) != tuple(local.shape)
+                                      or cu_seqlens.device != local.device):
+        raise InputError(f"cu_seqlens: with cp_context pass the context's rank-local cu_seqlens (cp_context."
+                         f"cu_seqlens, {local.shape[0]} offsets on {local.device}) or none")
+    N = local.shape[0] - 1
+    if initial_state is not None and tuple(initial_state.shape) != (N, HV, K, V):
+        raise InputError(f"initial_state: expected [N={N}, HV={HV}, K={K}, V={V}] (a row per local document of "
+                         f"rank {cp_context.rank}), got {tuple(initial_state.shape)}")
+    device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
+    layer = _layer_of_call(options, H, HV, K, V, l2norm, initial_state is not None, output_final_state,
+                           device_index)
+    rank_of_layer = cp_context._of_layer(layer)
+    ws = None
+    if workspace is not None:
+        ws = workspace._bind(rank_of_layer, q.device)
+    return apply_kcp(rank_of_layer, q, k, v, g, beta, cu_seqlens, initial_state, check_scale(scale),
+                     output_final_state, ws)
+
+
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
                            use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
     """FLA's chunk_gated_delta_rule on gdnc kernels. Returns (o [B, T, HV, V], final_state or None).
@@ -249,21 +317,17 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     from ._autograd import apply
 
     options = kwargs.get("spec")
+    cp_context = kwargs.get("cp_context")
+    if cp_context is not None or kwargs.get("workspace") is not None:
+        return _chunk_gated_delta_rule_cp(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                          use_qk_l2norm_in_kernel, cu_seqlens, B, T, H, HV, K, V, kwargs)
     check_cu_seqlens = bool(kwargs.get("check_cu_seqlens", False))
     if check_cu_seqlens and torch.cuda.is_current_stream_capturing():
         raise InputError("check_cu_seqlens: True needs a host sync, which CUDA graph capture forbids; pass "
                          "cu_seqlens_cpu instead, or check outside the capture")
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
-    call_key = (_spec.options_key(options), H, HV, K, V, bool(use_qk_l2norm_in_kernel),
-                initial_state is not None, bool(output_final_state), device_index)
-    layer = _call_layers.get(call_key)
-    if layer is None:
-        # JIT for the GPU the call runs on (a spec's own "targets" still wins).
-        target = _spec.target_of_capability(torch.cuda.get_device_capability(device_index))
-        canonical = _spec.build(options, heads_qk=H, heads_v=HV, head_dim_k=K, head_dim_v=V,
-                                l2norm=use_qk_l2norm_in_kernel, initial_state=initial_state is not None,
-                                final_state=output_final_state, target=target)
-        layer = _call_layers[call_key] = _layer(canonical, device_index)
+    layer = _layer_of_call(options, H, HV, K, V, use_qk_l2norm_in_kernel, initial_state is not None,
+                           output_final_state, device_index)
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
     o, ht = apply(layer, q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),

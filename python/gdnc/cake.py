@@ -8,12 +8,27 @@ cake_gdn_det_train (deterministic), with FLA's call arguments and the seed's thr
 Both are chunk_gated_delta_rule with `deterministic` set; the options become spec fields. An
 option passed explicitly is recorded as given (Options.given), so an explicit "auto" and an omitted
 one stay distinguishable: only given options enter the spec, the rest keep the spec's defaults
-(graph "off", reuse_recompute_tapes "auto", save_mode "light"). The context-parallel variants
-(cake_gdn_train_kcp, cake_gdn_det_train_kcp, OptionsKcp, WorkspaceKcp) come with the KCP layer and
-are not here yet.
+(graph "off", reuse_recompute_tapes "auto", save_mode "light").
+
+The context-parallel variants take a gdnc.cp context (build_cp_context) and this rank's tokens:
+
+    from gdnc.cp import build_cp_context
+    from gdnc.cake import OptionsKcp, WorkspaceKcp, cake_gdn_det_train_kcp, gdn_workspace_bytes_kcp
+    ctx = build_cp_context(cu_seqlens, group)
+    ws = WorkspaceKcp(gdn_workspace_bytes_kcp(ctx, q, k, v, g, beta, use_qk_l2norm_in_kernel=True), q.device)
+    o, ht = cake_gdn_det_train_kcp(q, k, v, g, beta, ctx, options=OptionsKcp(save_mode="full"), workspace=ws,
+                                   use_qk_l2norm_in_kernel=True)
+
+OptionsKcp takes the same options as Options. WorkspaceKcp is a caller-held arena (torch memory
+with its libgdn stamp) that the step's forward and backward use instead of allocating their own,
+so its address stays put across steps (graph capture); gdn_workspace_bytes_kcp and
+gdn_workspace_layout_kcp give its size and slots for a call's arguments without a GPU call.
 """
 
-from .api import chunk_gated_delta_rule
+import ctypes
+
+from ._lib import InputError, check, library
+from .api import check_arguments, chunk_gated_delta_rule, cp_options
 
 # The values each option takes, as the seed names them; the spec's own reader checks them again.
 CHOICES = {
@@ -92,3 +107,93 @@ def cake_gdn_det_train(q, k, v, g, beta, options=None, **kwargs):
     """Deterministic single-rank GDN training step: the same as cake_gdn_train, with every output
     and gradient bitwise identical run to run and independent of the other documents of the batch."""
     return _train(True, q, k, v, g, beta, options, kwargs)
+
+
+class OptionsKcp(Options):
+    """The code options of a cake_gdn_*_kcp call: those of Options (graph, reuse_recompute_tapes,
+    save_mode); cp.ranks comes from the context."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return "OptionsKcp" + super().__repr__()[len("Options"):]
+
+
+class WorkspaceKcp:
+    """A caller-held KCP workspace of `nbytes` on `device` (gdn_workspace_bytes_kcp), with its
+    libgdn stamp. One serves the forward and the backward of a step; steps may reuse it."""
+
+    def __init__(self, nbytes, device):
+        import torch
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 1:
+            raise InputError(f"nbytes: {nbytes!r} must be a positive int (gdn_workspace_bytes_kcp)")
+        self.memory = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        handle = ctypes.c_void_p()
+        check(library().gdn_workspace_create(ctypes.c_void_p(self.memory.data_ptr()), nbytes, ctypes.byref(handle)))
+        self.handle = handle
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            library().gdn_workspace_destroy(self.handle)
+
+    @property
+    def nbytes(self):
+        return self.memory.numel()
+
+    def _bind(self, rank_of_layer, device):
+        if self.memory.device != device:
+            raise InputError(f"workspace: on {self.memory.device}, the call's tensors on {device}")
+        if self.nbytes < rank_of_layer.workspace_bytes:
+            raise InputError(f"workspace: {self.nbytes} bytes, this call needs {rank_of_layer.workspace_bytes} "
+                             "(gdn_workspace_bytes_kcp)")
+        return self
+
+
+def _options_kcp(options, deterministic):
+    if options is None:
+        options = OptionsKcp()
+    elif not isinstance(options, Options):
+        raise TypeError(f"cake_gdn_*_kcp: options must be gdnc.cake.OptionsKcp, not {type(options).__name__}")
+    return options.spec(deterministic)
+
+
+def _train_kcp(deterministic, q, k, v, g, beta, cp_context, options, workspace, kwargs):
+    if "spec" in kwargs or "cp_context" in kwargs:
+        raise TypeError("cake_gdn_*_kcp: pass the context as the sixth argument and code options as "
+                        "options=OptionsKcp(...), not cp_context= or spec=")
+    if cp_context is None:
+        raise InputError("cp_context: is None (gdnc.cp.build_cp_context)")
+    if workspace is not None and not isinstance(workspace, WorkspaceKcp):
+        raise TypeError(f"workspace: expected gdnc.cake.WorkspaceKcp, not {type(workspace).__name__}")
+    return chunk_gated_delta_rule(q, k, v, g, beta, spec=_options_kcp(options, deterministic), cp_context=cp_context,
+                                  workspace=workspace, **kwargs)
+
+
+def cake_gdn_train_kcp(q, k, v, g, beta, cp_context, options=None, workspace=None, **kwargs):
+    """Non-deterministic context-parallel GDN training step on this rank's tokens (gdnc.cp):
+    FLA's arguments in `kwargs`; returns (o, final_state or None)."""
+    return _train_kcp(False, q, k, v, g, beta, cp_context, options, workspace, kwargs)
+
+
+def cake_gdn_det_train_kcp(q, k, v, g, beta, cp_context, options=None, workspace=None, **kwargs):
+    """Deterministic context-parallel GDN training step: every rank's results bitwise equal run to
+    run, and equal to the single-GPU proxy of the same partition."""
+    return _train_kcp(True, q, k, v, g, beta, cp_context, options, workspace, kwargs)
+
+
+def gdn_workspace_layout_kcp(cp_context, q, k, v, g, beta, options=None, deterministic=True, form="backward",
+                             initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False):
+    """The KCP workspace a cake_gdn_*_kcp call with these arguments uses on this rank, from the
+    spec alone: {"bytes": total, "buffers": {name: (offset, bytes)}}, "kcp_gathered" included."""
+    from . import spec as _spec
+    from .cp import workspace_layout
+    _, _, H, HV, K, V, _ = check_arguments(q, k, v, g, beta, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel)
+    spec = _spec.build(cp_options(_options_kcp(options, deterministic), cp_context), heads_qk=H, heads_v=HV,
+                       head_dim_k=K, head_dim_v=V, l2norm=use_qk_l2norm_in_kernel,
+                       initial_state=initial_state is not None, final_state=output_final_state)
+    return workspace_layout(spec, cp_context.global_cu_seqlens, cp_context.rank, form)
+
+
+def gdn_workspace_bytes_kcp(cp_context, q, k, v, g, beta, **kwargs):
+    """The bytes of gdn_workspace_layout_kcp: the size of a WorkspaceKcp for such calls."""
+    return gdn_workspace_layout_kcp(cp_context, q, k, v, g, beta, **kwargs)["bytes"]

@@ -241,6 +241,45 @@ class SpecTests(unittest.TestCase):
                             head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
         self.assertTrue(str(e.exception).startswith("/cp/segments: 4 with cp.ranks 2"), str(e.exception))
 
+    def test_a_ranks_view_comes_from_the_whole_batch_without_a_gpu(self):
+        # 4 ranks of 1024 tokens: rank 2 holds the end of document 0, documents 1 and 2, and the
+        # start of document 3.
+        view = gdnc.cp.rank_view([0, 2500, 2600, 3000, 4096], 2, 4)
+        self.assertEqual(view, {"token_begin": 2048, "tokens": 1024, "cu_seqlens": [0, 452, 552, 952, 1024],
+                                "documents": [0, 1, 2, 3], "pieces_before": 2, "pieces_after": 1})
+        self.assertEqual(gdnc.cp.rank_view([0, 2500, 2600, 3000, 4096], 1, 4)["documents"], [0])
+        with self.assertRaises(gdnc.InputError) as e:
+            gdnc.cp.rank_view([0, 4096], 4, 4)
+        self.assertEqual(str(e.exception), "rank: 4 is outside 0 .. 3 (world 4)")
+        with self.assertRaises(gdnc.InputError) as e:
+            gdnc.cp.rank_view([0, 4097], 0, 4)
+        self.assertIn("4097", str(e.exception))
+        with self.assertRaises(gdnc.InputError) as e:
+            gdnc.cp.rank_view([], 0, 4)
+        self.assertEqual(str(e.exception), "cu_seqlens: is empty (N + 1 offsets from 0 to T expected)")
+
+    def test_the_kcp_workspace_holds_the_gathered_records_after_the_layers_slots(self):
+        spec = gdnc.build_spec({"cp": {"ranks": 4}}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
+                               l2norm=True, initial_state=True, final_state=True)
+        cu = [0, 2500, 2600, 3000, 4096]
+        layout = gdnc.cp.workspace_layout(spec, cu, 2)
+        offset, size = layout["buffers"]["kcp_gathered"]
+        self.assertEqual(size, 4 * 6 * 128 * (128 + 128) * 4)  # every rank's (S_ext, M), fp32
+        self.assertEqual(offset % 256, 0)
+        self.assertGreaterEqual(layout["bytes"], offset + size)
+        for form in ("forward", "backward"):
+            own = gdnc.region_layout(spec, 1024, 4, "workspace", form)
+            self.assertGreaterEqual(offset, own["bytes"])
+            if form == "backward":
+                for name, slot in own["buffers"].items():
+                    self.assertEqual(layout["buffers"][name], slot, name)
+        with self.assertRaises(gdnc.InputError) as e:
+            gdnc.cp.workspace_layout(dict(spec, cp={"ranks": 1, "segments": 1}), cu, 0)
+        self.assertIn("has 1 rank; the KCP workspace needs cp.ranks > 1", str(e.exception))
+        with self.assertRaises(gdnc.InputError) as e:
+            gdnc.cp.workspace_layout(spec, [0, 128], 0)
+        self.assertIn("each rank needs at least one 64-token chunk", str(e.exception))
+
     def test_the_first_call_compiles_for_the_gpu_it_runs_on(self):
         from gdnc import spec as spec_module
         self.assertEqual(spec_module.target_of_capability((9, 0)), "sm_90a")

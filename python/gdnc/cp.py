@@ -1,0 +1,224 @@
+"""Context parallelism (KCP): one layer's tokens split over the ranks of a process group, with
+FLA 0.6.0's surface, so that a user of FLA's CP changes an import:
+
+    from gdnc.cp import build_cp_context
+    from gdnc import chunk_gated_delta_rule
+    ctx = build_cp_context(cu_seqlens, group=dist.group.WORLD)      # the whole batch's cu_seqlens
+    o, _ = chunk_gated_delta_rule(q, k, v, g, beta, cp_context=ctx,  # this rank's T / world tokens
+                                  use_qk_l2norm_in_kernel=True)
+
+Each rank holds T / world consecutive tokens of the packed batch (T divisible by the world, at
+least one 64-token chunk per rank). A step runs the rank's summaries, one all-gather over the
+group (torch.distributed.all_gather_into_tensor on torch's current stream), then the merge and
+the walk; the backward mirrors it. Nothing synchronizes with the host, so torch.cuda.graph captures
+the step with its collectives. Every rank's results are bitwise those of the single-GPU proxy: the
+same layer with spec {"cp": {"ranks": world}} called on one GPU over the whole batch.
+
+Unlike FLA's CP, initial_state and output_final_state are accepted: initial_state has a row per
+local document (ctx.documents names their global index) and is read for the documents that start
+on this rank; the final state is returned for the documents that end on this rank (the other rows
+are zero). A checkpointed step (torch.utils.checkpoint) runs the forward's all-gather again in its
+recompute, so every rank must recompute the layer, as every rank runs its backward.
+
+`group` is a torch.distributed ProcessGroup (None: the default group), or any object with the
+methods rank(), size() and all_gather_into_tensor(output, input) that gathers CUDA tensors in rank
+order on torch's current stream: a communicator of the caller's own.
+"""
+
+import ctypes
+
+from ._lib import InputError, check, library
+
+_FORMS = {"forward": 0, "recompute": 1, "backward": 2}
+
+
+class _View(ctypes.Structure):
+    _fields_ = [("token_begin", ctypes.c_int64), ("tokens", ctypes.c_int64), ("documents", ctypes.c_int32),
+                ("first_document", ctypes.c_int32), ("pieces_before", ctypes.c_int32),
+                ("pieces_after", ctypes.c_int32)]
+
+
+def _offsets(values, name):
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    try:
+        values = [int(x) for x in values]
+    except (TypeError, ValueError):
+        raise InputError(f"{name}: expected a sequence of integers") from None
+    if not values:
+        raise InputError(f"{name}: is empty (N + 1 offsets from 0 to T expected)")
+    return values
+
+
+def rank_view(cu_seqlens, rank, world):
+    """Rank `rank`'s share of the batch `cu_seqlens` (the whole batch's offsets, host values) split
+    over `world` ranks, without a GPU: a dict with token_begin, tokens, cu_seqlens (local offsets),
+    documents (the global index of each local document), pieces_before and pieces_after (pieces of
+    the first / last local document on other ranks). Raises InputError naming the problem."""
+    values = _offsets(cu_seqlens, "cu_seqlens")
+    cu = (ctypes.c_int64 * len(values))(*values)
+    view = _View()
+    check(library().gdn_cp_rank_view(cu, len(values), rank, world, ctypes.byref(view), None, None, 0))
+    local = (ctypes.c_int64 * (view.documents + 1))()
+    docs = (ctypes.c_int32 * (view.documents + 1))()
+    check(library().gdn_cp_rank_view(cu, len(values), rank, world, ctypes.byref(view), local, docs,
+                                     view.documents + 1))
+    return {"token_begin": view.token_begin, "tokens": view.tokens, "cu_seqlens": list(local),
+            "documents": list(docs)[:view.documents], "pieces_before": view.pieces_before,
+            "pieces_after": view.pieces_after}
+
+
+def _is_own_communicator(group):
+    import torch.distributed as dist
+    return group is not None and not isinstance(group, dist.ProcessGroup) and hasattr(group, "all_gather_into_tensor")
+
+
+def _rank_and_size(group):
+    if _is_own_communicator(group):
+        return int(group.rank()), int(group.size())
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise InputError("group: torch.distributed is not initialized (call torch.distributed.init_process_group "
+                         "first, or pass a communicator with rank(), size() and all_gather_into_tensor())")
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _all_gather(group, output, input):
+    if _is_own_communicator(group):
+        group.all_gather_into_tensor(output, input)
+    else:
+        import torch.distributed as dist
+        dist.all_gather_into_tensor(output, input, group=group)
+
+
+class CPContext:
+    """One rank's context of a batch layout: FLA 0.6.0's FLACPContext fields (group, the rank-local
+    cu_seqlens on the GPU and cu_seqlens_cpu, is_first_rank, is_last_rank, pre_num_ranks,
+    post_num_ranks, kernel_size, pre_num_conv_tokens) and gdnc's (rank, world, token_begin,
+    tokens, documents, global_cu_seqlens). Build it with build_cp_context, once per batch layout."""
+
+    def __init__(self, group, rank, world, global_cu_seqlens, view, device, kernel_size):
+        import torch
+        self.group = group
+        self.rank, self.world = rank, world
+        self.global_cu_seqlens = tuple(global_cu_seqlens)
+        self.token_begin, self.tokens = view["token_begin"], view["tokens"]
+        self.documents = tuple(view["documents"])
+        self.pre_num_ranks, self.post_num_ranks = view["pieces_before"], view["pieces_after"]
+        self.is_first_rank = self.pre_num_ranks == 0
+        self.is_last_rank = self.post_num_ranks == 0
+        self.cu_seqlens_cpu = torch.tensor(view["cu_seqlens"], dtype=torch.int64)
+        self.cu_seqlens = self.cu_seqlens_cpu.to(device)
+        # For the caller's short convolution, as FLA's context carries it; gdnc's layer has none.
+        self.kernel_size = kernel_size
+        self.pre_num_conv_tokens = 0 if (kernel_size is None or self.is_first_rank) else kernel_size - 1
+        self._layers = {}  # layer handle -> _RankOfLayer, made (and agreed on) at the first call
+
+    def __repr__(self):
+        return (f"CPContext(rank={self.rank}, world={self.world}, tokens=[{self.token_begin}, "
+                f"{self.token_begin + self.tokens}), documents={len(self.documents)}, "
+                f"pre_num_ranks={self.pre_num_ranks}, post_num_ranks={self.post_num_ranks})")
+
+    def _of_layer(self, layer):
+        """This rank's libgdn context for `layer`; the first time, the ranks' agreement check (an
+        all-gather and a host sync, so not during a CUDA graph capture)."""
+        rank_of_layer = self._layers.get(id(layer))
+        if rank_of_layer is None:
+            rank_of_layer = self._layers[id(layer)] = _RankOfLayer(layer, self)
+        return rank_of_layer
+
+
+class _RankOfLayer:
+    """A gdn_kcp_context: one layer on one rank of a CPContext."""
+
+    def __init__(self, layer, cp):
+        import torch
+        self.layer, self.cp = layer, cp
+        lib = library()
+        values = cp.global_cu_seqlens
+        cu = (ctypes.c_int64 * len(values))(*values)
+        handle = ctypes.c_void_p()
+        check(lib.gdn_kcp_context_create(layer.handle, cu, len(values), cp.rank, cp.world, ctypes.byref(handle)))
+        self.handle = handle
+        out = ctypes.c_size_t()
+        check(lib.gdn_saved_bytes_kcp(handle, ctypes.byref(out)))
+        self.saved_bytes = out.value
+        check(lib.gdn_workspace_bytes_kcp(handle, _FORMS["backward"], ctypes.byref(out)))
+        self.workspace_bytes = out.value
+        check(lib.gdn_kcp_record_bytes(handle, ctypes.byref(out)))
+        self.record_bytes = out.value
+        self.gathered_offset = _layout_of(lib.gdn_workspace_layout_kcp, handle, _FORMS["backward"])["kcp_gathered"][0]
+        if torch.cuda.is_current_stream_capturing():
+            raise InputError("cp_context: the first call of a layer on a CP context checks that the ranks agree (a "
+                             "host sync), which CUDA graph capture forbids: run one step before capturing")
+        self._check_agreement(torch)
+
+    def _check_agreement(self, torch):
+        lib = library()
+        one = lib.gdn_kcp_agreement_bytes()
+        mine = (ctypes.c_uint8 * one)()
+        check(lib.gdn_kcp_agreement(self.handle, mine, one))
+        device = self.cp.cu_seqlens.device
+        gathered = torch.empty(one * self.cp.world, dtype=torch.uint8, device=device)
+        _all_gather(self.cp.group, gathered, torch.tensor(list(mine), dtype=torch.uint8, device=device))
+        host = bytes(gathered.cpu().tolist())
+        check(lib.gdn_kcp_check_agreement(self.handle, host, len(host)))
+
+    def __del__(self):
+        if getattr(self, "handle", None):
+            library().gdn_kcp_context_destroy(self.handle)
+
+    def gather(self, workspace):
+        """The in-place all-gather of the records in a KCP workspace tensor, over the group."""
+        start = self.gathered_offset
+        gathered = workspace[start:start + self.record_bytes * self.cp.world]
+        own = gathered[self.cp.rank * self.record_bytes:(self.cp.rank + 1) * self.record_bytes]
+        _all_gather(self.cp.group, gathered, own)
+
+
+def _layout_of(fn, *args):
+    from .spec import _Slot
+    count, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+    check(fn(*args, None, 0, ctypes.byref(count), ctypes.byref(total)))
+    slots = (_Slot * count.value)()
+    check(fn(*args, slots, count.value, ctypes.byref(count), None))
+    out = {s.name.decode(): (s.offset, s.bytes) for s in slots}
+    out["_bytes"] = total.value
+    return out
+
+
+def build_cp_context(cu_seqlens, group=None, kernel_size=None, cu_seqlens_cpu=None):
+    """The CP context of this rank for a batch: `cu_seqlens` are the whole batch's offsets (a
+    tensor or a sequence; N + 1 from 0 to T), `group` the process group the tokens are split over.
+    Reads the offsets on the host once (from cu_seqlens_cpu when given: no device sync); build the
+    context once per batch layout, outside CUDA graph capture. The ranks' agreement on the batch,
+    the heads and the layer's options is checked at the first call of each layer."""
+    import torch
+    rank, world = _rank_and_size(group)
+    values = _offsets(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens,
+                      "cu_seqlens_cpu" if cu_seqlens_cpu is not None else "cu_seqlens")
+    if kernel_size is not None and (isinstance(kernel_size, bool) or not isinstance(kernel_size, int)
+                                    or kernel_size < 1):
+        raise InputError(f"kernel_size: {kernel_size!r} must be None or a positive int")
+    view = rank_view(values, rank, world)
+    if hasattr(cu_seqlens, "device") and cu_seqlens.device.type == "cuda":
+        device = cu_seqlens.device
+    else:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return CPContext(group, rank, world, values, view, device, kernel_size)
+
+
+def workspace_layout(spec, cu_seqlens, rank, form="backward"):
+    """The KCP workspace of rank `rank` for a layer spec with cp.ranks > 1 and the whole batch's
+    cu_seqlens, from the spec alone (no GPU): {"bytes": total, "buffers": {name: (offset, bytes)}}
+    with the slot "kcp_gathered" (every rank's summary record) after the layer's own."""
+    import json
+    from .spec import validate
+    if form not in _FORMS:
+        raise InputError(f"form: {form!r} is not 'forward', 'recompute' or 'backward'")
+    values = _offsets(cu_seqlens, "cu_seqlens")
+    cu = (ctypes.c_int64 * len(values))(*values)
+    text = json.dumps(validate(spec)).encode()
+    layout = _layout_of(library().gdn_spec_kcp_workspace_layout, text, _FORMS[form], cu, len(values), rank)
+    total = layout.pop("_bytes")
+    return {"bytes": total, "buffers": layout}
