@@ -294,6 +294,7 @@ struct CheckOverrides {
   std::optional<double> beta;          ///< every beta equal to this
   int segments = 0;                    ///< the spec's cp.segments (0: the file's)
   int ranks = 0;                       ///< the spec's cp.ranks, the single-GPU proxy (0: the file's)
+  bool phases = false;                 ///< run the ranks' phases in turn instead of the proxy's one call
   std::optional<ForwardPath> forward;  ///< the spec's forward (none: the file's)
 };
 
@@ -304,6 +305,8 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   if (over.ranks != 0) spec.cp_ranks = over.ranks;
   if (over.forward) spec.forward = *over.forward;
   validate(spec);  // names /cp/segments, /cp/ranks or /forward and the value before any GPU work
+  if (over.phases && spec.cp_ranks <= 1)
+    throw UsageError("--phases", fmt::format("layer '{}' has cp.ranks 1: give --ranks R (2 or more)", spec.name));
   std::vector<long long> lens = docs;
   if (lens.empty() && (tokens > 0 || n_docs > 0)) {
     if (tokens <= 0 || n_docs <= 0) throw UsageError("--tokens/--n-docs", "give both --tokens T and --n-docs N");
@@ -329,6 +332,7 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   c.gate_value = over.gate;
   c.beta_value = over.beta;
   if (ckpt) c.step = check::Case::Step::ckpt;
+  c.simulated_ranks = over.phases;
   const check::Report r = check::run(*layer, c);
   long long T = 0;
   for (auto l : lens) T += l;
@@ -336,7 +340,8 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
              lens.size(), seed,
              ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "",
              over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
-             spec.cp_ranks > 1      ? fmt::format(", ranks={} (single-GPU proxy)", spec.cp_ranks)
+             spec.cp_ranks > 1      ? fmt::format(", ranks={} ({})", spec.cp_ranks,
+                                                  over.phases ? "each rank's phases in turn" : "single-GPU proxy")
              : spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments)
                                     : "",
              layer->ir().spec.forward == ForwardPath::fused ? ", forward=fused" : "");
@@ -426,6 +431,10 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--ranks", ranks,
                         "the spec's cp.ranks (the single-GPU proxy of context parallelism), instead of the file's");
   check_cmd->add_option("--forward", forward, "the spec's forward (programs, fused or auto), instead of the file's");
+  bool phases = false;
+  check_cmd->add_flag("--phases", phases,
+                      "with cp.ranks > 1: run every rank's KCP phases in turn on this GPU (each on its own tokens, "
+                      "the records gathered in one buffer) instead of the proxy's one call");
 
   try {
     app.parse(argc, argv);
@@ -466,6 +475,7 @@ int main(int argc, char** argv) {
       if (!beta.empty()) over.beta = real_number("--beta", beta, 0.0, 1.0);
       if (!segments.empty()) over.segments = whole_number<int>("--segments", segments, INT_MIN, INT_MAX);
       if (!ranks.empty()) over.ranks = whole_number<int>("--ranks", ranks, INT_MIN, INT_MAX);
+      over.phases = phases;
       if (forward == "programs")
         over.forward = ForwardPath::programs;
       else if (forward == "fused")

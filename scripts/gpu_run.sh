@@ -22,7 +22,7 @@
 #             logs, table JSON)
 #   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a small layer
 #             (gdnc check: fwd+bwd, ckpt, graph replay, the fused forward, the backward walk's sm_90a body,
-#             cp.ranks 2); per run the ERROR SUMMARY, logs packed in
+#             cp.ranks 2 as the proxy and as the ranks' phases); per run the ERROR SUMMARY, logs packed in
 #             $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT (300 s) fails the step
 #   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3): SHA-256 of every
 #             result; diff two runs' $OUT/digests.txt to show a change kept every bit
@@ -96,11 +96,13 @@ if has sanitize; then
   sed 's/"name": "shape_n"/"name": "shape_n_fused", "forward": "fused"/' examples/n.json > "$sdir/n_fused.json"
   # The reverse walk's sm_90a body (mbarrier ring, wgmma, dv_local inside) at N's heads.
   sed 's/"name": "shape_n"/"name": "shape_n_walkbwd128", "walk_bwd_slab": 128/' examples/n.json > "$sdir/n_walkbwd128.json"
-  # The proxy of context parallelism: 766 tokens over 2 ranks, the boundary inside a chunk of the second document.
+  # The proxy of context parallelism: 766 tokens over 2 ranks, the boundary inside a chunk of the second document;
+  # then each rank's KCP phases in turn on 768 tokens (384 a rank keeps every rank's slice 16-byte aligned).
   sed 's/"name": "shape_n"/"name": "shape_n_ranks2"/; s/"ranks": 1/"ranks": 2/' examples/n.json > "$sdir/n_ranks2.json"
   runs=("examples/n.json --docs 65,700 --seed 3" "examples/n.json --docs 65,700 --seed 3 --ckpt"
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
-        "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3")
+        "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
+        "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases")
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
       log="$sdir/${tool}_$i.log"

@@ -187,6 +187,8 @@ TEST_SUITE("cli") {
              {" --ranks 2 --segments 4", 3, "/cp/segments: 4 with cp.ranks 2"},
              {" --ranks 3 --docs 1000", 2, "T: 1000 tokens do not split into cp.ranks 3 equal parts (1 left over)"},
              {" --forward fast", 2, "--forward"},
+             {" --phases", 2, "--phases: layer 'shape_n' has cp.ranks 1: give --ranks R (2 or more)"},
+             {" --phases --ranks 3 --docs 1000", 2, "T: 1000 tokens do not split into cp.ranks 3 equal parts"},
          }) {
       const Run r = gdnc("check " + src("examples/n.json") + x.args);
       CAPTURE(x.args);
@@ -199,6 +201,7 @@ TEST_SUITE("cli") {
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused --segments 4").code == 6);
       CHECK(gdnc("check " + src("examples/m.json") + " --docs 3000 --forward auto").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 1000,2000 --ranks 3").code == 6);
+      CHECK(gdnc("check " + src("examples/n.json") + " --docs 1000,2000 --ranks 3 --phases").code == 6);
     }
   }
 
