@@ -5,10 +5,9 @@
  *
  * Host-only and device-free: the part of KCP that every rank computes from the global cu_seqlens
  * before any kernel runs, and the fragment table of the single-rank proxy (the host oracle of
- * the device-built one: chunk_table's pieces under cp.ranks > 1). The multi-rank phases and the
- * collectives are not implemented yet (cp.ranks > 1 runs the single-GPU proxy);
- * tests/test_cp_reference.cpp runs the whole protocol of
- * docs/algorithm.md 4.3 and 4.4 in fp64 on top of this partition.
+ * the device-built one: chunk_table's pieces under cp.ranks > 1). One rank's phases run through
+ * runtime/kcp.hpp; tests/test_cp_reference.cpp runs the whole protocol of docs/algorithm.md 4.3
+ * and 4.4 in fp64 on top of this partition.
  */
 #pragma once
 

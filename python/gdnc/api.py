@@ -240,13 +240,18 @@ def _layer_of_call(options, H, HV, K, V, l2norm, has_h0, has_ht, device_index):
     return layer
 
 
-def cp_options(options, cp_context):
-    """The caller's code options with cp.ranks set to the context's world (a different cp.ranks
-    given by the caller is an error naming both)."""
+def _require_cp_context(cp_context):
     from .cp import CPContext
     if not isinstance(cp_context, CPContext):
         raise InputError(f"cp_context: expected a gdnc.cp.CPContext (gdnc.cp.build_cp_context), got "
                          f"{type(cp_context).__name__}")
+    return cp_context
+
+
+def cp_options(options, cp_context):
+    """The caller's code options with cp.ranks set to the context's world (a different cp.ranks
+    given by the caller is an error naming both)."""
+    _require_cp_context(cp_context)
     options = _spec.options_of(options)
     cp = options.get("cp", {})
     if not isinstance(cp, dict):
@@ -310,6 +315,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     which synchronizes after the forward and raises InputError naming cu_seqlens (not allowed during
     CUDA graph capture).
     """
+    cp_context = kwargs.get("cp_context")
+    if cp_context is not None and cu_seqlens is None:
+        # The rank's own documents: initial_state has a row per local document.
+        cu_seqlens = _require_cp_context(cp_context).cu_seqlens
     B, T, H, HV, K, V, N = check_arguments(q, k, v, g, beta, initial_state, cu_seqlens, output_final_state,
                                            scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                            **kwargs)
