@@ -124,6 +124,29 @@ def run_rank(rank, world, transport, init_file, failures):
                     print(f"{label}: {key} differs from the proxy's (max |diff| {diff:.3e})")
                     bad += 1
             print(f"{label}: {len(got)} results checked against the proxy's bits")
+    # Refused by name, on every rank, with no rank left waiting: a spec whose cp.ranks is not the
+    # group's size, and ranks that disagree on the batch (checked at a layer's first call).
+    q, k, v, g, beta, _, _, _, cu = batch(11, [1024 * world], 2, 6, 128, device)
+    ctx = build_cp_context(cu, group=group)
+    mine = [t[:, ctx.token_begin:ctx.token_begin + ctx.tokens].contiguous() for t in (q, k, v, g, beta)]
+    other = [0, 512 + (64 if rank == 1 else 0), 1024 * world]
+    for label, call, says in (
+            ("cp.ranks unlike the group's size",
+             lambda: gdnc.chunk_gated_delta_rule(*mine, cp_context=ctx, spec={"cp": {"ranks": world + 1}}),
+             f"differs from the cp_context's world of {world} ranks"),
+            ("ranks that disagree on cu_seqlens",
+             lambda: gdnc.chunk_gated_delta_rule(*mine, cp_context=build_cp_context(other, group=group)),
+             "rank 1 disagrees with rank 0 on cu_seqlens")):
+        try:
+            call()
+            print(f"rank {rank}/{world}: {label} passed")
+            bad += 1
+        except gdnc.InputError as e:
+            if says not in str(e):
+                print(f"rank {rank}/{world}: {label}: unexpected message: {e}")
+                bad += 1
+            else:
+                print(f"rank {rank}/{world}: {label} refused: {e}")
     dist.destroy_process_group()
     failures[rank] = bad
 
