@@ -5,6 +5,8 @@
  *        leaves ncclAllGather out. A communicator records its size and rank; nothing is sent, but
  *        the last all-gather's arguments are kept for fakeNcclLastAllGather.
  */
+#include "tests/fake_nccl.hpp"
+
 #include <cstddef>
 #include <cstring>
 
@@ -47,15 +49,6 @@ int ncclCommUserRank(void* comm, int* rank) {
   return 0;
 }
 #ifndef FAKE_NCCL_NO_ALLGATHER
-struct FakeAllGather {
-  const void* send;
-  void* recv;
-  size_t count;
-  int type;
-  void* comm;
-  void* stream;
-  int calls;
-};
 FakeAllGather last_all_gather{};
 int ncclAllGather(const void* send, void* recv, size_t count, int type, void* comm, void* stream) {
   last_all_gather = {send, recv, count, type, comm, stream, last_all_gather.calls + 1};

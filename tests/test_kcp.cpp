@@ -5,6 +5,7 @@
  *        in-place all-gather of the NCCL path, and the errors of building and calling a context.
  */
 #include "runtime/kcp.hpp"
+#include "tests/fake_nccl.hpp"
 #include "tests/launch_recorder.hpp"
 
 #include <dlfcn.h>
@@ -25,15 +26,6 @@ Spec example(const char* name, int ranks) {
 }
 
 /// The fake NCCL's record of its last ncclAllGather (tests/fake_nccl.cpp).
-struct FakeAllGather {
-  const void* send;
-  void* recv;
-  size_t count;
-  int type;
-  void* comm;
-  void* stream;
-  int calls;
-};
 const FakeAllGather& last_all_gather() {
   void* lib = dlopen(GDN_FAKE_NCCL_OK, RTLD_NOW | RTLD_NOLOAD);
   REQUIRE(lib != nullptr);

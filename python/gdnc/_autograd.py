@@ -35,6 +35,19 @@ _recompute_workspaces = {}
 stats = {"recomputes": 0, "handoffs": 0}
 
 
+def _gradients(q, k, v, g, beta, initial_state, zero_dh0=False):
+    """The backward's output tensors: dq, dk, dv, dg, dbeta, dh0 (None without an initial state)."""
+    dh0 = None
+    if initial_state is not None:
+        dh0 = torch.zeros_like(initial_state) if zero_dh0 else torch.empty_like(initial_state)
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(g),
+            torch.empty_like(beta), dh0)
+
+
+def _stream(device):
+    return ctypes.c_void_p(torch.cuda.current_stream(device).cuda_stream)
+
+
 def _in_backward_pass():
     # During torch.utils.checkpoint's recompute an autograd graph task is running.
     return torch._C._current_graph_task_id() != -1
@@ -46,7 +59,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         T, N = q.shape[1], cu_seqlens.shape[0] - 1
         HV, V, K = v.shape[2], v.shape[3], q.shape[3]
         dev = q.device
-        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        stream = _stream(dev)
         o = torch.empty_like(v)
         ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
         saved = torch.empty(layer.saved_bytes(T, N), dtype=torch.uint8, device=dev)
@@ -73,7 +86,6 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         ctx.layer, ctx.scale, ctx.cu64 = layer, scale, cu64
         # A plain forward's workspace is scratch, released now so training memory stays at light
         # saves; a recompute's waits in _recompute_workspaces for the backward that follows.
-        ctx.has_h0 = initial_state is not None
         ctx.save_for_backward(q, k, v, g, beta, cu_seqlens, initial_state, saved)
         return o, ht
 
@@ -83,11 +95,9 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         layer = ctx.layer
         T, N = q.shape[1], cu_seqlens.shape[0] - 1
         dev = q.device
-        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        stream = _stream(dev)
         do = do.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dg, dbeta = torch.empty_like(g), torch.empty_like(beta)
-        dh0 = torch.empty_like(initial_state) if ctx.has_h0 else None
+        dq, dk, dv, dg, dbeta, dh0 = _gradients(q, k, v, g, beta, initial_state)
         ws = _recompute_workspaces.pop(saved.data_ptr(), None)
         if ws is None:
             ws = _Workspace(layer.workspace_bytes(T, N), dev)
@@ -119,7 +129,7 @@ class KcpChunkGatedDeltaRule(torch.autograd.Function):
         N = cu_seqlens.shape[0] - 1
         HV, V, K = v.shape[2], v.shape[3], q.shape[3]
         dev = q.device
-        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        stream = _stream(dev)
         o = torch.empty_like(v)
         # Rows of documents that go on past this rank get no final state here: zeros, not garbage.
         ht = torch.zeros(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
@@ -137,7 +147,6 @@ class KcpChunkGatedDeltaRule(torch.autograd.Function):
         if _in_backward_pass():
             stats["recomputes"] += 1
         ctx.rank_of_layer, ctx.scale, ctx.cu64, ctx.workspace = r, scale, cu64, workspace
-        ctx.has_h0 = initial_state is not None
         ctx.save_for_backward(q, k, v, g, beta, cu_seqlens, initial_state, saved)
         return o, ht
 
@@ -146,12 +155,10 @@ class KcpChunkGatedDeltaRule(torch.autograd.Function):
         q, k, v, g, beta, cu_seqlens, initial_state, saved = ctx.saved_tensors
         r = ctx.rank_of_layer
         dev = q.device
-        stream = ctypes.c_void_p(torch.cuda.current_stream(dev).cuda_stream)
+        stream = _stream(dev)
         do = do.contiguous()
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        dg, dbeta = torch.empty_like(g), torch.empty_like(beta)
         # Rows of documents that started on an earlier rank get no dh0 here: zeros.
-        dh0 = torch.zeros_like(initial_state) if ctx.has_h0 else None
+        dq, dk, dv, dg, dbeta, dh0 = _gradients(q, k, v, g, beta, initial_state, zero_dh0=True)
         ws = ctx.workspace if ctx.workspace is not None else _KcpWorkspace(r.workspace_bytes, dev)
         args = (r.handle, _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(cu_seqlens), ctx.cu64,
                 _ptr(initial_state), ctx.scale, _ptr(do), _ptr(dht.contiguous() if dht is not None else None),

@@ -124,6 +124,29 @@ def run_rank(rank, world, transport, init_file, failures):
                     print(f"{label}: {key} differs from the proxy's (max |diff| {diff:.3e})")
                     bad += 1
             print(f"{label}: {len(got)} results checked against the proxy's bits")
+    if transport == "nccl":
+        # A CUDA graph captures the rank's forward with its all-gather; replays give the eager bits.
+        q, k, v, g, beta, _, _, _, cu = batch(12, [3000, 64, 1, 1031, 4096], 16, 48, 128, device)
+        ctx = build_cp_context(cu, group=group, cu_seqlens_cpu=cu.cpu())
+        mine = [t[:, ctx.token_begin:ctx.token_begin + ctx.tokens].contiguous() for t in (q, k, v, g, beta)]
+        with torch.no_grad():
+            eager, _ = gdnc.chunk_gated_delta_rule(*mine, cp_context=ctx, use_qk_l2norm_in_kernel=True)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                gdnc.chunk_gated_delta_rule(*mine, cp_context=ctx, use_qk_l2norm_in_kernel=True)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured, _ = gdnc.chunk_gated_delta_rule(*mine, cp_context=ctx, use_qk_l2norm_in_kernel=True)
+            for _ in range(3):
+                captured.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
+                if not torch.equal(captured, eager):
+                    print(f"rank {rank}/{world}: a graph replay's o differs from the eager call's")
+                    bad += 1
+        print(f"rank {rank}/{world}: graph capture with the all-gather: 3 replays checked against the eager bits")
     # Refused by name, on every rank, with no rank left waiting: a spec whose cp.ranks is not the
     # group's size, and ranks that disagree on the batch (checked at a layer's first call).
     q, k, v, g, beta, _, _, _, cu = batch(11, [1024 * world], 2, 6, 128, device)
