@@ -341,7 +341,7 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
              ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "",
              over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
              spec.cp_ranks > 1      ? fmt::format(", ranks={} ({})", spec.cp_ranks,
-                                                  over.phases ? "each rank's phases in turn" : "single-GPU proxy")
+                                             over.phases ? "each rank's phases in turn" : "single-GPU proxy")
              : spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments)
                                     : "",
              layer->ir().spec.forward == ForwardPath::fused ? ", forward=fused" : "");
