@@ -9,7 +9,9 @@
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), seg2 .. seg16,
  *                 seg-auto (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto (and
- *                 cp.segments "auto")
+ *                 cp.segments "auto"), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3
+ *                 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without
+ *                 the all-gather, whose records stay as the last call left them)
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -17,6 +19,7 @@
  */
 #include "common/env.hpp"
 #include "runtime/bf16.hpp"
+#include "runtime/kcp.hpp"
 #include "runtime/layer.hpp"
 
 #include <CLI/CLI.hpp>
@@ -189,6 +192,7 @@ namespace {
 struct Problem {
   ProblemShape shape;
   rt::DeviceBuffer q, k, v, d_o, g, beta, cu, h0, ht, dh0, o, dq, dk, dv, dg, db;
+  std::vector<int64_t> cu_host;
   LayerInputs in() const {
     return {q.get(),          k.get(),         v.get(), g.get<float>(), beta.get<float>(), cu.get(),
             IndexType::int32, h0.get<float>(), 0};
@@ -213,6 +217,7 @@ Problem make_problem(const std::vector<long long>& docs, int H, int HV) {
             random_buffer(size_t(T) * HV, 2, 6)};
   std::vector<int> cu = {0};
   for (auto d : docs) cu.push_back(cu.back() + static_cast<int>(d));
+  p.cu_host.assign(cu.begin(), cu.end());
   p.cu = rt::DeviceBuffer::create(cu.size() * 4);
   GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(p.cu.handle(), cu.data(), cu.size() * 4), "upload");
   const size_t state = size_t(N) * HV * 128 * 128 * 4;
@@ -234,12 +239,23 @@ Problem make_problem(const std::vector<long long>& docs, int H, int HV) {
 /// One layer; its saved region and workspace are views of buffers that all arms of a table
 /// share (arms run one after another on one stream, and every operation starts with a forward,
 /// so no arm reads what another wrote: the 35 GB workspace of shape A exists once, not per arm).
+/// One rank's share of a problem (the kcp arms): its context and its rows of every tensor.
+struct RankSlice {
+  std::unique_ptr<KcpContext> kcp;
+  rt::DeviceBuffer cu;
+  LayerInputs in;
+  LayerOutputs out, no_output;
+  LayerGrads grads;
+};
+
 struct Arm {
   std::string name;
   std::unique_ptr<Layer> layer;
   void* saved = nullptr;
   size_t saved_bytes = 0;
   std::unique_ptr<Workspace> stamp;
+  std::optional<RankSlice> slice;  ///< a kcp arm: one rank's phases
+  ProblemShape shape(const ProblemShape& whole) const { return slice ? slice->kcp->shape() : whole; }
 };
 
 /// The buffers shared by a table's arms, sized for the largest arm.
@@ -252,27 +268,78 @@ size_t workspace_for_all_forms(const Layer& layer, const ProblemShape& ps) {
                    layer.workspace_bytes(CallForm::backward, ps)});
 }
 
+/// Rank `rank`'s slice of `p` for a layer with cp.ranks > 1.
+RankSlice rank_slice(const Layer& layer, const Problem& p, int rank) {
+  RankSlice r;
+  const Spec& sp = layer.ir().spec;
+  r.kcp = std::make_unique<KcpContext>(layer, p.cu_host, rank, sp.cp_ranks);
+  const CpRankView& v = r.kcp->view();
+  r.cu = rt::DeviceBuffer::create(v.cu_seqlens.size() * 8);
+  GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(r.cu.handle(), v.cu_seqlens.data(), v.cu_seqlens.size() * 8), "upload");
+  const size_t t0 = static_cast<size_t>(v.token_begin), n0 = static_cast<size_t>(v.docs.front());
+  const size_t qk = size_t(sp.heads_qk) * 128 * 2, vo = size_t(sp.heads_v) * 128 * 2, gb = size_t(sp.heads_v) * 4;
+  const size_t state = size_t(sp.heads_v) * 128 * 128 * 4;
+  const auto at = [](const rt::DeviceBuffer& b, size_t bytes) { return b.get<char>() + bytes; };
+  const auto fat = [&](const rt::DeviceBuffer& b, size_t bytes) { return reinterpret_cast<float*>(at(b, bytes)); };
+  r.in = {at(p.q, t0 * qk),  at(p.k, t0 * qk),      at(p.v, t0 * vo),
+          fat(p.g, t0 * gb), fat(p.beta, t0 * gb),  r.cu.get(),
+          IndexType::int64,  fat(p.h0, n0 * state), 0};
+  r.out = {at(p.o, t0 * vo), fat(p.ht, n0 * state)};
+  r.no_output = {nullptr, fat(p.ht, n0 * state)};
+  r.grads = {at(p.d_o, t0 * vo), nullptr,
+             at(p.dq, t0 * qk),  at(p.dk, t0 * qk),
+             at(p.dv, t0 * vo),  fat(p.dg, t0 * gb),
+             fat(p.db, t0 * gb), fat(p.dh0, n0 * state)};
+  return r;
+}
+
+/// The arms of `specs`; rank[i] >= 0 makes arm i a kcp arm (that rank's phases on `p`).
 std::vector<Arm> make_arms(const std::vector<std::pair<std::string, Spec>>& specs, const ProblemShape& ps,
-                           const rt::Context& ctx, cache::DiskCache& cache, SharedRegions& regions) {
+                           const rt::Context& ctx, cache::DiskCache& cache, SharedRegions& regions,
+                           const Problem* p = nullptr, const std::vector<int>& rank = {}) {
   std::vector<Arm> arms;
   size_t saved = 0, ws = 0;
-  for (const auto& [name, spec] : specs) {
-    arms.push_back(Arm{name, Layer::create(spec, ctx, cache), nullptr, 0, nullptr});
-    saved = std::max(saved, arms.back().layer->saved_bytes(ps));
-    ws = std::max(ws, workspace_for_all_forms(*arms.back().layer, ps));
+  for (size_t i = 0; i < specs.size(); ++i) {
+    const auto& [name, spec] = specs[i];
+    arms.push_back(Arm{name, Layer::create(spec, ctx, cache), nullptr, 0, nullptr, std::nullopt});
+    Arm& a = arms.back();
+    if (i < rank.size() && rank[i] >= 0) {
+      a.slice = rank_slice(*a.layer, *p, rank[i]);
+      a.saved_bytes = a.slice->kcp->saved_bytes();
+    } else {
+      a.saved_bytes = a.layer->saved_bytes(ps);
+    }
+    const size_t a_ws =
+        a.slice ? a.slice->kcp->workspace_bytes(CallForm::backward) : workspace_for_all_forms(*a.layer, ps);
+    saved = std::max(saved, a.saved_bytes);
+    ws = std::max(ws, a_ws);
+    a.stamp = std::make_unique<Workspace>(nullptr, a_ws);
   }
   regions.saved = rt::DeviceBuffer::create(saved);
   regions.ws = rt::DeviceBuffer::create(ws);
+  // The kcp arms' gathered records start as zeros (no all-gather refills them).
+  GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(regions.ws.handle(), 0, ws), "zero the workspace");
   for (auto& a : arms) {
     a.saved = regions.saved.get();
-    a.saved_bytes = a.layer->saved_bytes(ps);
-    a.stamp = std::make_unique<Workspace>(regions.ws.get(), workspace_for_all_forms(*a.layer, ps));
+    a.stamp = std::make_unique<Workspace>(regions.ws.get(), a.stamp->bytes());
   }
   return arms;
 }
 
 /// One operation (0 fwd, 1 fwd+bwd, 2 ckpt) on an arm, enqueued on `stream`.
 void enqueue_op(Arm& a, const Problem& p, int op, CUstream stream) {
+  if (a.slice) {
+    const KcpContext& k = *a.slice->kcp;
+    const RankSlice& r = *a.slice;
+    k.forward_summaries(r.in, a.saved, a.saved_bytes, *a.stamp, stream);
+    k.forward_walk(r.in, r.out, a.saved, a.saved_bytes, *a.stamp, stream);
+    if (op == 2) k.recompute(r.in, r.no_output, OutputNeeded::no, a.saved, a.saved_bytes, *a.stamp, stream);
+    if (op >= 1) {
+      k.backward_summaries(r.in, r.grads, a.saved, a.saved_bytes, *a.stamp, stream);
+      k.backward_walk(r.in, r.grads, a.saved, a.saved_bytes, *a.stamp, stream);
+    }
+    return;
+  }
   a.layer->forward(p.shape, p.in(), p.out(), a.saved, a.saved_bytes, *a.stamp, stream);
   if (op == 2)
     a.layer->recompute(p.shape, p.in(), p.no_output(), OutputNeeded::no, a.saved, a.saved_bytes, *a.stamp, stream);
@@ -341,6 +408,8 @@ struct ArmKind {
   int walk_bwd_slab = 0;                 ///< the spec's walk_bwd_slab (0: the base spec's)
   int segments = 0;                      ///< the spec's cp.segments (0: the base spec's, -1: "auto")
   std::optional<ForwardPath> forward{};  ///< the spec's forward (none: the base spec's)
+  int ranks = 0;                         ///< the spec's cp.ranks (0: the base spec's)
+  int rank = -1;                         ///< >= 0: time this rank's phases only
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -363,6 +432,14 @@ const std::map<std::string, ArmKind> kArms = {
     {"fused",
      {false, true, false, 0, 0, 0, ForwardPath::fused}},  // forward "fused": the walk and the output in one program
     {"fused-seg-auto", {false, true, false, 0, 0, -1, ForwardPath::fused}},  // forward "fused", cp.segments "auto"
+    {"ranks2", {false, true, false, 0, 0, 0, std::nullopt, 2}},              // cp.ranks: the single-GPU proxy
+    {"ranks4", {false, true, false, 0, 0, 0, std::nullopt, 4}},
+    {"kcp2r0", {false, true, false, 0, 0, 0, std::nullopt, 2, 0}},  // one rank's phases, no all-gather
+    {"kcp2r1", {false, true, false, 0, 0, 0, std::nullopt, 2, 1}},
+    {"kcp4r0", {false, true, false, 0, 0, 0, std::nullopt, 4, 0}},
+    {"kcp4r1", {false, true, false, 0, 0, 0, std::nullopt, 4, 1}},
+    {"kcp4r2", {false, true, false, 0, 0, 0, std::nullopt, 4, 2}},
+    {"kcp4r3", {false, true, false, 0, 0, 0, std::nullopt, 4, 3}},
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -373,6 +450,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
     const Spec base = b.example(sh);
     Problem p = make_problem(sh.docs, base.heads_qk, base.heads_v);
     std::vector<std::pair<std::string, Spec>> specs;
+    std::vector<int> rank;
     for (const auto& name : arm_names) {
       Spec s = base;
       s.name = fmt::format("{}_bench_{}", sh.example, specs.size());
@@ -383,13 +461,18 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).walk_bwd_slab != 0) s.walk_bwd_slab = kArms.at(name).walk_bwd_slab;
       if (kArms.at(name).segments != 0) s.cp_segments = std::max(0, kArms.at(name).segments);
       if (kArms.at(name).forward) s.forward = *kArms.at(name).forward;
+      if (kArms.at(name).ranks != 0) {
+        s.cp_ranks = kArms.at(name).ranks;
+        s.cp_segments = 1;  // the ranks' pieces are the segments
+      }
       specs.emplace_back(name, s);
+      rank.push_back(kArms.at(name).rank);
     }
     SharedRegions regions;
-    std::vector<Arm> arms = make_arms(specs, p.shape, b.ctx, b.cache, regions);
+    std::vector<Arm> arms = make_arms(specs, p.shape, b.ctx, b.cache, regions, &p, rank);
     for (auto& a : arms) {
       b.time_op(a, p, 2);
-      a.layer->check_device_status(a.saved, p.shape, b.stream.handle());
+      a.layer->check_device_status(a.saved, a.shape(p.shape), b.stream.handle());
     }
     for (int op = 0; op < 3; ++op) {
       const auto cells = b.protocol(arms, p, op);
@@ -543,7 +626,8 @@ int main(int argc, char** argv) {
          "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
          "(both 64), seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused "
-         "(forward \"programs\", \"fused\"), fused-seg-auto")
+         "(forward \"programs\", \"fused\"), fused-seg-auto, ranks2, ranks4 (cp.ranks: the single-GPU proxy), "
+         "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather)")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);
