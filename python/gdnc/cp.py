@@ -93,11 +93,12 @@ def _all_gather(group, output, input):
 
 class CPContext:
     """One rank's context of a batch layout: FLA 0.6.0's FLACPContext fields (group, the rank-local
-    cu_seqlens on the GPU and cu_seqlens_cpu, is_first_rank, is_last_rank, pre_num_ranks,
-    post_num_ranks, kernel_size, pre_num_conv_tokens) and gdnc's (rank, world, token_begin,
-    tokens, documents, global_cu_seqlens). Build it with build_cp_context, once per batch layout."""
+    cu_seqlens on the GPU and cu_seqlens_cpu, both int32 as FLA's, is_first_rank, is_last_rank,
+    pre_num_ranks, post_num_ranks, conv1d_kernel_size, pre_num_conv_tokens, num_seqs,
+    is_cp_enabled) and gdnc's (rank, world, token_begin, tokens, documents: the global index of
+    each local document, global_cu_seqlens). Build it with build_cp_context, once per batch layout."""
 
-    def __init__(self, group, rank, world, global_cu_seqlens, view, device, kernel_size):
+    def __init__(self, group, rank, world, global_cu_seqlens, view, device, conv1d_kernel_size):
         import torch
         self.group = group
         self.rank, self.world = rank, world
@@ -107,12 +108,20 @@ class CPContext:
         self.pre_num_ranks, self.post_num_ranks = view["pieces_before"], view["pieces_after"]
         self.is_first_rank = self.pre_num_ranks == 0
         self.is_last_rank = self.post_num_ranks == 0
-        self.cu_seqlens_cpu = torch.tensor(view["cu_seqlens"], dtype=torch.int64)
+        self.cu_seqlens_cpu = torch.tensor(view["cu_seqlens"], dtype=torch.int32)
         self.cu_seqlens = self.cu_seqlens_cpu.to(device)
         # For the caller's short convolution, as FLA's context carries it; gdnc's layer has none.
-        self.kernel_size = kernel_size
-        self.pre_num_conv_tokens = 0 if (kernel_size is None or self.is_first_rank) else kernel_size - 1
+        self.conv1d_kernel_size = conv1d_kernel_size
+        self.pre_num_conv_tokens = 0 if (conv1d_kernel_size is None or self.is_first_rank) else conv1d_kernel_size - 1
         self._layers = {}  # layer handle -> _RankOfLayer, made (and agreed on) at the first call
+
+    @property
+    def num_seqs(self):
+        return len(self.documents)
+
+    @property
+    def is_cp_enabled(self):
+        return self.world > 1
 
     def __repr__(self):
         return (f"CPContext(rank={self.rank}, world={self.world}, tokens=[{self.token_begin}, "
@@ -176,6 +185,32 @@ class _RankOfLayer:
         _all_gather(self.cp.group, gathered, own)
 
 
+class HostGather:
+    """A communicator of one's own over a torch.distributed group of any backend (gloo): gathers
+    CUDA tensors through host memory, in rank order. For ranks that share one GPU (tests, smoke
+    runs of the benchmark), where NCCL refuses two ranks on one device; it synchronizes with the
+    host, so it neither overlaps nor goes into a CUDA graph."""
+
+    def __init__(self, group=None):
+        self.group = group
+
+    def rank(self):
+        import torch.distributed as dist
+        return dist.get_rank(self.group)
+
+    def size(self):
+        import torch.distributed as dist
+        return dist.get_world_size(self.group)
+
+    def all_gather_into_tensor(self, output, input):
+        import torch
+        import torch.distributed as dist
+        host = input.cpu()
+        parts = [torch.empty_like(host) for _ in range(self.size())]
+        dist.all_gather(parts, host, group=self.group)
+        output.copy_(torch.cat(parts).reshape(output.shape))
+
+
 def _layout_of(fn, *args):
     from .spec import _Slot
     count, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
@@ -187,25 +222,34 @@ def _layout_of(fn, *args):
     return out
 
 
-def build_cp_context(cu_seqlens, group=None, kernel_size=None, cu_seqlens_cpu=None):
-    """The CP context of this rank for a batch: `cu_seqlens` are the whole batch's offsets (a
-    tensor or a sequence; N + 1 from 0 to T), `group` the process group the tokens are split over.
-    Reads the offsets on the host once (from cu_seqlens_cpu when given: no device sync); build the
-    context once per batch layout, outside CUDA graph capture. The ranks' agreement on the batch,
-    the heads and the layer's options is checked at the first call of each layer."""
+def build_cp_context(cu_seqlens, group=None, conv1d_kernel_size=None, cu_seqlens_cpu=None,
+                     use_tf32x3_affine_chain=True, layout="contiguous"):
+    """The CP context of this rank for a batch, with FLA 0.6.0's signature: `cu_seqlens` are the
+    whole batch's offsets (a tensor or a sequence; N + 1 from 0 to T), `group` the process group the
+    tokens are split over, each rank holding T / world consecutive tokens (layout "contiguous";
+    FLA's "zigzag" is not supported). Reads the offsets on the host once (from cu_seqlens_cpu when
+    given: no device sync); build the context once per batch layout, outside CUDA graph capture.
+    The ranks' agreement on the batch, the heads and the layer's options is checked at the first
+    call of each layer. gdnc's merge of the ranks' states is fp32 in rank order, so
+    use_tf32x3_affine_chain (FLA's option for its own chain) must stay True, as FLA requires."""
     import torch
+    if layout != "contiguous":
+        raise NotImplementedError(f"layout={layout!r} is not supported by gdnc (only 'contiguous': rank r holds "
+                                  "tokens [r T / world, (r + 1) T / world))")
+    if use_tf32x3_affine_chain is not True:
+        raise ValueError(f"use_tf32x3_affine_chain={use_tf32x3_affine_chain!r}: only True (as in FLA 0.6.0)")
     rank, world = _rank_and_size(group)
     values = _offsets(cu_seqlens_cpu if cu_seqlens_cpu is not None else cu_seqlens,
                       "cu_seqlens_cpu" if cu_seqlens_cpu is not None else "cu_seqlens")
-    if kernel_size is not None and (isinstance(kernel_size, bool) or not isinstance(kernel_size, int)
-                                    or kernel_size < 1):
-        raise InputError(f"kernel_size: {kernel_size!r} must be None or a positive int")
+    if conv1d_kernel_size is not None and (isinstance(conv1d_kernel_size, bool)
+                                           or not isinstance(conv1d_kernel_size, int) or conv1d_kernel_size < 1):
+        raise InputError(f"conv1d_kernel_size: {conv1d_kernel_size!r} must be None or a positive int")
     view = rank_view(values, rank, world)
     if hasattr(cu_seqlens, "device") and cu_seqlens.device.type == "cuda":
         device = cu_seqlens.device
     else:
         device = torch.device("cuda", torch.cuda.current_device())
-    return CPContext(group, rank, world, values, view, device, kernel_size)
+    return CPContext(group, rank, world, values, view, device, conv1d_kernel_size)
 
 
 def workspace_layout(spec, cu_seqlens, rank, form="backward"):

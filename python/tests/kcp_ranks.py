@@ -7,9 +7,9 @@ proxy's bit for bit. Prints one line per rank and check; exits 1 on any differen
     python3 kcp_ranks.py --world 4 --transport host       # every rank on GPU 0: the records go
                                                           # through the host over gloo
 
-The host transport is a communicator of our own (rank(), size(), all_gather_into_tensor()) over a
-gloo group: it moves the records through host memory, so several ranks share one GPU (NCCL
-refuses two ranks on one device)."""
+The host transport is gdnc.cp.HostGather, a communicator of one's own (rank(), size(),
+all_gather_into_tensor()) over a gloo group: it moves the records through host memory, so several
+ranks share one GPU (NCCL refuses two ranks on one device)."""
 
 import argparse
 import os
@@ -25,26 +25,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 import gdnc  # noqa: E402
-from gdnc.cp import build_cp_context  # noqa: E402
-
-
-class HostGather:
-    """A caller's own communicator: gathers CUDA tensors through the host over a gloo group."""
-
-    def __init__(self, group):
-        self.group = group
-
-    def rank(self):
-        return dist.get_rank(self.group)
-
-    def size(self):
-        return dist.get_world_size(self.group)
-
-    def all_gather_into_tensor(self, output, input):
-        host = input.cpu()
-        parts = [torch.empty_like(host) for _ in range(self.size())]
-        dist.all_gather(parts, host, group=self.group)
-        output.copy_(torch.cat(parts).reshape(output.shape))
+from gdnc.cp import HostGather, build_cp_context  # noqa: E402
 
 
 def batch(seed, lens, H, HV, D, device):
@@ -86,7 +67,7 @@ def run_rank(rank, world, transport, init_file, failures):
     else:
         torch.cuda.set_device(0)
         dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        group = HostGather(dist.group.WORLD)
+        group = HostGather()
     device = torch.device("cuda", torch.cuda.current_device())
     bad = 0
     cases = [("n heads (2, 6)", 2, 6, [4000, 1, 63, 64, 65, 30, 129, 700, 1, 100, 2415], 7),
