@@ -29,10 +29,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-import torch.utils.checkpoint
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    import torch.utils.checkpoint
+except ImportError:  # merge() and the argument checks are tested without torch
+    torch = dist = mp = None
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))

@@ -245,3 +245,39 @@ class TableTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class CompareCpMergeTests(unittest.TestCase):
+    """bench/compare_cp.py's merge of the ranks' samples: a CP arm's sample is the slowest rank's,
+    the CP 1 arm is rank 0's alone, and the decisions compare gdnc CP R with each other arm."""
+
+    def test_a_sample_is_the_slowest_ranks_and_cp1_is_rank_0s(self):
+        import compare_cp
+        groups, samples = 5, 11  # groups_around gives 11 samples a group: 55 a rank
+        p = {"groups": groups, "samples": samples, "warmup": 0}
+        fast = groups_around([1.0] * groups, samples, jitter=0.001, seed=1)
+        slow = groups_around([1.5] * groups, samples, jitter=0.001, seed=2)
+        cp1 = groups_around([3.0] * groups, samples, jitter=0.001, seed=3)
+
+        def rank(cp_groups, cp1_groups, limited=0):
+            return {("A", "fwd+bwd"): {
+                "groups": {"gdnc CP2": cp_groups, "gdnc CP2 A/A": cp_groups, "gdnc CP1": cp1_groups},
+                "limited": {"gdnc CP2": limited, "gdnc CP2 A/A": 0, "gdnc CP1": 0},
+                "gate": {"gdnc CP2": {"rel_rms_max": 1e-3, "ok": True},
+                         "gdnc CP2 A/A": {"rel_rms_max": 2e-3, "ok": True}},
+                "peer": None}}
+        # Rank 1 is the slow one; its CP 1 "samples" (it waited at the barrier) are empty.
+        args = type("Args", (), {"transport": "nccl"})()
+        out = compare_cp.merge([rank(fast, cp1), rank(slow, [[] for _ in range(groups)], limited=11)], 2, p, args)
+        cell = out["cells"][0]
+        self.assertAlmostEqual(cell["arms"]["gdnc CP2"]["ms"], 1.5, places=2)
+        self.assertAlmostEqual(cell["arms"]["gdnc CP1"]["ms"], 3.0, places=2)
+        # 11 of rank 1's 55 samples at the limit: 10 % of the two ranks' 110.
+        self.assertAlmostEqual(cell["arms"]["gdnc CP2"]["power_limited_pct"], 10.0)
+        d = cell["decisions"]["gdnc CP1"]
+        self.assertAlmostEqual(d["ratio"], 2.0, places=2)
+        self.assertEqual(d["status"], "power-capped")
+        self.assertEqual(cell["gate_rel_rms"], {"gdnc CP2": 1e-3, "gdnc CP2 A/A": 2e-3})
+        out = compare_cp.merge([rank(fast, cp1), rank(slow, [[] for _ in range(groups)])], 2, p, args)
+        d = out["cells"][0]["decisions"]["gdnc CP1"]
+        self.assertEqual((d["status"], d["by"], d["cls"]), ("published", "drift", "win"))
