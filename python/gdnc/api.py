@@ -314,6 +314,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     To be told: pass FLA's cu_seqlens_cpu hint (checked on the host, free), or check_cu_seqlens=True,
     which synchronizes after the forward and raises InputError naming cu_seqlens (not allowed during
     CUDA graph capture).
+
+    cp_context=gdnc.cp.build_cp_context(...) runs this rank of a context-parallel layer on the
+    rank's tokens (gdnc.cp says how; cu_seqlens then defaults to the context's rank-local ones).
     """
     cp_context = kwargs.get("cp_context")
     if cp_context is not None and cu_seqlens is None:
