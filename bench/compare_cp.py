@@ -26,16 +26,14 @@ import datetime
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 try:
     import torch
     import torch.distributed as dist
-    import torch.multiprocessing as mp
     import torch.utils.checkpoint
 except ImportError:  # merge() and the argument checks are tested without torch
-    torch = dist = mp = None
+    torch = dist = None
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
@@ -49,7 +47,6 @@ OPS = compare.OPS
 def rank_slice(x, ctx):
     t0, t1 = ctx.token_begin, ctx.token_begin + ctx.tokens
     out = {n: x[n][:, t0:t1].contiguous() for n in ("q", "k", "v", "g", "beta", "do")}
-    out["cu64"] = ctx.cu_seqlens
     return out
 
 
@@ -113,17 +110,11 @@ def timed_visit(fn, op, x, warmup, samples, runs, barrier, flush, nvml):
     return times, limited
 
 
-def run_rank(rank, world, args, init_file, result):
-    from gdnc.cp import HostGather, build_cp_context
+def run_rank(rank, world, group, args):
+    from gdnc.cp import build_cp_context
     if args.transport == "nccl":
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        group = dist.group.WORLD
         barrier = lambda: dist.barrier(device_ids=[rank])  # noqa: E731
     else:
-        torch.cuda.set_device(0)
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        group = HostGather()
         barrier = dist.barrier
     try:
         nvml = compare.Nvml(compare.torch_pci_bus_id())
@@ -168,9 +159,7 @@ def run_rank(rank, world, args, init_file, result):
             cells[(shape, op)] = {"groups": groups, "limited": limited, "gate": gate, "peer": peer_version}
     everyone = [None] * world
     dist.all_gather_object(everyone, cells)
-    if rank == 0:
-        result.update(merge(everyone, world, p, args))
-    dist.destroy_process_group()
+    return merge(everyone, world, p, args) if rank == 0 else None
 
 
 def merge(per_rank, world, p, args):
@@ -221,19 +210,15 @@ def main():
     for shape in args.shapes.split(","):
         if shape not in compare.SHAPES:
             ap.error(f"--shapes: {shape!r} is not one of {', '.join(compare.SHAPES)}")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
+    from gdnc import InputError
+    from gdnc.cp import spawn_local_ranks
     if args.peer == "fla" and args.transport != "nccl":
         ap.error("--peer fla needs --transport nccl (FLA gathers over a torch.distributed NCCL group)")
-    if args.transport == "nccl" and torch.cuda.device_count() < args.world:
-        print(f"compare_cp: {args.world} ranks over NCCL need {args.world} GPUs, this machine has "
-              f"{torch.cuda.device_count()}")
+    try:
+        result = spawn_local_ranks(run_rank, args.world, args.transport, (args,))[0]
+    except InputError as e:
+        print(f"compare_cp: {e}")
         return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        result = mp.get_context("spawn").Manager().dict()
-        mp.spawn(run_rank, args=(args.world, args, os.path.join(tmp, "init"), result), nprocs=args.world)
-        result = dict(result)
     Path(args.out).write_text(json.dumps(result, indent=1))
     cp = f"gdnc CP{args.world}"
     print(f"{'shape':<6}{'op':<9}{'arm':<16}{'ms':>10}{'drift %':>9}   decision against gdnc CP{args.world}")

@@ -266,3 +266,45 @@ def workspace_layout(spec, cu_seqlens, rank, form="backward"):
     layout = _layout_of(library().gdn_spec_kcp_workspace_layout, text, _FORMS[form], cu, len(values), rank)
     total = layout.pop("_bytes")
     return {"bytes": total, "buffers": layout}
+
+
+def _rank_main(rank, world, transport, init_file, fn, args, results):
+    import torch
+    import torch.distributed as dist
+    if transport == "nccl":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        group = dist.group.WORLD
+    else:
+        torch.cuda.set_device(0)
+        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+        group = HostGather()
+    try:
+        results[rank] = fn(rank, world, group, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_local_ranks(fn, world, transport="nccl", args=()):
+    """Runs fn(rank, world, group, *args) in `world` processes of this machine and returns their
+    results in rank order (each must pickle). transport "nccl": a GPU per rank, `group` the NCCL
+    world group; "host": every rank on GPU 0, `group` a HostGather over gloo (tests and smoke runs).
+    NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its kin, unless already set). Raises
+    InputError when the machine has fewer GPUs than NCCL ranks."""
+    import os
+    import tempfile
+    import torch
+    import torch.multiprocessing as mp
+    if transport not in ("nccl", "host"):
+        raise InputError(f"transport: {transport!r} is not 'nccl' or 'host'")
+    for var, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                       ("NVSHMEM_DISABLE_NVLS", "1")):
+        os.environ.setdefault(var, value)
+    if transport == "nccl" and torch.cuda.device_count() < world:
+        raise InputError(f"world: {world} ranks over NCCL need {world} GPUs, this machine has "
+                         f"{torch.cuda.device_count()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        results = mp.get_context("spawn").Manager().dict()
+        mp.spawn(_rank_main, args=(world, transport, os.path.join(tmp, "init"), fn, tuple(args), results),
+                 nprocs=world)
+        return [results[r] for r in range(world)]

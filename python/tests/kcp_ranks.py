@@ -7,25 +7,21 @@ proxy's bit for bit. Prints one line per rank and check; exits 1 on any differen
     python3 kcp_ranks.py --world 4 --transport host       # every rank on GPU 0: the records go
                                                           # through the host over gloo
 
-The host transport is gdnc.cp.HostGather, a communicator of one's own (rank(), size(),
+The ranks run through gdnc.cp.spawn_local_ranks; the host transport is gdnc.cp.HostGather, a communicator of one's own (rank(), size(),
 all_gather_into_tensor()) over a gloo group: it moves the records through host memory, so several
 ranks share one GPU (NCCL refuses two ranks on one device)."""
 
 import argparse
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.utils.checkpoint  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
 
 import gdnc  # noqa: E402
-from gdnc.cp import HostGather, build_cp_context  # noqa: E402
+from gdnc.cp import build_cp_context, spawn_local_ranks  # noqa: E402
 
 
 def batch(seed, lens, H, HV, D, device):
@@ -59,15 +55,7 @@ def step(q, k, v, g, beta, h0, do, dht, ckpt=False, **kw):
             "dg": leaves[3].grad, "dbeta": leaves[4].grad, "dh0": leaves[5].grad}
 
 
-def run_rank(rank, world, transport, init_file, failures):
-    if transport == "nccl":
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        group = dist.group.WORLD
-    else:
-        torch.cuda.set_device(0)
-        dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
-        group = HostGather()
+def run_rank(rank, world, group, transport):
     device = torch.device("cuda", torch.cuda.current_device())
     bad = 0
     cases = [("n heads (2, 6)", 2, 6, [4000, 1, 63, 64, 65, 30, 129, 700, 1, 100, 2415], 7),
@@ -151,8 +139,7 @@ def run_rank(rank, world, transport, init_file, failures):
                 bad += 1
             else:
                 print(f"rank {rank}/{world}: {label} refused: {e}")
-    dist.destroy_process_group()
-    failures[rank] = bad
+    return bad
 
 
 def main():
@@ -160,16 +147,11 @@ def main():
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--transport", choices=("nccl", "host"), default="host")
     args = ap.parse_args()
-    for var in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS"):
-        os.environ.setdefault(var, "0" if var == "NCCL_NVLS_ENABLE" else "1")
-    if args.transport == "nccl" and torch.cuda.device_count() < args.world:
-        print(f"kcp_ranks: {args.world} ranks over NCCL need {args.world} GPUs, this machine has "
-              f"{torch.cuda.device_count()}")
+    try:
+        bad = sum(spawn_local_ranks(run_rank, args.world, args.transport, (args.transport,)))
+    except gdnc.InputError as e:
+        print(f"kcp_ranks: {e}")
         return 2
-    with tempfile.TemporaryDirectory() as tmp:
-        failures = mp.get_context("spawn").Manager().dict()
-        mp.spawn(run_rank, args=(args.world, args.transport, os.path.join(tmp, "init"), failures), nprocs=args.world)
-        bad = sum(failures.values())
     print(f"kcp_ranks: {args.world} ranks over {args.transport}: {bad} difference(s) from the proxy")
     return 1 if bad else 0
 
