@@ -204,6 +204,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.groups < 2:
+        ap.error(f"--groups: {args.groups}; the drift rule compares the first and the last group (2 or more)")
     for op in args.ops.split(","):
         if op not in OPS:
             ap.error(f"--ops: {op!r} is not one of {', '.join(OPS)}")
