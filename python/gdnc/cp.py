@@ -42,9 +42,12 @@ def _offsets(values, name):
     if hasattr(values, "tolist"):
         values = values.tolist()
     try:
-        values = [int(x) for x in values]
-    except (TypeError, ValueError):
-        raise InputError(f"{name}: expected a sequence of integers") from None
+        values = list(values)
+    except TypeError:
+        raise InputError(f"{name}: expected a sequence of integers, got {type(values).__name__}") from None
+    for i, x in enumerate(values):
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise InputError(f"{name}[{i}]: {x!r} is not an integer")
     if not values:
         raise InputError(f"{name}: is empty (N + 1 offsets from 0 to T expected)")
     return values
@@ -69,8 +72,13 @@ def rank_view(cu_seqlens, rank, world):
 
 
 def _is_own_communicator(group):
-    import torch.distributed as dist
-    return group is not None and not isinstance(group, dist.ProcessGroup) and hasattr(group, "all_gather_into_tensor")
+    if group is None or not all(hasattr(group, m) for m in ("rank", "size", "all_gather_into_tensor")):
+        return False
+    try:
+        import torch.distributed as dist
+    except ImportError:  # then it cannot be a ProcessGroup
+        return True
+    return not (dist.is_available() and isinstance(group, dist.ProcessGroup))
 
 
 def _rank_and_size(group):
@@ -232,7 +240,6 @@ def build_cp_context(cu_seqlens, group=None, conv1d_kernel_size=None, cu_seqlens
     The ranks' agreement on the batch, the heads and the layer's options is checked at the first
     call of each layer. gdnc's merge of the ranks' states is fp32 in rank order, so
     use_tf32x3_affine_chain (FLA's option for its own chain) must stay True, as FLA requires."""
-    import torch
     if layout != "contiguous":
         raise NotImplementedError(f"layout={layout!r} is not supported by gdnc (only 'contiguous': rank r holds "
                                   "tokens [r T / world, (r + 1) T / world))")
@@ -245,6 +252,10 @@ def build_cp_context(cu_seqlens, group=None, conv1d_kernel_size=None, cu_seqlens
                                            or not isinstance(conv1d_kernel_size, int) or conv1d_kernel_size < 1):
         raise InputError(f"conv1d_kernel_size: {conv1d_kernel_size!r} must be None or a positive int")
     view = rank_view(values, rank, world)
+    if view["tokens"] < 64:
+        raise InputError(f"cu_seqlens: {values[-1]} tokens over {world} ranks leave {view['tokens']} a rank; each "
+                         "rank needs at least one 64-token chunk")
+    import torch
     if hasattr(cu_seqlens, "device") and cu_seqlens.device.type == "cuda":
         device = cu_seqlens.device
     else:

@@ -258,6 +258,42 @@ class SpecTests(unittest.TestCase):
             gdnc.cp.rank_view([], 0, 4)
         self.assertEqual(str(e.exception), "cu_seqlens: is empty (N + 1 offsets from 0 to T expected)")
 
+    def test_a_cp_context_refuses_what_it_cannot_build_before_any_gpu_work(self):
+        class Group:  # a communicator of the caller's own: rank 2 of 4
+            def rank(self):
+                return 2
+
+            def size(self):
+                return 4
+
+            def all_gather_into_tensor(self, output, input):
+                raise AssertionError("no collective while building a context")
+
+        build = gdnc.cp.build_cp_context
+        with self.assertRaisesRegex(NotImplementedError, "layout='zigzag' is not supported by gdnc"):
+            build([0, 4096], Group(), layout="zigzag")
+        with self.assertRaisesRegex(ValueError, "use_tf32x3_affine_chain=False: only True"):
+            build([0, 4096], Group(), use_tf32x3_affine_chain=False)
+        with self.assertRaises(gdnc.InputError) as e:
+            build([0, 4096], Group(), conv1d_kernel_size=0)
+        self.assertEqual(str(e.exception), "conv1d_kernel_size: 0 must be None or a positive int")
+        with self.assertRaises(gdnc.InputError) as e:
+            build([0, 4097], Group())
+        self.assertIn("4097", str(e.exception))
+        with self.assertRaises(gdnc.InputError) as e:
+            build([0, 3000, 2000, 4096], Group())
+        self.assertIn("cu_seqlens[2]", str(e.exception))
+        with self.assertRaises(gdnc.InputError) as e:
+            build([0, 128], Group())
+        self.assertEqual(str(e.exception), "cu_seqlens: 128 tokens over 4 ranks leave 32 a rank; each rank needs at "
+                                           "least one 64-token chunk")
+        with self.assertRaises(gdnc.InputError) as e:
+            build([0, 2.5, 4096], Group())
+        self.assertEqual(str(e.exception), "cu_seqlens[1]: 2.5 is not an integer")
+        with self.assertRaises(gdnc.InputError) as e:
+            build([0, 4096], Group(), cu_seqlens_cpu=[0, True, 4096])
+        self.assertEqual(str(e.exception), "cu_seqlens_cpu[1]: True is not an integer")
+
     def test_the_kcp_workspace_holds_the_gathered_records_after_the_layers_slots(self):
         spec = gdnc.build_spec({"cp": {"ranks": 4}}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
                                l2norm=True, initial_state=True, final_state=True)
