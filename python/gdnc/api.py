@@ -265,8 +265,6 @@ def cp_options(options, cp_context):
 
 def _chunk_gated_delta_rule_cp(q, k, v, g, beta, scale, initial_state, output_final_state, l2norm, cu_seqlens, B, T,
                                H, HV, K, V, kwargs):
-    import torch
-    from ._autograd import apply_kcp
     cp_context, workspace = kwargs.get("cp_context"), kwargs.get("workspace")
     if cp_context is None:
         raise InputError("workspace: a caller-held workspace is for context-parallel calls (cp_context)")
@@ -285,10 +283,9 @@ def _chunk_gated_delta_rule_cp(q, k, v, g, beta, scale, initial_state, output_fi
                                       or cu_seqlens.device != local.device):
         raise InputError(f"cu_seqlens: with cp_context pass the context's rank-local cu_seqlens (cp_context."
                          f"cu_seqlens, {local.shape[0]} offsets on {local.device}) or none")
-    N = local.shape[0] - 1
-    if initial_state is not None and tuple(initial_state.shape) != (N, HV, K, V):
-        raise InputError(f"initial_state: expected [N={N}, HV={HV}, K={K}, V={V}] (a row per local document of "
-                         f"rank {cp_context.rank}), got {tuple(initial_state.shape)}")
+    # initial_state's rows (one per local document) were checked against these cu_seqlens' count.
+    import torch  # after the checks above, which need no torch
+    from ._autograd import apply_kcp
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     layer = _layer_of_call(options, H, HV, K, V, l2norm, initial_state is not None, output_final_state,
                            device_index)
@@ -325,14 +322,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     B, T, H, HV, K, V, N = check_arguments(q, k, v, g, beta, initial_state, cu_seqlens, output_final_state,
                                            scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                            **kwargs)
+    if cp_context is not None or kwargs.get("workspace") is not None:
+        return _chunk_gated_delta_rule_cp(q, k, v, g, beta, scale, initial_state, output_final_state,
+                                          use_qk_l2norm_in_kernel, cu_seqlens, B, T, H, HV, K, V, kwargs)
     import torch  # only here: the module imports without torch
     from ._autograd import apply
 
     options = kwargs.get("spec")
-    cp_context = kwargs.get("cp_context")
-    if cp_context is not None or kwargs.get("workspace") is not None:
-        return _chunk_gated_delta_rule_cp(q, k, v, g, beta, scale, initial_state, output_final_state,
-                                          use_qk_l2norm_in_kernel, cu_seqlens, B, T, H, HV, K, V, kwargs)
     check_cu_seqlens = bool(kwargs.get("check_cu_seqlens", False))
     if check_cu_seqlens and torch.cuda.is_current_stream_capturing():
         raise InputError("check_cu_seqlens: True needs a host sync, which CUDA graph capture forbids; pass "

@@ -158,9 +158,8 @@ def _options_kcp(options, deterministic):
 
 
 def _train_kcp(deterministic, q, k, v, g, beta, cp_context, options, workspace, kwargs):
-    if "spec" in kwargs or "cp_context" in kwargs:
-        raise TypeError("cake_gdn_*_kcp: pass the context as the sixth argument and code options as "
-                        "options=OptionsKcp(...), not cp_context= or spec=")
+    if "spec" in kwargs:
+        raise TypeError("cake_gdn_*_kcp: pass code options as options=OptionsKcp(...), not spec=")
     if cp_context is None:
         raise InputError("cp_context: is None (gdnc.cp.build_cp_context)")
     if workspace is not None and not isinstance(workspace, WorkspaceKcp):

@@ -460,6 +460,40 @@ class CakeFacadeTests(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, r"options must be gdnc.cake.Options, not dict"):
             cake_gdn_det_train(None, None, None, None, None, options={"save_mode": "full"})
 
+    def test_the_kcp_names_map_options_and_size_the_workspace_from_the_spec(self):
+        from gdnc.cake import (OptionsKcp, cake_gdn_det_train_kcp, gdn_workspace_bytes_kcp,
+                               gdn_workspace_layout_kcp)
+        # A context of rank 1 of 4 as build_cp_context leaves it (its tensors are not read here).
+        ctx = gdnc.cp.CPContext.__new__(gdnc.cp.CPContext)
+        ctx.rank, ctx.world, ctx.global_cu_seqlens = 1, 4, (0, 2500, 4096)
+        ctx.tokens, ctx.cu_seqlens = 1024, FakeTensor((2,), "int32")  # the middle of document 0
+        T = 1024
+        x = dict(q=FakeTensor((1, T, 2, 128)), k=FakeTensor((1, T, 2, 128)), v=FakeTensor((1, T, 6, 128)),
+                 g=FakeTensor((1, T, 6), "float32"), beta=FakeTensor((1, T, 6), "float32"))
+        layout = gdn_workspace_layout_kcp(ctx, **x, options=OptionsKcp(save_mode="full"),
+                                          use_qk_l2norm_in_kernel=True)
+        spec = gdnc.build_spec({"save_mode": "full", "deterministic": True, "cp": {"ranks": 4}}, heads_qk=2, heads_v=6,
+                               head_dim_k=128, head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
+        self.assertEqual(layout, gdnc.cp.workspace_layout(spec, [0, 2500, 4096], 1))
+        self.assertEqual(gdn_workspace_bytes_kcp(ctx, **x, use_qk_l2norm_in_kernel=True),
+                         gdn_workspace_layout_kcp(ctx, **x, use_qk_l2norm_in_kernel=True)["bytes"])
+        self.assertEqual(repr(OptionsKcp(graph="replay")), "OptionsKcp(graph='replay')")
+        with self.assertRaisesRegex(gdnc.InputError, "spec: cp.ranks 2 differs from the cp_context's world of 4"):
+            gdnc.chunk_gated_delta_rule(**x, cp_context=ctx, spec={"cp": {"ranks": 2}})
+        with self.assertRaisesRegex(gdnc.InputError, "q: 512 tokens, but rank 1 of the cp_context holds 1024"):
+            half = {n: FakeTensor((1, 512) + t.shape[2:], str(t.dtype)[6:]) for n, t in x.items()}
+            gdnc.chunk_gated_delta_rule(**half, cp_context=ctx)
+        # initial_state has a row per local document: the context's cu_seqlens count them.
+        with self.assertRaisesRegex(gdnc.InputError, r"initial_state: expected \[N=1, HV=6, K=128, V=128\], got "
+                                    r"\(3, 6, 128, 128\)"):
+            gdnc.chunk_gated_delta_rule(**x, cp_context=ctx, initial_state=FakeTensor((3, 6, 128, 128), "float32"))
+        with self.assertRaisesRegex(gdnc.InputError, "cp_context: expected a gdnc.cp.CPContext"):
+            gdnc.chunk_gated_delta_rule(**x, cp_context="rank 1", cu_seqlens=FakeTensor((2,), "int32"))
+        with self.assertRaisesRegex(TypeError, r"pass code options as options=OptionsKcp\(...\), not spec="):
+            cake_gdn_det_train_kcp(*x.values(), ctx, spec={"save_mode": "full"})
+        with self.assertRaisesRegex(TypeError, "workspace: expected gdnc.cake.WorkspaceKcp, not bytearray"):
+            cake_gdn_det_train_kcp(*x.values(), ctx, workspace=bytearray(16))
+
 
 if __name__ == "__main__":
     unittest.main()
