@@ -118,6 +118,26 @@ const gdn::rt::Nccl& nccl() {
 }
 gdn::rt::nccl_abi::Comm comm_of(void* c) { return static_cast<gdn::rt::nccl_abi::Comm>(c); }
 
+void require_unique_id(const void* id, size_t bytes) {
+  if (!id) throw gdn::InputError("id: is null");
+  if (bytes != sizeof(gdn::rt::nccl_abi::UniqueId))
+    throw gdn::InputError("bytes: " + std::to_string(bytes) + ", an NCCL unique id has " +
+                          std::to_string(sizeof(gdn::rt::nccl_abi::UniqueId)));
+}
+
+gdn_kcp_view view_of(const gdn::CpRankView& v) {
+  return {v.token_begin, v.tokens, v.documents(), v.docs.front(), v.pieces_before, v.pieces_after};
+}
+
+/// A rank's host array into the caller's `out[0 .. capacity)`.
+template <class From, class To>
+void copy_out(const std::vector<From>& from, To* out, size_t capacity, const char* what) {
+  if (!out || capacity < from.size())
+    throw gdn::InputError("out: room for " + std::to_string(out ? capacity : 0) + " " + what + ", the rank has " +
+                          std::to_string(from.size()));
+  std::copy(from.begin(), from.end(), out);
+}
+
 }  // namespace
 
 extern "C" {
@@ -263,13 +283,8 @@ int gdn_cp_rank_view(const int64_t* cu, size_t count, int rank, int world, gdn_k
                      int32_t* local_docs, size_t capacity) {
   return guarded([&] {
     if (!cu) throw gdn::InputError("cu_seqlens: is null");
-    gdn::CpRankView v;
-    try {
-      v = gdn::cp_rank_view(std::vector<int64_t>(cu, cu + count), world, rank);
-    } catch (const std::invalid_argument& e) {
-      throw gdn::InputError(e.what());
-    }
-    out_of(view, "view") = {v.token_begin, v.tokens, v.documents(), v.docs.front(), v.pieces_before, v.pieces_after};
+    const gdn::CpRankView v = gdn::kcp_rank_view(std::vector<int64_t>(cu, cu + count), world, rank);
+    out_of(view, "view") = view_of(v);
     if ((local_cu || local_docs) && capacity < v.cu_seqlens.size())
       throw gdn::InputError("capacity: " + std::to_string(capacity) + " entries, the rank has " +
                             std::to_string(v.documents()) + " documents (" + std::to_string(v.cu_seqlens.size()) +
@@ -286,12 +301,7 @@ int gdn_spec_kcp_workspace_layout(const char* spec_json, int form, const int64_t
     const gdn::LayerIR ir = gdn::lower(parse_spec(spec_json));
     if (ir.spec.cp_ranks <= 1)
       throw gdn::InputError("cp.ranks: spec '" + ir.spec.name + "' has 1 rank; the KCP workspace needs cp.ranks > 1");
-    gdn::CpRankView v;
-    try {
-      v = gdn::cp_rank_view(std::vector<int64_t>(cu, cu + count), ir.spec.cp_ranks, rank);
-    } catch (const std::invalid_argument& e) {
-      throw gdn::InputError(e.what());
-    }
+    const gdn::CpRankView v = gdn::kcp_rank_view(std::vector<int64_t>(cu, cu + count), ir.spec.cp_ranks, rank);
     gdn::cp_check_world(ir.spec.cp_ranks, ir.spec, cu[count - 1]);
     write_layout(gdn::kcp_workspace_layout(ir, form_of(form), {v.tokens, v.documents()}), slots, capacity, slot_count,
                  total);
@@ -315,30 +325,15 @@ int gdn_kcp_context_create(const gdn_layer* l, const int64_t* cu, size_t count, 
 void gdn_kcp_context_destroy(gdn_kcp_context* c) { delete c; }
 
 int gdn_kcp_context_view(const gdn_kcp_context* c, gdn_kcp_view* out) {
-  return guarded([&] {
-    const gdn::CpRankView& v = kcp_of(c).view();
-    out_of(out, "out") = {v.token_begin, v.tokens, v.documents(), v.docs.front(), v.pieces_before, v.pieces_after};
-  });
+  return guarded([&] { out_of(out, "out") = view_of(kcp_of(c).view()); });
 }
 
 int gdn_kcp_local_cu_seqlens(const gdn_kcp_context* c, int64_t* out, size_t capacity) {
-  return guarded([&] {
-    const std::vector<int64_t>& cu = kcp_of(c).view().cu_seqlens;
-    if (!out || capacity < cu.size())
-      throw gdn::InputError("out: room for " + std::to_string(out ? capacity : 0) + " offsets, the rank has " +
-                            std::to_string(cu.size()));
-    std::copy(cu.begin(), cu.end(), out);
-  });
+  return guarded([&] { copy_out(kcp_of(c).view().cu_seqlens, out, capacity, "offsets"); });
 }
 
 int gdn_kcp_local_documents(const gdn_kcp_context* c, int32_t* out, size_t capacity) {
-  return guarded([&] {
-    const std::vector<int>& docs = kcp_of(c).view().docs;
-    if (!out || capacity < docs.size())
-      throw gdn::InputError("out: room for " + std::to_string(out ? capacity : 0) + " documents, the rank has " +
-                            std::to_string(docs.size()));
-    std::copy(docs.begin(), docs.end(), out);
-  });
+  return guarded([&] { copy_out(kcp_of(c).view().docs, out, capacity, "documents"); });
 }
 
 size_t gdn_kcp_agreement_bytes(void) { return sizeof(gdn::CpAgreement); }
@@ -446,10 +441,7 @@ int gdn_nccl_load(const char* path, int* version) {
 
 int gdn_nccl_unique_id(void* id, size_t bytes) {
   return guarded([&] {
-    if (!id) throw gdn::InputError("id: is null");
-    if (bytes != sizeof(gdn::rt::nccl_abi::UniqueId))
-      throw gdn::InputError("bytes: " + std::to_string(bytes) + ", an NCCL unique id has " +
-                            std::to_string(sizeof(gdn::rt::nccl_abi::UniqueId)));
+    require_unique_id(id, bytes);
     gdn::rt::nccl_abi::UniqueId u{};
     nccl().check(nccl().get_unique_id(&u), "ncclGetUniqueId");
     std::memcpy(id, &u, sizeof(u));
@@ -458,10 +450,7 @@ int gdn_nccl_unique_id(void* id, size_t bytes) {
 
 int gdn_nccl_comm_init(const void* id, size_t bytes, int rank, int world, void** comm) {
   return guarded([&] {
-    if (!id) throw gdn::InputError("id: is null");
-    if (bytes != sizeof(gdn::rt::nccl_abi::UniqueId))
-      throw gdn::InputError("bytes: " + std::to_string(bytes) + ", an NCCL unique id has " +
-                            std::to_string(sizeof(gdn::rt::nccl_abi::UniqueId)));
+    require_unique_id(id, bytes);
     if (world < 1 || rank < 0 || rank >= world)
       throw gdn::InputError("rank: " + std::to_string(rank) + " is outside 0 .. " + std::to_string(world - 1));
     gdn::rt::nccl_abi::UniqueId u{};

@@ -20,6 +20,14 @@ size_t align_up(size_t x) { return (x + kSlotAlign - 1) / kSlotAlign * kSlotAlig
 
 }  // namespace
 
+CpRankView kcp_rank_view(const std::vector<int64_t>& cu_seqlens, int world, int rank) {
+  try {
+    return cp_rank_view(cu_seqlens, world, rank);
+  } catch (const std::invalid_argument& e) {
+    throw InputError(e.what());
+  }
+}
+
 RegionLayout kcp_workspace_layout(const LayerIR& ir, CallForm form, ProblemShape local) {
   RegionLayout l = region_layout(ir, BufferRole::workspace, form, local);
   // One offset for every call form: a checkpointed step's forward, recompute and backward share
@@ -41,15 +49,13 @@ KcpContext::KcpContext(const Layer& layer, std::vector<int64_t> cu_seqlens, int 
     throw InputError(
         fmt::format("cp.ranks: layer '{}' has 1 rank; a context-parallel context needs cp.ranks > 1", sp.name));
   if (global_cu_.empty()) throw InputError("cu_seqlens: is empty (N + 1 offsets from 0 to T expected)");
-  try {
-    // The partition's own checks first: they name cu_seqlens' bad entry.
-    view_ = cp_rank_view(global_cu_, world, rank);
-  } catch (const std::invalid_argument& e) {
-    throw InputError(e.what());
-  }
+  view_ = kcp_rank_view(global_cu_, world, rank);  // its checks first: they name cu_seqlens' bad entry
   cp_check_world(world, sp, global_cu_.back());
   check_problem_size(view_.tokens, view_.documents());
   agreement_ = cp_agreement(global_cu_, world, rank, sp);
+  const RegionLayout l = workspace_layout(CallForm::backward);
+  gathered_offset_ = l.offset.at(kGatheredSlot);
+  workspace_bytes_ = l.bytes;
 }
 
 void KcpContext::check_agreement(const CpAgreement* gathered, size_t count) const {
@@ -64,8 +70,8 @@ RegionLayout KcpContext::workspace_layout(CallForm form) const {
   return kcp_workspace_layout(layer_->ir(), form, shape());
 }
 
-void KcpContext::require_workspace(const Workspace& ws, CallForm form) const {
-  const size_t need = workspace_bytes(form);
+void KcpContext::require_workspace(const Workspace& ws) const {
+  const size_t need = workspace_bytes_;
   if (!ws.data()) throw InputError("workspace: is null");
   if (ws.bytes() < need)
     throw InputError(
@@ -75,9 +81,7 @@ void KcpContext::require_workspace(const Workspace& ws, CallForm form) const {
                     align_up(gathered_bytes())));
 }
 
-void* KcpContext::gathered(const Workspace& ws) const {
-  return static_cast<char*>(ws.data()) + workspace_layout(CallForm::backward).offset.at(kGatheredSlot);
-}
+void* KcpContext::gathered(const Workspace& ws) const { return static_cast<char*>(ws.data()) + gathered_offset_; }
 
 void* KcpContext::own_record(const Workspace& ws) const {
   return static_cast<char*>(gathered(ws)) + static_cast<size_t>(rank()) * record_bytes();
@@ -85,31 +89,31 @@ void* KcpContext::own_record(const Workspace& ws) const {
 
 void KcpContext::forward_summaries(const LayerInputs& in, void* saved, size_t saved_size, Workspace& ws,
                                    CUstream stream) const {
-  require_workspace(ws, CallForm::forward);
+  require_workspace(ws);
   layer_->kcp_forward_summaries(view_, in, saved, saved_size, ws.data(), ws.bytes(), own_record(ws), stream);
 }
 
 void KcpContext::forward_walk(const LayerInputs& in, const LayerOutputs& out, void* saved, size_t saved_size,
                               Workspace& ws, CUstream stream) const {
-  require_workspace(ws, CallForm::forward);
+  require_workspace(ws);
   layer_->kcp_forward_walk(view_, in, out, saved, saved_size, ws.data(), ws.bytes(), gathered(ws), stream);
 }
 
 HandOff KcpContext::recompute(const LayerInputs& in, const LayerOutputs& out, OutputNeeded output, void* saved,
                               size_t saved_size, Workspace& ws, CUstream stream) const {
-  require_workspace(ws, CallForm::recompute);
+  require_workspace(ws);
   return layer_->kcp_recompute(view_, in, out, output, saved, saved_size, ws, stream);
 }
 
 HandOff KcpContext::backward_summaries(const LayerInputs& in, const LayerGrads& gr, const void* saved,
                                        size_t saved_size, Workspace& ws, CUstream stream) const {
-  require_workspace(ws, CallForm::backward);
+  require_workspace(ws);
   return layer_->kcp_backward_summaries(view_, in, gr, saved, saved_size, ws, own_record(ws), stream);
 }
 
 void KcpContext::backward_walk(const LayerInputs& in, const LayerGrads& gr, const void* saved, size_t saved_size,
                                Workspace& ws, CUstream stream) const {
-  require_workspace(ws, CallForm::backward);
+  require_workspace(ws);
   layer_->kcp_backward_walk(view_, in, gr, saved, saved_size, ws, gathered(ws), stream);
 }
 

@@ -28,6 +28,10 @@
 
 namespace gdn {
 
+/// cp_rank_view with its refusals (an empty or decreasing cu_seqlens, T not divisible by the world, a
+/// rank outside it) as InputError, as every entry point of a call reports bad input.
+CpRankView kcp_rank_view(const std::vector<int64_t>& cu_seqlens, int world, int rank);
+
 /// The KCP workspace of a call form for a rank with `local` tokens and documents (see
 /// KcpContext::workspace_layout), from the IR alone: no GPU.
 RegionLayout kcp_workspace_layout(const LayerIR&, CallForm, ProblemShape local);
@@ -60,10 +64,10 @@ class KcpContext {
 
   size_t saved_bytes() const { return layer_->saved_bytes(shape()); }
   /// The KCP workspace of a call form: the layer's slots for the rank's shape, then the slot
-  /// "kcp_gathered" (256-byte aligned). One arena of workspace_bytes(CallForm::backward) serves a
+  /// "kcp_gathered" (256-byte aligned). Its size is the same for every form, so one arena serves a
   /// whole checkpointed step, as for the single-rank layer.
   RegionLayout workspace_layout(CallForm) const;
-  size_t workspace_bytes(CallForm f) const { return workspace_layout(f).bytes; }
+  size_t workspace_bytes(CallForm) const { return workspace_bytes_; }
   /// The gathered buffer inside a KCP workspace, and this rank's record in it.
   void* gathered(const Workspace&) const;
   void* own_record(const Workspace&) const;
@@ -93,7 +97,7 @@ class KcpContext {
   void check_agreement_nccl(const rt::Nccl&, rt::nccl_abi::Comm, CUstream) const;
 
  private:
-  void require_workspace(const Workspace&, CallForm) const;
+  void require_workspace(const Workspace&) const;
   void check_comm(const rt::Nccl&, rt::nccl_abi::Comm) const;
   void all_gather(const rt::Nccl&, rt::nccl_abi::Comm, const Workspace&, CUstream) const;
 
@@ -101,6 +105,8 @@ class KcpContext {
   std::vector<int64_t> global_cu_;
   CpRankView view_;
   CpAgreement agreement_;
+  size_t gathered_offset_ = 0;  ///< workspace_layout's, computed once: the phases run on launch paths
+  size_t workspace_bytes_ = 0;
 };
 
 }  // namespace gdn

@@ -75,20 +75,27 @@ def check_scale(scale):
     return as_float32
 
 
-def check_cu_seqlens_values(values, T, N, source="cu_seqlens_cpu"):
-    """The checks the chunk-table kernel makes on the device, on a host copy: values[0] == 0,
-    non-decreasing, values[N] == T. Raises InputError with the device's words, naming cu_seqlens."""
+def host_offsets(values, source):
+    """Offsets given on the host (a tensor, a list, any sequence) as a list of ints, or the
+    InputError that names `source` and, for an element that is not an integer, its index."""
     if hasattr(values, "tolist"):
         values = values.tolist()
     try:
         values = list(values)
     except TypeError:
         raise InputError(f"{source}: expected a sequence of integers, got {type(values).__name__}") from None
-    if len(values) != N + 1:
-        raise InputError(f"{source}: {len(values)} offsets, cu_seqlens has {N + 1}")
     for i, x in enumerate(values):
         if isinstance(x, bool) or not isinstance(x, int):
             raise InputError(f"{source}[{i}]: {_spec.excerpt(x)} is not an integer")
+    return values
+
+
+def check_cu_seqlens_values(values, T, N, source="cu_seqlens_cpu"):
+    """The checks the chunk-table kernel makes on the device, on a host copy: values[0] == 0,
+    non-decreasing, values[N] == T. Raises InputError with the device's words, naming cu_seqlens."""
+    values = host_offsets(values, source)
+    if len(values) != N + 1:
+        raise InputError(f"{source}: {len(values)} offsets, cu_seqlens has {N + 1}")
     where = f" (from {source})"
     if values[0] != 0:
         raise InputError(f"cu_seqlens[0]: {values[0]} must be 0{where}")

@@ -39,15 +39,8 @@ class _View(ctypes.Structure):
 
 
 def _offsets(values, name):
-    if hasattr(values, "tolist"):
-        values = values.tolist()
-    try:
-        values = list(values)
-    except TypeError:
-        raise InputError(f"{name}: expected a sequence of integers, got {type(values).__name__}") from None
-    for i, x in enumerate(values):
-        if isinstance(x, bool) or not isinstance(x, int):
-            raise InputError(f"{name}[{i}]: {x!r} is not an integer")
+    from .api import host_offsets
+    values = host_offsets(values, name)
     if not values:
         raise InputError(f"{name}: is empty (N + 1 offsets from 0 to T expected)")
     return values
