@@ -161,6 +161,15 @@ def leaves_of(x):
     return [x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")]
 
 
+def drop_grads(leaves):
+    """Before every call, outside the timed region: with a leaf's .grad left from the previous call,
+    autograd adds the new gradient into it, one elementwise kernel per input (the same for every
+    arm, and not the layer's work: in a model the layer's inputs are not leaves). triton's do_bench
+    offers the same (grad_to_none)."""
+    for t in leaves:
+        t.grad = None
+
+
 def gate(fn, x, ref):
     leaves = leaves_of(x)
     o = call(fn, "fwd+bwd", x, leaves)
@@ -238,9 +247,11 @@ class Timer:
     def visit(self, fn, op, x, warmup, samples):
         leaves = leaves_of(x)
         for _ in range(warmup):
+            drop_grads(leaves)
             call(fn, op, x, leaves)
         times, limited, clocks = [], 0, []
         for _ in range(samples):
+            drop_grads(leaves)
             self.flush.zero_()
             self.e0.record()
             call(fn, op, x, leaves)

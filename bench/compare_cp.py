@@ -99,6 +99,7 @@ def timed_visit(fn, op, x, warmup, samples, runs, barrier, flush, nvml):
         barrier()
         if not runs:
             continue
+        compare.drop_grads(leaves)
         flush.zero_()
         e0.record()
         compare.call(fn, op, x, leaves)

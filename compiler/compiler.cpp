@@ -49,7 +49,8 @@ std::vector<CompiledEntry> compile_layer(const LayerIR& ir, const std::vector<Ta
   };
   std::vector<Work> work;
   for (Target t : targets)
-    for (const Program& p : ir.programs) work.push_back({&p, t});
+    for (const Program& p : ir.programs)
+      if (!p.idle_for(t)) work.push_back({&p, t});
   std::vector<CompiledEntry> results(work.size());
   std::atomic<size_t> next{0};
   std::mutex error_mutex;

@@ -74,7 +74,11 @@ struct Program {
   /// the per-thread register count the block is launched with: what setmaxnreg's rebalancing
   /// between warpgroups needs. Exclusive with min_blocks_per_sm > 1.
   int max_registers = 0;
+  /// Targets on which the program has nothing to do (another program's body there does its work):
+  /// it is neither compiled nor launched for them.
+  std::vector<Target> idle_on;
   std::string entry() const { return "gdn_" + name; }
+  bool idle_for(Target t) const;
 };
 
 struct Launch {

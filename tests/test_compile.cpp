@@ -96,6 +96,17 @@ TEST_SUITE("compile") {
     CHECK(ranked == 8);  // chunk_table, both prescans and merges, fused_walk, walk_tape, state_walk_bwd
   }
 
+  TEST_CASE("a program idle on a target is not compiled for it") {
+    const auto ir = gdn::lower(example("m"));  // dv_local: the reverse walk's sm_90a body computes it
+    REQUIRE(ir.program("dv_local").idle_for(gdn::Target::sm_90a));
+    std::map<std::string, int> per_program;
+    for (const auto& e : gdn::compile_layer(ir, {gdn::Target::sm_90a, gdn::Target::sm_100a}, shared_cache(), 2))
+      ++per_program[e.program];
+    CHECK(per_program["dv_local"] == 1);  // sm_100a's
+    CHECK(per_program["state_walk_bwd"] == 2);
+    CHECK(per_program.size() == ir.programs.size());
+  }
+
   TEST_CASE("a truncated cubin is detected and rebuilt") {
     const auto ir = gdn::lower(example("n"));
     auto entries = gdn::compile_layer(ir, {gdn::Target::sm_90a}, shared_cache(), 2);

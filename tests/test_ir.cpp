@@ -154,15 +154,20 @@ TEST_SUITE("ir") {
     const auto few = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string()));
     CHECK(few.walk_bwd_bv == 32);
     CHECK(few.program("state_walk_bwd").max_registers == 0);
-    // The sm_90a body computes dv_local itself: the program idles there unless a segment prescan
-    // (portable, 32 wide) reads it.
+    // The sm_90a body computes dv_local itself: the program idles there (neither compiled nor
+    // launched for sm_90a) unless a segment prescan (portable, 32 wide) reads it.
     CHECK(constant_of(automatic.program("dv_local"), "WALK_FUSES_DV") == "true");
+    CHECK(automatic.program("dv_local").idle_for(gdn::Target::sm_90a));
+    CHECK_FALSE(automatic.program("dv_local").idle_for(gdn::Target::sm_100a));
+    CHECK_FALSE(automatic.program("state_walk_bwd").idle_for(gdn::Target::sm_90a));
     CHECK(constant_of(wide.program("dv_local"), "WALK_FUSES_DV") == "false");
     CHECK(constant_of(portable.program("dv_local"), "WALK_FUSES_DV") == "false");
     CHECK(constant_of(few.program("dv_local"), "WALK_FUSES_DV") == "false");
+    for (const auto* ir : {&wide, &portable, &few}) CHECK(ir->program("dv_local").idle_on.empty());
     spec.tensor_cores = gdn::TensorCores::automatic;
     spec.cp_segments = 4;
     CHECK(constant_of(gdn::lower(spec).program("dv_local"), "WALK_FUSES_DV") == "false");
+    CHECK(gdn::lower(spec).program("dv_local").idle_on.empty());
   }
 
   TEST_CASE("forward \"fused\": chunk_solve solves Tm, fused_walk writes o, walk_tape the backward's tapes") {
