@@ -141,13 +141,19 @@ if has compare; then
     # cache and 1.23 ms in those that compiled them (docs/PERF.md): COMPARE_TILELANG_CACHE=0 leaves
     # a carried cache packed, and the run file records which state the peer ran in.
     export TILELANG_CACHE_DIR=/tmp/tilelang-cache
-    mkdir -p "$TILELANG_CACHE_DIR"
+    touch /tmp/tilelang-cache.stamp
+  fi
+  # Each FlashQLA process starts from the cache state it records: an empty cache ("fresh": it
+  # compiles its kernels) or the carried one ("carried"). A second process must not find the
+  # first one's kernels on disk: that made the reversed order's FlashQLA a cache-loaded one
+  # (1.665 against 1.296 ms at M fwd, docs/PERF.md 2026-12-03) while its run file said "fresh".
+  tilelang_cache_for_process() {
+    rm -rf "$TILELANG_CACHE_DIR" && mkdir -p "$TILELANG_CACHE_DIR"
     export GDNC_PEER_KERNEL_CACHE=fresh
     if [ "${COMPARE_TILELANG_CACHE:-1}" = 1 ] && [ -f .scratch_device/tilelang-cache.tar.xz ]; then
       tar xJf .scratch_device/tilelang-cache.tar.xz -C "$TILELANG_CACHE_DIR" && GDNC_PEER_KERNEL_CACHE=carried
     fi
-    touch /tmp/tilelang-cache.stamp
-  fi
+  }
   for order in ${COMPARE_ORDERS:-forward reversed}; do
     for peer in ${COMPARE_PEERS:-flashqla fla}; do
       echo "=== compare: gdnc beside $peer, $order order ($((SECONDS - t0)) s)" | tee -a "$cdir/compare.log"
@@ -159,6 +165,7 @@ if has compare; then
         continue
       fi
       if [ "$peer" = flashqla ]; then
+        tilelang_cache_for_process
         timeout -k 10 "$left" env PYTHONPATH="$PWD/python:/tmp/flashqla" CUDA_HOME=/usr/local/cuda \
           python3 bench/compare.py --peer flashqla --order "$order" ${COMPARE_ARGS:-} ${COMPARE_ARGS_flashqla:-} \
           --budget-s "${COMPARE_BUDGET_S:-inf}" "${resume[@]}" --out "$run.new" 2>&1 | tee -a "$cdir/compare.log"
