@@ -233,9 +233,10 @@ struct StateWalkBwdSm90 {
 
   /// W = bf16(bf16(Tm diag(beta exp2(gc))) K) of the stage's chunk into the W tile, in chunk_prep's
   /// rounding with W_A_SIDE: each Tm element times its column's factor (0 past the chunk's length)
-  /// rounded to bf16 as the A operand (from registers), K from the stage read N-major, two 64-column
-  /// halves of fp32 accumulators rounded to bf16 pairs. Tm is zero above the diagonal and in rows
-  /// past the length (chunk_solve's store, the loader's zero fill), so W's rows there are zero.
+  /// rounded to bf16 as the A operand (from registers), K from the stage read N-major, four
+  /// 32-column quarters of fp32 accumulators (16 beside the 16 A registers fit the warpgroup's 80)
+  /// rounded to bf16 pairs. Tm is zero above the diagonal and in rows past the length
+  /// (chunk_solve's store, the loader's zero fill), so W's rows there are zero.
   __device__ __forceinline__ static void form_w(unsigned char* smem, int s, int len, int warp, int lane) {
     const u32 t_addr = wg::smem_u32(tile(smem, s, kOffT)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
     const u32 sg = wg::smem_u32(smem + s * kStage + kOffG), sb = wg::smem_u32(smem + s * kStage + kOffB);
@@ -263,7 +264,6 @@ struct StateWalkBwdSm90 {
     }
 #pragma unroll
     for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(A[ks]);
-      // Four 32-column quarters: 16 accumulators beside the 16 A registers fit the warpgroup's 80.
 #pragma unroll
     for (int quarter = 0; quarter < 4; ++quarter) {
       float acc[16];
@@ -446,9 +446,6 @@ struct StateWalkBwdSm90 {
           bwd::st_global_v4(dst + (long long)r * V, wg::lds_v4(z_addr + sw128::offset(r, c8, K)));
       }
 
-      // W_u from the scores' warpgroup, waited for here where fewer registers are live than at
-      // its product (the walks are at the edge of their 200).
-      if constexpr (kFusesW) pipe::mbar_wait(wtile, u & 1);
       wg::wait<1>();  // D and dv_local^T
       wg::fence_acc(D);
       wg::fence_acc(Lc);
@@ -474,6 +471,9 @@ struct StateWalkBwdSm90 {
       }
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(Dn[ks]);
+      // W_u from the scores' warpgroup, as late as possible: it forms W_u once both walks are
+      // done with W_(u-1).
+      if constexpr (kFusesW) pipe::mbar_wait(wtile, u & 1);
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(Z, Dn[ks], wg::desc_mn_major(w_addr, C, ks), 1);
