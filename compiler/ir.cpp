@@ -197,6 +197,20 @@ LayerIR lower(const Spec& spec_in) {
   // the fused path's chunk_prep writes W alone (for the reverse walk).
   const bool writes_u = !fused || s.cp_segments > 1;
   ir.programs.back().constants.emplace_back("WRITES_U", writes_u ? "true" : "false");
+  // backward_w "walk": the reverse walk's sm_90a body forms W from Tm itself, so chunk_prep, whose
+  // only reader on that path is that walk, idles on sm_90a; elsewhere it forms W the same way
+  // (Tm's columns scaled in the A operand) for the portable walk.
+  const bool walk_bwd_sm90 = StateWalkBwdGeometry::sm90_body(K, V, C, ir.walk_bwd_bv, wgmma);
+  const bool walk_fuses_w = s.backward_w == BackwardW::walk;
+  if (walk_fuses_w && !(fused && s.cp_segments == 1 && s.cp_ranks == 1 && walk_bwd_sm90))
+    throw SpecError(
+        "/backward_w",
+        fmt::format("\"walk\" needs the fused forward (here {}), no segments or ranks (cp {} / {}) and "
+                    "the reverse walk's sm_90a body (tensor_cores \"auto\", 128-wide slabs, K = V = 128; "
+                    "here {}, slab {})",
+                    to_string(s.forward), s.cp_segments, s.cp_ranks, to_string(s.tensor_cores), ir.walk_bwd_bv));
+  ir.programs.back().constants.emplace_back("W_A_SIDE", walk_fuses_w ? "true" : "false");
+  if (walk_fuses_w) ir.programs.back().idle_on.push_back(Target::sm_90a);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
   // then walks every segment of every document as its own block.
   const int segments = s.cp_segments;
@@ -252,7 +266,6 @@ LayerIR lower(const Spec& spec_in) {
   // (whose prescan reads it) the program then has nothing to do on sm_90a, where it is neither
   // compiled nor launched (its empty blocks cost 0.018 ms at M). The other targets' walk reads
   // what it writes.
-  const bool walk_bwd_sm90 = StateWalkBwdGeometry::sm90_body(K, V, C, ir.walk_bwd_bv, wgmma);
   const bool walk_fuses_dv = walk_bwd_sm90 && s.cp_segments == 1;
   ir.programs.back().constants.emplace_back("WALK_FUSES_DV", walk_fuses_dv ? "true" : "false");
   if (walk_fuses_dv) ir.programs.back().idle_on.push_back(Target::sm_90a);
@@ -276,6 +289,7 @@ LayerIR lower(const Spec& spec_in) {
   // the entry's register count pinned, as for the fused walk); the other targets run the portable
   // body in the same 512-thread blocks.
   ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
+  ir.programs.back().constants.emplace_back("WALK_FUSES_W", walk_fuses_w ? "true" : "false");
   if (walk_bwd_sm90) ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
   // With wgmma the sm_90a kernel (one product per warpgroup) needs a little more shared memory;
   // the other targets' mma.sync kernel runs within it.

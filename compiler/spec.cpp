@@ -30,6 +30,8 @@ std::string_view to_string(ReuseTapes v) {
 }
 std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
 std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ? "auto" : "mma_sync"; }
+std::string_view to_string(BackwardW v) { return v == BackwardW::walk ? "walk" : "chunk_prep"; }
+
 std::string_view to_string(ForwardPath v) {
   switch (v) {
     case ForwardPath::programs: return "programs";
@@ -207,9 +209,26 @@ class Reader {
 Spec read_spec(const json& j) {
   Spec s;
   Reader r(j, "");
-  r.known({"name", "heads", "head_dim", "dtypes", "norm", "scale", "chunk", "save_mode", "reuse_recompute_tapes",
-           "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "forward", "initial_state",
-           "final_state", "targets", "cp"});
+  r.known({"name",
+           "heads",
+           "head_dim",
+           "dtypes",
+           "norm",
+           "scale",
+           "chunk",
+           "save_mode",
+           "reuse_recompute_tapes",
+           "deterministic",
+           "graph",
+           "tensor_cores",
+           "walk_slab",
+           "walk_bwd_slab",
+           "forward",
+           "backward_w",
+           "initial_state",
+           "final_state",
+           "targets",
+           "cp"});
   r.string("name", s.name, true);
   {
     Reader h(*r.get("heads", true), "/heads");
@@ -273,6 +292,7 @@ Spec read_spec(const json& j) {
   slab("walk_bwd_slab", s.walk_bwd_slab, true);
   r.choice("forward", s.forward,
            {{"programs", ForwardPath::programs}, {"fused", ForwardPath::fused}, {"auto", ForwardPath::automatic}});
+  r.choice("backward_w", s.backward_w, {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);
@@ -375,6 +395,7 @@ json to_json(const Spec& s) {
       {"walk_slab", s.walk_slab ? json(s.walk_slab) : json("auto")},
       {"walk_bwd_slab", s.walk_bwd_slab ? json(s.walk_bwd_slab) : json("auto")},
       {"forward", to_string(s.forward)},
+      {"backward_w", to_string(s.backward_w)},
       {"initial_state", s.initial_state == StateFlag::present},
       {"final_state", s.final_state == StateFlag::present},
       {"targets", targets},

@@ -155,6 +155,7 @@ Layer::Compiled Layer::compile_plan(CallPlan plan, int id, int index) const {
                                        return ir_.programs.at(static_cast<size_t>(l.program)).idle_for(target_);
                                      }),
                       plan.launches.end());
+  apply_target_fields(plan, target_);
   Compiled c;
   c.graph_id = (serial_ << 4) | static_cast<uint64_t>(index);
   if (host_path_ == HostPath::llvm_stub)

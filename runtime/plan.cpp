@@ -438,7 +438,15 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       }
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
     }
-    bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
+    auto& walk = b.launch("state_walk_bwd", sizeof(StateWalkBwdParams));
+    bind_walk_bwd(walk);
+    if (b.ir().spec.backward_w == BackwardW::walk) {
+      // On sm_90a the walk forms W from Tm and beta, in the places of w and seg_dz (no segments);
+      // the other targets' portable walk reads chunk_prep's W.
+      using P = StateWalkBwdParams;
+      walk.target_fields.push_back({Target::sm_90a, Field{offsetof(P, tm), sizeof(P::tm), b.slot("tm")}});
+      walk.target_fields.push_back({Target::sm_90a, Field{offsetof(P, beta), sizeof(P::beta), b.frame(F::beta)}});
+    }
   }
   {
     auto& l = b.launch("chunk_bwd", sizeof(ChunkBwdParams));
@@ -514,6 +522,17 @@ CallPlan plan_kcp_backward(const LayerIR& ir, PrepRerun rerun, KcpPhase phase) {
   size_t split = 0;
   CallPlan plan = backward_plan(ir, rerun, true, split);
   return phase_of(std::move(plan), split, phase, ir);
+}
+
+void apply_target_fields(CallPlan& plan, Target target) {
+  for (PlannedLaunch& l : plan.launches)
+    for (const auto& [t, field] : l.target_fields) {
+      if (t != target) continue;
+      bool replaced = false;
+      for (Field& f : l.fields)
+        if (f.offset == field.offset) f = field, replaced = true;
+      if (!replaced) l.fields.push_back(field);
+    }
 }
 
 void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, Launcher& launcher) {

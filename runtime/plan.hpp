@@ -96,6 +96,9 @@ struct PlannedLaunch {
   uint32_t params_size;
   std::array<Lin, 3> grid;
   std::vector<Field> fields;  ///< unlisted bytes are zero
+  /// Fields bound otherwise on one target, whose body reads other inputs through the same
+  /// parameter bytes (the layer applies them for its own target: apply_target_fields).
+  std::vector<std::pair<Target, Field>> target_fields;
 };
 
 struct CallPlan {
@@ -105,6 +108,9 @@ struct CallPlan {
   std::vector<ByteFormula> ws_slots;
   std::vector<PlannedLaunch> launches;
 };
+
+/// The plan's fields as the layer's target binds them (PlannedLaunch::target_fields).
+void apply_target_fields(CallPlan& plan, Target target);
 
 /// Which launches a plan contains.
 enum class OutputLaunch { yes, no };  ///< a recompute may skip the output program

@@ -217,7 +217,10 @@ struct DvLocalParams {
 struct StateWalkBwdParams {
   const bf16_t* q;
   const bf16_t* k;
-  const bf16_t* w;
+  union {
+    const bf16_t* w;   ///< [T, HV, K] chunk_prep's W
+    const bf16_t* tm;  ///< Cfg::WALK_FUSES_W: [T, HV, C] chunk_solve's Tm (the sm_90a body forms W)
+  };
   const float* gc;
   const bf16_t* d_o;
   const bf16_t* dv_local;
@@ -232,8 +235,11 @@ struct StateWalkBwdParams {
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), block z = n * SEGMENTS + segment as
   // in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
-  float* seg_dzm;       ///< [N * SEGMENTS, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
-  const float* seg_dz;  ///< [N * SEGMENTS, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
+  float* seg_dzm;  ///< [N * SEGMENTS, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
+  union {
+    const float* seg_dz;  ///< [N * SEGMENTS, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
+    const float* beta;    ///< Cfg::WALK_FUSES_W (which has no segments): [T, HV]
+  };
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.

@@ -107,6 +107,27 @@ TEST_SUITE("compile") {
     CHECK(per_program.size() == ir.programs.size());
   }
 
+  TEST_CASE("backward_w \"walk\": the walk that forms W compiles for sm_90a, chunk_prep's A-side W for sm_100a") {
+    auto spec = example("m");
+    spec.backward_w = gdn::BackwardW::walk;
+    std::map<std::string, int> spills;
+    int prep = 0;
+    for (const auto& e :
+         gdn::compile_layer(gdn::lower(spec), {gdn::Target::sm_90a, gdn::Target::sm_100a}, shared_cache(), 2)) {
+      CAPTURE(e.program);
+      CAPTURE(gdn::to_string(e.target));
+      if (e.program == "chunk_prep") {
+        CHECK(e.target == gdn::Target::sm_100a);
+        CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() == 0);
+        ++prep;
+      }
+      if (e.program == "state_walk_bwd" && e.target == gdn::Target::sm_90a)
+        // A few bytes in the loading and scoring warpgroups (off the walks' chain), none in the walks.
+        CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() <= 16);
+    }
+    CHECK(prep == 1);
+  }
+
   TEST_CASE("a truncated cubin is detected and rebuilt") {
     const auto ir = gdn::lower(example("n"));
     auto entries = gdn::compile_layer(ir, {gdn::Target::sm_90a}, shared_cache(), 2);

@@ -1340,6 +1340,47 @@ TEST_SUITE("gpu_fused") {
       }
   }
 
+  // backward_w "walk": the reverse walk's sm_90a body forms W from Tm (chunk_prep idles on
+  // sm_90a). Its gradients hold the fp64 bounds over tails, one-token and empty-ish documents,
+  // g = 0 and g = -20, and keep their own bits across repeats, full saves and ckpt with and
+  // without the hand-off. (Its W rounds Tm diag(beta e^gc) in bf16, chunk_prep's default rounds
+  // diag(beta e^gc) K: the bits differ from the default path's, the bounds do not.)
+  TEST_CASE("backward_w walk: fp64 bounds and its own bits in every call form") {
+    Spec spec = fused_of("m", "fused_m_walk_w");
+    spec.backward_w = BackwardW::walk;
+    const auto layer = make(spec);
+    for (const std::optional<double> gate :
+         {std::optional<double>{}, std::optional<double>{0.0}, std::optional<double>{-20.0}}) {
+      check::Case c;
+      c.seed = static_cast<uint64_t>(std::time(nullptr)) + 29;
+      c.doc_lens = {1, 63, 64, 65, 700, 2000};
+      c.gate_value = gate;
+      if (gate) c.beta_value = 1.0;
+      CAPTURE(gate.value_or(1.0));
+      expect_within_bounds(check::run(*layer, c), "backward_w walk");
+    }
+    check::Case c;
+    c.doc_lens = {1, 63, 64, 65, 3000, 700};
+    c.with_reference = false;
+    c.seed = 47;
+    c.step = check::Case::Step::fwd_bwd;
+    c.repeats = 3;
+    const check::Report light = check::run(*layer, c);
+    for (const auto& mm : light.mismatches) FAIL_CHECK("not bitwise equal: " << mm);
+    c.repeats = 1;
+    Spec full = spec;
+    full.name = "fused_m_walk_w_full";
+    full.save_mode = SaveMode::full;
+    expect_same_bits(light.bytes, check::run(*make(full), c), "backward_w walk: full vs light");
+    c.step = check::Case::Step::ckpt;
+    for (const ReuseTapes reuse : {ReuseTapes::yes, ReuseTapes::no}) {
+      Spec ckpt = spec;
+      ckpt.name = reuse == ReuseTapes::yes ? "fused_m_walk_w_handoff" : "fused_m_walk_w_rerun";
+      ckpt.reuse_recompute_tapes = reuse;
+      expect_same_bits(light.bytes, check::run(*make(ckpt), c), ckpt.name + " ckpt vs fwd+bwd");
+    }
+  }
+
   // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores
   // "mma_sync" runs the portable body. Every product keeps its k order and every element its
   // rounding, so o and ht must come out with the same bits (tails, empty and one-token documents).

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 
 namespace fs = std::filesystem;
 
@@ -168,6 +169,38 @@ TEST_SUITE("ir") {
     spec.cp_segments = 4;
     CHECK(constant_of(gdn::lower(spec).program("dv_local"), "WALK_FUSES_DV") == "false");
     CHECK(gdn::lower(spec).program("dv_local").idle_on.empty());
+  }
+
+  TEST_CASE("backward_w \"walk\": the reverse walk's sm_90a body forms W, chunk_prep idles on sm_90a") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto prep = gdn::lower(spec);
+    CHECK(constant_of(prep.program("chunk_prep"), "W_A_SIDE") == "false");
+    CHECK(constant_of(prep.program("state_walk_bwd"), "WALK_FUSES_W") == "false");
+    CHECK(prep.program("chunk_prep").idle_on.empty());
+    spec.backward_w = gdn::BackwardW::walk;
+    const auto walk = gdn::lower(spec);
+    CHECK(constant_of(walk.program("chunk_prep"), "W_A_SIDE") == "true");
+    CHECK(constant_of(walk.program("state_walk_bwd"), "WALK_FUSES_W") == "true");
+    CHECK(walk.program("chunk_prep").idle_for(gdn::Target::sm_90a));
+    CHECK_FALSE(walk.program("chunk_prep").idle_for(gdn::Target::sm_100a));
+    CHECK(walk.program("state_walk_bwd").smem_bytes == prep.program("state_walk_bwd").smem_bytes);
+    // It needs the fused forward without segments or ranks and the sm_90a reverse walk.
+    for (auto change : std::vector<std::function<void(gdn::Spec&)>>{
+             [](gdn::Spec& s) { s.forward = gdn::ForwardPath::programs; }, [](gdn::Spec& s) { s.cp_segments = 4; },
+             [](gdn::Spec& s) { s.cp_ranks = 2; }, [](gdn::Spec& s) { s.tensor_cores = gdn::TensorCores::mma_sync; },
+             [](gdn::Spec& s) { s.walk_bwd_slab = 64; }}) {
+      gdn::Spec bad = spec;
+      change(bad);
+      CHECK_THROWS_AS(gdn::lower(bad), gdn::SpecError);
+      try {
+        gdn::lower(bad);
+      } catch (const gdn::SpecError& e) {
+        CHECK(e.pointer() == "/backward_w");
+      }
+    }
+    CHECK_THROWS_WITH_AS(
+        gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"backward_w":"prep"})")),
+        "/backward_w: \"prep\" is not supported (supported: \"chunk_prep\", \"walk\")", gdn::SpecError);
   }
 
   TEST_CASE("forward \"fused\": chunk_solve solves Tm, fused_walk writes o, walk_tape the backward's tapes") {

@@ -7,6 +7,7 @@
 #include "tests/launch_recorder.hpp"
 
 #include "tests/golden.hpp"
+#include "params.cuh"
 
 #include <doctest/doctest.h>
 
@@ -105,6 +106,21 @@ TEST_SUITE("launches") {
     full.norm = Norm::none;
     full.initial_state = StateFlag::absent;
     testing::check_golden("launches_m_full_nonorm_noh0.txt", record(full, {1000, 2}));
+  }
+
+  TEST_CASE("backward_w \"walk\" on sm_90a: no chunk_prep, the reverse walk reads Tm and beta") {
+    Spec spec = example("m");
+    spec.backward_w = BackwardW::walk;
+    const std::string text = record(spec, {1000, 2});
+    CHECK(text.find("chunk_prep") == std::string::npos);
+    // w's and seg_dz's bytes carry Tm and beta (StateWalkBwdParams' unions).
+    const size_t walk = text.find("state_walk_bwd grid");
+    REQUIRE(walk != std::string::npos);
+    const std::string block = text.substr(walk, text.find("chunk_bwd grid", walk) - walk);
+    CHECK(block.find(fmt::format("[{:3}] saved.tm", offsetof(StateWalkBwdParams, tm))) != std::string::npos);
+    CHECK(block.find(fmt::format("[{:3}] beta", offsetof(StateWalkBwdParams, beta))) != std::string::npos);
+    CHECK(block.find("saved.w") == std::string::npos);
+    CHECK(block.find("ws.w") == std::string::npos);
   }
 
   TEST_CASE("every call plan launches what the IR's call form lists") {

@@ -92,7 +92,27 @@ struct StateWalkBwdSm90Layout {
   static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 128; }
   static constexpr int smem_bytes(int K, int chunk) { return off_vec(K, chunk) + 2 * 2 * vec_bytes(chunk) + 1024; }
   static_assert(kBarriers * 8 <= 128, "the mbarriers must fit before the vectors");
+
+  /// With W formed in the walk (WALK_FUSES_W): a stage holds K, Q, Tm, the dO slab, gc and beta,
+  /// and one W tile after the P tiles has its own full / empty barriers; the same total.
+  static constexpr int fw_off_t(int K, int chunk) { return 2 * chunk * K * 2; }
+  static constexpr int fw_off_o(int K, int chunk) { return fw_off_t(K, chunk) + chunk * chunk * 2; }
+  static constexpr int fw_off_g(int K, int chunk) { return fw_off_o(K, chunk) + chunk * 2 * kSlab * 2; }
+  static constexpr int fw_off_b(int K, int chunk) { return fw_off_g(K, chunk) + chunk * 4; }
+  static constexpr int fw_stage_bytes(int K, int chunk) { return align1k(fw_off_b(K, chunk) + chunk * 4); }
+  static constexpr int fw_off_staging(int K, int chunk) { return kStages * fw_stage_bytes(K, chunk); }
+  static constexpr int fw_off_p(int K, int chunk) { return fw_off_staging(K, chunk) + 2 * 2 * staging_bytes(K); }
+  static constexpr int fw_off_w(int K, int chunk) { return fw_off_p(K, chunk) + kPTiles * chunk * chunk * 2; }
+  static constexpr int fw_off_bar(int K, int chunk) { return fw_off_w(K, chunk) + chunk * K * 2; }
+  static constexpr int kFwBarriers = kBarriers + 2;  ///< and wfull, wempty
+  static constexpr int fw_off_vec(int K, int chunk) { return fw_off_bar(K, chunk) + 128; }
+  static constexpr int fw_smem_bytes(int K, int chunk) {
+    return fw_off_vec(K, chunk) + 2 * 2 * vec_bytes(chunk) + 1024;
+  }
+  static_assert(kFwBarriers * 8 <= 128, "the mbarriers must fit before the vectors");
 };
+static_assert(StateWalkBwdSm90Layout::fw_smem_bytes(128, 64) <= StateWalkBwdSm90Layout::smem_bytes(128, 64),
+              "W in the walk must fit the block's shared memory");
 
 constexpr int StateWalkBwdGeometry::smem_bytes_bv(int K, int chunk, int bvw) {
   return bvw == 128 && portable_smem_bytes_bv(K, chunk, bvw) < StateWalkBwdSm90Layout::smem_bytes(K, chunk)

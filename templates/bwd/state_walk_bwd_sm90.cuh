@@ -42,11 +42,19 @@ struct StateWalkBwdSm90 {
   using L = StateWalkBwdSm90Layout;
   static_assert(L::kThreads == StateWalkBwdGeometry::threads(128), "the sm_90a body runs the portable block size");
   static constexpr int kSlab = L::kSlab, kStages = L::kStages;
-  static constexpr int kStage = L::stage_bytes(K, C);
+  /// W formed here (the scores' warpgroup: W = bf16(Tm diag(beta exp2(gc))) K, chunk_prep's
+  /// product with W_A_SIDE) instead of loaded from chunk_prep: a stage holds Tm and beta instead
+  /// of W, and one W tile behind wfull / wempty passes it to the walks (read in their last product).
+  static constexpr bool kFusesW = Cfg::WALK_FUSES_W;
+  static constexpr int kStage = kFusesW ? L::fw_stage_bytes(K, C) : L::stage_bytes(K, C);
   static constexpr int kOffK = L::off_k(K, C), kOffQ = L::off_q(K, C), kOffW = L::off_w(K, C);
-  static constexpr int kOffO = L::off_o(K, C), kOffG = L::off_g(K, C);
-  static constexpr int kOffStaging = L::off_staging(K, C), kOffP = L::off_p(K, C);
-  static constexpr int kOffBar = L::off_bar(K, C), kOffVec = L::off_vec(K, C);
+  static constexpr int kOffT = L::fw_off_t(K, C), kOffB = L::fw_off_b(K, C), kOffWTile = L::fw_off_w(K, C);
+  static constexpr int kOffO = kFusesW ? L::fw_off_o(K, C) : L::off_o(K, C);
+  static constexpr int kOffG = kFusesW ? L::fw_off_g(K, C) : L::off_g(K, C);
+  static constexpr int kOffStaging = kFusesW ? L::fw_off_staging(K, C) : L::off_staging(K, C);
+  static constexpr int kOffP = kFusesW ? L::fw_off_p(K, C) : L::off_p(K, C);
+  static constexpr int kOffBar = kFusesW ? L::fw_off_bar(K, C) : L::off_bar(K, C);
+  static constexpr int kOffVec = kFusesW ? L::fw_off_vec(K, C) : L::off_vec(K, C);
   static constexpr int kStagingBytes = L::staging_bytes(K), kVecBytes = L::vec_bytes(C);
   static constexpr int kPTiles = L::kPTiles;
   // 32 + 80 + 2 x 200 = 4 x the pinned 128; the walks spill at 192, the scores at 72.
@@ -72,6 +80,7 @@ struct StateWalkBwdSm90 {
     mbar_t* const empty = bars + kStages;      // [kStages], 384 arrivals: the scores' and both walks' threads
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
+    mbar_t* const wtile = pempty + kPTiles;    // kFusesW: [0] wfull (128: the scores), [1] wempty (256: the walks)
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         pipe::mbar_init(full + s, 128);
@@ -80,6 +89,10 @@ struct StateWalkBwdSm90 {
       for (int b = 0; b < kPTiles; ++b) {
         pipe::mbar_init(pfull + b, 128);
         pipe::mbar_init(pempty + b, 256);
+      }
+      if (kFusesW) {
+        pipe::mbar_init(wtile, 128);
+        pipe::mbar_init(wtile + 1, 256);
       }
       pipe::fence_mbar_init();
     }
@@ -90,10 +103,10 @@ struct StateWalkBwdSm90 {
       loader(p, range, smem, full, empty);
     } else if (role == 1) {
       pipe::setmaxnreg_dec<kScoreRegs>();
-      scores(p, range, smem, full, empty, pfull, pempty);
+      scores(p, range, smem, full, empty, pfull, pempty, wtile);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
-      walk(p, range, smem, role - 2, full, empty, pfull, pempty);
+      walk(p, range, smem, role - 2, full, empty, pfull, pempty, wtile);
     }
   }
 
@@ -105,13 +118,23 @@ struct StateWalkBwdSm90 {
     const auto copy16 = [](void* d, const void* g, bool ok) { bwd::cp_async16(d, g, ok); };
     wg::load_tile_sw128<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
     wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
-    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffW), p.w + (t0 * HV + j) * K, (long long)HV * K, len, tid, copy16);
+    if constexpr (kFusesW)
+      wg::load_tile_sw128<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid,
+                                copy16);
+    else
+      wg::load_tile_sw128<C, K>(tile(smem, stage, kOffW), p.w + (t0 * HV + j) * K, (long long)HV * K, len, tid, copy16);
     wg::load_tile_sw128<C, BV>(tile(smem, stage, kOffO), p.d_o + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid,
                                copy16);
     if (tid < C) {
       float* const sg = reinterpret_cast<float*>(smem + stage * kStage + kOffG);
       const bool ok = tid < len;
-      bwd::cp_async4(sg + tid, ok ? p.gc + (t0 + tid) * HV + j : p.gc, ok);
+      if constexpr (kFusesW) {
+        const long long at = ok ? (t0 + tid) * HV + j : 0;
+        bwd::cp_async4(sg + tid, p.gc + at, ok);
+        bwd::cp_async4(sg + C + tid, p.beta + at, ok);  // beta follows gc (fw_off_b)
+      } else {
+        bwd::cp_async4(sg + tid, ok ? p.gc + (t0 + tid) * HV + j : p.gc, ok);
+      }
     }
   }
 
@@ -140,7 +163,7 @@ struct StateWalkBwdSm90 {
   /// read its previous scores (chunk u - 2).
   __device__ __forceinline__ static void scores(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
                                                 unsigned char* smem, mbar_t* full, mbar_t* empty, mbar_t* pfull,
-                                                mbar_t* pempty) {
+                                                mbar_t* pempty, mbar_t* wtile) {
     const int tid = threadIdx.x - 128, warp = tid >> 5, lane = tid & 31;
     const int c_last = range.end - 1, nc = range.end - range.begin;
     const float scale = p.scale;
@@ -195,9 +218,75 @@ struct StateWalkBwdSm90 {
       }
       wg::fence_smem_for_async();  // the walks' wgmma read P through the async proxy
       pipe::mbar_arrive(pfull + b);
+      if constexpr (kFusesW) {
+        // The walks read W_(u-1) in their last product of chunk u - 1: the tile is free once both
+        // have arrived after it.
+        if (u >= 1) pipe::mbar_wait(wtile + 1, (u - 1) & 1);
+        form_w(smem, s, len, warp, lane);
+        wg::fence_smem_for_async();  // the walks' wgmma read W through the async proxy
+        pipe::mbar_arrive(wtile);
+      }
       pipe::mbar_arrive(empty + s);  // this warpgroup's reads of the stage are done (wait<0> above)
       if (++s == kStages) s = 0, phase ^= 1;
     }
+  }
+
+  /// W = bf16(bf16(Tm diag(beta exp2(gc))) K) of the stage's chunk into the W tile, in chunk_prep's
+  /// rounding with W_A_SIDE: each Tm element times its column's factor (0 past the chunk's length)
+  /// rounded to bf16 as the A operand (from registers), K from the stage read N-major, four
+  /// 32-column quarters of fp32 accumulators (16 beside the 16 A registers fit the warpgroup's 80)
+  /// rounded to bf16 pairs. Tm is zero above the diagonal and in rows past the length
+  /// (chunk_solve's store, the loader's zero fill), so W's rows there are zero.
+  __device__ __forceinline__ static void form_w(unsigned char* smem, int s, int len, int warp, int lane) {
+    const u32 t_addr = wg::smem_u32(tile(smem, s, kOffT)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
+    const u32 sg = wg::smem_u32(smem + s * kStage + kOffG), sb = wg::smem_u32(smem + s * kStage + kOffB);
+    const u32 w_addr = wg::smem_u32(smem + kOffWTile);
+    // The row and column of the thread are laundered per call: loop-invariant, the compiler would
+    // hoist every swizzled address of the tiles out of the chunk loop and spill them.
+    int r_lo = warp * 16 + (lane >> 2), tq = (lane & 3) * 2;
+    asm volatile("" : "+r"(r_lo), "+r"(tq));
+    const int r_hi = r_lo + 8;
+    u32 A[C / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < C / 16; ++ks) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {  // columns 16 ks + 8 half + tq, + 1
+        const int c = 16 * ks + 8 * half + tq;
+        const float2 g2 = wg::lds_f32x2(sg + 4 * c), b2 = wg::lds_f32x2(sb + 4 * c);
+        const float d0 = c < len ? b2.x * exp2f(g2.x) : 0.f, d1 = c + 1 < len ? b2.y * exp2f(g2.y) : 0.f;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const u32 x = lds_u32_at(t_addr + sw128::offset(h ? r_hi : r_lo, c, C));
+          A[ks][2 * half + h] =
+              pack(bf2f(static_cast<bf16_t>(x & 0xffffu)) * d0, bf2f(static_cast<bf16_t>(x >> 16)) * d1);
+        }
+      }
+    }
+#pragma unroll
+    for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(A[ks]);
+#pragma unroll
+    for (int quarter = 0; quarter < 4; ++quarter) {
+      float acc[16];
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks)
+        wg::mma_rs_k16<32, 1>(acc, A[ks], wg::desc_mn_major_cols(k_addr, C, 32 * quarter, ks), ks > 0 ? 1 : 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_acc(acc);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          wg::sts_u32(w_addr + sw128::offset(h ? r_hi : r_lo, 32 * quarter + 8 * i + tq, C),
+                      pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]));
+    }
+  }
+
+  __device__ __forceinline__ static u32 lds_u32_at(u32 a) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
+    return v;
   }
 
   /// The A fragment of k-step ks of an m64nN accumulator (columns 16 ks .. 16 ks + 15), rounded.
@@ -212,7 +301,7 @@ struct StateWalkBwdSm90 {
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
   __device__ __forceinline__ static void walk(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
                                               unsigned char* smem, int slab, mbar_t* full, mbar_t* empty, mbar_t* pfull,
-                                              mbar_t* pempty) {
+                                              mbar_t* pempty, mbar_t* wtile) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
     const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
     const int seg = Cfg::SEGMENTS > 1 ? static_cast<int>(blockIdx.z) % Cfg::SEGMENTS : 0;
@@ -273,7 +362,7 @@ struct StateWalkBwdSm90 {
       const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
       const u32 k_addr = wg::smem_u32(tile(smem, s, kOffK));
       const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ));
-      const u32 w_addr = wg::smem_u32(tile(smem, s, kOffW));
+      const u32 w_addr = kFusesW ? wg::smem_u32(smem + kOffWTile) : wg::smem_u32(tile(smem, s, kOffW));
       const u32 o_addr = wg::smem_u32(tile(smem, s, kOffO)) + slab * C * 128;  // the slab's 64-column block
       const u32 z_addr = st0 + b * kStagingBytes, dv_addr = st0 + (b ^ 1) * kStagingBytes;
 
@@ -382,6 +471,9 @@ struct StateWalkBwdSm90 {
       }
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(Dn[ks]);
+      // W_u from the scores' warpgroup, as late as possible: it forms W_u once both walks are
+      // done with W_(u-1).
+      if constexpr (kFusesW) pipe::mbar_wait(wtile, u & 1);
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(Z, Dn[ks], wg::desc_mn_major(w_addr, C, ks), 1);
@@ -397,7 +489,8 @@ struct StateWalkBwdSm90 {
       wg::wait<0>();
       wg::fence_acc(Z);
       // Every thread arrives after its own reads of the stage (the ldmatrix reads and, through
-      // wait<0>, the tensor cores').
+      // wait<0>, the tensor cores'), and of the W tile.
+      if constexpr (kFusesW) pipe::mbar_arrive(wtile + 1);
       pipe::mbar_arrive(empty + s);
       if (++s == kStages) s = 0, phase ^= 1;
     }

@@ -152,11 +152,26 @@ __device__ __forceinline__ void gate_scores(u32 (&Pa)[C / 16][4], const float (&
   }
 }
 
+/// No factor: Tm's A fragments as they are.
+struct NoColumnFactor {
+  static constexpr bool kScales = false;
+  __device__ float operator()(int) const { return 1.f; }
+};
+/// W's factor of chunk row c: beta_c exp2(gc_c), 0 past the chunk's length (shared memory vectors).
+struct BetaGateFactor {
+  static constexpr bool kScales = true;
+  const float *g, *b;
+  int len;
+  __device__ float operator()(int c) const { return c < len ? b[c] * exp2f(g[c]) : 0.f; }
+};
+
 /// acc = Tm X for row block rb (16 rows) and the NC columns from c0 of X: Tm (sT, row stride LDT)
 /// is lower triangular, so only its k-blocks 0..rb are read; X is a padded row-major tile [C][..].
-template <int C, int NC, int LDT, int LDX>
+/// With a scaling `col_factor`, Tm's column c is multiplied by col_factor(c) and rounded to bf16 in
+/// the A fragments (W_A_SIDE: the reverse walk's sm_90a body forms W the same way).
+template <int C, int NC, int LDT, int LDX, class ColFactor = NoColumnFactor>
 __device__ __forceinline__ void lower_tri_product(float (&acc)[NC / 8][4], const bf16_t* sT, const bf16_t* sX, int rb,
-                                                  int c0) {
+                                                  int c0, ColFactor col_factor = {}) {
 #pragma unroll
   for (int n = 0; n < NC / 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 #pragma unroll
@@ -164,6 +179,15 @@ __device__ __forceinline__ void lower_tri_product(float (&acc)[NC / 8][4], const
     if (kk > rb) break;
     u32 a[4];
     load_a(a, sT, LDT, rb * 16, kk * 16);
+    if constexpr (ColFactor::kScales) {
+      const int tq = (threadIdx.x & 3) * 2;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {  // register q: columns kk * 16 + 8 (q / 2) + tq, + 1
+        const int c = kk * 16 + ((q >> 1) << 3) + tq;
+        a[q] = pack_f2bf(bf2f(static_cast<bf16_t>(a[q] & 0xffffu)) * col_factor(c),
+                         bf2f(static_cast<bf16_t>(a[q] >> 16)) * col_factor(c + 1));
+      }
+    }
 #pragma unroll
     for (int np = 0; np < NC / 16; ++np) {
       u32 b[4];
@@ -238,14 +262,20 @@ struct ChunkPrep {
     fwd::cp_async_wait<0>();
     __syncthreads();
 
-    // Row-scale the operands in place (FLA rounds them to bf16 before the W/U products).
-    scale_rows<K, LDK>(sK, [&](int r) { return r < len ? sb[r] * exp2f(sg[r]) : 0.f; });
-    __syncthreads();
-
     // W then U; warp w owns output rows 16 (w % 4) .. +15 and column half w / 4 and, Tm being
     // lower triangular, needs only the k-blocks 0..w % 4. Results are staged in the warp's own
-    // part of the consumed operand tile.
-    wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq);
+    // part of the consumed operand tile. The factors beta exp2(gc) go on K's rows in place
+    // (FLA's rounding: bf16(diag(beta exp2(gc)) K)), or with Cfg::W_A_SIDE on Tm's columns in the
+    // A fragments (bf16(Tm diag(beta exp2(gc))) K: the reverse walk's sm_90a body can form that W
+    // without a scratch tile, and every program that reads W must see the same bits).
+    if constexpr (Cfg::W_A_SIDE) {
+      wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq,
+                         fwd::BetaGateFactor{sg, sb, len});
+    } else {
+      scale_rows<K, LDK>(sK, [&](int r) { return r < len ? sb[r] * exp2f(sg[r]) : 0.f; });
+      __syncthreads();
+      wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq);
+    }
     if (!Cfg::WRITES_U) return;
     scale_rows<V, LDV>(sV, [&](int r) { return sb[r]; });
     __syncthreads();
@@ -267,13 +297,13 @@ struct ChunkPrep {
     }
   }
 
-  template <int D, int LD>
+  template <int D, int LD, class ColFactor = fwd::NoColumnFactor>
   __device__ static void wu_product(const bf16_t* sTb, bf16_t* sX, bf16_t* dst, long long dst_stride, int len, int warp,
-                                    int lane, int gr, int tq) {
+                                    int lane, int gr, int tq, ColFactor col_factor = {}) {
     constexpr int kHalf = D / 2;
     const int rb = warp & 3, c0 = (warp >> 2) * kHalf;
     float acc[kHalf / 8][4];
-    fwd::lower_tri_product<C, kHalf, LDT, LD>(acc, sTb, sX, rb, c0);
+    fwd::lower_tri_product<C, kHalf, LDT, LD>(acc, sTb, sX, rb, c0, col_factor);
     __syncthreads();  // every warp is done reading sX
 #pragma unroll
     for (int n = 0; n < kHalf / 8; ++n) {
