@@ -28,8 +28,7 @@ def timed(fn, op, x, leaves, flush, samples, hold_cycles, grads_to_none):
     gpu, host = [], []
     for _ in range(samples):
         if grads_to_none:
-            for t in leaves:
-                t.grad = None
+            compare.drop_grads(leaves)
         torch.cuda.synchronize()
         if hold_cycles:
             torch.cuda._sleep(hold_cycles)
@@ -78,8 +77,7 @@ def main():
                 if args.profile:
                     prof = cProfile.Profile()
                     for _ in range(args.profile):
-                        for t in leaves:
-                            t.grad = None
+                        compare.drop_grads(leaves)
                         torch.cuda.synchronize()
                         torch.cuda._sleep(hold)
                         prof.enable()

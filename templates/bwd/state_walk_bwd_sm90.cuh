@@ -256,7 +256,7 @@ struct StateWalkBwdSm90 {
         const float d0 = c < len ? b2.x * exp2f(g2.x) : 0.f, d1 = c + 1 < len ? b2.y * exp2f(g2.y) : 0.f;
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const u32 x = lds_u32_at(t_addr + sw128::offset(h ? r_hi : r_lo, c, C));
+          const u32 x = wg::lds_u32(t_addr + sw128::offset(h ? r_hi : r_lo, c, C));
           A[ks][2 * half + h] =
               pack(bf2f(static_cast<bf16_t>(x & 0xffffu)) * d0, bf2f(static_cast<bf16_t>(x >> 16)) * d1);
         }
@@ -281,12 +281,6 @@ struct StateWalkBwdSm90 {
           wg::sts_u32(w_addr + sw128::offset(h ? r_hi : r_lo, 32 * quarter + 8 * i + tq, C),
                       pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]));
     }
-  }
-
-  __device__ __forceinline__ static u32 lds_u32_at(u32 a) {
-    u32 v;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a));
-    return v;
   }
 
   /// The A fragment of k-step ks of an m64nN accumulator (columns 16 ks .. 16 ks + 15), rounded.

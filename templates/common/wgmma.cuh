@@ -224,6 +224,11 @@ __device__ __forceinline__ float lds_f32(u32 a) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(a) : "memory");
   return v;
 }
+__device__ __forceinline__ u32 lds_u32(u32 a) {
+  u32 v;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(a) : "memory");
+  return v;
+}
 __device__ __forceinline__ float2 lds_f32x2(u32 a) {
   float2 v;
   asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(a) : "memory");
