@@ -7,11 +7,11 @@
  *
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
- *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w (backward_w "walk"),
- * seg2 .. seg16, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto (and
- *                 cp.segments "auto"), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3
- *                 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without
- *                 the all-gather, whose records stay as the last call left them)
+ *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
+ * "walk", "chunk_prep"), seg2 .. seg16, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"),
+ * fused-seg-auto (and cp.segments "auto"), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3 (rank r of
+ * a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather, whose records stay as
+ * the last call left them)
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -358,7 +358,7 @@ struct Bench {
   int walk_bwd_slab = 0;                              ///< --walk-bwd-slab: likewise
   int segments = 1;                                   ///< --segments: the base spec's cp.segments (0: "auto")
   ForwardPath forward = ForwardPath::automatic;       ///< --forward: the base spec's forward
-  BackwardW backward_w = BackwardW::chunk_prep;       ///< --backward-w: the base spec's backward_w
+  BackwardW backward_w = BackwardW::automatic;        ///< --backward-w: the base spec's backward_w
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -406,13 +406,13 @@ struct Bench {
 
 struct ArmKind {
   bool graph_replay, handoff, mma_sync;
-  int walk_slab = 0;                     ///< the spec's walk_slab (0: the base spec's)
-  int walk_bwd_slab = 0;                 ///< the spec's walk_bwd_slab (0: the base spec's)
-  int segments = 0;                      ///< the spec's cp.segments (0: the base spec's, -1: "auto")
-  std::optional<ForwardPath> forward{};  ///< the spec's forward (none: the base spec's)
-  int ranks = 0;                         ///< the spec's cp.ranks (0: the base spec's)
-  int rank = -1;                         ///< >= 0: time this rank's phases only
-  bool walk_w = false;                   ///< backward_w "walk" (the reverse walk forms W)
+  int walk_slab = 0;                      ///< the spec's walk_slab (0: the base spec's)
+  int walk_bwd_slab = 0;                  ///< the spec's walk_bwd_slab (0: the base spec's)
+  int segments = 0;                       ///< the spec's cp.segments (0: the base spec's, -1: "auto")
+  std::optional<ForwardPath> forward{};   ///< the spec's forward (none: the base spec's)
+  int ranks = 0;                          ///< the spec's cp.ranks (0: the base spec's)
+  int rank = -1;                          ///< >= 0: time this rank's phases only
+  std::optional<BackwardW> backward_w{};  ///< the spec's backward_w (none: the base spec's)
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -443,7 +443,8 @@ const std::map<std::string, ArmKind> kArms = {
     {"kcp4r1", {false, true, false, 0, 0, 0, std::nullopt, 4, 1}},
     {"kcp4r2", {false, true, false, 0, 0, 0, std::nullopt, 4, 2}},
     {"kcp4r3", {false, true, false, 0, 0, 0, std::nullopt, 4, 3}},
-    {"walk-w", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, true}},  // backward_w "walk"
+    {"walk-w", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, BackwardW::walk}},        // the reverse walk forms W
+    {"prep-w", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, BackwardW::chunk_prep}},  // chunk_prep re-runs
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -465,7 +466,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).walk_bwd_slab != 0) s.walk_bwd_slab = kArms.at(name).walk_bwd_slab;
       if (kArms.at(name).segments != 0) s.cp_segments = std::max(0, kArms.at(name).segments);
       if (kArms.at(name).forward) s.forward = *kArms.at(name).forward;
-      if (kArms.at(name).walk_w) s.backward_w = BackwardW::walk;
+      if (kArms.at(name).backward_w) s.backward_w = *kArms.at(name).backward_w;
       if (kArms.at(name).ranks != 0) {
         s.cp_ranks = kArms.at(name).ranks;
         s.cp_segments = 1;  // the ranks' pieces are the segments
@@ -632,8 +633,8 @@ int main(int argc, char** argv) {
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
          "(both 64), seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused "
          "(forward \"programs\", \"fused\"), fused-seg-auto, ranks2, ranks4 (cp.ranks: the single-GPU proxy), "
-         "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w "
-         "(backward_w \"walk\")")
+         "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
+         "(backward_w \"walk\", \"chunk_prep\")")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);
@@ -663,9 +664,10 @@ int main(int argc, char** argv) {
   app.add_option("--forward", forward,
                  "the specs' forward (\"fused\": the walk and the output in one program; \"auto\": the layer's rule)")
       ->check(CLI::IsMember({"programs", "fused", "auto"}));
-  std::string backward_w = "chunk_prep";
-  app.add_option("--backward-w", backward_w, "the specs' backward_w (\"walk\": the reverse walk forms W on sm_90a)")
-      ->check(CLI::IsMember({"chunk_prep", "walk"}));
+  std::string backward_w = "auto";
+  app.add_option("--backward-w", backward_w,
+                 "the specs' backward_w (\"walk\": the reverse walk forms W on sm_90a; \"auto\": wherever it can)")
+      ->check(CLI::IsMember({"chunk_prep", "walk", "auto"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
@@ -686,7 +688,9 @@ int main(int argc, char** argv) {
     b.forward = forward == "fused"      ? ForwardPath::fused
                 : forward == "programs" ? ForwardPath::programs
                                         : ForwardPath::automatic;
-    b.backward_w = backward_w == "walk" ? BackwardW::walk : BackwardW::chunk_prep;
+    b.backward_w = backward_w == "walk"         ? BackwardW::walk
+                   : backward_w == "chunk_prep" ? BackwardW::chunk_prep
+                                                : BackwardW::automatic;
     fmt::print(
         "device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}, segments {}, forward {}, backward_w "
         "{}\n",

@@ -198,18 +198,23 @@ LayerIR lower(const Spec& spec_in) {
   const bool writes_u = !fused || s.cp_segments > 1;
   ir.programs.back().constants.emplace_back("WRITES_U", writes_u ? "true" : "false");
   // backward_w "walk": the reverse walk's sm_90a body forms W from Tm itself, so chunk_prep, whose
-  // only reader on that path is that walk, idles on sm_90a; elsewhere it forms W the same way
-  // (Tm's columns scaled in the A operand) for the portable walk.
+  // only reader on that path is that walk, idles on sm_90a. chunk_prep forms W the same way on
+  // every path (Tm's columns scaled in the A operand), so the portable walk, the prescans and the
+  // programs forward read the walk's bits and the choice moves work only.
   const bool walk_bwd_sm90 = StateWalkBwdGeometry::sm90_body(K, V, C, ir.walk_bwd_bv, wgmma);
+  const bool walk_can_fuse_w = fused && s.cp_segments == 1 && s.cp_ranks == 1 && walk_bwd_sm90;
+  if (s.backward_w == BackwardW::automatic) {
+    ir.backward_w_auto = true;
+    ir.spec.backward_w = walk_can_fuse_w ? BackwardW::walk : BackwardW::chunk_prep;
+  }
   const bool walk_fuses_w = s.backward_w == BackwardW::walk;
-  if (walk_fuses_w && !(fused && s.cp_segments == 1 && s.cp_ranks == 1 && walk_bwd_sm90))
+  if (walk_fuses_w && !walk_can_fuse_w)
     throw SpecError(
         "/backward_w",
         fmt::format("\"walk\" needs the fused forward (here {}), no segments or ranks (cp {} / {}) and "
                     "the reverse walk's sm_90a body (tensor_cores \"auto\", 128-wide slabs, K = V = 128; "
                     "here {}, slab {})",
                     to_string(s.forward), s.cp_segments, s.cp_ranks, to_string(s.tensor_cores), ir.walk_bwd_bv));
-  ir.programs.back().constants.emplace_back("W_A_SIDE", walk_fuses_w ? "true" : "false");
   if (walk_fuses_w) ir.programs.back().idle_on.push_back(Target::sm_90a);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
   // then walks every segment of every document as its own block.
@@ -545,6 +550,11 @@ std::string to_text(const LayerIR& ir) {
         fmt::format("forward: auto -> {} (fused when one document has {} or more fused walks, value heads x V / "
                     "{}; here {})",
                     to_string(s.forward), kAutoFusedMinWalks, FusedWalkGeometry::kBV, fused_walks_per_document(s)));
+  if (ir.backward_w_auto)
+    line(
+        fmt::format("backward_w: auto -> {} (the reverse walk forms W where it runs its sm_90a body: fused "
+                    "forward, no segments or ranks, tensor_cores \"auto\", 128-wide backward slabs, K = V = 128)",
+                    to_string(s.backward_w)));
   if (ir.segments_auto)
     line(ir.seg_min_chunks > 0
              ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "

@@ -113,6 +113,8 @@ struct LayerIR {
   int extra_chunks = 0;
   /// forward "auto": spec.forward holds the path lower() picked from the layer.
   bool forward_auto = false;
+  /// backward_w "auto": spec.backward_w holds the choice lower() made (the walk wherever it can).
+  bool backward_w_auto = false;
   int seg_min_chunks = 0;
   std::vector<Program> programs;
   std::vector<Buffer> buffers;

@@ -30,7 +30,14 @@ std::string_view to_string(ReuseTapes v) {
 }
 std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
 std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ? "auto" : "mma_sync"; }
-std::string_view to_string(BackwardW v) { return v == BackwardW::walk ? "walk" : "chunk_prep"; }
+std::string_view to_string(BackwardW v) {
+  switch (v) {
+    case BackwardW::chunk_prep: return "chunk_prep";
+    case BackwardW::walk: return "walk";
+    case BackwardW::automatic: return "auto";
+  }
+  return "?";
+}
 
 std::string_view to_string(ForwardPath v) {
   switch (v) {
@@ -292,7 +299,8 @@ Spec read_spec(const json& j) {
   slab("walk_bwd_slab", s.walk_bwd_slab, true);
   r.choice("forward", s.forward,
            {{"programs", ForwardPath::programs}, {"fused", ForwardPath::fused}, {"auto", ForwardPath::automatic}});
-  r.choice("backward_w", s.backward_w, {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}});
+  r.choice("backward_w", s.backward_w,
+           {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}, {"auto", BackwardW::automatic}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);

@@ -33,8 +33,9 @@ enum class TensorCores { automatic, mma_sync };
 /// chunk_solve's Tm (no W, U or tapes in the forward; the backward re-runs the pair that makes them);
 /// "auto" = lower() picks one from the layer alone (LayerIR::forward_auto, `gdnc ir` prints the rule).
 enum class ForwardPath { programs, fused, automatic };
-/// Where the reverse walk's W comes from: chunk_prep's re-run, or (sm_90a) the walk itself.
-enum class BackwardW { chunk_prep, walk };
+/// Where the reverse walk's W comes from: chunk_prep's re-run, or (sm_90a) the walk itself; "auto"
+/// = the walk wherever it can (LayerIR::backward_w_auto; the same bits either way).
+enum class BackwardW { chunk_prep, walk, automatic };
 enum class Determinism { deterministic, nondeterministic };
 enum class Target { sm_90a, sm_100a, sm_103a };
 enum class StateFlag { absent, present };
@@ -95,9 +96,9 @@ struct Spec {
   /// blocks per SM) or 64 (16 warps, one block per SM: half the Q, K and W re-reads).
   int walk_bwd_slab = 0;
   ForwardPath forward = ForwardPath::automatic;
-  /// "walk": the reverse walk's sm_90a body forms W from Tm (no chunk_prep re-run on sm_90a), and
-  /// every program that forms W rounds it the walk's way (docs/design_fused_bwd_sm90.md).
-  BackwardW backward_w = BackwardW::chunk_prep;
+  /// "walk": the reverse walk's sm_90a body forms W from Tm (no chunk_prep re-run on sm_90a). Every
+  /// program that forms W rounds it the walk's way, so the choice moves work, not bits.
+  BackwardW backward_w = BackwardW::automatic;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};

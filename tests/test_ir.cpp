@@ -173,14 +173,16 @@ TEST_SUITE("ir") {
 
   TEST_CASE("backward_w \"walk\": the reverse walk's sm_90a body forms W, chunk_prep idles on sm_90a") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.backward_w = gdn::BackwardW::chunk_prep;
     const auto prep = gdn::lower(spec);
-    CHECK(constant_of(prep.program("chunk_prep"), "W_A_SIDE") == "false");
+    CHECK_FALSE(prep.backward_w_auto);
     CHECK(constant_of(prep.program("state_walk_bwd"), "WALK_FUSES_W") == "false");
     CHECK(prep.program("chunk_prep").idle_on.empty());
     spec.backward_w = gdn::BackwardW::walk;
     const auto walk = gdn::lower(spec);
-    CHECK(constant_of(walk.program("chunk_prep"), "W_A_SIDE") == "true");
     CHECK(constant_of(walk.program("state_walk_bwd"), "WALK_FUSES_W") == "true");
+    // chunk_prep's product is the same program either way: only where it runs changes.
+    CHECK(walk.program("chunk_prep").constants == prep.program("chunk_prep").constants);
     CHECK(walk.program("chunk_prep").idle_for(gdn::Target::sm_90a));
     CHECK_FALSE(walk.program("chunk_prep").idle_for(gdn::Target::sm_100a));
     CHECK(walk.program("state_walk_bwd").smem_bytes == prep.program("state_walk_bwd").smem_bytes);
@@ -200,7 +202,29 @@ TEST_SUITE("ir") {
     }
     CHECK_THROWS_WITH_AS(
         gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"backward_w":"prep"})")),
-        "/backward_w: \"prep\" is not supported (supported: \"chunk_prep\", \"walk\")", gdn::SpecError);
+        "/backward_w: \"prep\" is not supported (supported: \"chunk_prep\", \"walk\", \"auto\")", gdn::SpecError);
+  }
+
+  TEST_CASE("backward_w \"auto\": the walk forms W wherever it can, chunk_prep elsewhere, and the IR says so") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    CHECK(spec.backward_w == gdn::BackwardW::automatic);
+    const auto m = gdn::lower(spec);
+    CHECK(m.backward_w_auto);
+    CHECK(m.spec.backward_w == gdn::BackwardW::walk);
+    CHECK(m.program("chunk_prep").idle_for(gdn::Target::sm_90a));
+    CHECK(gdn::to_text(m).find("backward_w: auto -> walk") != std::string::npos);
+    for (auto change : std::vector<std::function<void(gdn::Spec&)>>{
+             [](gdn::Spec& s) { s.forward = gdn::ForwardPath::programs; }, [](gdn::Spec& s) { s.cp_segments = 4; },
+             [](gdn::Spec& s) { s.cp_ranks = 2; }, [](gdn::Spec& s) { s.tensor_cores = gdn::TensorCores::mma_sync; },
+             [](gdn::Spec& s) { s.walk_bwd_slab = 64; }}) {
+      gdn::Spec other = spec;
+      change(other);
+      const auto ir = gdn::lower(other);
+      CHECK(ir.spec.backward_w == gdn::BackwardW::chunk_prep);
+      CHECK(constant_of(ir.program("state_walk_bwd"), "WALK_FUSES_W") == "false");
+      CHECK(ir.program("chunk_prep").idle_on.empty());
+      CHECK(gdn::to_text(ir).find("backward_w: auto -> chunk_prep") != std::string::npos);
+    }
   }
 
   TEST_CASE("forward \"fused\": chunk_solve solves Tm, fused_walk writes o, walk_tape the backward's tapes") {

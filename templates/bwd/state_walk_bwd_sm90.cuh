@@ -43,7 +43,7 @@ struct StateWalkBwdSm90 {
   static_assert(L::kThreads == StateWalkBwdGeometry::threads(128), "the sm_90a body runs the portable block size");
   static constexpr int kSlab = L::kSlab, kStages = L::kStages;
   /// W formed here (the scores' warpgroup: W = bf16(Tm diag(beta exp2(gc))) K, chunk_prep's
-  /// product with W_A_SIDE) instead of loaded from chunk_prep: a stage holds Tm and beta instead
+  /// product and rounding) instead of loaded from chunk_prep: a stage holds Tm and beta instead
   /// of W, and one W tile behind wfull / wempty passes it to the walks (read in their last product).
   static constexpr bool kFusesW = Cfg::WALK_FUSES_W;
   static constexpr int kStage = kFusesW ? L::fw_stage_bytes(K, C) : L::stage_bytes(K, C);
@@ -232,7 +232,7 @@ struct StateWalkBwdSm90 {
   }
 
   /// W = bf16(bf16(Tm diag(beta exp2(gc))) K) of the stage's chunk into the W tile, in chunk_prep's
-  /// rounding with W_A_SIDE: each Tm element times its column's factor (0 past the chunk's length)
+  /// rounding: each Tm element times its column's factor (0 past the chunk's length)
   /// rounded to bf16 as the A operand (from registers), K from the stage read N-major, four
   /// 32-column quarters of fp32 accumulators (16 beside the 16 A registers fit the warpgroup's 80)
   /// rounded to bf16 pairs. Tm is zero above the diagonal and in rows past the length

@@ -168,7 +168,7 @@ struct BetaGateFactor {
 /// acc = Tm X for row block rb (16 rows) and the NC columns from c0 of X: Tm (sT, row stride LDT)
 /// is lower triangular, so only its k-blocks 0..rb are read; X is a padded row-major tile [C][..].
 /// With a scaling `col_factor`, Tm's column c is multiplied by col_factor(c) and rounded to bf16 in
-/// the A fragments (W_A_SIDE: the reverse walk's sm_90a body forms W the same way).
+/// the A fragments (W: the reverse walk's sm_90a body forms it the same way).
 template <int C, int NC, int LDT, int LDX, class ColFactor = NoColumnFactor>
 __device__ __forceinline__ void lower_tri_product(float (&acc)[NC / 8][4], const bf16_t* sT, const bf16_t* sX, int rb,
                                                   int c0, ColFactor col_factor = {}) {
@@ -264,18 +264,12 @@ struct ChunkPrep {
 
     // W then U; warp w owns output rows 16 (w % 4) .. +15 and column half w / 4 and, Tm being
     // lower triangular, needs only the k-blocks 0..w % 4. Results are staged in the warp's own
-    // part of the consumed operand tile. The factors beta exp2(gc) go on K's rows in place
-    // (FLA's rounding: bf16(diag(beta exp2(gc)) K)), or with Cfg::W_A_SIDE on Tm's columns in the
-    // A fragments (bf16(Tm diag(beta exp2(gc))) K: the reverse walk's sm_90a body can form that W
-    // without a scratch tile, and every program that reads W must see the same bits).
-    if constexpr (Cfg::W_A_SIDE) {
-      wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq,
-                         fwd::BetaGateFactor{sg, sb, len});
-    } else {
-      scale_rows<K, LDK>(sK, [&](int r) { return r < len ? sb[r] * exp2f(sg[r]) : 0.f; });
-      __syncthreads();
-      wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq);
-    }
+    // part of the consumed operand tile. The factors beta exp2(gc) go on Tm's columns in the A
+    // fragments, W = bf16(Tm diag(beta exp2(gc))) K, not on K's rows as FLA rounds it: the reverse
+    // walk's sm_90a body forms W that way without a scratch tile, and every program that reads W
+    // must see the same bits.
+    wu_product<K, LDK>(sTb, sK, p.w + (t0 * HV + j) * K, (long long)HV * K, len, warp, lane, gr, tq,
+                       fwd::BetaGateFactor{sg, sb, len});
     if (!Cfg::WRITES_U) return;
     scale_rows<V, LDV>(sV, [&](int r) { return sb[r]; });
     __syncthreads();
