@@ -171,6 +171,14 @@ TEST_SUITE("ir") {
     CHECK(gdn::lower(spec).program("dv_local").idle_on.empty());
   }
 
+  /// Each change keeps the reverse walk from forming W: the programs forward, segments, ranks,
+  /// mma.sync, a narrower backward slab.
+  std::vector<std::function<void(gdn::Spec&)>> walk_w_blockers() {
+    return {[](gdn::Spec& s) { s.forward = gdn::ForwardPath::programs; }, [](gdn::Spec& s) { s.cp_segments = 4; },
+            [](gdn::Spec& s) { s.cp_ranks = 2; }, [](gdn::Spec& s) { s.tensor_cores = gdn::TensorCores::mma_sync; },
+            [](gdn::Spec& s) { s.walk_bwd_slab = 64; }};
+  }
+
   TEST_CASE("backward_w \"walk\": the reverse walk's sm_90a body forms W, chunk_prep idles on sm_90a") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     spec.backward_w = gdn::BackwardW::chunk_prep;
@@ -187,10 +195,7 @@ TEST_SUITE("ir") {
     CHECK_FALSE(walk.program("chunk_prep").idle_for(gdn::Target::sm_100a));
     CHECK(walk.program("state_walk_bwd").smem_bytes == prep.program("state_walk_bwd").smem_bytes);
     // It needs the fused forward without segments or ranks and the sm_90a reverse walk.
-    for (auto change : std::vector<std::function<void(gdn::Spec&)>>{
-             [](gdn::Spec& s) { s.forward = gdn::ForwardPath::programs; }, [](gdn::Spec& s) { s.cp_segments = 4; },
-             [](gdn::Spec& s) { s.cp_ranks = 2; }, [](gdn::Spec& s) { s.tensor_cores = gdn::TensorCores::mma_sync; },
-             [](gdn::Spec& s) { s.walk_bwd_slab = 64; }}) {
+    for (const auto& change : walk_w_blockers()) {
       gdn::Spec bad = spec;
       change(bad);
       CHECK_THROWS_AS(gdn::lower(bad), gdn::SpecError);
@@ -213,10 +218,7 @@ TEST_SUITE("ir") {
     CHECK(m.spec.backward_w == gdn::BackwardW::walk);
     CHECK(m.program("chunk_prep").idle_for(gdn::Target::sm_90a));
     CHECK(gdn::to_text(m).find("backward_w: auto -> walk") != std::string::npos);
-    for (auto change : std::vector<std::function<void(gdn::Spec&)>>{
-             [](gdn::Spec& s) { s.forward = gdn::ForwardPath::programs; }, [](gdn::Spec& s) { s.cp_segments = 4; },
-             [](gdn::Spec& s) { s.cp_ranks = 2; }, [](gdn::Spec& s) { s.tensor_cores = gdn::TensorCores::mma_sync; },
-             [](gdn::Spec& s) { s.walk_bwd_slab = 64; }}) {
+    for (const auto& change : walk_w_blockers()) {
       gdn::Spec other = spec;
       change(other);
       const auto ir = gdn::lower(other);
