@@ -110,7 +110,6 @@ TEST_SUITE("compile") {
   TEST_CASE("backward_w \"walk\": the walk that forms W compiles for sm_90a, chunk_prep's W for sm_100a") {
     auto spec = example("m");
     spec.backward_w = gdn::BackwardW::walk;
-    std::map<std::string, int> spills;
     int prep = 0;
     for (const auto& e :
          gdn::compile_layer(gdn::lower(spec), {gdn::Target::sm_90a, gdn::Target::sm_100a}, shared_cache(), 2)) {

@@ -1340,11 +1340,11 @@ TEST_SUITE("gpu_fused") {
       }
   }
 
-  // backward_w "walk": the reverse walk's sm_90a body forms W from Tm (chunk_prep idles on
-  // sm_90a). Its gradients hold the fp64 bounds over tails, one-token and empty-ish documents,
-  // g = 0 and g = -20, and keep their own bits across repeats, full saves and ckpt with and
-  // without the hand-off. (Its W rounds Tm diag(beta e^gc) in bf16, chunk_prep's default rounds
-  // diag(beta e^gc) K: the bits differ from the default path's, the bounds do not.)
+  // backward_w "walk" (the default's choice on M's heads): the reverse walk's sm_90a body forms W
+  // from Tm (chunk_prep idles on sm_90a). Its gradients hold the fp64 bounds over tails, one-token
+  // and empty-ish documents, g = 0 and g = -20, and keep their own bits across repeats, full saves
+  // and ckpt with and without the hand-off. (gpu_determinism's comparison with the mma.sync kernels,
+  // which read chunk_prep's W, shows the walk's W has chunk_prep's bits.)
   TEST_CASE("backward_w walk: fp64 bounds and its own bits in every call form") {
     Spec spec = fused_of("m", "fused_m_walk_w");
     spec.backward_w = BackwardW::walk;
