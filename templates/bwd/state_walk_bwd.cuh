@@ -92,8 +92,9 @@ struct StateWalkBwdMmaSync {
   /// seg_dzm. Segment 0 of a document is skipped: the merge never needs its transition.
   template <bool kPrescan>
   __device__ static void walk(const StateWalkBwdParams& p) {
-    const int j = blockIdx.y, z_index = blockIdx.z;
-    const int n = SEG > 1 ? z_index / SEG : z_index, seg = SEG > 1 ? z_index % SEG : 0;
+    const int j = blockIdx.y;
+    const GridSegment at = grid_segment<SEG>();
+    const int n = at.n, seg = at.seg;
     const bool transition = kPrescan && blockIdx.x >= V / BV;
     const int v0 = (transition ? blockIdx.x - V / BV : blockIdx.x) * BV;
     const bool inputs = !transition;

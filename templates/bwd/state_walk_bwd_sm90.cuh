@@ -298,7 +298,7 @@ struct StateWalkBwdSm90 {
                                               mbar_t* pempty, mbar_t* wtile) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
     const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
-    const int seg = Cfg::SEGMENTS > 1 ? static_cast<int>(blockIdx.z) % Cfg::SEGMENTS : 0;
+    const int seg = range.seg;
     const int barrier = 1 + slab;  // the named barrier of this warpgroup
     const int c_last = range.end - 1, nc = range.end - range.begin;
     const int tq = (lane & 3) * 2, m_lane = lane >> 3;

@@ -80,21 +80,39 @@ struct DocSegments {
   }
 };
 
-/// What one block of a segmented walk grid (z = n * SEGMENTS + segment) walks: chunks [begin, end)
-/// of document n, the segment's slot, and whether it is the document's last segment (the one that
-/// writes ht). With SEGMENTS == 1 the block walks its whole document (z = n).
+/// The document and segment of this block of a segmented walk grid (x: slabs, y: value heads,
+/// z: N * SEGMENTS), segment-major: z = segment * N + n. Under "auto" a short document leaves its
+/// later segments idle; in this order the blocks with work come first in launch order and spread
+/// over the SMs (document-major, every SEGMENTS-th z has work, and those blocks land on SMs that
+/// are already walking while others hold only blocks that returned at once).
+struct GridSegment {
+  int n;    ///< the document
+  int seg;  ///< its segment
+};
+
+template <int SEGMENTS>
+__device__ __forceinline__ GridSegment grid_segment() {
+  if (SEGMENTS == 1) return {static_cast<int>(blockIdx.z), 0};
+  const int docs = static_cast<int>(gridDim.z) / SEGMENTS, z = static_cast<int>(blockIdx.z);
+  return {z % docs, z / docs};
+}
+
+/// What one block of a segmented walk grid walks: chunks [begin, end) of document n, the segment's
+/// slot, and whether it is the document's last segment (the one that writes ht). With
+/// SEGMENTS == 1 the block walks its whole document (z = n).
 template <class Cfg>
 struct SegmentWalk {
   int n;           ///< the document
+  int seg;         ///< its segment
   bool active;     ///< false past the document's segments ("auto") or on a remote piece: nothing to do
   bool last;       ///< the document's last segment
   int begin, end;  ///< chunks (when active)
   long long slot;  ///< the segment's slot in seg_h0 (SEGMENTS > 1)
 
   __device__ __forceinline__ SegmentWalk(const int* doc_chunk_offset, const ChunkInfo* chunk_table) {
-    constexpr int SEG = Cfg::SEGMENTS;
-    const int z = blockIdx.z, seg = SEG > 1 ? z % SEG : 0;
-    n = SEG > 1 ? z / SEG : z;
+    const GridSegment at = grid_segment<Cfg::SEGMENTS>();
+    n = at.n;
+    seg = at.seg;
     const DocSegments<Cfg> ds(doc_chunk_offset, chunk_table, n);
     active = ds.local(seg);
     last = seg == ds.count - 1;

@@ -61,8 +61,9 @@ struct StateWalk {
   template <bool kPrescan>
   __device__ static void walk(const StateWalkParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int j = blockIdx.y, z = blockIdx.z, hq = j / G;
-    const int n = SEG > 1 ? z / SEG : z, seg = SEG > 1 ? z % SEG : 0;
+    const int j = blockIdx.y, hq = j / G;
+    const GridSegment at = grid_segment<SEG>();
+    const int n = at.n, seg = at.seg;
     // Prescan blocks past the V slabs compute M's columns m0 .. m0 + BV - 1.
     const bool transition = kPrescan && blockIdx.x >= V / BV;
     const int slab = transition ? blockIdx.x - V / BV : blockIdx.x, v0 = slab * BV;
