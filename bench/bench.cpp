@@ -8,7 +8,7 @@
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
- * "walk", "chunk_prep"), seg2 .. seg16, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"),
+ * "walk", "chunk_prep"), seg1 .. seg16, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"),
  * fused-seg-auto (and cp.segments "auto"), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3 (rank r of
  * a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather, whose records stay as
  * the last call left them)
@@ -356,7 +356,7 @@ struct Bench {
   TensorCores tensor_cores = TensorCores::automatic;  ///< --tensor-cores: the base spec of every mode
   int walk_slab = 0;                                  ///< --walk-slab: the base spec of every mode (0: auto)
   int walk_bwd_slab = 0;                              ///< --walk-bwd-slab: likewise
-  int segments = 1;                                   ///< --segments: the base spec's cp.segments (0: "auto")
+  int segments = 0;                                   ///< --segments: the base spec's cp.segments (0: "auto")
   ForwardPath forward = ForwardPath::automatic;       ///< --forward: the base spec's forward
   BackwardW backward_w = BackwardW::automatic;        ///< --backward-w: the base spec's backward_w
 
@@ -426,6 +426,7 @@ const std::map<std::string, ArmKind> kArms = {
     {"walkbwd32", {false, true, false, 0, 32}},  // the backward walk's portable body, 32 wide
     {"walkbwd64", {false, true, false, 0, 64}},
     {"walks64", {false, true, false, 64, 64}},  // the backward's, both
+    {"seg1", {false, true, false, 0, 0, 1}},  // cp.segments 1: no document split (the default is "auto")
     {"seg2", {false, true, false, 0, 0, 2}},
     {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
     {"seg8", {false, true, false, 0, 0, 8}},
@@ -631,7 +632,7 @@ int main(int argc, char** argv) {
          "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
          "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
-         "(both 64), seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused "
+         "(both 64), seg1, seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused "
          "(forward \"programs\", \"fused\"), fused-seg-auto, ranks2, ranks4 (cp.ranks: the single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\")")
@@ -657,7 +658,7 @@ int main(int argc, char** argv) {
   std::string walk_bwd_slab = "auto";
   app.add_option("--walk-bwd-slab", walk_bwd_slab, "the specs' walk_bwd_slab (the backward walk's V-slab width)")
       ->check(CLI::IsMember({"auto", "32", "64", "128"}));
-  std::string segments = "1";
+  std::string segments = "auto";
   app.add_option("--segments", segments, "the specs' cp.segments (intra-card segments per document): 1 to 64 or auto")
       ->check(CLI::IsMember({"auto"}) | CLI::Range(1, 64));
   std::string forward = "auto";

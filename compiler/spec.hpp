@@ -103,10 +103,10 @@ struct Spec {
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};
   int cp_ranks = 1;
-  /// Intra-card segments per document: 1 to 64 pins that many for every document; 0 is "auto":
-  /// lower() picks the most per document from the layer (few value heads: the walks alone cannot
-  /// fill the GPU) and each document takes as many as its own length supports.
-  int cp_segments = 1;
+  /// Intra-card segments per document: 1 to 64 pins that many for every document; 0 is "auto" (the
+  /// default): lower() picks the most per document from the layer (few value heads: the walks alone
+  /// cannot fill the GPU) and each document takes as many as its own length supports.
+  int cp_segments = 0;
 
   int group() const { return heads_v / heads_qk; }
   double effective_scale() const;
