@@ -426,7 +426,7 @@ const std::map<std::string, ArmKind> kArms = {
     {"walkbwd32", {false, true, false, 0, 32}},  // the backward walk's portable body, 32 wide
     {"walkbwd64", {false, true, false, 0, 64}},
     {"walks64", {false, true, false, 64, 64}},  // the backward's, both
-    {"seg1", {false, true, false, 0, 0, 1}},  // cp.segments 1: no document split (the default is "auto")
+    {"seg1", {false, true, false, 0, 0, 1}},    // cp.segments 1: no document split (the default is "auto")
     {"seg2", {false, true, false, 0, 0, 2}},
     {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
     {"seg8", {false, true, false, 0, 0, 8}},

@@ -258,8 +258,8 @@ TEST_SUITE("runtime") {
     // recompute.
     mark = r.rec->records.size();
     CHECK(r.backward() == HandOff::not_taken);
-    const std::vector<std::string> rerun = {"l2norm",         "l2norm",    "chunk_prep", "walk_tape", "dv_local",
-                                            "state_walk_bwd", "chunk_bwd", "finalize"};
+    const std::vector<std::string> rerun = {"l2norm",   "l2norm",         "chunk_prep", "walk_tape",
+                                            "dv_local", "state_walk_bwd", "chunk_bwd",  "finalize"};
     CHECK(r.programs_since(mark) == rerun);
     mark = r.rec->records.size();
     CHECK(r.recompute(nullptr, OutputNeeded::no) == HandOff::taken);

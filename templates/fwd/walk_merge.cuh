@@ -75,17 +75,25 @@ struct WalkMerge {
         const float4 t = row[(c0 + half) / 4 + q];  // S_ext
         x[4 * q] = t.x, x[4 * q + 1] = t.y, x[4 * q + 2] = t.z, x[4 * q + 3] = t.w;
       }
-      for (int k0 = 0; k0 < K; k0 += 16) {
-        float m[16];
+      // The merge is a chain of one such product per segment: the next k-block's row of M is
+      // loaded while this one's products run (a load wait per k-block made each link about 12 us
+      // at L). The sum over k keeps its order (same bits).
+      float4 m[4], next[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const float4 t = row[(V + k0) / 4 + q];
-          m[4 * q] = t.x, m[4 * q + 1] = t.y, m[4 * q + 2] = t.z, m[4 * q + 3] = t.w;
+      for (int q = 0; q < 4; ++q) m[q] = row[V / 4 + q];
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        if (k0 + 16 < K)
+#pragma unroll
+          for (int q = 0; q < 4; ++q) next[q] = row[(V + k0 + 16) / 4 + q];
+#pragma unroll
+        for (int kk = 0; kk < 16; ++kk) {
+          const float4 t = m[kk / 4];
+          const float mk = kk % 4 == 0 ? t.x : kk % 4 == 1 ? t.y : kk % 4 == 2 ? t.z : t.w;
+#pragma unroll
+          for (int e = 0; e < 16; ++e) x[e] = fmaf(mk, sS[k0 + kk][half + e], x[e]);
         }
 #pragma unroll
-        for (int kk = 0; kk < 16; ++kk)
-#pragma unroll
-          for (int e = 0; e < 16; ++e) x[e] = fmaf(m[kk], sS[k0 + kk][half + e], x[e]);
+        for (int q = 0; q < 4; ++q) m[q] = next[q];
       }
       __syncthreads();  // every thread is done reading sS before the next segment overwrites it
     }
