@@ -292,7 +292,7 @@ const std::vector<long long> kDefaultCheckDocs = {1, 63, 64, 65, 700, 2049};
 struct CheckOverrides {
   std::optional<double> gate;          ///< every g equal to this
   std::optional<double> beta;          ///< every beta equal to this
-  int segments = 0;                    ///< the spec's cp.segments (0: the file's)
+  std::optional<int> segments;         ///< the spec's cp.segments (0: "auto"; none: the file's)
   int ranks = 0;                       ///< the spec's cp.ranks, the single-GPU proxy (0: the file's)
   bool phases = false;                 ///< run the ranks' phases in turn instead of the proxy's one call
   std::optional<ForwardPath> forward;  ///< the spec's forward (none: the file's)
@@ -301,7 +301,7 @@ struct CheckOverrides {
 int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs, uint64_t seed,
               bool forward_only, bool ckpt, bool digests, const CheckOverrides& over) {
   Spec spec = spec_from_file(path);
-  if (over.segments != 0) spec.cp_segments = over.segments;
+  if (over.segments) spec.cp_segments = *over.segments;
   if (over.ranks != 0) spec.cp_ranks = over.ranks;
   if (over.forward) spec.forward = *over.forward;
   validate(spec);  // names /cp/segments, /cp/ranks or /forward and the value before any GPU work
@@ -427,7 +427,7 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--gate", gate,
                         "every g equal to this log decay (-10000 to 0; e.g. 0: no decay, -20), instead of random");
   check_cmd->add_option("--beta", beta, "every beta equal to this (0 to 1), instead of random");
-  check_cmd->add_option("--segments", segments, "the spec's cp.segments, instead of the file's");
+  check_cmd->add_option("--segments", segments, "the spec's cp.segments (1 to 64 or auto), instead of the file's");
   check_cmd->add_option("--ranks", ranks,
                         "the spec's cp.ranks (the single-GPU proxy of context parallelism), instead of the file's");
   check_cmd->add_option("--forward", forward, "the spec's forward (programs, fused or auto), instead of the file's");
@@ -473,7 +473,12 @@ int main(int argc, char** argv) {
       CheckOverrides over;
       if (!gate.empty()) over.gate = real_number("--gate", gate, -1e4, 0.0);
       if (!beta.empty()) over.beta = real_number("--beta", beta, 0.0, 1.0);
-      if (!segments.empty()) over.segments = whole_number<int>("--segments", segments, INT_MIN, INT_MAX);
+      if (segments == "auto")
+        over.segments = 0;
+      else if (!segments.empty()) {
+        over.segments = whole_number<int>("--segments", segments, INT_MIN, INT_MAX);
+        if (*over.segments == 0) throw UsageError("--segments", "0 is not a number of segments (give 1 to 64 or auto)");
+      }
       if (!ranks.empty()) over.ranks = whole_number<int>("--ranks", ranks, INT_MIN, INT_MAX);
       over.phases = phases;
       if (forward == "programs")

@@ -183,6 +183,7 @@ TEST_SUITE("cli") {
              {" --gate nan", 2, "--gate: nan is not a number from -10000 to 0"},
              {" --beta 1.5", 2, "--beta"},
              {" --segments 65", 3, "/cp/segments: 65 is not supported (supported: \"auto\", 1 to 64)"},
+             {" --segments 0", 2, "--segments: 0 is not a number of segments (give 1 to 64 or auto)"},
              {" --ranks 65", 3, "/cp/ranks: 65 is not supported (supported: 1 to 64"},
              {" --ranks 2 --segments 4", 3, "/cp/segments: 4 with cp.ranks 2"},
              {" --ranks 3 --docs 1000", 2, "T: 1000 tokens do not split into cp.ranks 3 equal parts (1 left over)"},
@@ -199,6 +200,8 @@ TEST_SUITE("cli") {
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --gate 0 --beta 1 --segments 4").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused --segments 4").code == 6);
+      CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --segments auto").code == 6);
+      CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --segments 1").code == 6);
       CHECK(gdnc("check " + src("examples/m.json") + " --docs 3000 --forward auto").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 1000,2000 --ranks 3").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 1000,2000 --ranks 3 --phases").code == 6);
