@@ -76,8 +76,8 @@ struct WalkMerge {
         x[4 * q] = t.x, x[4 * q + 1] = t.y, x[4 * q + 2] = t.z, x[4 * q + 3] = t.w;
       }
       // The merge is a chain of one such product per segment: the next k-block's row of M is
-      // loaded while this one's products run (a load wait per k-block made each link about 12 us
-      // at L). The sum over k keeps its order (same bits).
+      // loaded while this one's products run, so a link does not wait on each k-block's loads.
+      // The sum over k keeps its order (same bits).
       float4 m[4], next[4];
 #pragma unroll
       for (int q = 0; q < 4; ++q) m[q] = row[V / 4 + q];
