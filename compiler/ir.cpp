@@ -108,21 +108,18 @@ std::vector<std::pair<std::string, std::string>> layer_constants(const Spec& s, 
 namespace {
 
 /// cp.segments "auto". A document's walks are HV x (V / walk slab) blocks, two per SM (the fused
-/// walk: HV x (V / 128), one per SM); when they fill less than a quarter of the H200's slots, splitting each document
-/// into S segments (S a power of two, at most 8 and at most the slots over the walks) shortens its chain S times for
-/// about 2.5x the walk's work (the prescan walks the V and K columns of every segment but one): on the H200 8 segments
-/// took one 32768-token document with 6 value heads from 5.20 to 2.79 ms (fwd+bwd), and 4 made one with 48 heads slower
-/// (12.6 -> 15.9 ms). Each document then takes segments by its own length only (batch invariance): one per
-/// kAutoSegmentMinChunks chunks.
+/// walk: HV x (V / 128), one per SM). Where they fill at most an eighth of the H200's slots, each
+/// document is split into up to 8 segments, which shortens its chain 8 times for about 2.5x the
+/// walk's work (the prescan walks the V and K columns of every segment but one): on the H200 one
+/// 32768-token document with 6 value heads went from 4.88 to 2.79 ms (fwd+bwd), and 4 segments made
+/// one with 48 heads slower (12.6 -> 15.9 ms). Between the two (an eighth to a half of the slots)
+/// nothing was measured, and a batch of several long documents fills the GPU without segments while
+/// paying their work, so the layer keeps one segment there. Each document then takes segments by
+/// its own length only (batch invariance): one per kAutoSegmentMinChunks chunks.
 constexpr int kWalkSlots = 2 * 132;
 constexpr int kFusedWalkSlots = 132;
 constexpr int kAutoSegmentMinChunks = 32;
-int auto_segments(int heads_v, int slabs, int slots) {
-  const int fill = slots / (heads_v * slabs);
-  int segs = 1;
-  while (segs * 2 <= 8 && segs * 2 <= fill) segs *= 2;
-  return segs >= 4 ? segs : 1;
-}
+int auto_segments(int heads_v, int slabs, int slots) { return slots / (heads_v * slabs) >= 8 ? 8 : 1; }
 
 /// forward "auto". The fused walk is one chain per (document, value head, 128 columns) and runs one
 /// block per SM; the programs path splits a document's walk into narrower slabs and runs the output
@@ -558,7 +555,7 @@ std::string to_text(const LayerIR& ir) {
   if (ir.segments_auto)
     line(ir.seg_min_chunks > 0
              ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "
-                           "nc / {})) (its walks alone fill less than a quarter of the GPU)",
+                           "nc / {})) (its walks alone fill at most an eighth of the GPU)",
                            s.cp_segments, s.cp_segments, ir.seg_min_chunks)
              : std::string("segments: auto, 1 per document (the walks of one document fill the GPU)"));
   else if (s.cp_ranks > 1)

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <tuple>
 
 namespace fs = std::filesystem;
 
@@ -489,6 +490,18 @@ TEST_SUITE("ir") {
     CHECK(gdn::to_text(few).find("segments: auto, at most 8 per document") != std::string::npos);
     CHECK(gdn::to_json(spec)["cp"]["segments"] == "auto");
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 0);
+    // Between an eighth and a half of the slots "auto" keeps one segment: 12 value heads on the
+    // programs path (4 slabs of 32: 48 walks of 264) and 32 on the fused walk (32 of 132); 16 on the
+    // fused walk fill an eighth: 8.
+    for (const auto& [heads_v, forward, most] : std::vector<std::tuple<int, gdn::ForwardPath, int>>{
+             {12, gdn::ForwardPath::programs, 1}, {32, gdn::ForwardPath::fused, 1}, {16, gdn::ForwardPath::fused, 8}}) {
+      auto mid = spec;
+      mid.heads_v = heads_v;
+      mid.heads_qk = 2;
+      mid.forward = forward;
+      CAPTURE(heads_v);
+      CHECK(gdn::lower(mid).spec.cp_segments == most);
+    }
     // Shape M's heads: 48 value heads x 2 slabs of 64 fill the GPU alone: 1, as pinned.
     auto m = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     const auto pinned = gdn::lower(m);
