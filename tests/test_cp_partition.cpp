@@ -324,6 +324,29 @@ TEST_SUITE("cp") {
     CHECK_THROWS_WITH_AS(cp_partition({0, 0}, 1), "cu_seqlens: the batch holds no tokens", std::invalid_argument);
   }
 
+  // The walks' grids: z in [0, N * most) names every (document, segment) once, and the blocks of
+  // every document's first segment are the first N in launch order.
+  TEST_CASE("segments: the segment-major grid visits every document's segments once, first segments first") {
+    for (int most : {1, 2, 8, 64})
+      for (int docs : {1, 3, 17, 1000}) {
+        std::set<std::pair<int, int>> seen;
+        for (int z = 0; z < docs * most; ++z) {
+          int segment = -1;
+          const int n = gdn::seg::grid_document(z, docs, most, segment);
+          CAPTURE(most);
+          CAPTURE(docs);
+          CAPTURE(z);
+          REQUIRE(n >= 0);
+          REQUIRE(n < docs);
+          REQUIRE(segment >= 0);
+          REQUIRE(segment < most);
+          CHECK(seen.insert({n, segment}).second);
+          CHECK((segment == 0) == (z < docs));
+        }
+        CHECK(seen.size() == static_cast<size_t>(docs * most));
+      }
+  }
+
   // Intra-card segments (templates/common/segments.hpp, the kernels' arithmetic): on random
   // batches every document's segments tile its chunks in order, "auto" gives each document
   // min(8, max(1, chunks / 32)) by its length alone, and the storage slots are distinct and fit

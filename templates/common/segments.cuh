@@ -92,9 +92,10 @@ struct GridSegment {
 
 template <int SEGMENTS>
 __device__ __forceinline__ GridSegment grid_segment() {
-  if (SEGMENTS == 1) return {static_cast<int>(blockIdx.z), 0};
-  const int docs = static_cast<int>(gridDim.z) / SEGMENTS, z = static_cast<int>(blockIdx.z);
-  return {z % docs, z / docs};
+  GridSegment at{0, 0};
+  const int docs = SEGMENTS == 1 ? 1 : static_cast<int>(gridDim.z) / SEGMENTS;
+  at.n = seg::grid_document(static_cast<int>(blockIdx.z), docs, SEGMENTS, at.seg);
+  return at;
 }
 
 /// What one block of a segmented walk grid walks: chunks [begin, end) of document n, the segment's
