@@ -331,8 +331,7 @@ TEST_SUITE("cp") {
       for (int docs : {1, 3, 17, 1000}) {
         std::set<std::pair<int, int>> seen;
         for (int z = 0; z < docs * most; ++z) {
-          int segment = -1;
-          const int n = gdn::seg::grid_document(z, docs, most, segment);
+          const auto [n, segment] = gdn::seg::grid_index(z, docs, most);
           CAPTURE(most);
           CAPTURE(docs);
           CAPTURE(z);

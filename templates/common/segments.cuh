@@ -85,17 +85,12 @@ struct DocSegments {
 /// later segments idle; in this order the blocks with work come first in launch order and spread
 /// over the SMs (document-major, every SEGMENTS-th z has work, and those blocks land on SMs that
 /// are already walking while others hold only blocks that returned at once).
-struct GridSegment {
-  int n;    ///< the document
-  int seg;  ///< its segment
-};
+using GridSegment = seg::GridIndex;
 
 template <int SEGMENTS>
 __device__ __forceinline__ GridSegment grid_segment() {
-  GridSegment at{0, 0};
   const int docs = SEGMENTS == 1 ? 1 : static_cast<int>(gridDim.z) / SEGMENTS;
-  at.n = seg::grid_document(static_cast<int>(blockIdx.z), docs, SEGMENTS, at.seg);
-  return at;
+  return seg::grid_index(static_cast<int>(blockIdx.z), docs, SEGMENTS);
 }
 
 /// What one block of a segmented walk grid walks: chunks [begin, end) of document n, the segment's

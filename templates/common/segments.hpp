@@ -29,10 +29,13 @@ constexpr long long slot0(int n, int first, int most, int min_chunks) {
 
 /// The document and segment of block z of a segmented walk grid of `docs` x `most` blocks in z,
 /// segment-major (z = segment * docs + document): every document's first segment comes first in
-/// launch order. Returns the document; `segment` receives the segment.
-constexpr int grid_document(int z, int docs, int most, int& segment) {
-  segment = most == 1 ? 0 : z / docs;
-  return most == 1 ? z : z % docs;
+/// launch order.
+struct GridIndex {
+  int n;    ///< the document
+  int seg;  ///< its segment
+};
+constexpr GridIndex grid_index(int z, int docs, int most) {
+  return most == 1 ? GridIndex{z, 0} : GridIndex{z % docs, z / docs};
 }
 /// First chunk of segment s of `segments` (s = segments gives the document's end).
 constexpr int begin(int first, int chunks, int segments, int s) {
