@@ -55,6 +55,7 @@ struct Shape {
   std::vector<long long> docs;
   double fla[3];
   double floor[3];
+  int heads_qk = 0, heads_v = 0;  ///< instead of the example's (0: the example's)
 };
 
 const Shape kShapes[] = {
@@ -71,6 +72,11 @@ const Shape kShapes[] = {
     // tokens x value heads: L = N's heads at 4x N's tokens, M1 = M's tokens and heads.
     {"L", "n", {32768}, {NAN, NAN, NAN}, {0.044, 0.172, 0.216}},
     {"M1", "m", {32768}, {NAN, NAN, NAN}, {0.352, 1.36, 1.712}},
+    // FlashQLA's published layout, heads 16/32 (M's spec otherwise): eight 4096-token documents
+    // that fill the GPU without intra-card segments, and one 32768-token document that does not.
+    // Between N's 6 value heads and M's 48, where cp.segments "auto" keeps one segment unmeasured.
+    {"F", "m", std::vector<long long>(8, 4096), {NAN, NAN, NAN}, {0.234, 0.908, 1.143}, 16, 32},
+    {"F1", "m", {32768}, {NAN, NAN, NAN}, {0.234, 0.908, 1.143}, 16, 32},
 };
 
 /// `--shapes` as a canonical list (spaces dropped); an unknown name is an error naming it.
@@ -85,7 +91,7 @@ std::string canonical_shapes(const std::string& given) {
     bool known = false;
     for (const Shape& sh : kShapes) known = known || name == sh.name;
     if (!known)
-      throw std::invalid_argument(fmt::format("--shapes: unknown shape '{}' (known: N, M, G, A, L, M1)", name));
+      throw std::invalid_argument(fmt::format("--shapes: unknown shape '{}' (known: N, M, G, A, L, M1, F, F1)", name));
     out += (out.empty() ? "" : ",") + name;
     name.clear();
   }
@@ -394,6 +400,11 @@ struct Bench {
     Spec s = spec_from_file(
         (std::filesystem::path(source_dir()) / "examples" / (std::string(sh.example) + ".json")).string());
     s.targets = {Target::sm_90a};
+    if (sh.heads_qk != 0) {
+      s.name = sh.name;
+      s.heads_qk = sh.heads_qk;
+      s.heads_v = sh.heads_v;
+    }
     s.tensor_cores = tensor_cores;
     s.walk_slab = walk_slab;
     s.walk_bwd_slab = walk_bwd_slab;
@@ -459,7 +470,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
     std::vector<int> rank;
     for (const auto& name : arm_names) {
       Spec s = base;
-      s.name = fmt::format("{}_bench_{}", sh.example, specs.size());
+      s.name = fmt::format("{}_bench_{}", sh.name, specs.size());
       if (kArms.at(name).graph_replay) s.graph = GraphMode::replay;
       if (!kArms.at(name).handoff) s.reuse_recompute_tapes = ReuseTapes::no;
       if (kArms.at(name).mma_sync) s.tensor_cores = TensorCores::mma_sync;
@@ -502,7 +513,7 @@ void program_breakdown(Bench& b, const std::string& shapes) {
   for (const Shape& sh : kShapes) {
     if (!wanted(shapes, sh.name)) continue;
     Spec s = b.example(sh);
-    s.name = fmt::format("{}_programs", sh.example);
+    s.name = fmt::format("{}_programs", sh.name);
     Problem p = make_problem(sh.docs, s.heads_qk, s.heads_v);
     SharedRegions regions;
     std::vector<Arm> one = make_arms({{"programs", s}}, p.shape, b.ctx, b.cache, regions);
@@ -560,7 +571,7 @@ void host_time(Bench& b) {
       if (path == HostPath::llvm_stub && !stubs_available()) continue;
       for (bool replay : {false, true}) {
         Spec s = base;
-        s.name = fmt::format("{}_host_{}_{}", sh.example, to_string(path), replay ? "replay" : "eager");
+        s.name = fmt::format("{}_host_{}_{}", sh.name, to_string(path), replay ? "replay" : "eager");
         if (replay) s.graph = GraphMode::replay;
         auto layer = Layer::create(s, b.ctx, b.cache, 0, path);
         auto saved = rt::DeviceBuffer::create(layer->saved_bytes(p.shape));
@@ -625,8 +636,9 @@ int main(int argc, char** argv) {
   int groups = 5, samples = 12, warmup = 10;
   bool programs = false, host = false, sweep = false, host_only_mode = false;
   app.add_option("--shapes", shapes,
-                 "comma-separated subset of N,M,G,A and the single long documents L (N's heads, "
-                 "32768 tokens) and M1 (M's heads, 32768 tokens)");
+                 "comma-separated subset of N,M,G,A, the single long documents L (N's heads, "
+                 "32768 tokens) and M1 (M's heads, 32768 tokens), and F (heads 16/32, eight 4096-token "
+                 "documents) and F1 (heads 16/32, one 32768-token document)");
   app.add_option(
          "--arms", arm_names,
          "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "

@@ -60,11 +60,15 @@ SHAPES = {
     "G": ((16, 48), [3598, 18252, 9000, 14000, 12000, 6000, 16000, 10000, 11000, 8000, 13222, 10000]),
     "A": ((16, 48), [98304, 65536, 57344, 40960]),
     "L": ((2, 6), [32768]),
+    # FlashQLA's published layout: eight documents that fill the GPU, and one that does not.
+    "F": ((16, 32), [4096] * 8),
+    "F1": ((16, 32), [32768]),
 }
 # The H200's floors in ms (docs/benchmark.md: FLOPs at 790 TFLOP/s, minimal bytes at 4.3 TB/s);
 # the ckpt floor is a forward plus a forward+backward.
 FLOOR = {"N": (0.011, 0.043, 0.054), "M": (0.352, 1.36, 1.712), "G": (1.406, 5.45, 6.856),
-         "A": (2.812, 10.90, 13.712), "L": (0.044, 0.172, 0.216)}
+         "A": (2.812, 10.90, 13.712), "L": (0.044, 0.172, 0.216), "F": (0.234, 0.908, 1.143),
+         "F1": (0.234, 0.908, 1.143)}
 OPS = ("fwd", "fwd+bwd", "ckpt")
 OURS, AA = "gdnc", "gdnc A/A"
 PEERS = ("fla", "flashqla")

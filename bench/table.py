@@ -24,10 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import protocol  # noqa: E402
 
-SHAPES = ("N", "M", "G", "A", "L")
+SHAPES = ("N", "M", "G", "A", "L", "F", "F1")
 OPS = ("fwd", "fwd+bwd", "ckpt")
 FLOOR = {"N": (0.011, 0.043, 0.054), "M": (0.352, 1.36, 1.712), "G": (1.406, 5.45, 6.856),
-         "A": (2.812, 10.90, 13.712), "L": (0.044, 0.172, 0.216)}
+         "A": (2.812, 10.90, 13.712), "L": (0.044, 0.172, 0.216), "F": (0.234, 0.908, 1.143),
+         "F1": (0.234, 0.908, 1.143)}
 PEER_LABEL = {"flashqla": "FlashQLA", "fla": "FLA"}
 OURS = "gdnc"
 

@@ -553,11 +553,12 @@ std::string to_text(const LayerIR& ir) {
                     "forward, no segments or ranks, tensor_cores \"auto\", 128-wide backward slabs, K = V = 128)",
                     to_string(s.backward_w)));
   if (ir.segments_auto)
-    line(ir.seg_min_chunks > 0
-             ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "
-                           "nc / {})) (its walks alone fill at most an eighth of the GPU)",
-                           s.cp_segments, s.cp_segments, ir.seg_min_chunks)
-             : std::string("segments: auto, 1 per document (the walks of one document fill the GPU)"));
+    line(
+        ir.seg_min_chunks > 0
+            ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "
+                          "nc / {})) (its walks alone fill at most an eighth of the GPU)",
+                          s.cp_segments, s.cp_segments, ir.seg_min_chunks)
+            : std::string("segments: auto, 1 per document (one document's walks fill more than an eighth of the GPU)"));
   else if (s.cp_ranks > 1)
     line(
         fmt::format("ranks: {} on one GPU (the proxy of context parallelism): every document is cut at the rank "
