@@ -338,6 +338,10 @@ LayerIR lower(const Spec& spec_in) {
   if (h0) buf("dh0", BufferRole::output, "fp32", "[N, HV, K, V]", {0, state});
 
   const bool full = s.save_mode == SaveMode::full;
+  // Light saves keep the state entering each segment, so the backward's re-run walk skips the
+  // prescan and the merge (NT / 32 state slots under "auto": a few MB per layer, against 0.3 ms of
+  // the L shape's fwd+bwd); a rank of a context-parallel run keeps kcp_entry instead.
+  const bool keep_seg_h0 = segments > 1 && !full && s.cp_ranks == 1;
   buf("chunks", BufferRole::saved, "ChunkInfo", "[NT]", {0, 0, 16});
   buf("doc_chunk_offset", BufferRole::saved, "int32", "[N + 1]", {0, 4, 0, 4});
   buf("num_chunks", BufferRole::saved, "int32", "[1]", {0, 0, 0, 4});
@@ -371,21 +375,25 @@ LayerIR lower(const Spec& spec_in) {
   // Before the backward-only slots: a hand-off needs the forward's workspace slots to be a prefix
   // of the backward's.
   const std::string seg_shape =
-      ir.seg_min_chunks > 0 ? fmt::format("[N + NT / {}", ir.seg_min_chunks) : std::string("[N * segments");
+      ir.seg_min_chunks > 0 ? fmt::format("[NT / {}", ir.seg_min_chunks) : std::string("[N * segments");
   auto seg_bytes = [&](long long per_slot) {
-    return ir.seg_min_chunks > 0 ? ByteFormula{0, per_slot, per_slot / ir.seg_min_chunks}
+    return ir.seg_min_chunks > 0 ? ByteFormula{0, 0, per_slot / ir.seg_min_chunks}
                                  : ByteFormula{0, segments * per_slot};
   };
   if (segments > 1) {
-    // Every call form that runs the forward walk runs the prescan and the merge before it. A
-    // document's last segment has no transition to store: its seg_hm rows stay unused, so that
-    // one slot per segment serves seg_hm and seg_h0: n * segments + segment when pinned; with
-    // "auto", n + first chunk / min chunks + segment (distinct, below N + NT / min chunks:
-    // templates/common/segments.cuh).
-    const std::vector<CallForm> walk_forms = full ? fwd_only : both;
+    // Every forward call form runs the prescan and the merge before its walk. A document's last
+    // segment has no transition to store: its seg_hm rows stay unused, so that one slot per
+    // segment serves seg_hm and seg_h0: n * segments + segment when pinned; with "auto", only
+    // documents of two or more segments take slots, first chunk / min chunks + segment
+    // (distinct, below NT / min chunks: templates/common/segments.cuh). The backward's re-run
+    // walk (light saves) reads the forward's seg_h0 from the saved region; a rank of a
+    // context-parallel run re-runs the prescan and the merge from its saved kcp_entry instead.
     buf("seg_hm", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V + K]", seg_bytes(HV * K * (V + K) * 4),
-        walk_forms);
-    buf("seg_h0", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), walk_forms);
+        full ? fwd_only : both);
+    if (keep_seg_h0)
+      buf("seg_h0", BufferRole::saved, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state));
+    else
+      buf("seg_h0", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), full ? fwd_only : both);
   }
   if (fold_rstd) buf("qn", BufferRole::workspace, "bf16", "[T, H, K]", {qk * 2}, bwd_only);
   buf("dv_local", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
@@ -416,9 +424,10 @@ LayerIR lower(const Spec& spec_in) {
       share("dq_v", "w");
       share("dk_v", "u");
       // The re-run forward walk is done with seg_hm and seg_h0 before the backward prescan starts
-      // (with a hand-off the backward never reads them).
+      // (with a hand-off the backward never reads them); a saved seg_h0 is not the backward's to
+      // overwrite, so seg_dz then has a slot of its own.
       share("seg_dzm", "seg_hm");
-      share("seg_dz", "seg_h0");
+      if (!keep_seg_h0) share("seg_dz", "seg_h0");
     }
   }
   // With cp.ranks R every rank boundary inside a document starts a piece chunked from its own first
@@ -508,7 +517,7 @@ LayerIR lower(const Spec& spec_in) {
     bwd.push_back({"chunk_prep",
                    fused ? "re-run: W (and U for a prescan) from the saved Tm" : "re-run: W and U from the saved Tm",
                    "no fresh hand-off"});
-    push_segment_programs(bwd, "no fresh hand-off");
+    if (!keep_seg_h0) push_segment_programs(bwd, "no fresh hand-off");
     if (fused)
       bwd.push_back({"walk_tape", "re-run: h_tape, v_new (the fused walk's roundings)", "no fresh hand-off"});
     else

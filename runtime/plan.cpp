@@ -196,7 +196,9 @@ void bind_chunk_prep(Builder& b, const ValueSource& k) {
   GDN_BIND(l, P, u, b.slot("u"));
 }
 
-void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const ValueSource& ht, bool segments) {
+/// A forward walk's parameters: the prescan writes seg_hm, the segmented walk reads seg_h0.
+void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const ValueSource& ht, bool segments,
+                      bool prescan = false) {
   using P = StateWalkParams;
   GDN_BIND(l, P, k, k);
   GDN_BIND(l, P, w, b.slot("w"));
@@ -209,8 +211,8 @@ void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const 
   GDN_BIND(l, P, ht, ht);
   GDN_BIND(l, P, h_tape, b.slot("h_tape"));
   GDN_BIND(l, P, v_new, b.slot("v_new"));
-  GDN_BIND(l, P, seg_hm, segments ? b.slot("seg_hm") : b.constant(0));
-  GDN_BIND(l, P, seg_h0, segments ? b.slot("seg_h0") : b.constant(0));
+  GDN_BIND(l, P, seg_hm, prescan ? b.slot("seg_hm") : b.constant(0));
+  GDN_BIND(l, P, seg_h0, segments && !prescan ? b.slot("seg_h0") : b.constant(0));
 }
 
 /// A segment merge (forward: seg_hm, h0 -> seg_h0; backward: seg_dzm, dht -> seg_dz).
@@ -247,7 +249,7 @@ void bind_kcp_exchange(Builder& b, const char* slots, KcpExchangeMode mode) {
 /// The state entering every segment (seg_h0): the prescan on W and U, then the merge. A rank's
 /// forward (`exchange`) sends its summary and receives the gathered ones in between.
 void bind_segment_entry_states(Builder& b, const ValueSource& k, bool exchange = false) {
-  bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true);
+  bind_walk_params(b.launch("walk_prescan", sizeof(StateWalkParams)), b, k, b.constant(0), true, true);
   if (exchange) {
     bind_kcp_exchange(b, "seg_hm", kKcpForwardSend);
     bind_kcp_exchange(b, "seg_hm", kKcpForwardReceive);
@@ -255,11 +257,12 @@ void bind_segment_entry_states(Builder& b, const ValueSource& k, bool exchange =
   bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
 }
 
-/// The forward walk; with intra-card segments the prescan and the merge first.
-void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht,
-                     bool exchange = false) {
+/// The forward walk; with intra-card segments the prescan and the merge first, unless the
+/// segments' entry states are the saved ones (`entry_states` false: the backward's re-run).
+void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht, bool exchange = false,
+                     bool entry_states = true) {
   const bool segments = ir.spec.cp_segments > 1;
-  if (segments) bind_segment_entry_states(b, k, exchange);
+  if (segments && entry_states) bind_segment_entry_states(b, k, exchange);
   bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }
 
@@ -389,12 +392,15 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     if (full || rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));  // a hand-off brings kn
   }
   if (!full && rerun == PrepRerun::yes) {
-    bind_chunk_prep(b, k);                        // Tm read back
+    bind_chunk_prep(b, k);  // Tm read back
+    // The segments' entry states are the forward's (saved), except on a rank of a
+    // context-parallel run, which chains them again from its kcp_entry.
+    const bool entry_states = ir.spec.cp_ranks > 1;
     if (ir.spec.forward == ForwardPath::fused) {  // the tapes in the fused walk's roundings
-      if (ir.spec.cp_segments > 1) bind_segment_entry_states(b, k);
+      if (ir.spec.cp_segments > 1 && entry_states) bind_segment_entry_states(b, k);
       bind_fused_walk(b, "walk_tape", false, true);
     } else {
-      bind_state_walk(b, ir, k, b.constant(0));
+      bind_state_walk(b, ir, k, b.constant(0), false, entry_states);
     }
   }
   {

@@ -117,8 +117,8 @@ struct StateWalkParams {
   bf16_t* v_new;    ///< [T, HV, V]
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise). Segment i of document n is block
   // z = i * N + n (common/segments.cuh) and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
-  float* seg_hm;        ///< [N * SEGMENTS, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
-  const float* seg_h0;  ///< [N * SEGMENTS, HV, K, V]: the state entering each segment (walk_merge)
+  float* seg_hm;        ///< [segment slots, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
+  const float* seg_h0;  ///< [segment slots, HV, K, V]: the state entering each segment (walk_merge)
 };
 
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value
@@ -157,7 +157,7 @@ struct WalkMergeParams {
   const ChunkInfo* chunks;      ///< the chunk table: with cp.ranks > 1 its pieces are the segments
   const float* seg_hm;          ///< [segment slots, HV, K, V + K]
   const float* h0;              ///< [N, HV, K, V] or null
-  float* seg_h0;                ///< [N * SEGMENTS, HV, K, V]
+  float* seg_h0;                ///< [segment slots, HV, K, V]
   /// One rank of a context-parallel forward (docs/design_kcp.md 3.1): the state entering the
   /// first document's local piece when that document started on an earlier rank. kKcpEntryWrite:
   /// the merge (over the gathered pieces copied into seg_hm) stores it; kKcpEntryRead: the merge
@@ -173,7 +173,7 @@ enum KcpEntryMode : int { kKcpEntryNone = 0, kKcpEntryWrite = 1, kKcpEntryRead =
 struct KcpExchangeParams {
   const int* doc_chunk_offset;  ///< [N + 1]
   const ChunkInfo* chunks;
-  float* slots;           ///< seg_hm (forward) or seg_dzm (backward): [N * SEGMENTS, HV, K, V + K]
+  float* slots;           ///< seg_hm (forward) or seg_dzm (backward): [segment slots, HV, K, V + K]
   float* send;            ///< [HV, K, V + K]: this rank's record
   const float* gathered;  ///< [ranks, HV, K, V + K]: every rank's record, in rank order
   int N;
@@ -235,9 +235,9 @@ struct StateWalkBwdParams {
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), block z = segment * N + n as
   // in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
-  float* seg_dzm;  ///< [N * SEGMENTS, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
+  float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
   union {
-    const float* seg_dz;  ///< [N * SEGMENTS, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
+    const float* seg_dz;  ///< [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
     const float* beta;    ///< Cfg::WALK_FUSES_W (which has no segments): [T, HV]
   };
 };

@@ -406,20 +406,29 @@ TEST_SUITE("ir") {
       CHECK(*(walk - 1) == "walk_merge_bwd");
     }
     // seg_dzm: dZ_ext | A per segment; seg_dz: the gradient at each segment's end. With light saves
-    // they take the bytes of the forward walk's segment buffers (dead once the re-run walk is done).
+    // seg_dzm takes the bytes of seg_hm (dead once the forward's merge is done); seg_h0 is saved
+    // (the backward's re-run walk reads it), so seg_dz has its own slot.
     CHECK(seg.buffer("seg_dzm").bytes.text() == seg.buffer("seg_hm").bytes.text());
     CHECK(seg.buffer("seg_dz").bytes.text() == seg.buffer("seg_h0").bytes.text());
     CHECK(seg.buffer("seg_dzm").lives_in == "seg_hm");
-    CHECK(seg.buffer("seg_dz").lives_in == "seg_h0");
+    CHECK(seg.buffer("seg_dz").lives_in.empty());
+    CHECK(seg.buffer("seg_h0").role == gdn::BufferRole::saved);
     // seg_hm: S_ext | M per segment, fp32; seg_h0: the entry state per segment.
     CHECK(seg.buffer("seg_hm").bytes.eval(32768, 5, 64) == 5LL * 8 * 48 * 128 * 256 * 4);
     CHECK(seg.buffer("seg_h0").bytes.eval(32768, 5, 64) == 5LL * 8 * 48 * 128 * 128 * 4);
-    // Every call form that walks forward (light: the backward re-runs it) runs prescan, merge, walk.
+    // The forward call forms run prescan, merge, walk; the backward's re-run walk (light saves)
+    // starts from the saved seg_h0, with no prescan or merge of the forward.
     for (const auto& cf : seg.call_forms) {
       std::vector<std::string> names;
       for (const auto& l : cf.launches) names.push_back(l.program);
       const auto walk = std::find(names.begin(), names.end(), "state_walk");
       REQUIRE(walk != names.end());
+      CAPTURE(gdn::to_string(cf.form));
+      if (cf.form == gdn::CallForm::backward) {
+        CHECK(std::find(names.begin(), names.end(), "walk_prescan") == names.end());
+        CHECK(std::find(names.begin(), names.end(), "walk_merge") == names.end());
+        continue;
+      }
       REQUIRE(walk - names.begin() >= 2);
       CHECK(*(walk - 2) == "walk_prescan");
       CHECK(*(walk - 1) == "walk_merge");
@@ -429,6 +438,7 @@ TEST_SUITE("ir") {
     CHECK(full.buffer("seg_hm").forms == std::vector<gdn::CallForm>{gdn::CallForm::forward, gdn::CallForm::recompute});
     CHECK(full.buffer("seg_dzm").forms == std::vector<gdn::CallForm>{gdn::CallForm::backward});
     CHECK(full.buffer("seg_dzm").lives_in.empty());  // full saves: the forward's segment bytes are not the backward's
+    CHECK(full.buffer("seg_h0").role == gdn::BufferRole::workspace);  // the backward re-runs no walk
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 8);
     spec.cp_segments = 65;
     CHECK_THROWS_WITH_AS(gdn::lower(spec), "/cp/segments: 65 is not supported (supported: \"auto\", 1 to 64)",
@@ -485,8 +495,8 @@ TEST_SUITE("ir") {
       CHECK_MESSAGE(constant_of(few.program(name), "SEGMENTS") == "8", name);
       CHECK_MESSAGE(constant_of(few.program(name), "SEG_MIN_CHUNKS") == "32", name);
     }
-    // One slot per document plus one per 32 chunks: N + NT / 32 slots.
-    CHECK(few.buffer("seg_h0").bytes.eval(32768, 1, 64) == (1 + (32768 / 64 + 1) / 32.0) * 6 * 128 * 128 * 4);
+    // One slot per 32 chunks (only split documents take slots): NT / 32 slots.
+    CHECK(few.buffer("seg_h0").bytes.eval(32768, 1, 64) == ((32768 / 64 + 1) / 32.0) * 6 * 128 * 128 * 4);
     CHECK(gdn::to_text(few).find("segments: auto, at most 8 per document") != std::string::npos);
     CHECK(gdn::to_json(spec)["cp"]["segments"] == "auto");
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 0);

@@ -129,7 +129,7 @@ struct StateWalkBwdMmaSync {
           a = r == v0 + c ? 1.f : 0.f;
           b = r == v0 + c + 1 ? 1.f : 0.f;
         });
-    } else if (SEG > 1) {
+    } else if (SEG > 1 && ds.split()) {
       const float* src = p.seg_dz + (slot * Cfg::HV + j) * K * V + v0;
       bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
         const float2 x = *reinterpret_cast<const float2*>(src + (long long)r * V + c);

@@ -316,8 +316,17 @@ struct StateWalkBwdSm90 {
           for (int e = 0; e < 2; ++e)
             f(Z[4 * i + 2 * h + e], base + (long long)(8 * i + tq + e) * V + v0 + (h ? v_hi : v_lo));
     };
-    if (Cfg::SEGMENTS > 1) {  // the gradient at the segment's end (walk_merge_bwd)
-      for_state((range.slot * HV + j) * K * V, [&](float& x, long long at) { x = p.seg_dz[at]; });
+    if constexpr (Cfg::SEGMENTS > 1) {
+      // The gradient at the segment's end: a split document's slot (walk_merge_bwd), else dht. One
+      // load loop over a selected base (two loops spilled the ranks' variant).
+      const float* const src = range.split ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
+      const long long row = range.split ? range.slot : n;
+      if (src != nullptr) {
+        for_state((row * HV + j) * K * V, [&](float& x, long long at) { x = src[at]; });
+      } else {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) Z[i] = 0.f;
+      }
     } else if (Cfg::HAS_HT && p.dht != nullptr) {
       for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { x = p.dht[at]; });
     } else {

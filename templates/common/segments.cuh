@@ -7,10 +7,11 @@
  * past a document's count return at once). Pinned (Cfg::SEG_MIN_CHUNKS == 0): every document has
  * SEGMENTS, at slots n * SEGMENTS + seg. "auto" (SEG_MIN_CHUNKS > 0): a document of nc chunks has
  * min(SEGMENTS, max(1, nc / SEG_MIN_CHUNKS)), a function of its own length (batch invariance), at
- * slots n + first / SEG_MIN_CHUNKS + seg, first = its first chunk. Those are distinct: the next
- * document's base is at least n + 1 + first / MIN + nc / MIN, past this one's last slot; and the
- * largest is below N + NT / MIN, the buffers' size (compiler/ir.cpp). The arithmetic is
- * common/segments.hpp, which the host tests check.
+ * slots first / SEG_MIN_CHUNKS + seg, first = its first chunk. Only split documents (two or more
+ * segments) use slots: a document of one segment walks from h0 (or dht) and the merges skip it, as
+ * with SEGMENTS == 1. The split documents' slots are distinct (c <= nc / MIN segments end before
+ * floor((first + nc) / MIN), at most the next one's base) and below NT / MIN, the buffers' size
+ * (compiler/ir.cpp). The arithmetic is common/segments.hpp, which the host tests check.
  *
  * cp.ranks R > 1 (the single-GPU proxy of context parallelism, docs/design_kcp.md 2): the segments
  * are the pieces between the rank boundaries r T / R inside the document, each chunked from its
@@ -59,6 +60,8 @@ struct DocSegments {
       slot0 = seg::slot0(n, first, Cfg::SEGMENTS, Cfg::SEG_MIN_CHUNKS);
     }
   }
+  /// The document has two or more segments: its walks enter and leave through the slots.
+  __device__ __forceinline__ bool split() const { return count > 1; }
   /// Segment s has a block to walk here (it exists and its chunks are this run's).
   __device__ __forceinline__ bool local(int s) const { return s >= lo && s <= hi && s < count; }
   /// The first chunk of segment s (s = count gives the end).
@@ -102,8 +105,9 @@ struct SegmentWalk {
   int seg;         ///< its segment
   bool active;     ///< false past the document's segments ("auto") or on a remote piece: nothing to do
   bool last;       ///< the document's last segment
+  bool split;      ///< the document has two or more segments (its entry comes from its slot)
   int begin, end;  ///< chunks (when active)
-  long long slot;  ///< the segment's slot in seg_h0 (SEGMENTS > 1)
+  long long slot;  ///< the segment's slot in seg_h0 (SEGMENTS > 1, split)
 
   __device__ __forceinline__ SegmentWalk(const int* doc_chunk_offset, const ChunkInfo* chunk_table) {
     const GridSegment at = grid_segment<Cfg::SEGMENTS>();
@@ -112,6 +116,7 @@ struct SegmentWalk {
     const DocSegments<Cfg> ds(doc_chunk_offset, chunk_table, n);
     active = ds.local(seg);
     last = seg == ds.count - 1;
+    split = ds.split();
     begin = active ? ds.begin(seg) : 0;
     end = active ? ds.begin(seg + 1) : 0;
     slot = ds.slot0 + seg;

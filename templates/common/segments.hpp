@@ -19,12 +19,13 @@ constexpr int count(int chunks, int most, int min_chunks) {
   return by_length < 1 ? 1 : (by_length > most ? most : by_length);
 }
 
-/// Storage slot of segment 0 of document n, whose first chunk is `first`. Pinned: n * most.
-/// "auto": n + first / min_chunks; the next document's is at least this + count (its first chunk
-/// is first + chunks, and floor((first + chunks) / m) >= floor(first / m) + floor(chunks / m)), and
-/// every slot is below N + NT / min_chunks.
+/// Storage slot of segment 0 of document n, whose first chunk is `first`; only documents of two
+/// or more segments use slots (one segment reads h0 or dht itself). Pinned: n * most. "auto":
+/// first / min_chunks. A split document of c segments has c <= chunks / m, so its slots end
+/// before floor((first + chunks) / m), at most the next split document's first slot (its first
+/// chunk is at least first + chunks), and every slot is below NT / min_chunks.
 constexpr long long slot0(int n, int first, int most, int min_chunks) {
-  return min_chunks <= 0 ? (long long)n * most : (long long)n + first / min_chunks;
+  return min_chunks <= 0 ? (long long)n * most : (long long)first / min_chunks;
 }
 
 /// The document and segment of block z of a segmented walk grid of `docs` x `most` blocks in z,

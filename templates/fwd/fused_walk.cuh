@@ -106,7 +106,7 @@ struct FusedWalkMmaSync {
       for (int hh = 0; hh < 2; ++hh) {
         float2 x = make_float2(0.f, 0.f);
         const int r = warp * 16 + gr + hh * 8;
-        if (Cfg::SEGMENTS > 1)
+        if (Cfg::SEGMENTS > 1 && range.split)
           x = *reinterpret_cast<const float2*>(p.seg_h0 + (range.slot * HV + j) * K * V + v0 + (long long)r * V +
                                                nt * 8 + tq);
         else if (Cfg::HAS_H0 && p.h0 != nullptr)

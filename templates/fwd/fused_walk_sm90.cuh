@@ -344,9 +344,12 @@ struct FusedWalkSm90 {
           for (int e = 0; e < 2; ++e)
             f(S[4 * i + 2 * h + e], state_base + (long long)(8 * i + tq + e) * V + (h ? v_hi : v_lo));
     };
-    if (Cfg::SEGMENTS > 1) {  // the segment's entry state: slot instead of document in the same layout
-      const long long shift = (range.slot - n) * HV * K * V;
-      for_state([&](float& x, long long at) { x = p.seg_h0[at + shift]; });
+    if constexpr (Cfg::SEGMENTS > 1) {
+      // The segment's entry state: a split document's slot (walk_merge), else h0; one load loop
+      // over a selected base.
+      const float* const src = range.split ? p.seg_h0 : Cfg::HAS_H0 ? p.h0 : nullptr;
+      const long long shift = range.split ? (range.slot - n) * HV * K * V : 0;
+      for_state([&](float& x, long long at) { x = src != nullptr ? src[at + shift] : 0.f; });
     } else {
       for_state([&](float& x, long long at) { x = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[at] : 0.f; });
     }

@@ -95,7 +95,7 @@ struct StateWalk {
           const int r = warp * 32 + mi * 16 + gr + hh * 8;
           if (kPrescan) {
             if (transition) x = make_float2(r == v0 + nt * 8 + tq ? 1.f : 0.f, r == v0 + nt * 8 + tq + 1 ? 1.f : 0.f);
-          } else if (SEG > 1) {
+          } else if (SEG > 1 && ds.split()) {
             x = *reinterpret_cast<const float2*>(p.seg_h0 + (slot * HV + j) * K * V + v0 + (long long)r * V + nt * 8 +
                                                  tq);
           } else if (Cfg::HAS_H0 && p.h0 != nullptr) {

@@ -34,12 +34,13 @@ struct WalkMerge {
     __shared__ __align__(16) float sS[K][BC];
     const int c0 = blockIdx.x * BC, j = blockIdx.y, n = blockIdx.z;
     const int r = threadIdx.x >> 1, half = (threadIdx.x & 1) * 16;
+    const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
+    if (!ds.split()) return;  // one segment: its walk reads h0 (dht) itself and has no slot
     const bool has_h0 = (kReverse ? Cfg::HAS_HT : Cfg::HAS_H0) && p.h0 != nullptr;  // dht in the backward
     float x[16];
 #pragma unroll
     for (int e = 0; e < 16; ++e)
       x[e] = has_h0 ? p.h0[((long long)n * HV + j) * K * V + (long long)r * V + c0 + half + e] : 0.f;
-    const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
     // Forward: segments 0 .. hi (a rank stops at its local piece: what follows is the later
     // ranks'); backward: count - 1 down to lo. Remote segments chain through the gathered
     // summaries that kcp_exchange copied into their slots.
