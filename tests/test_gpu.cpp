@@ -923,7 +923,10 @@ TEST_SUITE("gpu_ckpt") {
   TEST_CASE("workspace_bytes equals the highest workspace byte a call writes") {
     // Documents with partial chunks only, so the chunk count reaches its bound T/64 + N and every
     // slot is written to its end: the highest byte written is the end of the region's last slot.
-    // With intra-card segments the forward's last slot is seg_h0, which the merge writes whole.
+    // With intra-card segments (light saves keep seg_h0 in the saved region) the forward's last
+    // slot is seg_hm, whose last slot, the last document's last segment, has no transition to
+    // store: the forward writes up to one slot before the end. The backward's last slot is
+    // seg_dz, which its merge writes whole.
     for (int segments : {1, 3}) {
       Spec s = spec_of("n");
       s.name = fmt::format("ws_peak_seg{}", segments);
@@ -997,9 +1000,10 @@ TEST_SUITE("gpu_ckpt") {
         INFO("segments " << segments << ", call form " << to_string(form) << ": figure " << figure
                          << " bytes, last slot (" << slots.back().first << ") ends at " << last_end
                          << ", measured peak " << peak);
+        const size_t unwritten = slots.back().first == "seg_hm" ? size_t(HV) * 128 * (128 + 128) * 4 : 0;
         CHECK(figure == offsets.back());
         CHECK(figure == (last_end + 255) / 256 * 256);
-        CHECK(peak == last_end);
+        CHECK(peak == last_end - unwritten);
       }
     }
   }
