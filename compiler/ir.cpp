@@ -225,10 +225,18 @@ LayerIR lower(const Spec& spec_in) {
     ir.programs.back().constants.push_back(seg_min_constant);
     ir.programs.back().constants.push_back(ranks_constant);
   };
+  // With intra-card segments on one rank the forward's per-segment maps (S_ext | M) are saved:
+  // the backward's transition of a segment is the forward's transposed (A = M^T), so its prescan
+  // walks dZ_ext alone and its merge reads M from the saved maps. The forward prescan then
+  // computes M for a document's last segment too. A rank of a context-parallel run exchanges
+  // its own backward records (dZ_ext | A) and keeps the old split.
+  ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1;
+  const std::pair<std::string, std::string> saved_maps_constant{"SAVED_MAPS", ir.saved_segment_maps ? "true" : "false"};
   if (segments > 1) {
     add("walk_prescan", "fwd/state_walk.cuh", "StateWalkPrescan", "StateWalkParams", StateWalkGeometry::kThreads,
         StateWalkGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk_prescan, ir.walk_bv);
     add_segment_constants();
+    ir.programs.back().constants.push_back(saved_maps_constant);
     add("walk_merge", "fwd/walk_merge.cuh", "WalkMerge", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
     add_segment_constants();
@@ -275,12 +283,15 @@ LayerIR lower(const Spec& spec_in) {
   if (segments > 1) {
     add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
         StateWalkBwdGeometry::threads(prescan_bwd_bv),
-        StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, prescan_bwd_bv), GridKind::walk_prescan, prescan_bwd_bv,
+        StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, prescan_bwd_bv),
+        ir.saved_segment_maps ? GridKind::walk_segments : GridKind::walk_prescan, prescan_bwd_bv,
         StateWalkBwdGeometry::min_blocks_per_sm(prescan_bwd_bv));
     add_segment_constants();
+    ir.programs.back().constants.push_back(saved_maps_constant);
     add("walk_merge_bwd", "fwd/walk_merge.cuh", "WalkMergeBwd", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
     add_segment_constants();
+    ir.programs.back().constants.push_back(saved_maps_constant);
   }
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
       StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
@@ -341,7 +352,7 @@ LayerIR lower(const Spec& spec_in) {
   // Light saves keep the state entering each segment, so the backward's re-run walk skips the
   // prescan and the merge (NT / 32 state slots under "auto": a few MB per layer, against 0.3 ms of
   // the L shape's fwd+bwd); a rank of a context-parallel run keeps kcp_entry instead.
-  const bool keep_seg_h0 = segments > 1 && !full && s.cp_ranks == 1;
+  const bool keep_seg_h0 = ir.saved_segment_maps && !full;
   buf("chunks", BufferRole::saved, "ChunkInfo", "[NT]", {0, 0, 16});
   buf("doc_chunk_offset", BufferRole::saved, "int32", "[N + 1]", {0, 4, 0, 4});
   buf("num_chunks", BufferRole::saved, "int32", "[1]", {0, 0, 0, 4});
@@ -388,8 +399,11 @@ LayerIR lower(const Spec& spec_in) {
     // (distinct, below NT / min chunks: templates/common/segments.cuh). The backward's re-run
     // walk (light saves) reads the forward's seg_h0 from the saved region; a rank of a
     // context-parallel run re-runs the prescan and the merge from its saved kcp_entry instead.
-    buf("seg_hm", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V + K]", seg_bytes(HV * K * (V + K) * 4),
-        full ? fwd_only : both);
+    if (ir.saved_segment_maps)
+      buf("seg_hm", BufferRole::saved, "fp32", seg_shape + ", HV, K, V + K]", seg_bytes(HV * K * (V + K) * 4));
+    else
+      buf("seg_hm", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V + K]", seg_bytes(HV * K * (V + K) * 4),
+          full ? fwd_only : both);
     if (keep_seg_h0)
       buf("seg_h0", BufferRole::saved, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state));
     else
@@ -426,8 +440,10 @@ LayerIR lower(const Spec& spec_in) {
       // The re-run forward walk is done with seg_hm and seg_h0 before the backward prescan starts
       // (with a hand-off the backward never reads them); a saved seg_h0 is not the backward's to
       // overwrite, so seg_dz then has a slot of its own.
-      share("seg_dzm", "seg_hm");
-      if (!keep_seg_h0) share("seg_dz", "seg_h0");
+      if (!ir.saved_segment_maps) {
+        share("seg_dzm", "seg_hm");
+        share("seg_dz", "seg_h0");
+      }
     }
   }
   // With cp.ranks R every rank boundary inside a document starts a piece chunked from its own first
@@ -451,7 +467,11 @@ LayerIR lower(const Spec& spec_in) {
   fwd.push_back({"gate_cumsum", ""});
   auto push_segment_programs = [&](std::vector<Launch>& launches, const std::string& when) {
     if (segments <= 1) return;
-    launches.push_back({"walk_prescan", "S_ext and M of every segment but a document's last", when});
+    launches.push_back({"walk_prescan",
+                        ir.saved_segment_maps
+                            ? "S_ext of every segment but a document's last, M of every one (saved for the backward)"
+                            : "S_ext and M of every segment but a document's last",
+                        when});
     launches.push_back({"walk_merge", "the state entering every segment, fp32", when});
   };
   fwd.push_back({"chunk_solve", fold_rstd ? "Tm, and the rows' rstd of k from K K^T's diagonal" : "Tm"});
@@ -525,8 +545,15 @@ LayerIR lower(const Spec& spec_in) {
   }
   bwd.push_back({"dv_local", walk_fuses_dv ? "nothing on sm_90a: state_walk_bwd computes it there" : ""});
   if (segments > 1) {
-    bwd.push_back({"walk_bwd_prescan", "dZ_ext and A = M^T of every segment but a document's first"});
-    bwd.push_back({"walk_merge_bwd", "the gradient at every segment's end, fp32, from dht"});
+    if (ir.saved_segment_maps) {
+      bwd.push_back({"walk_bwd_prescan", "dZ_ext of every segment but a document's first"});
+      bwd.push_back({"walk_merge_bwd",
+                     "the gradient at every segment's end, fp32, from dht; A = M^T from the "
+                     "forward's saved maps"});
+    } else {
+      bwd.push_back({"walk_bwd_prescan", "dZ_ext and A = M^T of every segment but a document's first"});
+      bwd.push_back({"walk_merge_bwd", "the gradient at every segment's end, fp32, from dht"});
+    }
   }
   bwd.push_back({"state_walk_bwd", ""});
   bwd.push_back({"chunk_bwd", "dq/dk per value head (bf16)"});

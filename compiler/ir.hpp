@@ -116,6 +116,9 @@ struct LayerIR {
   /// backward_w "auto": spec.backward_w holds the choice lower() made (the walk wherever it can).
   bool backward_w_auto = false;
   int seg_min_chunks = 0;
+  /// Intra-card segments on one rank: the forward's per-segment maps (S_ext | M, seg_hm) are in
+  /// the saved region, and the backward takes each segment's transition from them (A = M^T).
+  bool saved_segment_maps = false;
   std::vector<Program> programs;
   std::vector<Buffer> buffers;
   std::vector<CallFormIR> call_forms;

@@ -228,6 +228,8 @@ void bind_walk_merge(Builder& b, const char* program, const char* maps, const Va
     GDN_BIND(l, P, kcp_entry, b.slot("kcp_entry"));
     GDN_BIND(l, P, kcp_entry_mode, b.frame(Frame::kcp_entry_mode));
   }
+  // The backward's transitions on one rank: A = M^T from the forward's saved maps.
+  if (b.ir().saved_segment_maps && std::string(program) == "walk_merge_bwd") GDN_BIND(l, P, fwd_maps, b.slot("seg_hm"));
 }
 
 /// A rank's exchange (kcp_exchange) on the segment slots `slots`; a receive starts the walk phase.

@@ -165,6 +165,9 @@ struct WalkMergeParams {
   float* kcp_entry;  ///< [HV, K, V]
   int kcp_entry_mode;
   int pad_end;
+  /// The backward's merge on one rank (SavedMaps): the forward's saved seg_hm, whose M_i gives
+  /// A_i = M_i^T. Else unused.
+  const float* fwd_maps;  ///< [segment slots, HV, K, V + K]
 };
 enum KcpEntryMode : int { kKcpEntryNone = 0, kKcpEntryWrite = 1, kKcpEntryRead = 2 };
 
@@ -292,7 +295,7 @@ static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host a
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 136, "FusedWalkParams: the host and the kernels share this layout");
-static_assert(sizeof(WalkMergeParams) == 56, "WalkMergeParams: the host and the kernels share this layout");
+static_assert(sizeof(WalkMergeParams) == 64, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(KcpExchangeParams) == 56, "KcpExchangeParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");

@@ -385,7 +385,12 @@ TEST_SUITE("ir") {
     // The backward walk is segmented too: its prescan and merge run between dv_local and it.
     for (const char* name : {"walk_bwd_prescan", "walk_merge_bwd", "state_walk_bwd"})
       CHECK_MESSAGE(constant_of(seg.program(name), "SEGMENTS") == "8", name);
-    CHECK(seg.program("walk_bwd_prescan").grid == gdn::GridKind::walk_prescan);
+    // One rank: the backward prescan walks dZ_ext alone (A = M^T comes from the forward's saved maps).
+    CHECK(seg.program("walk_bwd_prescan").grid == gdn::GridKind::walk_segments);
+    CHECK(seg.saved_segment_maps);
+    CHECK(constant_of(seg.program("walk_bwd_prescan"), "SAVED_MAPS") == "true");
+    CHECK(constant_of(seg.program("walk_merge_bwd"), "SAVED_MAPS") == "true");
+    CHECK(constant_of(seg.program("walk_prescan"), "SAVED_MAPS") == "true");
     // The prescan keeps the portable body's 32-wide slabs when the walk takes the sm_90a body's 128.
     CHECK(constant_of(seg.program("walk_bwd_prescan"), "BV") == "32");
     CHECK(seg.program("walk_bwd_prescan").threads == gdn::StateWalkBwdGeometry::threads(32));
@@ -405,13 +410,14 @@ TEST_SUITE("ir") {
       CHECK(*(walk - 2) == "walk_bwd_prescan");
       CHECK(*(walk - 1) == "walk_merge_bwd");
     }
-    // seg_dzm: dZ_ext | A per segment; seg_dz: the gradient at each segment's end. With light saves
-    // seg_dzm takes the bytes of seg_hm (dead once the forward's merge is done); seg_h0 is saved
-    // (the backward's re-run walk reads it), so seg_dz has its own slot.
+    // seg_dzm: dZ_ext | A per segment; seg_dz: the gradient at each segment's end. The forward's
+    // maps (seg_hm) are saved for the backward's transitions and, with light saves, seg_h0 for its
+    // re-run walk: seg_dzm and seg_dz have workspace slots of their own.
     CHECK(seg.buffer("seg_dzm").bytes.text() == seg.buffer("seg_hm").bytes.text());
     CHECK(seg.buffer("seg_dz").bytes.text() == seg.buffer("seg_h0").bytes.text());
-    CHECK(seg.buffer("seg_dzm").lives_in == "seg_hm");
+    CHECK(seg.buffer("seg_dzm").lives_in.empty());
     CHECK(seg.buffer("seg_dz").lives_in.empty());
+    CHECK(seg.buffer("seg_hm").role == gdn::BufferRole::saved);
     CHECK(seg.buffer("seg_h0").role == gdn::BufferRole::saved);
     // seg_hm: S_ext | M per segment, fp32; seg_h0: the entry state per segment.
     CHECK(seg.buffer("seg_hm").bytes.eval(32768, 5, 64) == 5LL * 8 * 48 * 128 * 256 * 4);
@@ -435,10 +441,11 @@ TEST_SUITE("ir") {
     }
     spec.save_mode = gdn::SaveMode::full;
     const auto full = gdn::lower(spec);
-    CHECK(full.buffer("seg_hm").forms == std::vector<gdn::CallForm>{gdn::CallForm::forward, gdn::CallForm::recompute});
+    CHECK(full.buffer("seg_hm").role == gdn::BufferRole::saved);  // the backward's transitions
     CHECK(full.buffer("seg_dzm").forms == std::vector<gdn::CallForm>{gdn::CallForm::backward});
-    CHECK(full.buffer("seg_dzm").lives_in.empty());  // full saves: the forward's segment bytes are not the backward's
+    CHECK(full.buffer("seg_dzm").lives_in.empty());
     CHECK(full.buffer("seg_h0").role == gdn::BufferRole::workspace);  // the backward re-runs no walk
+    CHECK(full.buffer("seg_h0").forms == std::vector<gdn::CallForm>{gdn::CallForm::forward, gdn::CallForm::recompute});
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 8);
     spec.cp_segments = 65;
     CHECK_THROWS_WITH_AS(gdn::lower(spec), "/cp/segments: 65 is not supported (supported: \"auto\", 1 to 64)",
@@ -463,6 +470,10 @@ TEST_SUITE("ir") {
         CHECK_MESSAGE(constant_of(ir.program(name), "RANKS") == "4", name);
       CHECK(constant_of(ir.program("fused_walk"), "SEGMENTS") == "4");
       CHECK(ir.program("fused_walk").grid == gdn::GridKind::walk_segments);
+      // The ranks exchange their own backward records (dZ_ext | A): no maps are saved.
+      CHECK_FALSE(ir.saved_segment_maps);
+      CHECK(ir.program("walk_bwd_prescan").grid == gdn::GridKind::walk_prescan);
+      CHECK(ir.buffer("seg_hm").role == gdn::BufferRole::workspace);
       // Every per-chunk buffer holds three more chunks; per-token and per-document ones are unchanged.
       CHECK(ir.buffer("h_tape").bytes.eval(32768, 5, 64) == plain.buffer("h_tape").bytes.eval(32768, 8, 64));
       CHECK(ir.buffer("chunks").bytes.eval(1000, 2, 64) == (1000 / 64 + 2 + 3) * 16);

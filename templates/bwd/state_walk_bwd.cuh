@@ -103,6 +103,7 @@ struct StateWalkBwdMmaSync {
     const int c_first = ds.begin(seg), c_last = ds.begin(seg + 1) - 1;
     const long long slot = ds.slot0 + seg;
     if (kPrescan && seg == 0) return;
+    if (kPrescan && transition && SavedMaps<Cfg>::value) return;  // A = M^T comes from the forward's saved maps
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* const stage = smem;
     float* const gbuf = reinterpret_cast<float*>(reinterpret_cast<bf16_t*>(stage) + kOffG);

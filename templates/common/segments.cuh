@@ -31,6 +31,19 @@
 
 namespace gdn {
 
+/// Cfg::SAVED_MAPS where the program has it (walk_prescan, walk_bwd_prescan, walk_merge_bwd),
+/// else false: the forward's per-segment maps (S_ext | M) are saved, the forward prescan
+/// computes every segment's transition M, and the backward takes A = M^T from them instead of
+/// walking it (compiler/ir.cpp).
+template <class Cfg, class = int>
+struct SavedMaps {
+  static constexpr bool value = false;
+};
+template <class Cfg>
+struct SavedMaps<Cfg, decltype((void)Cfg::SAVED_MAPS, 0)> {
+  static constexpr bool value = Cfg::SAVED_MAPS;
+};
+
 template <class Cfg>
 struct DocSegments {
   int first;        ///< the document's first chunk

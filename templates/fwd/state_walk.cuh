@@ -73,7 +73,9 @@ struct StateWalk {
     if (!ds.local(seg)) return;  // past this document's segments ("auto"), or a remote piece
     const int c_begin = ds.begin(seg), c_end = ds.begin(seg + 1);
     const long long slot = ds.slot0 + seg;
-    if (kPrescan && seg == ds.count - 1) return;  // the merge never needs the last segment's transition
+    // The forward merge never needs the last segment's transition; the backward's merge takes it
+    // from the saved maps (A = M^T) when they are saved. An unsplit document has no slot.
+    if (kPrescan && (!ds.split() || (seg == ds.count - 1 && !(transition && SavedMaps<Cfg>::value)))) return;
 
     bf16_t* sS = reinterpret_cast<bf16_t*>(smem + kOff_s);
     bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);

@@ -11,7 +11,9 @@
  * so the local piece starts from the proxy's bits (docs/design_kcp.md 3.1).
  *
  * WalkMergeBwd is the backward's: Z = dht (or 0); for each segment i from the last: seg_dz[i] = Z,
- * then Z = A_i Z + dZ_ext_i, A_i = M_i^T from the backward prescan (docs/algorithm.md 4.4, 4.6).
+ * then Z = A_i Z + dZ_ext_i, A_i = M_i^T (docs/algorithm.md 4.4, 4.6): on one rank read from the
+ * forward's saved maps (M_i's column r is A_i's row r; SavedMaps), on a rank of a context-parallel
+ * run from the backward prescan's records.
  */
 #pragma once
 
@@ -79,22 +81,42 @@ struct WalkMerge {
       // The merge is a chain of one such product per segment: the next k-block's row of M is
       // loaded while this one's products run, so a link does not wait on each k-block's loads.
       // The sum over k keeps its order (same bits).
-      float4 m[4], next[4];
+      if constexpr (kReverse && SavedMaps<Cfg>::value) {
+        // A's row r is column r of the forward's M: one float per k (consecutive rows r of a warp
+        // read consecutive floats), the next k-block's loaded during this one's products.
+        const float* col = p.fwd_maps + (z * HV + j) * K * (V + K) + V + r;
+        float a[16], a_next[16];
 #pragma unroll
-      for (int q = 0; q < 4; ++q) m[q] = row[V / 4 + q];
-      for (int k0 = 0; k0 < K; k0 += 16) {
-        if (k0 + 16 < K)
+        for (int kk = 0; kk < 16; ++kk) a[kk] = col[(long long)kk * (V + K)];
+        for (int k0 = 0; k0 < K; k0 += 16) {
+          if (k0 + 16 < K)
 #pragma unroll
-          for (int q = 0; q < 4; ++q) next[q] = row[(V + k0 + 16) / 4 + q];
+            for (int kk = 0; kk < 16; ++kk) a_next[kk] = col[(long long)(k0 + 16 + kk) * (V + K)];
 #pragma unroll
-        for (int kk = 0; kk < 16; ++kk) {
-          const float4 t = m[kk / 4];
-          const float mk = kk % 4 == 0 ? t.x : kk % 4 == 1 ? t.y : kk % 4 == 2 ? t.z : t.w;
+          for (int kk = 0; kk < 16; ++kk)
 #pragma unroll
-          for (int e = 0; e < 16; ++e) x[e] = fmaf(mk, sS[k0 + kk][half + e], x[e]);
+            for (int e = 0; e < 16; ++e) x[e] = fmaf(a[kk], sS[k0 + kk][half + e], x[e]);
+#pragma unroll
+          for (int kk = 0; kk < 16; ++kk) a[kk] = a_next[kk];
         }
+      } else {
+        float4 m[4], next[4];
 #pragma unroll
-        for (int q = 0; q < 4; ++q) m[q] = next[q];
+        for (int q = 0; q < 4; ++q) m[q] = row[V / 4 + q];
+        for (int k0 = 0; k0 < K; k0 += 16) {
+          if (k0 + 16 < K)
+#pragma unroll
+            for (int q = 0; q < 4; ++q) next[q] = row[(V + k0 + 16) / 4 + q];
+#pragma unroll
+          for (int kk = 0; kk < 16; ++kk) {
+            const float4 t = m[kk / 4];
+            const float mk = kk % 4 == 0 ? t.x : kk % 4 == 1 ? t.y : kk % 4 == 2 ? t.z : t.w;
+#pragma unroll
+            for (int e = 0; e < 16; ++e) x[e] = fmaf(mk, sS[k0 + kk][half + e], x[e]);
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) m[q] = next[q];
+        }
       }
       __syncthreads();  // every thread is done reading sS before the next segment overwrites it
     }
