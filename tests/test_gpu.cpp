@@ -661,8 +661,10 @@ TEST_SUITE("gpu_determinism") {
   // The proxy is the oracle of the multi-rank runs, so its own bits must be stable: repeats,
   // light = full = ckpt. And where the rank boundaries fall on chunk boundaries of one document,
   // its pieces are exactly what cp.segments cuts (nc * s / R chunks), so both give the same
-  // forward bits. The gradients differ by construction: on one rank the segments' backward takes
-  // each transition from the forward's saved maps (A = M^T), the ranks walk their own.
+  // forward bits. The gradients are not compared: on one rank the segments' backward takes each
+  // transition from the forward's saved maps (A = M^T), the ranks walk their own (other roundings,
+  // though these inputs' gates decay every transition to zero, so they agree here; both are held
+  // to fp64 with g = 0 in gpu_layer).
   TEST_CASE("cp.ranks: repeats bitwise equal, light = full = ckpt, and equal to segments where the cuts agree") {
     for (const char* example : {"n", "m"}) {
       check::Case c;
@@ -689,8 +691,6 @@ TEST_SUITE("gpu_determinism") {
       const check::Report by_segments = check::run(*make(segmented), one);
       for (const char* out : {"o", "ht"})
         CHECK_MESSAGE(by_segments.bytes.at(out) == by_ranks.bytes.at(out), ranked.name << " vs 4 segments: " << out);
-      CHECK_MESSAGE(by_segments.bytes.at("dq") != by_ranks.bytes.at("dq"),
-                    ranked.name << " vs 4 segments: dq equal, but the transitions come from different walks");
       // Not by construction: with a boundary inside a chunk (3 ranks of 853 tokens) they differ.
       one.doc_lens = {2559};
       ranked.cp_ranks = 3;
