@@ -393,7 +393,7 @@ LayerIR lower(const Spec& spec_in) {
   };
   if (segments > 1) {
     // Every forward call form runs the prescan and the merge before its walk. A document's last
-    // segment has no transition to store: its seg_hm rows stay unused, so that one slot per
+    // segment has no S_ext to store (nor an M unless the maps are saved), so one slot per
     // segment serves seg_hm and seg_h0: n * segments + segment when pinned; with "auto", only
     // documents of two or more segments take slots, first chunk / min chunks + segment
     // (distinct, below NT / min chunks: templates/common/segments.cuh). The backward's re-run
@@ -438,8 +438,8 @@ LayerIR lower(const Spec& spec_in) {
       share("dq_v", "w");
       share("dk_v", "u");
       // The re-run forward walk is done with seg_hm and seg_h0 before the backward prescan starts
-      // (with a hand-off the backward never reads them); a saved seg_h0 is not the backward's to
-      // overwrite, so seg_dz then has a slot of its own.
+      // (with a hand-off the backward never reads them). Saved maps and entry states are not the
+      // backward's to overwrite: seg_dzm and seg_dz then take slots of their own.
       if (!ir.saved_segment_maps) {
         share("seg_dzm", "seg_hm");
         share("seg_dz", "seg_h0");
