@@ -99,7 +99,9 @@ if has sanitize; then
   # The proxy of context parallelism: 766 tokens over 2 ranks, the boundary inside a chunk of the second document;
   # then each rank's KCP phases in turn on 768 tokens (384 a rank keeps every rank's slice 16-byte aligned).
   sed 's/"name": "shape_n"/"name": "shape_n_ranks2"/; s/"ranks": 1/"ranks": 2/' examples/n.json > "$sdir/n_ranks2.json"
+  # A 4200-token document is split in two by cp.segments "auto" (slots, the saved segment maps).
   runs=("examples/n.json --docs 65,700 --seed 3" "examples/n.json --docs 65,700 --seed 3 --ckpt"
+        "examples/n.json --docs 4200,65,300 --seed 3"
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
         "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases")
