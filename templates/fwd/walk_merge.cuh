@@ -81,42 +81,31 @@ struct WalkMerge {
       // The merge is a chain of one such product per segment: the next k-block's row of M is
       // loaded while this one's products run, so a link does not wait on each k-block's loads.
       // The sum over k keeps its order (same bits).
-      if constexpr (kReverse && SavedMaps<Cfg>::value) {
-        // A's row r is column r of the forward's M: one float per k (consecutive rows r of a warp
-        // read consecutive floats), the next k-block's loaded during this one's products.
-        const float* col = p.fwd_maps + (z * HV + j) * K * (V + K) + V + r;
-        float a[16], a_next[16];
+      // A's row r on one rank is column r of the forward's saved M: one float per k (consecutive
+      // rows r of a warp read consecutive floats); else row r of the record, four floats a load.
+      auto load_k_block = [&](float(&a)[16], int k0) {
+        if constexpr (kReverse && SavedMaps<Cfg>::value) {
+          const float* col = p.fwd_maps + (z * HV + j) * K * (V + K) + V + r;
 #pragma unroll
-        for (int kk = 0; kk < 16; ++kk) a[kk] = col[(long long)kk * (V + K)];
-        for (int k0 = 0; k0 < K; k0 += 16) {
-          if (k0 + 16 < K)
+          for (int kk = 0; kk < 16; ++kk) a[kk] = col[(long long)(k0 + kk) * (V + K)];
+        } else {
 #pragma unroll
-            for (int kk = 0; kk < 16; ++kk) a_next[kk] = col[(long long)(k0 + 16 + kk) * (V + K)];
-#pragma unroll
-          for (int kk = 0; kk < 16; ++kk)
-#pragma unroll
-            for (int e = 0; e < 16; ++e) x[e] = fmaf(a[kk], sS[k0 + kk][half + e], x[e]);
-#pragma unroll
-          for (int kk = 0; kk < 16; ++kk) a[kk] = a_next[kk];
-        }
-      } else {
-        float4 m[4], next[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) m[q] = row[V / 4 + q];
-        for (int k0 = 0; k0 < K; k0 += 16) {
-          if (k0 + 16 < K)
-#pragma unroll
-            for (int q = 0; q < 4; ++q) next[q] = row[(V + k0 + 16) / 4 + q];
-#pragma unroll
-          for (int kk = 0; kk < 16; ++kk) {
-            const float4 t = m[kk / 4];
-            const float mk = kk % 4 == 0 ? t.x : kk % 4 == 1 ? t.y : kk % 4 == 2 ? t.z : t.w;
-#pragma unroll
-            for (int e = 0; e < 16; ++e) x[e] = fmaf(mk, sS[k0 + kk][half + e], x[e]);
+          for (int q = 0; q < 4; ++q) {
+            const float4 t = row[(V + k0) / 4 + q];
+            a[4 * q] = t.x, a[4 * q + 1] = t.y, a[4 * q + 2] = t.z, a[4 * q + 3] = t.w;
           }
-#pragma unroll
-          for (int q = 0; q < 4; ++q) m[q] = next[q];
         }
+      };
+      float a[16], a_next[16];
+      load_k_block(a, 0);
+      for (int k0 = 0; k0 < K; k0 += 16) {
+        if (k0 + 16 < K) load_k_block(a_next, k0 + 16);
+#pragma unroll
+        for (int kk = 0; kk < 16; ++kk)
+#pragma unroll
+          for (int e = 0; e < 16; ++e) x[e] = fmaf(a[kk], sS[k0 + kk][half + e], x[e]);
+#pragma unroll
+        for (int kk = 0; kk < 16; ++kk) a[kk] = a_next[kk];
       }
       __syncthreads();  // every thread is done reading sS before the next segment overwrites it
     }
