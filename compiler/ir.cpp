@@ -45,7 +45,7 @@ static std::string to_string(GridKind g) {
     case GridKind::walk: return "(V / BV, HV, N)";
     case GridKind::walk_segments: return "(V / BV, HV, N * segments)";
     case GridKind::walk_prescan: return "((V + K) / BV, HV, N * segments)";
-    case GridKind::walk_merge: return "(V / 32, HV, N)";
+    case GridKind::walk_merge: return fmt::format("(V / {}, HV, N)", WalkMergeGeometry::kColumns);
     case GridKind::finalize: return "(finalize_grid(T, H), 1, 1)";
     case GridKind::exchange: return fmt::format("({}, 1, 1)", KcpExchangeGeometry::kBlocks);
   }
