@@ -239,7 +239,8 @@ TEST_SUITE("launches") {
       order.push_back(r.program);
       const unsigned bv = static_cast<unsigned>(seg_layer->ir().walk_bv);
       if (r.program == "walk_prescan") CHECK((r.grid.x == 256 / bv && r.grid.y == 48 && r.grid.z == 30));
-      if (r.program == "walk_merge") CHECK((r.grid.x == 128 / gdn::WalkMergeGeometry::kColumns && r.grid.y == 48 && r.grid.z == 5));
+      if (r.program == "walk_merge")
+        CHECK((r.grid.x == 128 / gdn::WalkMergeGeometry::kColumns && r.grid.y == 48 && r.grid.z == 5));
       if (r.program == "state_walk") CHECK((r.grid.x == 128 / bv && r.grid.y == 48 && r.grid.z == 30));
     }
     const auto at = [&](const char* p) { return std::find(order.begin(), order.end(), p) - order.begin(); };
