@@ -283,7 +283,9 @@ LayerIR lower(const Spec& spec_in) {
   if (segments > 1) {
     add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
         StateWalkBwdGeometry::threads(prescan_bwd_bv),
-        StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, prescan_bwd_bv),
+        // With the saved maps the prescan walks dZ_ext alone in the walk's operands: no lo tiles.
+        ir.saved_segment_maps ? StateWalkBwdGeometry::portable_smem_bytes_bv(K, C, prescan_bwd_bv)
+                              : StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, prescan_bwd_bv),
         ir.saved_segment_maps ? GridKind::walk_segments : GridKind::walk_prescan, prescan_bwd_bv,
         StateWalkBwdGeometry::min_blocks_per_sm(prescan_bwd_bv));
     add_segment_constants();

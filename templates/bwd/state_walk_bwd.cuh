@@ -16,8 +16,10 @@
  * Intra-card segments (Cfg::SEGMENTS > 1, docs/algorithm.md 4.4 and 4.6): the reverse walk is affine
  * in the gradient at a segment's end, Z_start = A Z_end + dZ_ext with A = M^T. StateWalkBwdPrescan
  * walks every segment but each document's first from Z = 0 (dZ_ext, V columns) and, with dO and
- * dv_local taken as zero, from Z = I (A, K columns), with Z and dV' as bf16 hi + lo pairs; WalkMergeBwd
- * chains them in fp32 from dht; then every segment walks from its merged end gradient.
+ * dv_local taken as zero, from Z = I (A, K columns), with Z and dV' as bf16 hi + lo pairs; on one
+ * rank A is the forward's saved M^T and the prescan walks dZ_ext alone, with the walk's bf16
+ * operands. WalkMergeBwd chains them in fp32 from dht; then every segment walks from its merged
+ * end gradient.
  */
 #pragma once
 
@@ -111,9 +113,12 @@ struct StateWalkBwdMmaSync {
     bf16_t* sOl = sOh + C * PB;
     bf16_t* sZ = sOl + C * PB;
     bf16_t* sD = sZ + K * PB;  // holds -bf16(dV') so the W^T product subtracts through an add
-    // The prescan carries Z and dV' as bf16 hi + lo pairs: its (dZ_ext, A) then hold the segment's
-    // affine map to about fp32 accuracy, and the merged end gradients carry no rounding of their own
-    // (with bf16 alone, A's roundings add to the walk's: dg 11 % worse with 8 segments at g = 0).
+    // The prescan carries Z and dV' as bf16 hi + lo pairs where it walks A: (dZ_ext, A) then hold
+    // the segment's affine map to about fp32 accuracy, and the merged end gradients carry no
+    // rounding of their own (with bf16 alone, A's roundings added to the walk's: dg 11 % worse with
+    // 8 segments at g = 0). Where A is the forward's saved M^T (in hi + lo there), dZ_ext is a walk
+    // from zero like any segment's and takes the walk's own bf16 operands: a third fewer products.
+    constexpr bool kSplit = kPrescan && !SavedMaps<Cfg>::value;
     bf16_t* sZl = sD + C * PB;
     bf16_t* sDl = sZl + K * PB;
     const bf16_t* sK = reinterpret_cast<const bf16_t*>(stage) + kOffK;
@@ -172,7 +177,7 @@ struct StateWalkBwdMmaSync {
       const float gL = sg[m - 1];
 
       bwd::for_pairs(z, [&](int r, int cc, float& a, float& b) {
-        if (kPrescan) {
+        if (kSplit) {
           bf16_t h0, l0, h1, l1;
           bwd::split_bf16(a, h0, l0);
           bwd::split_bf16(b, h1, l1);
@@ -206,7 +211,7 @@ struct StateWalkBwdMmaSync {
       Acc<C, BV, kWarps> d;
       d.zero();
       bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZ, PB, 1}, K);
-      if (kPrescan) bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZl, PB, 1}, K);
+      if (kSplit) bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZl, PB, 1}, K);
       bwd::for_pairs(d, [&](int r, int cc, float& a, float& b) {
         float x0 = 0.f, x1 = 0.f;
         if (r < m) {
@@ -215,7 +220,7 @@ struct StateWalkBwdMmaSync {
           x1 = e * b + bf2f(sL[r * PB + cc + 1]);
         }
         // Negating a bf16 is exact: flip the sign bit.
-        if (kPrescan) {
+        if (kSplit) {
           bf16_t h0, l0, h1, l1;
           bwd::split_bf16(x0, h0, l0);
           bwd::split_bf16(x1, h1, l1);
@@ -249,7 +254,7 @@ struct StateWalkBwdMmaSync {
         bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
       }
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
-      if (kPrescan) bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sDl, PB, 1}, C);
+      if (kSplit) bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sDl, PB, 1}, C);
       __syncthreads();  // B3: Q, W, sZ, sOh/sOl and sD are free
       if (has_prev) load_qw(stage, p, prev, j, inputs);
       bwd::cp_async_commit();
