@@ -86,9 +86,7 @@ struct StateWalkBwdSm90Layout {
   static constexpr int off_staging(int K, int chunk) { return kStages * stage_bytes(K, chunk); }
   static constexpr int off_p(int K, int chunk) { return off_staging(K, chunk) + 2 * 2 * staging_bytes(K); }
   static constexpr int off_bar(int K, int chunk) { return off_p(K, chunk) + kPTiles * chunk * chunk * 2; }
-  /// full[s], empty[s], pfull[b], pempty[b], then zready[b] and dhfree[b] (the dh tape's staging
-  /// tile by chunk parity: written by the walks, stored to the tape by the loading warpgroup).
-  static constexpr int kBarriers = 2 * kStages + 2 * kPTiles + 4;
+  static constexpr int kBarriers = 2 * kStages + 2 * kPTiles;  ///< full[s], empty[s], pfull[b], pempty[b]
   /// One buffer: scale exp2(min(gc_t, 0)) for dO, exp2(gcL - gc_t) for dV'.
   static constexpr int vec_bytes(int chunk) { return 2 * chunk * 4; }
   static constexpr int off_vec(int K, int chunk) { return off_bar(K, chunk) + 128; }

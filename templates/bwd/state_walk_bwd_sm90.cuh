@@ -17,10 +17,8 @@
  *      Z^T += (-bf16(dV'))^T W                  4 x m64n128k16 (from registers)
  *    with dV'^T = exp2(gcL - gc_t) D^T + bf16(L^T). dO arrives transposed in the A layout through
  *    ldmatrix.trans; bf16(Z) (the dh tape) and bf16(dV') (dv_new) pass through two SW128 staging
- *    tiles per walk, by chunk parity (stmatrix.trans). Each warp stores its own 16 columns of
- *    dv_new while the tensor cores run; the dh tape (32 KB a chunk) is stored from the staging by
- *    the loading warpgroup behind zready / dhfree, off the walks' instruction stream (it took 13 %
- *    of a chunk's period there at M). The chain per chunk is bf16(Z) -> D -> dV' -> Z.
+ *    tiles per walk, by chunk parity (stmatrix.trans), each warp storing its own 16 columns while
+ *    the tensor cores run. The chain per chunk is bf16(Z) -> D -> dV' -> Z.
  * Each k loop keeps the portable programs' order and each element its rounding: the block gives
  * the bits of dv_local followed by state_walk_bwd (gpu_determinism holds it to them), and the
  * layer's dv_local program does nothing on sm_90a when this body runs (Cfg::WALK_FUSES_DV there).
@@ -82,9 +80,7 @@ struct StateWalkBwdSm90 {
     mbar_t* const empty = bars + kStages;      // [kStages], 384 arrivals: the scores' and both walks' threads
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
-    mbar_t* const zready = pempty + kPTiles;   // [2] by chunk parity, 256 arrivals: both walks' bf16(Z) staged
-    mbar_t* const dhfree = zready + 2;         // [2], 128 arrivals: the loader has stored that staging's dh tape
-    mbar_t* const wtile = dhfree + 2;          // kFusesW: [0] wfull (128: the scores), [1] wempty (256: the walks)
+    mbar_t* const wtile = pempty + kPTiles;    // kFusesW: [0] wfull (128: the scores), [1] wempty (256: the walks)
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         pipe::mbar_init(full + s, 128);
@@ -93,10 +89,6 @@ struct StateWalkBwdSm90 {
       for (int b = 0; b < kPTiles; ++b) {
         pipe::mbar_init(pfull + b, 128);
         pipe::mbar_init(pempty + b, 256);
-      }
-      for (int b = 0; b < 2; ++b) {
-        pipe::mbar_init(zready + b, 256);
-        pipe::mbar_init(dhfree + b, 128);
       }
       if (kFusesW) {
         pipe::mbar_init(wtile, 128);
@@ -108,13 +100,13 @@ struct StateWalkBwdSm90 {
     const int role = threadIdx.x / 128;
     if (role == 0) {
       pipe::setmaxnreg_dec<kLoaderRegs>();
-      loader(p, range, smem, full, empty, zready, dhfree);
+      loader(p, range, smem, full, empty);
     } else if (role == 1) {
       pipe::setmaxnreg_dec<kScoreRegs>();
       scores(p, range, smem, full, empty, pfull, pempty, wtile);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
-      walk(p, range, smem, role - 2, full, empty, pfull, pempty, zready, dhfree, wtile);
+      walk(p, range, smem, role - 2, full, empty, pfull, pempty, wtile);
     }
   }
 
@@ -146,34 +138,10 @@ struct StateWalkBwdSm90 {
     }
   }
 
-  /// dh_tape[c] = bf16(Z) of the u-th chunk walked, from both walks' staging tiles u % 2 once they
-  /// are written; the tile is free for the walks' dv_new after. Thread t stores 16-byte piece t % 8
-  /// of rows t / 8 + 16 i of each 64-column slab (the rows' swizzle phase stays fixed).
-  __device__ __forceinline__ static void store_dh(const StateWalkBwdParams& p, unsigned char* smem, int u, int c,
-                                                  mbar_t* zready, mbar_t* dhfree, int tid) {
-    const int b = u & 1, piece = 8 * (tid & 7);
-    int r0 = tid >> 3;
-    asm volatile("" : "+r"(r0));  // per call: hoisted out of the chunk loop the addresses spill
-    pipe::mbar_wait(zready + b, (u >> 1) & 1);
-    const long long v0 = (long long)blockIdx.x * BV;
-    bf16_t* const dst = p.dh_tape + ((long long)c * HV + blockIdx.y) * K * V + v0 + piece;
-#pragma unroll
-    for (int slab = 0; slab < 2; ++slab) {
-      const u32 src = wg::smem_u32(smem + kOffStaging + (2 * slab + b) * kStagingBytes);
-#pragma unroll 4
-      for (int i = 0; i < K / 16; ++i) {
-        const int r = r0 + 16 * i;
-        bwd::st_global_v4(dst + (long long)r * V + slab * kSlab, wg::lds_v4(src + sw128::offset(r, piece, K)));
-      }
-    }
-    pipe::mbar_arrive(dhfree + b);
-  }
-
   /// Warpgroup 0: the u-th chunk walked (chunk end - 1 - u) into stage u % 2 once the stage's
-  /// previous chunk (u - 2) is released, then the dh tape of chunk u - 1.
+  /// previous chunk (u - 2) is released.
   __device__ __forceinline__ static void loader(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
-                                                unsigned char* smem, mbar_t* full, mbar_t* empty, mbar_t* zready,
-                                                mbar_t* dhfree) {
+                                                unsigned char* smem, mbar_t* full, mbar_t* empty) {
     const int tid = threadIdx.x;
     const int j = blockIdx.y, hq = j / G, v0 = blockIdx.x * BV;
     const int c_last = range.end - 1, nc = range.end - range.begin;
@@ -186,10 +154,8 @@ struct StateWalkBwdSm90 {
       if (u >= kStages) pipe::mbar_wait(empty + s, phase ^ 1);
       load_chunk(p, smem, s, ci, j, hq, v0, tid);
       pipe::cp_async_arrive(full + s);
-      if (u >= 1) store_dh(p, smem, u - 1, c_last - (u - 1), zready, dhfree, tid);
       if (++s == kStages) s = 0, phase ^= 1;
     }
-    if (nc > 0) store_dh(p, smem, nc - 1, range.begin, zready, dhfree, tid);
   }
 
   /// Warpgroup 1: dv_local's gated scores of the u-th chunk walked, P = Q K^T on the tensor cores,
@@ -329,7 +295,7 @@ struct StateWalkBwdSm90 {
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
   __device__ __forceinline__ static void walk(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
                                               unsigned char* smem, int slab, mbar_t* full, mbar_t* empty, mbar_t* pfull,
-                                              mbar_t* pempty, mbar_t* zready, mbar_t* dhfree, mbar_t* wtile) {
+                                              mbar_t* pempty, mbar_t* wtile) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
     const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
     const int seg = range.seg;
@@ -411,7 +377,6 @@ struct StateWalkBwdSm90 {
         to_a(zb, Z, ks);
         stage_frags(z_addr, K, ks, zb);
       }
-      pipe::mbar_arrive(zready + b);  // the loader stores the dh tape from this staging
       pipe::mbar_wait(full + s, phase);
       // The chunk's column factors, once per column: scale exp2(min(gc_t, 0)) for dO by threads
       // 0..63, exp2(gcL - gc_t) for dV' by 64..127.
@@ -476,15 +441,21 @@ struct StateWalkBwdSm90 {
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(Z, Ol[ks], wg::desc_mn_major(q_addr, C, ks), 1);
       wg::commit();
 
+      // dh_tape[c] = bf16(Z) from the staging, while the tensor cores run.
+      {
+        bf16_t* const dst = p.dh_tape + ((long long)c * HV + j) * K * V + v0 + c8;
+#pragma unroll 4
+        for (int r = lane >> 1; r < K; r += 16)
+          bwd::st_global_v4(dst + (long long)r * V, wg::lds_v4(z_addr + sw128::offset(r, c8, K)));
+      }
+
       wg::wait<1>();  // D and dv_local^T
       wg::fence_acc(D);
       wg::fence_acc(Lc);
       pipe::mbar_arrive(pempty + b);
       // dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) (0 for t >= len); -bf16(dV'^T) as A
       // fragments, bf16(dV'^T) staged as dv_new rows [t][v] in the other tile (the chunk before's
-      // Z: the warpgroup barrier above came after every warp's wait for that chunk's D, and the
-      // loader's dhfree says its dh tape is stored).
-      if (u >= 1) pipe::mbar_wait(dhfree + (b ^ 1), ((u - 1) >> 1) & 1);
+      // Z: the warpgroup barrier above came after every warp's wait for that chunk's D).
       u32 Dn[C / 16][4];
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
