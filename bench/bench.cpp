@@ -9,7 +9,8 @@
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
  * "walk", "chunk_prep"), seg1 .. seg16, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"),
- * fused-seg-auto (and cp.segments "auto"), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3 (rank r of
+ * fused-seg-auto (and cp.segments "auto"), programs-walks32, programs-walks64, programs-walks32-seg2 / -seg4 (the
+ * programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3 (rank r of
  * a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather, whose records stay as
  * the last call left them)
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
@@ -446,6 +447,11 @@ const std::map<std::string, ArmKind> kArms = {
     {"fused",
      {false, true, false, 0, 0, 0, ForwardPath::fused}},  // forward "fused": the walk and the output in one program
     {"fused-seg-auto", {false, true, false, 0, 0, -1, ForwardPath::fused}},  // forward "fused", cp.segments "auto"
+    // The programs path with both walks' slabs pinned (few documents on many heads: more blocks)
+    {"programs-walks32", {false, true, false, 32, 32, 0, ForwardPath::programs}},
+    {"programs-walks64", {false, true, false, 64, 64, 0, ForwardPath::programs}},
+    {"programs-walks32-seg2", {false, true, false, 32, 32, 2, ForwardPath::programs}},
+    {"programs-walks32-seg4", {false, true, false, 32, 32, 4, ForwardPath::programs}},
     {"ranks2", {false, true, false, 0, 0, 0, std::nullopt, 2}},              // cp.ranks: the single-GPU proxy
     {"ranks4", {false, true, false, 0, 0, 0, std::nullopt, 4}},
     {"kcp2r0", {false, true, false, 0, 0, 0, std::nullopt, 2, 0}},  // one rank's phases, no all-gather
@@ -644,7 +650,8 @@ int main(int argc, char** argv) {
          "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
          "(both 64), seg1, seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused "
-         "(forward \"programs\", \"fused\"), fused-seg-auto, ranks2, ranks4 (cp.ranks: the single-GPU proxy), "
+         "(forward \"programs\", \"fused\"), fused-seg-auto, programs-walks32, programs-walks64, programs-walks32-seg2, "
+         "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\")")
       ->check(CLI::IsMember([] {
