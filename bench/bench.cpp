@@ -10,9 +10,9 @@
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
  * "walk", "chunk_prep"), seg1 .. seg16, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"),
  * fused-seg-auto (and cp.segments "auto"), programs-walks32, programs-walks64, programs-walks32-seg2 / -seg4 (the
- * programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3 (rank r of
- * a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather, whose records stay as
- * the last call left them)
+ * programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3
+ * (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather, whose
+ * records stay as the last call left them)
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -452,7 +452,7 @@ const std::map<std::string, ArmKind> kArms = {
     {"programs-walks64", {false, true, false, 64, 64, 0, ForwardPath::programs}},
     {"programs-walks32-seg2", {false, true, false, 32, 32, 2, ForwardPath::programs}},
     {"programs-walks32-seg4", {false, true, false, 32, 32, 4, ForwardPath::programs}},
-    {"ranks2", {false, true, false, 0, 0, 0, std::nullopt, 2}},              // cp.ranks: the single-GPU proxy
+    {"ranks2", {false, true, false, 0, 0, 0, std::nullopt, 2}},  // cp.ranks: the single-GPU proxy
     {"ranks4", {false, true, false, 0, 0, 0, std::nullopt, 4}},
     {"kcp2r0", {false, true, false, 0, 0, 0, std::nullopt, 2, 0}},  // one rank's phases, no all-gather
     {"kcp2r1", {false, true, false, 0, 0, 0, std::nullopt, 2, 1}},
@@ -650,8 +650,10 @@ int main(int argc, char** argv) {
          "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
          "(both 64), seg1, seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused "
-         "(forward \"programs\", \"fused\"), fused-seg-auto, programs-walks32, programs-walks64, programs-walks32-seg2, "
-         "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), "
+         "(forward \"programs\", \"fused\"), fused-seg-auto, programs-walks32, programs-walks64, "
+         "programs-walks32-seg2, "
+         "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the "
+         "single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\")")
       ->check(CLI::IsMember([] {
