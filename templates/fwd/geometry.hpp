@@ -159,7 +159,7 @@ constexpr int FusedWalkGeometry::smem_bytes(int K, int chunk) {
 }
 
 /// Intra-card segments: the fp32 chain of the segments' transitions (WalkMerge), one block per
-/// (32 state columns, value head, document); static shared memory only.
+/// (kColumns state columns, value head, document); static shared memory only.
 struct WalkMergeGeometry {
   static constexpr int kThreads = 256;
   /// Columns per block: the merge is a latency chain, so fewer columns mean more blocks and
