@@ -13,11 +13,10 @@
  * into SEGMENTS contiguous runs so that its chain of steps is SEGMENTS times shorter.
  * StateWalkPrescan walks every segment but the last from S = 0 (giving S_ext, V columns) and, with
  * U = 0, from S = I (giving the segment's transition M, K columns): S_end = M S_start + S_ext.
- * The M walk carries S and Vg as bf16 hi + lo pairs into its products, so M holds the segment's
- * transition to about fp32 accuracy and the merged entry states add no rounding of their own (with
- * the walk's bf16 roundings, M's error added to the walk's: dg on a 32768-token g = 0 document came
- * out 15 % worse with 4 segments). S_ext is a walk from zero like any segment's and takes the
- * walk's own bf16 operands. WalkMerge (walk_merge.cuh) chains the segments in fp32;
+ * Both carry S and Vg as bf16 hi + lo pairs into their products, so (S_ext, M) hold the segment's
+ * map to about fp32 accuracy and the merged entry states add no rounding of their own (with the
+ * walk's bf16 roundings, M's error added to the walk's: dg on a 32768-token g = 0 document came
+ * out 15 % worse with 4 segments). WalkMerge (walk_merge.cuh) chains the segments in fp32;
  * then StateWalk runs every segment from its merged entry state and writes the tapes.
  */
 #pragma once
@@ -81,10 +80,8 @@ struct StateWalk {
     bf16_t* sS = reinterpret_cast<bf16_t*>(smem + kOff_s);
     bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);
     bf16_t* sVn = reinterpret_cast<bf16_t*>(smem + kOff_vn);
-    // The prescan's M blocks carry S and Vg as bf16 hi + lo pairs (the lo parts: sSl, and sVn,
-    // which they do not otherwise use), so M holds the segment's transition to about fp32 accuracy;
-    // its S_ext blocks walk in the walk's own bf16 operands.
-    const bool split = kPrescan && transition;
+    // The prescan carries S and Vg as bf16 hi + lo pairs (its lo parts: sSl, and sVn, which it
+    // does not otherwise use), so (S_ext, M) hold the segment's affine map to about fp32 accuracy.
     bf16_t* sSl = reinterpret_cast<bf16_t*>(smem + StateWalkGeometry::smem_bytes_bv(K, C, BV));
 
     // State rows r = 32 warp + 16 mi + gr (+8), columns nt * 8 + tq (+1).
@@ -125,7 +122,7 @@ struct StateWalk {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
           const int r = warp * 32 + mi * 16 + gr, col = nt * 8 + tq;
-          if (split) {
+          if (kPrescan) {
             bf16_t h[4], l[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) split_bf16(S[mi][nt][e], h[e], l[e]);
@@ -164,7 +161,7 @@ struct StateWalk {
           u32 b[4];
           fwd::load_b_kn(b, sS, LDS, k0, np * 16);
           fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
-          if (split) {
+          if (kPrescan) {
             fwd::load_b_kn(b, sSl, LDS, k0, np * 16);
             fwd::mma_pair(acc[2 * np], acc[2 * np + 1], a, b);
           }
@@ -181,7 +178,7 @@ struct StateWalk {
           const u32 uu = transition ? 0u : *reinterpret_cast<const u32*>(sU + r * LDS + col);
           const float x0 = bf2f(static_cast<bf16_t>(uu & 0xffffu)) - acc[nt][2 * hh];
           const float x1 = bf2f(static_cast<bf16_t>(uu >> 16)) - acc[nt][2 * hh + 1];
-          if (split) {  // Vg as hi (sVg) + lo (sVn)
+          if (kPrescan) {  // Vg as hi (sVg) + lo (sVn)
             bf16_t h0, l0, h1, l1;
             split_bf16(x0 * gate, h0, l0);
             split_bf16(x1 * gate, h1, l1);
@@ -214,7 +211,7 @@ struct StateWalk {
         if (k0 >= len) break;
           // The prescan adds the lo part of Vg (held in sVn) in a second pass.
 #pragma unroll
-        for (int pass = 0; pass < (split ? 2 : 1); ++pass) {
+        for (int pass = 0; pass < (kPrescan ? 2 : 1); ++pass) {
           u32 bq[NT / 2][4];
 #pragma unroll
           for (int np = 0; np < NT / 2; ++np) fwd::load_b_kn(bq[np], pass ? sVn : sVg, LDS, k0, np * 16);
