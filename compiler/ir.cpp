@@ -7,11 +7,13 @@
 #include "bwd/geometry.hpp"
 #include "cp/geometry.hpp"
 #include "fwd/geometry.hpp"
+#include "params.cuh"
 #include "prep/geometry.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstddef>
 
 namespace gdn {
 
@@ -262,8 +264,16 @@ LayerIR lower(const Spec& spec_in) {
       ir.programs.back().constants.push_back(fold_constant);
       ir.programs.back().constants.emplace_back("OUTPUT", output ? "true" : "false");
       ir.programs.back().constants.emplace_back("TAPES", tapes ? "true" : "false");
-      if (wgmma)
+      if (wgmma) {
         ir.programs.back().max_registers = 65536 / (FusedWalkGeometry::kThreads * FusedWalkGeometry::kMinBlocks);
+        // Whole chunks arrive by TMA (FusedWalkSm90Layout's operand order).
+        using P = FusedWalkParams;
+        auto& maps = ir.programs.back().tensor_maps;
+        maps.push_back({"k", offsetof(P, k), offsetof(P, T), int64_t{H} * K});
+        maps.push_back({"v", offsetof(P, v), offsetof(P, T), int64_t{HV} * V});
+        maps.push_back({"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C});
+        if (output) maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
+      }
     };
     add_fused_walk("fused_walk", true, s.save_mode == SaveMode::full);
     add_fused_walk("walk_tape", false, true);
@@ -305,7 +315,18 @@ LayerIR lower(const Spec& spec_in) {
   // body in the same 512-thread blocks.
   ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
   ir.programs.back().constants.emplace_back("WALK_FUSES_W", walk_fuses_w ? "true" : "false");
-  if (walk_bwd_sm90) ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
+  if (walk_bwd_sm90) {
+    ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
+    // Whole chunks arrive by TMA (StateWalkBwdSm90Layout's operand order); W's place holds Tm when
+    // the walk forms W.
+    using P = StateWalkBwdParams;
+    auto& maps = ir.programs.back().tensor_maps;
+    maps.push_back({"k", offsetof(P, k), offsetof(P, T), int64_t{H} * K});
+    maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
+    maps.push_back(walk_fuses_w ? TensorMapOperand{"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C}
+                                : TensorMapOperand{"w", offsetof(P, w), offsetof(P, T), int64_t{HV} * K});
+    maps.push_back({"d_o", offsetof(P, d_o), offsetof(P, T), int64_t{HV} * V});
+  }
   // With wgmma the sm_90a kernel (one product per warpgroup) needs a little more shared memory;
   // the other targets' mma.sync kernel runs within it.
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
@@ -611,11 +632,13 @@ std::string to_text(const LayerIR& ir) {
     for (const auto& [k, v] : p.constants) consts += fmt::format("{}{}={}", consts.empty() ? "" : " ", k, v);
     std::string idle;
     for (Target t : p.idle_on) idle += (idle.empty() ? " idle_on=" : ",") + std::string(to_string(t));
-    line(fmt::format("  {:<15} {:<24} {}<{}>  threads={}{}{} smem={} grid={}{}", p.name, p.template_path, p.class_name,
-                     consts, p.threads,
+    std::string maps;
+    for (const TensorMapOperand& m : p.tensor_maps) maps += (maps.empty() ? " tma(sm_90a)=" : ",") + m.name;
+    line(fmt::format("  {:<15} {:<24} {}<{}>  threads={}{}{} smem={} grid={}{}{}", p.name, p.template_path,
+                     p.class_name, consts, p.threads,
                      p.min_blocks_per_sm > 1 ? fmt::format(" min_blocks={}", p.min_blocks_per_sm) : "",
                      p.max_registers > 0 ? fmt::format(" max_registers={}", p.max_registers) : "", p.smem_bytes,
-                     to_string(p.grid), idle));
+                     to_string(p.grid), idle, maps));
   }
   line(ir.extra_chunks > 0 ? fmt::format("buffers (bytes with NT = T/chunk + N + {}):", ir.extra_chunks)
                            : std::string("buffers (bytes with NT = T/chunk + N):"));
@@ -641,6 +664,9 @@ json to_json(const LayerIR& ir) {
     for (const auto& [k, v] : p.constants) c[k] = v;
     json idle = json::array();
     for (Target t : p.idle_on) idle.push_back(to_string(t));
+    json maps = json::array();
+    for (const TensorMapOperand& m : p.tensor_maps)
+      maps.push_back({{"operand", m.name}, {"row_elements", m.row_elements}});
     progs.push_back({{"name", p.name},
                      {"template", p.template_path},
                      {"class", p.class_name},
@@ -652,6 +678,7 @@ json to_json(const LayerIR& ir) {
                      {"smem_bytes", p.smem_bytes},
                      {"grid", to_string(p.grid)},
                      {"idle_on", idle},
+                     {"tensor_maps_sm90a", maps},
                      {"entry", p.entry()}});
   }
   json bufs = json::array();

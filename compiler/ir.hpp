@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
+
 #include <string>
 #include <vector>
 
@@ -60,6 +62,18 @@ struct Buffer {
   std::string lives_in;
 };
 
+/// An operand that a program's sm_90a body reads through a TMA tensor map: a bf16 row-major
+/// matrix of `rows` x `row_elements`, whose base pointer and row count (a 64-bit integer) the
+/// parameter block holds at the given offsets, read in boxes of 64 x 64 elements into 128-byte-
+/// swizzled tiles. The launcher encodes one map per operand and launch on sm_90a (in this order:
+/// the body indexes them) and passes them as the entry's second argument, gdn::TensorMaps.
+struct TensorMapOperand {
+  std::string name;  ///< the parameter field, e.g. "k"
+  uint32_t pointer_offset = 0;
+  uint32_t rows_offset = 0;
+  int64_t row_elements = 0;
+};
+
 struct Program {
   std::string name;                                            ///< e.g. "chunk_prep"; the kernel entry is "gdn_" + name
   std::string template_path;                                   ///< relative to templates/, e.g. "fwd/chunk_prep.cuh"
@@ -77,6 +91,9 @@ struct Program {
   /// Targets on which the program has nothing to do (another program's body there does its work):
   /// it is neither compiled nor launched for them.
   std::vector<Target> idle_on;
+  /// Operands its sm_90a body loads by TMA (at most kMaxTensorMaps); when any, the entry takes
+  /// gdn::TensorMaps after the parameter block on every target (zeros where no body reads them).
+  std::vector<TensorMapOperand> tensor_maps;
   std::string entry() const { return "gdn_" + name; }
   bool idle_for(Target t) const;
 };

@@ -177,6 +177,31 @@ float Event::elapsed_ms(const Event& start, const Event& end) {
   return ms;
 }
 
+CUtensorMap encode_bf16_sw128_map(const void* base, uint64_t rows, uint64_t row_elements, uint32_t box_cols,
+                                  uint32_t box_rows, const std::string& what) {
+  if (box_cols * 2 != 128)
+    throw std::logic_error(
+        fmt::format("tensor map of {}: a 128-byte swizzled box is 64 bf16 wide, not {}", what, box_cols));
+  const uintptr_t address = reinterpret_cast<uintptr_t>(base);
+  if (!base || address % 16 != 0 || (row_elements * 2) % 16 != 0)
+    throw InputError(
+        fmt::format("{}: address {} with rows of {} bf16: a TMA operand needs a 16-byte aligned "
+                    "address and rows of a multiple of 16 bytes",
+                    what, base, row_elements));
+  CUtensorMap map{};
+  const cuuint64_t dims[2] = {row_elements, rows > 0 ? rows : 1};  // a map has no empty dimension
+  const cuuint64_t strides[1] = {row_elements * 2};
+  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t element_strides[2] = {1, 1};
+  GDN_CHECK_CU(
+      drv().cuTensorMapEncodeTiled(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
+                                   box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      "cuTensorMapEncodeTiled({}: {} x {} bf16 at {}, box {} x {})", what, rows, row_elements, base, box_rows,
+      box_cols);
+  return map;
+}
+
 Module Module::load(const std::string& cubin, const std::string& entry, int threads, int smem_bytes) {
   Module m;
   GDN_CHECK_CU(drv().cuModuleLoadData(&m.mod_, cubin.data()), "cuModuleLoadData({}, {} bytes)", entry, cubin.size());
@@ -213,8 +238,8 @@ Module::~Module() {
   if (mod_) log_release_failure(drv().cuModuleUnload(mod_), "cuModuleUnload");
 }
 
-void Module::launch_params(dim3_t grid, CUstream stream, const void* params) const {
-  void* args[] = {const_cast<void*>(params)};
+void Module::launch_params(dim3_t grid, CUstream stream, const void* params, const void* second) const {
+  void* args[] = {const_cast<void*>(params), const_cast<void*>(second)};
   GDN_CHECK_CU(drv().cuLaunchKernel(fn_, grid.x, grid.y, grid.z, threads_, 1, 1, smem_, stream, args, nullptr),
                "launch of {} (grid ({}, {}, {}), block {}, dynamic smem {} bytes)", entry_, grid.x, grid.y, grid.z,
                threads_, smem_);

@@ -12,6 +12,7 @@
 #include <cuda.h>
 #include <fmt/format.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -81,7 +82,8 @@ class DriverError : public Error {
   X(cuGraphExecDestroy) \
   X(cuGraphDestroy) \
   X(cuGraphGetNodes) \
-  X(cuStreamIsCapturing)
+  X(cuStreamIsCapturing) \
+  X(cuTensorMapEncodeTiled)
 // clang-format on
 
 /// Function pointers into libcuda.so.1, resolved once.
@@ -177,6 +179,13 @@ class Event {
 };
 
 /// One loaded cubin with its single kernel and its launch geometry.
+/// A TMA map of a bf16 row-major matrix (`rows` x `row_elements`, rows contiguous) read in boxes of
+/// `box_cols` x `box_rows` elements into 128-byte-swizzled shared tiles (box_cols x 2 = 128 bytes);
+/// elements past the matrix read as zero. Throws InputError naming `what` where the driver refuses
+/// the address or the strides (16-byte alignment).
+CUtensorMap encode_bf16_sw128_map(const void* base, uint64_t rows, uint64_t row_elements, uint32_t box_cols,
+                                  uint32_t box_rows, const std::string& what);
+
 class Module {
  public:
   /// Loads `cubin`, finds `entry`, and raises the dynamic shared-memory limit to `smem_bytes`.
@@ -196,8 +205,9 @@ class Module {
     static_assert(std::is_trivially_copyable_v<Params>, "kernel parameters must be trivially copyable");
     launch_params(grid, stream, &params);
   }
-  /// The same with the parameter block as bytes (the kernel's single by-value argument).
-  void launch_params(dim3_t grid, CUstream stream, const void* params) const;
+  /// The same with the parameter block as bytes (the kernel's single by-value argument), and
+  /// with `second` non-null a second by-value argument (the tensor maps of Program::tensor_maps).
+  void launch_params(dim3_t grid, CUstream stream, const void* params, const void* second = nullptr) const;
 
  private:
   Module() = default;

@@ -294,6 +294,7 @@ void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes) {
   GDN_BIND(l, P, seg_h0, segments ? b.slot("seg_h0") : b.constant(0));
   GDN_BIND(l, P, h_tape, tapes ? b.slot("h_tape") : b.constant(0));
   GDN_BIND(l, P, v_new, tapes ? b.slot("v_new") : b.constant(0));
+  GDN_BIND(l, P, T, b.frame(Frame::T));
 }
 
 }  // namespace
@@ -437,6 +438,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       GDN_BIND(l, P, dv_new, b.slot("dv_new"));
       GDN_BIND(l, P, seg_dzm, segments ? b.slot("seg_dzm") : b.constant(0));
       GDN_BIND(l, P, seg_dz, segments ? b.slot("seg_dz") : b.constant(0));
+      GDN_BIND(l, P, T, b.frame(F::T));
     };
     if (segments) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));

@@ -37,6 +37,19 @@ enum CuSeqlensError : int {
   kCuTooManyChunks = 4,  ///< more chunks than the host-side bound (cannot happen for valid input)
 };
 
+/// A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned). The host encodes
+/// one per operand and launch (Program::tensor_maps) from the pointer and the row count in the
+/// parameter block; the kernels' sm_90a bodies name it in cp.async.bulk.tensor.
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+constexpr int kMaxTensorMaps = 4;
+/// A program that reads operands through tensor maps takes this as its entry's second argument
+/// (__grid_constant__); maps past the program's own are zero.
+struct TensorMaps {
+  TensorMap map[kMaxTensorMaps];
+};
+
 /// Device status block written by chunk_table: {code, index, value, expected}.
 struct DeviceStatus {
   int code;
@@ -147,6 +160,7 @@ struct FusedWalkParams {
   // fused walk of full saves).
   bf16_t* h_tape;  ///< [nt_max, HV, K, V]: the state entering each chunk
   bf16_t* v_new;   ///< [T, HV, V]
+  long long T;     ///< the rows of q, k, v and tm (their tensor maps' extent)
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
@@ -243,6 +257,7 @@ struct StateWalkBwdParams {
     const float* seg_dz;  ///< [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
     const float* beta;    ///< Cfg::WALK_FUSES_W (which has no segments): [T, HV]
   };
+  long long T;  ///< the rows of q, k, w (or tm) and d_o (their tensor maps' extent)
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -291,12 +306,13 @@ static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and th
 static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkBwdParams) == 120, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkBwdParams) == 128, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
-static_assert(sizeof(FusedWalkParams) == 136, "FusedWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(FusedWalkParams) == 144, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 64, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(KcpExchangeParams) == 56, "KcpExchangeParams: the host and the kernels share this layout");
+static_assert(sizeof(TensorMap) == 128 && alignof(TensorMap) == 64, "TensorMap: the driver's CUtensorMap");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");
 static_assert(sizeof(DeviceStatus) == 24, "DeviceStatus: the host and the kernels share this layout");
 

@@ -336,6 +336,20 @@ TEST_SUITE("compile") {
     CHECK_THROWS_AS(gdn::generate_source(p), std::logic_error);
   }
 
+  TEST_CASE("a program with tensor maps takes them as a second, __grid_constant__ argument") {
+    const auto ir = gdn::lower(example("m"));
+    const gdn::Program& walk = ir.program("state_walk_bwd");
+    REQUIRE(!walk.tensor_maps.empty());
+    const std::string src = gdn::generate_source(walk);
+    CHECK(src.find("(gdn::StateWalkBwdParams p, const __grid_constant__ gdn::TensorMaps maps)") != std::string::npos);
+    CHECK(src.find("::run(p, maps);") != std::string::npos);
+    const std::string plain = gdn::generate_source(ir.program("chunk_bwd"));
+    CHECK(plain.find("TensorMaps") == std::string::npos);
+    gdn::Program too_many = walk;
+    too_many.tensor_maps.push_back(walk.tensor_maps.front());
+    CHECK_THROWS_AS(gdn::generate_source(too_many), std::logic_error);
+  }
+
   TEST_CASE("the generated translation unit is tiny and names the entry") {
     auto spec = example("m");
     spec.forward = gdn::ForwardPath::programs;

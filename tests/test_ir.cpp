@@ -151,6 +151,20 @@ TEST_SUITE("ir") {
     CHECK(portable.walk_bwd_bv == gdn::StateWalkBwdGeometry::bv(128));
     CHECK(portable.program("state_walk_bwd").max_registers == 0);
     CHECK(portable.program("state_walk_bwd").threads == 256);
+    // The sm_90a body loads whole chunks by TMA: K, Q, Tm (the walk forms W) and dO, in that order,
+    // each map's rows as wide as the tensor's token rows; the portable body has no maps.
+    {
+      std::vector<std::pair<std::string, int64_t>> maps;
+      for (const auto& m : automatic.program("state_walk_bwd").tensor_maps) maps.emplace_back(m.name, m.row_elements);
+      CHECK(maps == std::vector<std::pair<std::string, int64_t>>{
+                        {"k", 16 * 128}, {"q", 16 * 128}, {"tm", 48 * 64}, {"d_o", 48 * 128}});
+      CHECK(automatic.program("fused_walk").tensor_maps.size() == 4);  // k, v, tm, q
+      CHECK(automatic.program("walk_tape").tensor_maps.size() == 3);   // no q: no output
+      CHECK(automatic.program("chunk_bwd").tensor_maps.empty());
+      CHECK(w.tensor_maps.empty());
+      CHECK(portable.program("state_walk_bwd").tensor_maps.empty());
+      CHECK(portable.program("fused_walk").tensor_maps.empty());
+    }
     // Few value heads (N: 6) keep the 32-wide portable body under "auto": 128-wide blocks would
     // leave most SMs idle.
     const auto few = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string()));

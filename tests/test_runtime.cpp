@@ -139,6 +139,28 @@ struct GraphRig {
 }  // namespace
 
 TEST_SUITE("runtime") {
+  TEST_CASE("a launch's tensor maps are read from its parameter block: the pointer and the token rows") {
+    const auto ir = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()));
+    const gdn::Program& walk = ir.program("state_walk_bwd");
+    gdn::StateWalkBwdParams p{};
+    alignas(16) static unsigned char q[16], k[16], tm[16], d_o[16];
+    p.q = reinterpret_cast<const gdn::bf16_t*>(q);
+    p.k = reinterpret_cast<const gdn::bf16_t*>(k);
+    p.tm = reinterpret_cast<const gdn::bf16_t*>(tm);
+    p.d_o = reinterpret_cast<const gdn::bf16_t*>(d_o);
+    p.T = 33000;
+    const auto r = gdn::tensor_map_requests(walk, &p, sizeof p);
+    REQUIRE(r.size() == 4);
+    CHECK(r[0].base == k);
+    CHECK(r[1].base == q);
+    CHECK(r[2].base == tm);
+    CHECK(r[3].base == d_o);
+    for (const auto& m : r) CHECK(m.rows == 33000);
+    CHECK(r[2].row_elements == 48 * 64);
+    // A parameter block too short for the declared fields is the plan's bug, caught before a launch.
+    CHECK_THROWS_AS(gdn::tensor_map_requests(walk, &p, 64), std::logic_error);
+  }
+
   TEST_CASE("graph mode: capture once, replay what the eager call launches, new addresses capture anew") {
     GraphRig g;
     auto& [rec, backend, layer] = g;

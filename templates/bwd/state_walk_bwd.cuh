@@ -88,6 +88,8 @@ struct StateWalkBwdMmaSync {
   }
 
   __device__ static void run(const StateWalkBwdParams& p) { walk<false>(p); }
+  /// The entry of a layer whose sm_90a body loads by TMA (the maps are for that body only).
+  __device__ static void run(const StateWalkBwdParams& p, const TensorMaps&) { walk<false>(p); }
 
   /// kPrescan: blockIdx.x < V / BV walks slab x from Z = 0 (dZ_ext); the K / BV blocks after it
   /// walk columns of A from the identity with no dO and dv_local. No tapes; the result goes to

@@ -4,8 +4,10 @@
  *        rounding points of dv_local.cuh and state_walk_bwd.cuh (read their comments), 128 V
  *        columns per block, 512 threads in four warpgroups:
  *  - warpgroup 0 (32 registers after setmaxnreg) loads chunk c (walked last to first) into a
- *    ring of two stages by cp.async at 128-byte-swizzled positions (K, Q, W, the dO slab, gc),
- *    each thread's copies completing as one arrival on the stage's `full` barrier;
+ *    ring of two stages at 128-byte-swizzled positions (K, Q, W, the dO slab, gc): a whole chunk's
+ *    tiles as TMA boxes from one thread, a chunk cut short by its document's end by cp.async
+ *    with its rows past the length zero-filled, gc by cp.async; the stage's `full` barrier
+ *    completes when the bytes and every thread's copies are in;
  *  - warpgroup 1 (80 registers) computes dv_local's gated scores of a chunk as soon as it lands,
  *    P~ = bf16(scale (Q K^T) exp2(gc_r - gc_c)) on r >= c, into one of two P tiles (`pfull`;
  *    `pempty` when both walks have read it), up to a chunk ahead of the walks;
@@ -69,21 +71,26 @@ struct StateWalkBwdSm90 {
     return reinterpret_cast<bf16_t*>(base + stage * kStage + off);
   }
 
-  __device__ static void run(const StateWalkBwdParams& p) {
+  /// Whole chunks arrive by TMA: K, Q, W (or Tm) and the dO slab in 64 x 64 boxes, the bytes
+  /// counted on the stage's `full` barrier (Program::tensor_maps lists the maps in this order).
+  enum TmaOperand { kMapK = 0, kMapQ = 1, kMapW = 2, kMapO = 3 };
+  static constexpr u32 kTmaBytes = (2 * C * K + (kFusesW ? C * C : C * K) + C * BV) * 2;
+
+  __device__ static void run(const StateWalkBwdParams& p, const TensorMaps& maps) {
     extern __shared__ unsigned char smem_raw[];
     // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
     unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
     const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks);
     if (!range.active) return;  // past the document's segments ("auto")
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
-    mbar_t* const full = bars;                 // [kStages], 128 arrivals: the loader's cp.async
+    mbar_t* const full = bars;                 // [kStages], 129 arrivals: the loader's cp.async and its TMA issue
     mbar_t* const empty = bars + kStages;      // [kStages], 384 arrivals: the scores' and both walks' threads
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
     mbar_t* const wtile = pempty + kPTiles;    // kFusesW: [0] wfull (128: the scores), [1] wempty (256: the walks)
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        pipe::mbar_init(full + s, 128);
+        pipe::mbar_init(full + s, 129);
         pipe::mbar_init(empty + s, 384);
       }
       for (int b = 0; b < kPTiles; ++b) {
@@ -100,7 +107,7 @@ struct StateWalkBwdSm90 {
     const int role = threadIdx.x / 128;
     if (role == 0) {
       pipe::setmaxnreg_dec<kLoaderRegs>();
-      loader(p, range, smem, full, empty);
+      loader(p, maps, range, smem, full, empty);
     } else if (role == 1) {
       pipe::setmaxnreg_dec<kScoreRegs>();
       scores(p, range, smem, full, empty, pfull, pempty, wtile);
@@ -111,20 +118,49 @@ struct StateWalkBwdSm90 {
   }
 
  private:
-  __device__ __forceinline__ static void load_chunk(const StateWalkBwdParams& p, unsigned char* smem, int stage,
-                                                    const ChunkInfo ci, int j, int hq, int v0, int tid) {
+  /// Chunk `ci` into `stage`: a whole chunk as TMA boxes issued by one thread (the stage's
+  /// transaction count), a chunk cut short by its document's end by every thread's cp.async, which
+  /// zero-fills its rows past the length (the next document's rows would arrive by TMA); gc (and
+  /// beta) by cp.async in either case. Each loading thread then arrives once through cp.async.
+  __device__ __forceinline__ static void load_chunk(const StateWalkBwdParams& p, const TensorMaps& maps,
+                                                    unsigned char* smem, int stage, mbar_t* full, const ChunkInfo ci,
+                                                    int j, int hq, int v0, int tid) {
     const long long t0 = ci.start;
     const int len = ci.len;
-    const auto copy16 = [](void* d, const void* g, bool ok) { bwd::cp_async16(d, g, ok); };
-    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
-    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
-    if constexpr (kFusesW)
-      wg::load_tile_sw128<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid,
-                                copy16);
-    else
-      wg::load_tile_sw128<C, K>(tile(smem, stage, kOffW), p.w + (t0 * HV + j) * K, (long long)HV * K, len, tid, copy16);
-    wg::load_tile_sw128<C, BV>(tile(smem, stage, kOffO), p.d_o + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid,
-                               copy16);
+    if (len == C) {
+      if (tid == 0) {
+        const int row = static_cast<int>(t0);
+        pipe::mbar_arrive_expect_tx(full, kTmaBytes);
+#pragma unroll
+        for (int b = 0; b < K / 64; ++b) {
+          pipe::tma_load_2d(tile(smem, stage, kOffK) + b * C * 64, &maps.map[kMapK], hq * K + b * 64, row, full);
+          pipe::tma_load_2d(tile(smem, stage, kOffQ) + b * C * 64, &maps.map[kMapQ], hq * K + b * 64, row, full);
+        }
+        if constexpr (kFusesW) {
+          pipe::tma_load_2d(tile(smem, stage, kOffT), &maps.map[kMapW], j * C, row, full);
+        } else {
+#pragma unroll
+          for (int b = 0; b < K / 64; ++b)
+            pipe::tma_load_2d(tile(smem, stage, kOffW) + b * C * 64, &maps.map[kMapW], j * K + b * 64, row, full);
+        }
+#pragma unroll
+        for (int b = 0; b < BV / 64; ++b)
+          pipe::tma_load_2d(tile(smem, stage, kOffO) + b * C * 64, &maps.map[kMapO], j * V + v0 + b * 64, row, full);
+      }
+    } else {
+      const auto copy16 = [](void* d, const void* g, bool ok) { bwd::cp_async16(d, g, ok); };
+      wg::load_tile_sw128<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
+      wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
+      if constexpr (kFusesW)
+        wg::load_tile_sw128<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid,
+                                  copy16);
+      else
+        wg::load_tile_sw128<C, K>(tile(smem, stage, kOffW), p.w + (t0 * HV + j) * K, (long long)HV * K, len, tid,
+                                  copy16);
+      wg::load_tile_sw128<C, BV>(tile(smem, stage, kOffO), p.d_o + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid,
+                                 copy16);
+      if (tid == 0) pipe::mbar_arrive(full);  // the arrival the TMA issue makes for a whole chunk
+    }
     if (tid < C) {
       float* const sg = reinterpret_cast<float*>(smem + stage * kStage + kOffG);
       const bool ok = tid < len;
@@ -140,9 +176,13 @@ struct StateWalkBwdSm90 {
 
   /// Warpgroup 0: the u-th chunk walked (chunk end - 1 - u) into stage u % 2 once the stage's
   /// previous chunk (u - 2) is released.
-  __device__ __forceinline__ static void loader(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
-                                                unsigned char* smem, mbar_t* full, mbar_t* empty) {
+  __device__ __forceinline__ static void loader(const StateWalkBwdParams& p, const TensorMaps& maps,
+                                                const SegmentWalk<Cfg>& range, unsigned char* smem, mbar_t* full,
+                                                mbar_t* empty) {
     const int tid = threadIdx.x;
+    if (tid == 0)
+#pragma unroll
+      for (int m = 0; m < 4; ++m) pipe::tma_prefetch_map(&maps.map[m]);
     const int j = blockIdx.y, hq = j / G, v0 = blockIdx.x * BV;
     const int c_last = range.end - 1, nc = range.end - range.begin;
     int s = 0, phase = 0;
@@ -152,7 +192,7 @@ struct StateWalkBwdSm90 {
       const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the loop
       if (u + 1 < nc) next = p.chunks[c_last - u - 1];
       if (u >= kStages) pipe::mbar_wait(empty + s, phase ^ 1);
-      load_chunk(p, smem, s, ci, j, hq, v0, tid);
+      load_chunk(p, maps, smem, s, full + s, ci, j, hq, v0, tid);
       pipe::cp_async_arrive(full + s);
       if (++s == kStages) s = 0, phase ^= 1;
     }
@@ -176,7 +216,7 @@ struct StateWalkBwdSm90 {
       if (u + 1 < nc) next_len = p.chunks[c_last - u - 1].len;
       const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
       pipe::mbar_wait(full + s, phase);
-      wg::fence_smem_for_async();  // the cp.async writes are read by wgmma (the async proxy)
+      wg::fence_smem_for_async();  // the cp.async writes (short chunks) are read by wgmma (the async proxy)
       const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
       float P[32];
       wg::fence();

@@ -48,6 +48,22 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned long long* bar, u
 __device__ __forceinline__ void cp_async_arrive(unsigned long long* bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(bar)) : "memory");
 }
+/// One 64 x 64 bf16 box of a 2-D tensor map (`map`: a gdn::TensorMap in the kernel's parameter
+/// space, __grid_constant__) starting at element column `col`, row `row` into the shared tile at
+/// `dst` (1024-byte aligned for the 128-byte swizzle); its bytes complete transactions on `bar`.
+/// Rows past the map's extent arrive as zeros.
+__device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int col, int row, unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+      "[%4];\n" ::"r"(smem_u32(dst)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
+      : "memory");
+}
+/// Fetches a tensor map into the TMA unit's descriptor cache ahead of its first use.
+__device__ __forceinline__ void tma_prefetch_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
+}
+
 /// One test of whether the phase of parity `parity` has completed (the hardware may suspend the
 /// thread briefly before answering no).
 __device__ __forceinline__ bool mbar_try_wait(unsigned long long* bar, u32 parity) {

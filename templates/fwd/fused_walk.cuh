@@ -71,6 +71,8 @@ struct FusedWalkMmaSync {
   static constexpr int kOff_rq = FusedWalkGeometry::off_rq(K, C, BV);
   static constexpr int kOff_rk = FusedWalkGeometry::off_rk(K, C, BV);
 
+  /// The entry with wgmma allowed: the maps are for the sm_90a body only.
+  __device__ static void run(const FusedWalkParams& p, const TensorMaps&) { run(p); }
   __device__ static void run(const FusedWalkParams& p) {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int half = threadIdx.x / kThreads;

@@ -3,9 +3,11 @@
  * @brief The fused forward walk on sm_90a: the math and rounding points of fused_walk.cuh (read
  *        its comment), the same grid and 512 threads, warp-specialized in four warpgroups that
  *        share each chunk's loads and gated scores between the block's two 64-column slabs:
- *  - warpgroup 0 (40 registers after setmaxnreg) loads chunk c into a ring of three stages by
- *    cp.async at 128-byte-swizzled positions, each thread's copies completing as one arrival on
- *    the stage's `full` barrier, up to three chunks ahead of the walks;
+ *  - warpgroup 0 (40 registers after setmaxnreg) loads chunk c into a ring of three stages at
+ *    128-byte-swizzled positions, up to three chunks ahead of the walks: a whole chunk's tiles as
+ *    TMA boxes from one thread, a chunk cut short by its document's end by cp.async with its rows
+ *    past the length zero-filled, the row vectors (gc, beta, rstd) by cp.async; the stage's
+ *    `full` barrier completes when the bytes and every thread's copies are in;
  *  - warpgroup 1 (88 registers) computes the gated Q K^T of a chunk as soon as it lands (wgmma
  *    from shared memory), rounds it to bf16 and publishes it in one of two P tiles (`pfull`;
  *    `pempty` when both walks have read it), up to two chunks ahead;
@@ -77,7 +79,12 @@ struct FusedWalkSm90 {
     return reinterpret_cast<bf16_t*>(base + stage * kStage + off);
   }
 
-  __device__ static void run(const FusedWalkParams& p) {
+  /// Whole chunks arrive by TMA: K, the V slab, Tm and with the output Q in 64 x 64 boxes, the
+  /// bytes counted on the stage's `full` barrier (Program::tensor_maps lists the maps in this order).
+  enum TmaOperand { kMapK = 0, kMapV = 1, kMapT = 2, kMapQ = 3 };
+  static constexpr u32 kTmaBytes = ((kOutput ? 2 : 1) * C * K + C * BV + C * C) * 2;
+
+  __device__ static void run(const FusedWalkParams& p, const TensorMaps& maps) {
     extern __shared__ unsigned char smem_raw[];
     // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
     // (Offsetting the array itself, not an integer cast, keeps the accesses in the shared window.)
@@ -85,7 +92,7 @@ struct FusedWalkSm90 {
     const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks);
     if (!range.active) return;  // past the document's segments
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
-    mbar_t* const full = bars;                 // [kStages], 128 arrivals: the loader's cp.async
+    mbar_t* const full = bars;                 // [kStages], 129 arrivals: the loader's cp.async and its TMA issue
     mbar_t* const empty = bars + kStages;      // [kStages]: the scores' (with OUTPUT) and both walks' threads
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
@@ -95,7 +102,7 @@ struct FusedWalkSm90 {
     mbar_t* const tempty = tfull + 4;
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        pipe::mbar_init(full + s, 128);
+        pipe::mbar_init(full + s, 129);
         pipe::mbar_init(empty + s, kOutput ? 384 : 256);
       }
       if (kOutput) {
@@ -115,7 +122,7 @@ struct FusedWalkSm90 {
     const int role = threadIdx.x / 128;
     if (role == 0) {
       pipe::setmaxnreg_dec<kLoaderRegs>();
-      loader(p, range, smem, full, empty);
+      loader(p, maps, range, smem, full, empty);
     } else if (role == 1) {
       pipe::setmaxnreg_dec<kScoreRegs>();
       if (kOutput)
@@ -129,17 +136,42 @@ struct FusedWalkSm90 {
   }
 
  private:
-  __device__ __forceinline__ static void load_chunk(const FusedWalkParams& p, unsigned char* smem, int stage,
-                                                    const ChunkInfo ci, int j, int hq, int v0, int tid) {
+  /// Chunk `ci` into `stage`: a whole chunk as TMA boxes issued by one thread (the stage's
+  /// transaction count), a chunk cut short by its document's end by every thread's cp.async, which
+  /// zero-fills its rows past the length (the next document's rows would arrive by TMA); the row
+  /// vectors by cp.async in either case. Each loading thread then arrives once through cp.async.
+  __device__ __forceinline__ static void load_chunk(const FusedWalkParams& p, const TensorMaps& maps,
+                                                    unsigned char* smem, int stage, mbar_t* full, const ChunkInfo ci,
+                                                    int j, int hq, int v0, int tid) {
     const long long t0 = ci.start;
     const int len = ci.len;
-    const auto copy16 = [](void* d, const void* g, bool ok) { fwd::cp_async16(d, g, ok); };
-    if (kOutput)
-      wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
-    wg::load_tile_sw128<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
-    wg::load_tile_sw128<C, BV>(tile(smem, stage, kOffV), p.v + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid,
-                               copy16);
-    wg::load_tile_sw128<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid, copy16);
+    if (len == C) {
+      if (tid == 0) {
+        const int row = static_cast<int>(t0);
+        pipe::mbar_arrive_expect_tx(full, kTmaBytes);
+#pragma unroll
+        for (int b = 0; b < K / 64; ++b) {
+          if (kOutput)
+            pipe::tma_load_2d(tile(smem, stage, kOffQ) + b * C * 64, &maps.map[kMapQ], hq * K + b * 64, row, full);
+          pipe::tma_load_2d(tile(smem, stage, kOffK) + b * C * 64, &maps.map[kMapK], hq * K + b * 64, row, full);
+        }
+#pragma unroll
+        for (int b = 0; b < BV / 64; ++b)
+          pipe::tma_load_2d(tile(smem, stage, kOffV) + b * C * 64, &maps.map[kMapV], j * V + v0 + b * 64, row, full);
+        pipe::tma_load_2d(tile(smem, stage, kOffT), &maps.map[kMapT], j * C, row, full);
+      }
+    } else {
+      const auto copy16 = [](void* d, const void* g, bool ok) { fwd::cp_async16(d, g, ok); };
+      if (kOutput)
+        wg::load_tile_sw128<C, K>(tile(smem, stage, kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid,
+                                  copy16);
+      wg::load_tile_sw128<C, K>(tile(smem, stage, kOffK), p.k + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
+      wg::load_tile_sw128<C, BV>(tile(smem, stage, kOffV), p.v + (t0 * HV + j) * V + v0, (long long)HV * V, len, tid,
+                                 copy16);
+      wg::load_tile_sw128<C, C>(tile(smem, stage, kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, len, tid,
+                                copy16);
+      if (tid == 0) pipe::mbar_arrive(full);  // the arrival the TMA issue makes for a whole chunk
+    }
     // gc and beta of the chunk's rows (zeros past the chunk, as fused_walk stages them), and with
     // FOLD_RSTD the rows' rstd of q (with OUTPUT) and k.
     float* const sv = reinterpret_cast<float*>(smem + stage * kStage + (tid < C ? kOffG : kOffB));
@@ -154,9 +186,13 @@ struct FusedWalkSm90 {
   }
 
   /// Warpgroup 0: chunk u into stage u % 3 once the stage's previous chunk (u - 3) is released.
-  __device__ __forceinline__ static void loader(const FusedWalkParams& p, const SegmentWalk<Cfg>& range,
-                                                unsigned char* smem, mbar_t* full, mbar_t* empty) {
+  __device__ __forceinline__ static void loader(const FusedWalkParams& p, const TensorMaps& maps,
+                                                const SegmentWalk<Cfg>& range, unsigned char* smem, mbar_t* full,
+                                                mbar_t* empty) {
     const int tid = threadIdx.x;
+    if (tid == 0)
+#pragma unroll
+      for (int m = 0; m < (kOutput ? 4 : 3); ++m) pipe::tma_prefetch_map(&maps.map[m]);
     const int j = blockIdx.y, hq = j / G, v0 = blockIdx.x * BV;
     const int c_begin = range.begin, nc = range.end - range.begin;
     int s = 0, phase = 0;  // the stage of chunk u and its use count u / kStages, parity only
@@ -166,7 +202,7 @@ struct FusedWalkSm90 {
       const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the loop
       if (u + 1 < nc) next = p.chunks[c_begin + u + 1];
       if (u >= kStages) pipe::mbar_wait(empty + s, phase ^ 1);
-      load_chunk(p, smem, s, ci, j, hq, v0, tid);
+      load_chunk(p, maps, smem, s, full + s, ci, j, hq, v0, tid);
       pipe::cp_async_arrive(full + s);
       if (++s == kStages) s = 0, phase ^= 1;
     }
