@@ -326,6 +326,10 @@ LayerIR lower(const Spec& spec_in) {
     maps.push_back(walk_fuses_w ? TensorMapOperand{"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C}
                                 : TensorMapOperand{"w", offsetof(P, w), offsetof(P, T), int64_t{HV} * K});
     maps.push_back({"d_o", offsetof(P, d_o), offsetof(P, T), int64_t{HV} * V});
+    // The walks' stores of whole chunks: dh_tape[c] (K x 64 boxes, nt_max x HV x K rows of V) and
+    // dv_new.
+    maps.push_back({"dh_tape", offsetof(P, dh_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128});
+    maps.push_back({"dv_new", offsetof(P, dv_new), offsetof(P, T), int64_t{HV} * V});
   }
   // With wgmma the sm_90a kernel (one product per warpgroup) needs a little more shared memory;
   // the other targets' mma.sync kernel runs within it.

@@ -188,6 +188,9 @@ CUtensorMap encode_bf16_sw128_map(const void* base, uint64_t rows, uint64_t row_
         fmt::format("{}: address {} with rows of {} bf16: a TMA operand needs a 16-byte aligned "
                     "address and rows of a multiple of 16 bytes",
                     what, base, row_elements));
+  // Box coordinates are 32-bit: a row past 2^31 could not be addressed.
+  if (rows > static_cast<uint64_t>(INT32_MAX))
+    throw InputError(fmt::format("{}: {} rows exceed the 2^31 a TMA coordinate can address", what, rows));
   CUtensorMap map{};
   const cuuint64_t dims[2] = {row_elements, rows > 0 ? rows : 1};  // a map has no empty dimension
   const cuuint64_t strides[1] = {row_elements * 2};

@@ -24,14 +24,15 @@ struct TensorMapRequest {
   const void* base = nullptr;
   int64_t rows = 0;
   int64_t row_elements = 0;
+  uint32_t box_rows = 64;
 };
 
 /// The tensor maps `program` declares, read from its parameter block (`params_size` bytes). Throws
 /// std::logic_error when an offset lies outside the block.
 std::vector<TensorMapRequest> tensor_map_requests(const Program& program, const void* params, size_t params_size);
 
-/// The entry's second argument on sm_90a: each request encoded for 64 x 64 boxes into SW128 tiles
-/// (rt::encode_bf16_sw128_map), the unused maps zero.
+/// The entry's second argument on sm_90a: each request encoded for its boxes to and from SW128
+/// tiles (rt::encode_bf16_sw128_map), the unused maps zero.
 TensorMaps encode_tensor_maps(const Program& program, const void* params, size_t params_size);
 
 class Launcher {

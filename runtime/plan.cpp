@@ -439,6 +439,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       GDN_BIND(l, P, seg_dzm, segments ? b.slot("seg_dzm") : b.constant(0));
       GDN_BIND(l, P, seg_dz, segments ? b.slot("seg_dz") : b.constant(0));
       GDN_BIND(l, P, T, b.frame(F::T));
+      GDN_BIND(l, P, nt_max, b.nt_max());
     };
     if (segments) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));

@@ -33,8 +33,9 @@ std::vector<TensorMapRequest> tensor_map_requests(const Program& program, const 
     TensorMapRequest r;
     r.name = m.name;
     r.base = read_field<const void*>(params, params_size, m.pointer_offset, program, m.name);
-    r.rows = read_field<int64_t>(params, params_size, m.rows_offset, program, m.name);
+    r.rows = read_field<int64_t>(params, params_size, m.rows_offset, program, m.name) * m.rows_per_unit;
     r.row_elements = m.row_elements;
+    r.box_rows = m.box_rows;
     out.push_back(std::move(r));
   }
   return out;
@@ -46,13 +47,13 @@ TensorMaps encode_tensor_maps(const Program& program, const void* params, size_t
   TensorMaps maps{};
   const std::vector<TensorMapRequest> requests = tensor_map_requests(program, params, params_size);
   if (requests.size() > static_cast<size_t>(kMaxTensorMaps))
-    throw std::logic_error(fmt::format("program '{}': {} tensor maps, at most {}", program.name, requests.size(),
-                                       kMaxTensorMaps));
+    throw std::logic_error(
+        fmt::format("program '{}': {} tensor maps, at most {}", program.name, requests.size(), kMaxTensorMaps));
   for (size_t i = 0; i < requests.size(); ++i) {
     const TensorMapRequest& r = requests[i];
-    const CUtensorMap map = rt::encode_bf16_sw128_map(r.base, static_cast<uint64_t>(r.rows),
-                                                      static_cast<uint64_t>(r.row_elements), 64, 64,
-                                                      fmt::format("{} of program '{}'", r.name, program.name));
+    const CUtensorMap map =
+        rt::encode_bf16_sw128_map(r.base, static_cast<uint64_t>(r.rows), static_cast<uint64_t>(r.row_elements), 64,
+                                  r.box_rows, fmt::format("{} of program '{}'", r.name, program.name));
     std::memcpy(&maps.map[i], &map, sizeof map);
   }
   return maps;

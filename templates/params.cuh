@@ -43,7 +43,7 @@ enum CuSeqlensError : int {
 struct alignas(64) TensorMap {
   unsigned long long opaque[16];
 };
-constexpr int kMaxTensorMaps = 4;
+constexpr int kMaxTensorMaps = 6;
 /// A program that reads operands through tensor maps takes this as its entry's second argument
 /// (__grid_constant__); maps past the program's own are zero.
 struct TensorMaps {
@@ -257,7 +257,8 @@ struct StateWalkBwdParams {
     const float* seg_dz;  ///< [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
     const float* beta;    ///< Cfg::WALK_FUSES_W (which has no segments): [T, HV]
   };
-  long long T;  ///< the rows of q, k, w (or tm) and d_o (their tensor maps' extent)
+  long long T;       ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
+  long long nt_max;  ///< the chunks of dh_tape (its tensor map's extent)
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -306,7 +307,7 @@ static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and th
 static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkBwdParams) == 128, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkBwdParams) == 136, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 144, "FusedWalkParams: the host and the kernels share this layout");

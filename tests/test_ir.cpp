@@ -156,8 +156,15 @@ TEST_SUITE("ir") {
     {
       std::vector<std::pair<std::string, int64_t>> maps;
       for (const auto& m : automatic.program("state_walk_bwd").tensor_maps) maps.emplace_back(m.name, m.row_elements);
-      CHECK(maps == std::vector<std::pair<std::string, int64_t>>{
-                        {"k", 16 * 128}, {"q", 16 * 128}, {"tm", 48 * 64}, {"d_o", 48 * 128}});
+      CHECK(maps == std::vector<std::pair<std::string, int64_t>>{{"k", 16 * 128},
+                                                                 {"q", 16 * 128},
+                                                                 {"tm", 48 * 64},
+                                                                 {"d_o", 48 * 128},
+                                                                 {"dh_tape", 128},
+                                                                 {"dv_new", 48 * 128}});
+      // The dh tape's map spans every chunk's HV x K state rows, in boxes of one K x 64 block.
+      CHECK(automatic.program("state_walk_bwd").tensor_maps[4].rows_per_unit == 48 * 128);
+      CHECK(automatic.program("state_walk_bwd").tensor_maps[4].box_rows == 128);
       CHECK(automatic.program("fused_walk").tensor_maps.size() == 4);  // k, v, tm, q
       CHECK(automatic.program("walk_tape").tensor_maps.size() == 3);   // no q: no output
       CHECK(automatic.program("chunk_bwd").tensor_maps.empty());

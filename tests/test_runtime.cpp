@@ -148,15 +148,21 @@ TEST_SUITE("runtime") {
     p.k = reinterpret_cast<const gdn::bf16_t*>(k);
     p.tm = reinterpret_cast<const gdn::bf16_t*>(tm);
     p.d_o = reinterpret_cast<const gdn::bf16_t*>(d_o);
+    p.dh_tape = reinterpret_cast<gdn::bf16_t*>(k);
+    p.dv_new = reinterpret_cast<gdn::bf16_t*>(q);
     p.T = 33000;
+    p.nt_max = 566;
     const auto r = gdn::tensor_map_requests(walk, &p, sizeof p);
-    REQUIRE(r.size() == 4);
+    REQUIRE(r.size() == 6);
     CHECK(r[0].base == k);
     CHECK(r[1].base == q);
     CHECK(r[2].base == tm);
     CHECK(r[3].base == d_o);
-    for (const auto& m : r) CHECK(m.rows == 33000);
+    for (int i : {0, 1, 2, 3, 5}) CHECK(r[i].rows == 33000);
     CHECK(r[2].row_elements == 48 * 64);
+    CHECK(r[4].rows == 566 * 48 * 128);
+    CHECK(r[4].row_elements == 128);
+    CHECK(r[4].box_rows == 128);
     // A parameter block too short for the declared fields is the plan's bug, caught before a launch.
     CHECK_THROWS_AS(gdn::tensor_map_requests(walk, &p, 64), std::logic_error);
   }

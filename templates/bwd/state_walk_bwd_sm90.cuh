@@ -19,8 +19,8 @@
  *      Z^T += (-bf16(dV'))^T W                  4 x m64n128k16 (from registers)
  *    with dV'^T = exp2(gcL - gc_t) D^T + bf16(L^T). dO arrives transposed in the A layout through
  *    ldmatrix.trans; bf16(Z) (the dh tape) and bf16(dV') (dv_new) pass through two SW128 staging
- *    tiles per walk, by chunk parity (stmatrix.trans), each warp storing its own 16 columns while
- *    the tensor cores run. The chain per chunk is bf16(Z) -> D -> dV' -> Z.
+ *    tiles per walk, by chunk parity (stmatrix.trans), and leave by TMA stores that one thread
+ *    issues while the tensor cores run. The chain per chunk is bf16(Z) -> D -> dV' -> Z.
  * Each k loop keeps the portable programs' order and each element its rounding: the block gives
  * the bits of dv_local followed by state_walk_bwd (gpu_determinism holds it to them), and the
  * layer's dv_local program does nothing on sm_90a when this body runs (Cfg::WALK_FUSES_DV there).
@@ -73,7 +73,8 @@ struct StateWalkBwdSm90 {
 
   /// Whole chunks arrive by TMA: K, Q, W (or Tm) and the dO slab in 64 x 64 boxes, the bytes
   /// counted on the stage's `full` barrier (Program::tensor_maps lists the maps in this order).
-  enum TmaOperand { kMapK = 0, kMapQ = 1, kMapW = 2, kMapO = 3 };
+  /// The walks store the dh tape and whole chunks of dv_new from their staging tiles by TMA too.
+  enum TmaOperand { kMapK = 0, kMapQ = 1, kMapW = 2, kMapO = 3, kMapDh = 4, kMapDv = 5 };
   static constexpr u32 kTmaBytes = (2 * C * K + (kFusesW ? C * C : C * K) + C * BV) * 2;
 
   __device__ static void run(const StateWalkBwdParams& p, const TensorMaps& maps) {
@@ -113,7 +114,7 @@ struct StateWalkBwdSm90 {
       scores(p, range, smem, full, empty, pfull, pempty, wtile);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
-      walk(p, range, smem, role - 2, full, empty, pfull, pempty, wtile);
+      walk(p, maps, range, smem, role - 2, full, empty, pfull, pempty, wtile);
     }
   }
 
@@ -182,7 +183,7 @@ struct StateWalkBwdSm90 {
     const int tid = threadIdx.x;
     if (tid == 0)
 #pragma unroll
-      for (int m = 0; m < 4; ++m) pipe::tma_prefetch_map(&maps.map[m]);
+      for (int m = 0; m < 6; ++m) pipe::tma_prefetch_map(&maps.map[m]);
     const int j = blockIdx.y, hq = j / G, v0 = blockIdx.x * BV;
     const int c_last = range.end - 1, nc = range.end - range.begin;
     int s = 0, phase = 0;
@@ -333,13 +334,15 @@ struct StateWalkBwdSm90 {
   }
 
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
-  __device__ __forceinline__ static void walk(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range,
-                                              unsigned char* smem, int slab, mbar_t* full, mbar_t* empty, mbar_t* pfull,
-                                              mbar_t* pempty, mbar_t* wtile) {
+  __device__ __forceinline__ static void walk(const StateWalkBwdParams& p, const TensorMaps& maps,
+                                              const SegmentWalk<Cfg>& range, unsigned char* smem, int slab,
+                                              mbar_t* full, mbar_t* empty, mbar_t* pfull, mbar_t* pempty,
+                                              mbar_t* wtile) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
     const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
     const int seg = range.seg;
-    const int barrier = 1 + slab;  // the named barrier of this warpgroup
+    const int barrier = 1 + slab;        // the named barrier of this warpgroup
+    const int store_barrier = 3 + slab;  // and the one around its TMA stores
     const int c_last = range.end - 1, nc = range.end - range.begin;
     const int tq = (lane & 3) * 2, m_lane = lane >> 3;
     const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;  // this thread's slab columns (M rows)
@@ -381,8 +384,10 @@ struct StateWalkBwdSm90 {
     // warps' reads, so dv_new may not overwrite that tile in the same chunk; by the next chunk's
     // warpgroup barrier every warp has waited for it. A warp writes only its own 16 columns
     // (stmatrix.trans: rows of matrix m = 2 ii + h are rows 16 q + 8 ii .. +7, columns
-    // 16 warp + 8 h .. +7; lane L gives the row address of matrix L / 8, row L % 8) and stores
-    // only those.
+    // 16 warp + 8 h .. +7; lane L gives the row address of matrix L / 8, row L % 8). The tiles
+    // leave by TMA stores from one thread once every warp has written and fenced its part: the
+    // dh tape always, dv_new for a whole chunk (a chunk cut short stores its rows below the
+    // length from each warp's own columns, as the next document's rows follow in dv_new).
     const u32 st0 = wg::smem_u32(smem + kOffStaging + slab * 2 * kStagingBytes);
     auto stage_frags = [&](u32 st_addr, int rows, int q, const u32(&f)[4]) {
       const int r = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
@@ -409,8 +414,13 @@ struct StateWalkBwdSm90 {
       const u32 o_addr = wg::smem_u32(tile(smem, s, kOffO)) + slab * C * 128;  // the slab's 64-column block
       const u32 z_addr = st0 + b * kStagingBytes, dv_addr = st0 + (b ^ 1) * kStagingBytes;
 
-      // bf16(Z^T) into its staging tile as [k][v] rows, while the chunk may still be arriving.
-      __syncwarp();  // the warp's stores of the chunk before (dv_new from this tile) have read it
+      // bf16(Z^T) into its staging tile as [k][v] rows, while the chunk may still be arriving,
+      // once the chunk before's stores have read both tiles (the TMA stores; a short chunk's
+      // dv_new stores from this tile).
+      if (u > 0) {
+        if (ctid == 0) pipe::bulk_wait_read<0>();
+        pipe::named_sync(store_barrier, 128);
+      }
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) {
         u32 zb[4];
@@ -481,12 +491,10 @@ struct StateWalkBwdSm90 {
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(Z, Ol[ks], wg::desc_mn_major(q_addr, C, ks), 1);
       wg::commit();
 
-      // dh_tape[c] = bf16(Z) from the staging, while the tensor cores run.
-      {
-        bf16_t* const dst = p.dh_tape + ((long long)c * HV + j) * K * V + v0 + c8;
-#pragma unroll 4
-        for (int r = lane >> 1; r < K; r += 16)
-          bwd::st_global_v4(dst + (long long)r * V, wg::lds_v4(z_addr + sw128::offset(r, c8, K)));
+      // dh_tape[c] = bf16(Z) from the staging (written and fenced before the barrier above).
+      if (ctid == 0) {
+        pipe::tma_store_2d(&maps.map[kMapDh], v0, (c * HV + j) * K, z_addr);
+        pipe::bulk_commit();
       }
 
       wg::wait<1>();  // D and dv_local^T
@@ -514,6 +522,15 @@ struct StateWalkBwdSm90 {
       }
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(Dn[ks]);
+      const bool whole = len == C;
+      if (whole) {  // dv_new's rows by TMA while the last product runs
+        wg::fence_smem_for_async();
+        pipe::named_sync(store_barrier, 128);
+        if (ctid == 0) {
+          pipe::tma_store_2d(&maps.map[kMapDv], j * V + v0, static_cast<int>(t0), dv_addr);
+          pipe::bulk_commit();
+        }
+      }
       // W_u from the scores' warpgroup, as late as possible: it forms W_u once both walks are
       // done with W_(u-1).
       if constexpr (kFusesW) pipe::mbar_wait(wtile, u & 1);
@@ -522,8 +539,8 @@ struct StateWalkBwdSm90 {
       for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<128, 1>(Z, Dn[ks], wg::desc_mn_major(w_addr, C, ks), 1);
       wg::commit();
 
-      __syncwarp();
-      {
+      if (!whole) {
+        __syncwarp();
         bf16_t* const dst = p.dv_new + (t0 * HV + j) * V + v0 + c8;
 #pragma unroll 2
         for (int r = lane >> 1; r < C; r += 16)
@@ -538,6 +555,7 @@ struct StateWalkBwdSm90 {
       if (++s == kStages) s = 0, phase ^= 1;
     }
 
+    if (ctid == 0) pipe::bulk_wait<0>();  // the stores are complete before the block's shared memory goes
     // A document's dh0 is its first segment's.
     if (Cfg::HAS_H0 && p.dh0 != nullptr && seg == 0)
       for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { p.dh0[at] = x; });

@@ -59,6 +59,27 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int col,
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
       : "memory");
 }
+/// The shared tile at shared address `src` (written through the generic proxy: every writer's
+/// fence.proxy.async and a barrier come first) into the box of `map` starting at column `col`,
+/// row `row`, as one bulk group of this thread once committed. The tile may be rewritten after
+/// bulk_wait_read; the global writes are complete after bulk_wait.
+__device__ __forceinline__ void tma_store_2d(const void* map, int col, int row, u32 src) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(src), "r"(col), "r"(row)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+/// This thread's bulk groups but the newest `kPending` have read their shared sources.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+/// This thread's bulk groups but the newest `kPending` are complete.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 /// Fetches a tensor map into the TMA unit's descriptor cache ahead of its first use.
 __device__ __forceinline__ void tma_prefetch_map(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map)) : "memory");
