@@ -339,6 +339,20 @@ LayerIR lower(const Spec& spec_in) {
       GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
   ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
+  if (wgmma) {
+    // Whole chunks arrive by TMA (ChunkBwdSm90's operand order), the state tapes as K x 64 boxes.
+    using P = ChunkBwdParams;
+    auto& maps = ir.programs.back().tensor_maps;
+    maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
+    maps.push_back({"k", offsetof(P, k), offsetof(P, T), int64_t{H} * K});
+    maps.push_back({"v", offsetof(P, v), offsetof(P, T), int64_t{HV} * V});
+    maps.push_back({"dv_new", offsetof(P, dv_new), offsetof(P, T), int64_t{HV} * V});
+    maps.push_back({"d_o", offsetof(P, d_o), offsetof(P, T), int64_t{HV} * V});
+    maps.push_back({"v_new", offsetof(P, v_new), offsetof(P, T), int64_t{HV} * V});
+    maps.push_back({"h_tape", offsetof(P, h_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128, 4});
+    maps.push_back({"dh_tape", offsetof(P, dh_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128, 4});
+    maps.push_back({"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C});
+  }
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
   // One rank of a context-parallel run: its summary for the all-gather, the gathered ones into

@@ -63,9 +63,9 @@ struct Buffer {
 };
 
 /// An operand that a program's sm_90a body loads or stores through a TMA tensor map: a bf16
-/// row-major matrix of `rows` x `row_elements`, whose base pointer and row count (a 64-bit integer
-/// times rows_per_unit: T tokens, or nt_max chunks of HV x K state rows) the parameter block holds
-/// at the given offsets, moved in boxes of 64 x box_rows elements to and from 128-byte-swizzled
+/// row-major matrix of `rows` x `row_elements`, whose base pointer and row count (an integer of
+/// rows_field_bytes times rows_per_unit: T tokens, or nt_max chunks of HV x K state rows) the
+/// parameter block holds at the given offsets, moved in boxes of 64 x box_rows elements to and from 128-byte-swizzled
 /// tiles. The launcher encodes one map per operand and launch on sm_90a (in this order: the body
 /// indexes them) and passes them as the entry's second argument, gdn::TensorMaps.
 struct TensorMapOperand {
@@ -75,6 +75,7 @@ struct TensorMapOperand {
   int64_t row_elements = 0;
   int64_t rows_per_unit = 1;
   uint32_t box_rows = 64;
+  uint32_t rows_field_bytes = 8;  ///< 8: long long, 4: int
 };
 
 struct Program {

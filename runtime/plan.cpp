@@ -481,6 +481,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     GDN_BIND(l, P, dv, b.frame(F::dv));
     GDN_BIND(l, P, dbeta, b.frame(F::dbeta));
     GDN_BIND(l, P, dg, b.frame(F::dg));
+    GDN_BIND(l, P, T, b.frame(F::T));
   }
   {
     auto& l = b.launch("finalize", sizeof(FinalizeParams));

@@ -33,7 +33,10 @@ std::vector<TensorMapRequest> tensor_map_requests(const Program& program, const 
     TensorMapRequest r;
     r.name = m.name;
     r.base = read_field<const void*>(params, params_size, m.pointer_offset, program, m.name);
-    r.rows = read_field<int64_t>(params, params_size, m.rows_offset, program, m.name) * m.rows_per_unit;
+    const int64_t units = m.rows_field_bytes == 4
+                              ? read_field<int32_t>(params, params_size, m.rows_offset, program, m.name)
+                              : read_field<int64_t>(params, params_size, m.rows_offset, program, m.name);
+    r.rows = units * m.rows_per_unit;
     r.row_elements = m.row_elements;
     r.box_rows = m.box_rows;
     out.push_back(std::move(r));

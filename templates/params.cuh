@@ -43,7 +43,7 @@ enum CuSeqlensError : int {
 struct alignas(64) TensorMap {
   unsigned long long opaque[16];
 };
-constexpr int kMaxTensorMaps = 6;
+constexpr int kMaxTensorMaps = 9;
 /// A program that reads operands through tensor maps takes this as its entry's second argument
 /// (__grid_constant__); maps past the program's own are zero.
 struct TensorMaps {
@@ -282,6 +282,7 @@ struct ChunkBwdParams {
   bf16_t* dv;    ///< [T, HV, V]
   float* dbeta;  ///< [T, HV]
   float* dg;     ///< [T, HV]: dL/dg in natural-log units (reverse cumsum done)
+  long long T;   ///< the rows of q, k, v, d_o, v_new, dv_new and tm (their tensor maps' extent)
 };
 
 /// Backward B7: group sum over the HV/H value heads (fixed order) and the L2-norm backward.
@@ -308,7 +309,7 @@ static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkBwdParams) == 136, "StateWalkBwdParams: the host and the kernels share this layout");
-static_assert(sizeof(ChunkBwdParams) == 144, "ChunkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 144, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 64, "WalkMergeParams: the host and the kernels share this layout");

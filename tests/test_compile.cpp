@@ -6,6 +6,7 @@
 #include "compiler/compiler.hpp"
 #include "compiler/nvrtc.hpp"
 #include "compiler/templates.hpp"
+#include "params.cuh"
 #include "tests/pipeline_probe.hpp"
 #include "tests/wgmma_probe.hpp"
 
@@ -343,10 +344,11 @@ TEST_SUITE("compile") {
     const std::string src = gdn::generate_source(walk);
     CHECK(src.find("(gdn::StateWalkBwdParams p, const __grid_constant__ gdn::TensorMaps maps)") != std::string::npos);
     CHECK(src.find("::run(p, maps);") != std::string::npos);
-    const std::string plain = gdn::generate_source(ir.program("chunk_bwd"));
+    const std::string plain = gdn::generate_source(ir.program("finalize"));
     CHECK(plain.find("TensorMaps") == std::string::npos);
     gdn::Program too_many = walk;
-    too_many.tensor_maps.push_back(walk.tensor_maps.front());
+    while (too_many.tensor_maps.size() <= static_cast<size_t>(gdn::kMaxTensorMaps))
+      too_many.tensor_maps.push_back(walk.tensor_maps.front());
     CHECK_THROWS_AS(gdn::generate_source(too_many), std::logic_error);
   }
 

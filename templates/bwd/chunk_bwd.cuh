@@ -41,6 +41,8 @@ struct ChunkBwdMmaSync {
   using AccCV = Acc<C, V, kWarps>;
   using AccCC = Acc<C, C, kWarps>;
 
+  /// The entry with wgmma allowed: the maps are for the sm_90a body only.
+  __device__ static void run(const ChunkBwdParams& p, const TensorMaps&) { run(p); }
   __device__ static void run(const ChunkBwdParams& p) {
     // Chunks fastest (blockIdx order), not value heads fastest as in the forward's chunk_heads
     // programs: measured faster on the H200 (docs/PERF.md).

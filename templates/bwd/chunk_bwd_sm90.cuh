@@ -17,10 +17,11 @@
  *   WG3  dK = V' Z^T (4u) + dS~^T Q (2u) + diag(b Gam) Tm^T dW (2u) + (Eb + Eb^T) K (4u) -> dk_v
  * The chain dW -> dTm -> Y -> E -> dK runs through WG2, WG0 and WG3; the other products fill
  * the gaps. dTm and Y are written over S, E over Z, once their readers have passed a barrier.
- * Loads: two cp.async groups by all 512 threads (the first feeds the first products of WG0-2),
- * exposed at the block start; the reverse walk that keeps the state on chip is the step after
- * (docs/design_fused_bwd_sm90.md). An earlier form split every product by columns over the four
- * warpgroups (m64n16 / m64n32 steps, block-wide barriers between phases): 4.47 ms at M against
+ * Loads: two groups (the first feeds the first products of WG0-2), exposed at the block start:
+ * TMA boxes from one thread behind two mbarriers for a whole chunk, cp.async by all 512 threads
+ * with the zero fill of the rows past the length for a chunk cut short by its document's end; the reverse walk that
+ * keeps the state on chip is the step after (docs/design_fused_bwd_sm90.md). An earlier form split every product by
+ * columns over the four warpgroups (m64n16 / m64n32 steps, block-wide barriers between phases): 4.47 ms at M against
  * 3.10 for this one (docs/PERF.md).
  */
 #pragma once
@@ -91,7 +92,13 @@ struct ChunkBwdSm90 {
     sSz = 1152,
     kScalarFloats = 1156
   };
-  static constexpr int kSmemBytes = kOffScalars + 4 * kScalarFloats;
+  static constexpr int kOffBars = kOffScalars + 4 * kScalarFloats;  // two mbarriers: the TMA load groups
+  static_assert(kOffBars % 8 == 0, "ChunkBwdSm90: mbarriers are 8-byte aligned");
+  static constexpr int kSmemBytes = kOffBars + 16;
+  /// A whole chunk's tiles arrive by TMA (Program::tensor_maps in this order): 64 x 64 boxes of
+  /// the token tensors, K x 64 boxes of the state tapes, in the two groups the cp.async path has.
+  enum TmaOperand { kMapQ, kMapK, kMapV, kMapDV, kMapO, kMapVn, kMapS, kMapZ, kMapT };
+  static constexpr u32 kGroup1Bytes = 3 * kTok + kSq, kGroup2Bytes = 3 * kTok + kSq + kCC;
   static_assert(kSmemBytes == ChunkBwdGeometry::smem_bytes_ws(K, V, C), "ChunkBwdSm90: the host's size differs");
 
   // Named barriers (0 is __syncthreads); each of 1-7 is passed once per block.
@@ -163,7 +170,7 @@ struct ChunkBwdSm90 {
     (wg::fence_acc(accs), ...);
   }
 
-  __device__ static void run(const ChunkBwdParams& p) {
+  __device__ static void run(const ChunkBwdParams& p, const TensorMaps& maps) {
     const ChunkInfo ci = p.chunks[blockIdx.x];
     if (ci.len == 0) return;
     const int j = blockIdx.y, h = j / Cfg::G, m = ci.len, tid = threadIdx.x;
@@ -173,7 +180,42 @@ struct ChunkBwdSm90 {
     extern __shared__ __align__(1024) unsigned char smem[];
     bf16_t* const base = reinterpret_cast<bf16_t*>(smem);
     auto tile = [&](int off) { return base + off / 2; };
-    {
+    unsigned long long* const bars = reinterpret_cast<unsigned long long*>(smem + kOffBars);
+    // A whole chunk: one thread issues both groups as TMA boxes (the tapes are always whole); a
+    // chunk cut short by its document's end keeps every thread's cp.async with the zero fill of
+    // its rows past the length.
+    const bool whole = m == C;
+    if (whole) {
+      if (tid == 0) {
+        pipe::mbar_init(bars, 1);
+        pipe::mbar_init(bars + 1, 1);
+        pipe::fence_mbar_init();
+        const int row = static_cast<int>(t0), srow = static_cast<int>((cg * HV + j) * K);
+        auto load = [&](int off, int map, int col, int r) {
+          pipe::tma_load_2d(tile(off), &maps.map[map], col, r, bars);
+        };
+        pipe::mbar_arrive_expect_tx(bars, kGroup1Bytes);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          load(kOffO + b * C * 128, kMapO, j * V + 64 * b, row);
+          load(kOffVn + b * C * 128, kMapVn, j * V + 64 * b, row);
+          load(kOffS + b * K * 128, kMapS, 64 * b, srow);
+          load(kOffDV + b * C * 128, kMapDV, j * V + 64 * b, row);
+        }
+        auto load2 = [&](int off, int map, int col, int r) {
+          pipe::tma_load_2d(tile(off), &maps.map[map], col, r, bars + 1);
+        };
+        pipe::mbar_arrive_expect_tx(bars + 1, kGroup2Bytes);
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          load2(kOffQ + b * C * 128, kMapQ, h * K + 64 * b, row);
+          load2(kOffK + b * C * 128, kMapK, h * K + 64 * b, row);
+          load2(kOffZ + b * K * 128, kMapZ, 64 * b, srow);
+          load2(kOffV + b * C * 128, kMapV, j * V + 64 * b, row);
+        }
+        load2(kOffT, kMapT, j * C, row);
+      }
+    } else {
       const long long qs = (long long)H * K, vs = (long long)HV * V;
       const long long st = (cg * HV + j) * K * V;
       sm90::load_sw_async<C, V, kThreads>(tile(kOffO), p.d_o + (t0 * HV + j) * V, vs, m);
@@ -193,20 +235,23 @@ struct ChunkBwdSm90 {
       sc[sG + tid] = tid < m ? p.gc[(t0 + tid) * HV + j] : 0.f;
       sc[sB + tid] = tid < m ? p.beta[(t0 + tid) * HV + j] : 0.f;
     }
-    bwd::cp_async_wait<1>();
-    wg::fence_smem_for_async();
-    __syncthreads();
+    if (!whole) {
+      bwd::cp_async_wait<1>();
+      wg::fence_smem_for_async();
+    }
+    __syncthreads();  // the scalars (and the barriers' initialization)
+    if (whole) pipe::mbar_wait(bars, 0);
 
     const int role = tid >> 7;
     const Lane L(tid & 127);
     if (role == 0)
-      scores_and_inverse(p, smem, sc, L, m);
+      scores_and_inverse(p, smem, sc, L, m, bars);
     else if (role == 1)
-      query_side(p, smem, sc, L, m, t0, j);
+      query_side(p, smem, sc, L, m, t0, j, bars);
     else if (role == 2)
-      chain_side(smem, sc, L, m);
+      chain_side(smem, sc, L, m, bars);
     else
-      key_side(p, smem, sc, L, m, t0, j);
+      key_side(p, smem, sc, L, m, t0, j, bars);
     __syncthreads();
 
     // dgam and dbeta per row, each term in a fixed order, then B6: the reverse cumsum of dgam.
@@ -262,10 +307,15 @@ struct ChunkBwdSm90 {
   }
 
  private:
-  __device__ __forceinline__ static void second_group_landed() {
-    bwd::cp_async_wait<0>();
-    wg::fence_smem_for_async();
-    pipe::named_sync_roles(kBarLoaded, kThreads);
+  /// The second load group is in: its TMA bytes (a whole chunk), or every thread's cp.async.
+  __device__ __forceinline__ static void second_group_landed(int m, unsigned long long* bars) {
+    if (m == C) {
+      pipe::mbar_wait(bars + 1, 0);
+    } else {
+      bwd::cp_async_wait<0>();
+      wg::fence_smem_for_async();
+      pipe::named_sync_roles(kBarLoaded, kThreads);
+    }
   }
   __device__ __forceinline__ static void local_sync(int role) { pipe::named_sync(kBarLocal + role, 128); }
 
@@ -306,14 +356,14 @@ struct ChunkBwdSm90 {
 
   /// Warpgroup 0: dS~, the scores' gate terms, K K^T and the inverse's backward Tm^T Y -> E.
   __device__ static void scores_and_inverse(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L,
-                                            int m) {
+                                            int m, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
     float A[32], QK[32];
     issue<64, 0, 0>(A, s0 + kOffO, C, s0 + kOffVn, C, V / 16, false);
     wg::commit();
-    second_group_landed();
+    second_group_landed(m, bars);
     issue<64, 0, 0>(QK, s0 + kOffQ, C, s0 + kOffK, C, K / 16, false);
     wg::commit();
     wait<1>(A);
@@ -442,13 +492,13 @@ struct ChunkBwdSm90 {
   /// Warpgroup 1: dQ = scale diag(exp2(gc)) dO S^T + dS~ K (its state part's gate term), then
   /// dvb = Tm^T dV': dv = diag(b) dvb and dbeta's rowsum(dvb .* V).
   __device__ static void query_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L, int m,
-                                    long long t0, int j) {
+                                    long long t0, int j, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     float D[64];
     issue<128, 0, 0>(D, s0 + kOffO, C, s0 + kOffS, K, V / 16, false);
     wg::commit();
-    second_group_landed();
+    second_group_landed(m, bars);
     wait<0>(D);
     pipe::named_arrive_roles(kBarSFree, 384);
     {
@@ -490,7 +540,7 @@ struct ChunkBwdSm90 {
 
   /// Warpgroup 2: dW = -dV' S^T (bf16 tile), dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b))
   /// as hi + lo tiles, Y = dTm Tm^T as hi + lo tiles (both over the dead S).
-  __device__ static void chain_side(unsigned char* smem, float* sc, const Lane& L, int m) {
+  __device__ static void chain_side(unsigned char* smem, float* sc, const Lane& L, int m, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
@@ -498,7 +548,7 @@ struct ChunkBwdSm90 {
       float W[64];
       issue<128, 0, 0>(W, s0 + kOffDV, C, s0 + kOffS, K, V / 16, false);
       wg::commit();
-      second_group_landed();
+      second_group_landed(m, bars);
       wait<0>(W);
 #pragma unroll
       for (int i = 0; i < 16; ++i)
@@ -566,11 +616,11 @@ struct ChunkBwdSm90 {
   /// Warpgroup 3: dK = diag(exp2(gcL - gc)) V' Z^T + dS~^T Q + diag(b Gam) Tm^T dW + (Eb + Eb^T) K,
   /// the state term's and R1's row sums, and <S, Z>.
   __device__ static void key_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L, int m,
-                                  long long t0, int j) {
+                                  long long t0, int j, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
-    second_group_landed();
+    second_group_landed(m, bars);
     float D[64];
     issue<128, 0, 0>(D, s0 + kOffVn, C, s0 + kOffZ, K, V / 16, false);
     wg::commit();
