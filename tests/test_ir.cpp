@@ -167,7 +167,7 @@ TEST_SUITE("ir") {
       CHECK(automatic.program("state_walk_bwd").tensor_maps[4].box_rows == 128);
       CHECK(automatic.program("fused_walk").tensor_maps.size() == 4);  // k, v, tm, q
       CHECK(automatic.program("walk_tape").tensor_maps.size() == 3);   // no q: no output
-      CHECK(automatic.program("chunk_bwd").tensor_maps.size() == 9);  // every tile, both tapes' boxes K rows
+      CHECK(automatic.program("chunk_bwd").tensor_maps.size() == 9);   // every tile, both tapes' boxes K rows
       CHECK(automatic.program("chunk_bwd").tensor_maps[6].rows_field_bytes == 4);  // ChunkBwdParams::nt_max
       CHECK(automatic.program("finalize").tensor_maps.empty());
       CHECK(w.tensor_maps.empty());
