@@ -16,7 +16,8 @@
  *   WG2  dW = -dV' S^T (4u) -> tile;  dW K^T, dV' V^T (4u) -> dTm;  dTm Tm^T (2u) -> Y tiles
  *   WG3  dK = V' Z^T (4u) + dS~^T Q (2u) + diag(b Gam) Tm^T dW (2u) + (Eb + Eb^T) K (4u) -> dk_v
  * The chain dW -> dTm -> Y -> E -> dK runs through WG2, WG0 and WG3; the other products fill
- * the gaps. dTm and Y are written over S, E over Z, once their readers have passed a barrier.
+ * the gaps. dTm and Y are written over S, E over Z, once their readers have passed a barrier;
+ * a whole chunk's dK leaves by a TMA store from the dW tile, the block's tail.
  * Loads: two groups (the first feeds the first products of WG0-2), exposed at the block start:
  * TMA boxes from one thread behind two mbarriers for a whole chunk, cp.async by all 512 threads
  * with the zero fill of the rows past the length for a chunk cut short by its document's end; the reverse walk that
@@ -97,7 +98,8 @@ struct ChunkBwdSm90 {
   static constexpr int kSmemBytes = kOffBars + 16;
   /// A whole chunk's tiles arrive by TMA (Program::tensor_maps in this order): 64 x 64 boxes of
   /// the token tensors, K x 64 boxes of the state tapes, in the two groups the cp.async path has.
-  enum TmaOperand { kMapQ, kMapK, kMapV, kMapDV, kMapO, kMapVn, kMapS, kMapZ, kMapT };
+  /// dK, the block's last product, leaves the same way from the dW tile (free by then).
+  enum TmaOperand { kMapQ, kMapK, kMapV, kMapDV, kMapO, kMapVn, kMapS, kMapZ, kMapT, kMapDk };
   static constexpr u32 kGroup1Bytes = 3 * kTok + kSq, kGroup2Bytes = 3 * kTok + kSq + kCC;
   static_assert(kSmemBytes == ChunkBwdGeometry::smem_bytes_ws(K, V, C), "ChunkBwdSm90: the host's size differs");
 
@@ -251,7 +253,7 @@ struct ChunkBwdSm90 {
     else if (role == 2)
       chain_side(smem, sc, L, m, bars);
     else
-      key_side(p, smem, sc, L, m, t0, j, bars);
+      key_side(p, maps, smem, sc, L, m, t0, j, bars);
     __syncthreads();
 
     // dgam and dbeta per row, each term in a fixed order, then B6: the reverse cumsum of dgam.
@@ -304,6 +306,7 @@ struct ChunkBwdSm90 {
         p.dbeta[(t0 + i1) * HV + j] = db[i1];
       }
     }
+    if (whole && tid == 3 * 128) pipe::bulk_wait<0>();  // dK's store, before the shared memory goes
   }
 
  private:
@@ -615,8 +618,8 @@ struct ChunkBwdSm90 {
 
   /// Warpgroup 3: dK = diag(exp2(gcL - gc)) V' Z^T + dS~^T Q + diag(b Gam) Tm^T dW + (Eb + Eb^T) K,
   /// the state term's and R1's row sums, and <S, Z>.
-  __device__ static void key_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L, int m,
-                                  long long t0, int j, unsigned long long* bars) {
+  __device__ static void key_side(const ChunkBwdParams& p, const TensorMaps& maps, unsigned char* smem, float* sc,
+                                  const Lane& L, int m, long long t0, int j, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
@@ -695,7 +698,26 @@ struct ChunkBwdSm90 {
     issue<128, 0, 1>(D, s0 + kOffEl, C, s0 + kOffK, C, C / 16, true);
     wg::commit();
     wait<0>(D);
-    store_rows(p.dk_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
+    if (m < C) return store_rows(p.dk_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
+    // A whole chunk's dK by TMA from the dW tile: every reader of dW (WG2's dTm, this warpgroup's
+    // Tm^T dW) finished before E, which this warpgroup waited for at kBarE. stmatrix writes it in
+    // the SW128 layout (matrix mi of column pair i: rows 16 w + 8 (mi & 1) .., columns 8 i + 8 (mi >> 1) ..).
+    const int mi = (L.ctid & 31) >> 3, row = 16 * L.w + 8 * (mi & 1) + (L.ctid & 7);
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      const u32 f[4] = {
+          pack_bf16x2(f2bf(D[4 * i]), f2bf(D[4 * i + 1])), pack_bf16x2(f2bf(D[4 * i + 2]), f2bf(D[4 * i + 3])),
+          pack_bf16x2(f2bf(D[4 * i + 4]), f2bf(D[4 * i + 5])), pack_bf16x2(f2bf(D[4 * i + 6]), f2bf(D[4 * i + 7]))};
+      wg::stsm_x4(s0 + kOffDW + sw128::offset(row, 8 * i + 8 * (mi >> 1), C), f);
+    }
+    wg::fence_smem_for_async();
+    local_sync(3);
+    if (L.ctid == 0) {
+#pragma unroll
+      for (int b = 0; b < K / 64; ++b)
+        pipe::tma_store_2d(&maps.map[kMapDk], j * K + 64 * b, static_cast<int>(t0), s0 + kOffDW + b * C * 128);
+      pipe::bulk_commit();
+    }
   }
 };
 

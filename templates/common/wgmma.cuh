@@ -256,6 +256,13 @@ __device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 a) {
                : "r"(a)
                : "memory");
 }
+/// Four 8 x 8 bf16 matrices in the fragment layout (row lane / 4, columns 2 (lane % 4), +1) into
+/// shared memory; lane L gives the address of row L % 8 of matrix L / 8.
+__device__ __forceinline__ void stsm_x4(u32 a, const u32 (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]), "r"(r[1]),
+               "r"(r[2]), "r"(r[3])
+               : "memory");
+}
 __device__ __forceinline__ void stsm_x4_trans(u32 a, const u32 (&r)[4]) {
   asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(a), "r"(r[0]),
                "r"(r[1]), "r"(r[2]), "r"(r[3])
