@@ -167,6 +167,17 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_AS(gdn::tensor_map_requests(walk, &p, 64), std::logic_error);
   }
 
+  TEST_CASE("a TMA operand the driver could not map is refused with its name, before the driver is asked") {
+    alignas(16) static unsigned char x[32];
+    CHECK_THROWS_WITH_AS(gdn::rt::encode_bf16_sw128_map(nullptr, 64, 2048, 64, 64, "k of program 'state_walk_bwd'"),
+                         doctest::Contains("k of program 'state_walk_bwd': address"), gdn::InputError);
+    CHECK_THROWS_AS(gdn::rt::encode_bf16_sw128_map(x + 2, 64, 2048, 64, 64, "q"), gdn::InputError);  // misaligned
+    CHECK_THROWS_AS(gdn::rt::encode_bf16_sw128_map(x, 64, 36, 64, 64, "v"), gdn::InputError);        // 72-byte rows
+    CHECK_THROWS_WITH_AS(gdn::rt::encode_bf16_sw128_map(x, 1ull << 31, 128, 64, 128, "dh_tape"),
+                         doctest::Contains("rows exceed the 2^31"), gdn::InputError);
+    CHECK_THROWS_AS(gdn::rt::encode_bf16_sw128_map(x, 64, 2048, 32, 64, "k"), std::logic_error);  // not a SW128 box
+  }
+
   TEST_CASE("graph mode: capture once, replay what the eager call launches, new addresses capture anew") {
     GraphRig g;
     auto& [rec, backend, layer] = g;
