@@ -352,7 +352,10 @@ LayerIR lower(const Spec& spec_in) {
     maps.push_back({"h_tape", offsetof(P, h_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128, 4});
     maps.push_back({"dh_tape", offsetof(P, dh_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128, 4});
     maps.push_back({"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C});
-    maps.push_back({"dk_v", offsetof(P, dk_v), offsetof(P, T), int64_t{HV} * K});  // stored
+    // Stored from SW128 tiles whose readers are done.
+    maps.push_back({"dk_v", offsetof(P, dk_v), offsetof(P, T), int64_t{HV} * K});
+    maps.push_back({"dq_v", offsetof(P, dq_v), offsetof(P, T), int64_t{HV} * K});
+    maps.push_back({"dv", offsetof(P, dv), offsetof(P, T), int64_t{HV} * V});
   }
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);

@@ -43,7 +43,7 @@ enum CuSeqlensError : int {
 struct alignas(64) TensorMap {
   unsigned long long opaque[16];
 };
-constexpr int kMaxTensorMaps = 10;
+constexpr int kMaxTensorMaps = 12;
 /// A program that reads operands through tensor maps takes this as its entry's second argument
 /// (__grid_constant__); maps past the program's own are zero.
 struct TensorMaps {

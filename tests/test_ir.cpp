@@ -165,10 +165,12 @@ TEST_SUITE("ir") {
       // The dh tape's map spans every chunk's HV x K state rows, in boxes of one K x 64 block.
       CHECK(automatic.program("state_walk_bwd").tensor_maps[4].rows_per_unit == 48 * 128);
       CHECK(automatic.program("state_walk_bwd").tensor_maps[4].box_rows == 128);
-      CHECK(automatic.program("fused_walk").tensor_maps.size() == 4);              // k, v, tm, q
-      CHECK(automatic.program("walk_tape").tensor_maps.size() == 3);               // no q: no output
-      CHECK(automatic.program("chunk_bwd").tensor_maps.size() == 10);              // every tile loaded, and dk_v stored
-      CHECK(automatic.program("chunk_bwd").tensor_maps[6].rows_field_bytes == 4);  // ChunkBwdParams::nt_max
+      CHECK(automatic.program("fused_walk").tensor_maps.size() == 4);  // k, v, tm, q
+      CHECK(automatic.program("walk_tape").tensor_maps.size() == 3);   // no q: no output
+      CHECK(automatic.program("chunk_bwd").tensor_maps.size() == 12);  // every tile loaded; dk_v, dq_v, dv stored
+      CHECK(automatic.program("chunk_bwd").tensor_maps[10].name == "dq_v");
+      CHECK(automatic.program("chunk_bwd").tensor_maps[11].row_elements == 48 * 128);  // dv: [T, HV x V]
+      CHECK(automatic.program("chunk_bwd").tensor_maps[6].rows_field_bytes == 4);      // ChunkBwdParams::nt_max
       CHECK(automatic.program("finalize").tensor_maps.empty());
       CHECK(w.tensor_maps.empty());
       CHECK(portable.program("state_walk_bwd").tensor_maps.empty());

@@ -17,7 +17,8 @@
  *   WG3  dK = V' Z^T (4u) + dS~^T Q (2u) + diag(b Gam) Tm^T dW (2u) + (Eb + Eb^T) K (4u) -> dk_v
  * The chain dW -> dTm -> Y -> E -> dK runs through WG2, WG0 and WG3; the other products fill
  * the gaps. dTm and Y are written over S, E over Z, once their readers have passed a barrier;
- * a whole chunk's dK leaves by a TMA store from the dW tile, the block's tail.
+ * a whole chunk's dK leaves by a TMA store from the dW tile (the block's tail), dQ and dv from the
+ * dO and V' tiles (stage_and_store).
  * Loads: two groups (the first feeds the first products of WG0-2), exposed at the block start:
  * TMA boxes from one thread behind two mbarriers for a whole chunk, cp.async by all 512 threads
  * with the zero fill of the rows past the length for a chunk cut short by its document's end; the reverse walk that
@@ -98,8 +99,9 @@ struct ChunkBwdSm90 {
   static constexpr int kSmemBytes = kOffBars + 16;
   /// A whole chunk's tiles arrive by TMA (Program::tensor_maps in this order): 64 x 64 boxes of
   /// the token tensors, K x 64 boxes of the state tapes, in the two groups the cp.async path has.
-  /// dK, the block's last product, leaves the same way from the dW tile (free by then).
-  enum TmaOperand { kMapQ, kMapK, kMapV, kMapDV, kMapO, kMapVn, kMapS, kMapZ, kMapT, kMapDk };
+  /// dK, the block's last product, leaves the same way from the dW tile (free by then), dQ and dv
+  /// from the dO and V' tiles (free once WG1 has passed kBarDS).
+  enum TmaOperand { kMapQ, kMapK, kMapV, kMapDV, kMapO, kMapVn, kMapS, kMapZ, kMapT, kMapDk, kMapDq, kMapDv };
   static constexpr u32 kGroup1Bytes = 3 * kTok + kSq, kGroup2Bytes = 3 * kTok + kSq + kCC;
   static_assert(kSmemBytes == ChunkBwdGeometry::smem_bytes_ws(K, V, C), "ChunkBwdSm90: the host's size differs");
 
@@ -193,29 +195,17 @@ struct ChunkBwdSm90 {
         pipe::mbar_init(bars + 1, 1);
         pipe::fence_mbar_init();
         const int row = static_cast<int>(t0), srow = static_cast<int>((cg * HV + j) * K);
-        auto load = [&](int off, int map, int col, int r) {
-          pipe::tma_load_2d(tile(off), &maps.map[map], col, r, bars);
-        };
         pipe::mbar_arrive_expect_tx(bars, kGroup1Bytes);
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          load(kOffO + b * C * 128, kMapO, j * V + 64 * b, row);
-          load(kOffVn + b * C * 128, kMapVn, j * V + 64 * b, row);
-          load(kOffS + b * K * 128, kMapS, 64 * b, srow);
-          load(kOffDV + b * C * 128, kMapDV, j * V + 64 * b, row);
-        }
-        auto load2 = [&](int off, int map, int col, int r) {
-          pipe::tma_load_2d(tile(off), &maps.map[map], col, r, bars + 1);
-        };
+        pipe::tma_load_tile<C, V>(tile(kOffO), &maps.map[kMapO], j * V, row, bars);
+        pipe::tma_load_tile<C, V>(tile(kOffVn), &maps.map[kMapVn], j * V, row, bars);
+        pipe::tma_load_tile<K, V>(tile(kOffS), &maps.map[kMapS], 0, srow, bars);
+        pipe::tma_load_tile<C, V>(tile(kOffDV), &maps.map[kMapDV], j * V, row, bars);
         pipe::mbar_arrive_expect_tx(bars + 1, kGroup2Bytes);
-#pragma unroll
-        for (int b = 0; b < 2; ++b) {
-          load2(kOffQ + b * C * 128, kMapQ, h * K + 64 * b, row);
-          load2(kOffK + b * C * 128, kMapK, h * K + 64 * b, row);
-          load2(kOffZ + b * K * 128, kMapZ, 64 * b, srow);
-          load2(kOffV + b * C * 128, kMapV, j * V + 64 * b, row);
-        }
-        load2(kOffT, kMapT, j * C, row);
+        pipe::tma_load_tile<C, K>(tile(kOffQ), &maps.map[kMapQ], h * K, row, bars + 1);
+        pipe::tma_load_tile<C, K>(tile(kOffK), &maps.map[kMapK], h * K, row, bars + 1);
+        pipe::tma_load_tile<K, V>(tile(kOffZ), &maps.map[kMapZ], 0, srow, bars + 1);
+        pipe::tma_load_tile<C, V>(tile(kOffV), &maps.map[kMapV], j * V, row, bars + 1);
+        pipe::tma_load_tile<C, C>(tile(kOffT), &maps.map[kMapT], j * C, row, bars + 1);
       }
     } else {
       const long long qs = (long long)H * K, vs = (long long)HV * V;
@@ -249,7 +239,7 @@ struct ChunkBwdSm90 {
     if (role == 0)
       scores_and_inverse(p, smem, sc, L, m, bars);
     else if (role == 1)
-      query_side(p, smem, sc, L, m, t0, j, bars);
+      query_side(p, maps, smem, sc, L, m, t0, j, bars);
     else if (role == 2)
       chain_side(smem, sc, L, m, bars);
     else
@@ -306,7 +296,7 @@ struct ChunkBwdSm90 {
         p.dbeta[(t0 + i1) * HV + j] = db[i1];
       }
     }
-    if (whole && tid == 3 * 128) pipe::bulk_wait<0>();  // dK's store, before the shared memory goes
+    if (whole && (tid == 128 || tid == 3 * 128)) pipe::bulk_wait<0>();  // the stores, before the shared memory goes
   }
 
  private:
@@ -333,6 +323,33 @@ struct ChunkBwdSm90 {
 #pragma unroll
       for (int i = 0; i < 16; ++i)
         bwd::store_bf16x2(out + r * stride + 8 * i + L.tq, f * d[4 * i + 2 * hh], f * d[4 * i + 2 * hh + 1]);
+    }
+  }
+
+  /// A whole chunk's 64 x 128 accumulator (rows scaled by row_scale when given, then rounded as
+  /// store_rows does) into the free SW128 tile at `tile` by stmatrix, and out by two TMA boxes
+  /// from the warpgroup's first thread (matrix mi of column pair i: rows 16 w + 8 (mi & 1) ..,
+  /// columns 8 i + 8 (mi >> 1) ..). The issuing thread waits for the bytes at the block's end.
+  __device__ __forceinline__ static void stage_and_store(int role, const TensorMaps& maps, int map, int col,
+                                                         long long t0, u32 tile, const float (&d)[64], const Lane& L,
+                                                         const float* row_scale) {
+    const int mi = (L.ctid & 31) >> 3, row = 16 * L.w + 8 * (mi & 1) + (L.ctid & 7);
+    const float f0 = row_scale ? row_scale[L.r[0]] : 1.f, f1 = row_scale ? row_scale[L.r[1]] : 1.f;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      const u32 f[4] = {pack_bf16x2(f2bf(f0 * d[4 * i]), f2bf(f0 * d[4 * i + 1])),
+                        pack_bf16x2(f2bf(f1 * d[4 * i + 2]), f2bf(f1 * d[4 * i + 3])),
+                        pack_bf16x2(f2bf(f0 * d[4 * i + 4]), f2bf(f0 * d[4 * i + 5])),
+                        pack_bf16x2(f2bf(f1 * d[4 * i + 6]), f2bf(f1 * d[4 * i + 7]))};
+      wg::stsm_x4(tile + sw128::offset(row, 8 * i + 8 * (mi >> 1), C), f);
+    }
+    wg::fence_smem_for_async();
+    local_sync(role);
+    if (L.ctid == 0) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b)
+        pipe::tma_store_2d(&maps.map[map], col + 64 * b, static_cast<int>(t0), tile + b * C * 128);
+      pipe::bulk_commit();
     }
   }
 
@@ -494,8 +511,8 @@ struct ChunkBwdSm90 {
 
   /// Warpgroup 1: dQ = scale diag(exp2(gc)) dO S^T + dS~ K (its state part's gate term), then
   /// dvb = Tm^T dV': dv = diag(b) dvb and dbeta's rowsum(dvb .* V).
-  __device__ static void query_side(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L, int m,
-                                    long long t0, int j, unsigned long long* bars) {
+  __device__ static void query_side(const ChunkBwdParams& p, const TensorMaps& maps, unsigned char* smem, float* sc,
+                                    const Lane& L, int m, long long t0, int j, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     float D[64];
@@ -526,12 +543,21 @@ struct ChunkBwdSm90 {
     issue<128, 0, 1>(D, s0 + kOffDS, C, s0 + kOffK, C, C / 16, true);
     wg::commit();
     wait<0>(D);
-    store_rows(p.dq_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
+    // A whole chunk's dQ and dv leave by TMA from the dO and V' tiles: their readers (WG0's dS~,
+    // this warpgroup's dO S^T, WG3's V' Z^T) arrived at kBarDS after their products completed.
+    const bool whole = m == C;
+    if (whole)
+      stage_and_store(1, maps, kMapDq, j * K, t0, s0 + kOffO, D, L, nullptr);
+    else
+      store_rows(p.dq_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
     float X[64];
     issue<128, 1, 1>(X, s0 + kOffT, C, s0 + kOffDV, C, C / 16, false);
     wg::commit();
     wait<0>(X);
-    store_rows(p.dv + (t0 * HV + j) * V, (long long)HV * V, X, L, m, sc + sB);
+    if (whole)
+      stage_and_store(1, maps, kMapDv, j * V, t0, s0 + kOffVn, X, L, sc + sB);
+    else
+      store_rows(p.dv + (t0 * HV + j) * V, (long long)HV * V, X, L, m, sc + sB);
     float rs[2] = {0.f, 0.f};
     row_dot(smem, kOffV, X, 0, 16, L, rs);
 #pragma unroll
@@ -700,24 +726,8 @@ struct ChunkBwdSm90 {
     wait<0>(D);
     if (m < C) return store_rows(p.dk_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
     // A whole chunk's dK by TMA from the dW tile: every reader of dW (WG2's dTm, this warpgroup's
-    // Tm^T dW) finished before E, which this warpgroup waited for at kBarE. stmatrix writes it in
-    // the SW128 layout (matrix mi of column pair i: rows 16 w + 8 (mi & 1) .., columns 8 i + 8 (mi >> 1) ..).
-    const int mi = (L.ctid & 31) >> 3, row = 16 * L.w + 8 * (mi & 1) + (L.ctid & 7);
-#pragma unroll
-    for (int i = 0; i < 16; i += 2) {
-      const u32 f[4] = {
-          pack_bf16x2(f2bf(D[4 * i]), f2bf(D[4 * i + 1])), pack_bf16x2(f2bf(D[4 * i + 2]), f2bf(D[4 * i + 3])),
-          pack_bf16x2(f2bf(D[4 * i + 4]), f2bf(D[4 * i + 5])), pack_bf16x2(f2bf(D[4 * i + 6]), f2bf(D[4 * i + 7]))};
-      wg::stsm_x4(s0 + kOffDW + sw128::offset(row, 8 * i + 8 * (mi >> 1), C), f);
-    }
-    wg::fence_smem_for_async();
-    local_sync(3);
-    if (L.ctid == 0) {
-#pragma unroll
-      for (int b = 0; b < K / 64; ++b)
-        pipe::tma_store_2d(&maps.map[kMapDk], j * K + 64 * b, static_cast<int>(t0), s0 + kOffDW + b * C * 128);
-      pipe::bulk_commit();
-    }
+    // Tm^T dW) finished before E, which this warpgroup waited for at kBarE.
+    stage_and_store(3, maps, kMapDk, j * K, t0, s0 + kOffDW, D, L, nullptr);
   }
 };
 

@@ -132,21 +132,13 @@ struct StateWalkBwdSm90 {
       if (tid == 0) {
         const int row = static_cast<int>(t0);
         pipe::mbar_arrive_expect_tx(full, kTmaBytes);
-#pragma unroll
-        for (int b = 0; b < K / 64; ++b) {
-          pipe::tma_load_2d(tile(smem, stage, kOffK) + b * C * 64, &maps.map[kMapK], hq * K + b * 64, row, full);
-          pipe::tma_load_2d(tile(smem, stage, kOffQ) + b * C * 64, &maps.map[kMapQ], hq * K + b * 64, row, full);
-        }
-        if constexpr (kFusesW) {
-          pipe::tma_load_2d(tile(smem, stage, kOffT), &maps.map[kMapW], j * C, row, full);
-        } else {
-#pragma unroll
-          for (int b = 0; b < K / 64; ++b)
-            pipe::tma_load_2d(tile(smem, stage, kOffW) + b * C * 64, &maps.map[kMapW], j * K + b * 64, row, full);
-        }
-#pragma unroll
-        for (int b = 0; b < BV / 64; ++b)
-          pipe::tma_load_2d(tile(smem, stage, kOffO) + b * C * 64, &maps.map[kMapO], j * V + v0 + b * 64, row, full);
+        pipe::tma_load_tile<C, K>(tile(smem, stage, kOffK), &maps.map[kMapK], hq * K, row, full);
+        pipe::tma_load_tile<C, K>(tile(smem, stage, kOffQ), &maps.map[kMapQ], hq * K, row, full);
+        if constexpr (kFusesW)
+          pipe::tma_load_tile<C, C>(tile(smem, stage, kOffT), &maps.map[kMapW], j * C, row, full);
+        else
+          pipe::tma_load_tile<C, K>(tile(smem, stage, kOffW), &maps.map[kMapW], j * K, row, full);
+        pipe::tma_load_tile<C, BV>(tile(smem, stage, kOffO), &maps.map[kMapO], j * V + v0, row, full);
       }
     } else {
       const auto copy16 = [](void* d, const void* g, bool ok) { bwd::cp_async16(d, g, ok); };

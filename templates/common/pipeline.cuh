@@ -59,6 +59,15 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const void* map, int col,
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(col), "r"(row), "r"(smem_u32(bar))
       : "memory");
 }
+/// A ROWS x COLS tile of `map` (boxes of 64 columns x ROWS rows) from element column `col`, row
+/// `row` into COLS / 64 consecutive SW128 blocks of ROWS rows at `dst`, onto `bar`.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void tma_load_tile(void* dst, const void* map, int col, int row, unsigned long long* bar) {
+  static_assert(COLS % 64 == 0, "tma_load_tile: whole 64-column boxes");
+#pragma unroll
+  for (int b = 0; b < COLS / 64; ++b)
+    tma_load_2d(static_cast<unsigned char*>(dst) + b * ROWS * 128, map, col + 64 * b, row, bar);
+}
 /// The shared tile at shared address `src` (written through the generic proxy: every writer's
 /// fence.proxy.async and a barrier come first) into the box of `map` starting at column `col`,
 /// row `row`, as one bulk group of this thread once committed. The tile may be rewritten after

@@ -149,16 +149,10 @@ struct FusedWalkSm90 {
       if (tid == 0) {
         const int row = static_cast<int>(t0);
         pipe::mbar_arrive_expect_tx(full, kTmaBytes);
-#pragma unroll
-        for (int b = 0; b < K / 64; ++b) {
-          if (kOutput)
-            pipe::tma_load_2d(tile(smem, stage, kOffQ) + b * C * 64, &maps.map[kMapQ], hq * K + b * 64, row, full);
-          pipe::tma_load_2d(tile(smem, stage, kOffK) + b * C * 64, &maps.map[kMapK], hq * K + b * 64, row, full);
-        }
-#pragma unroll
-        for (int b = 0; b < BV / 64; ++b)
-          pipe::tma_load_2d(tile(smem, stage, kOffV) + b * C * 64, &maps.map[kMapV], j * V + v0 + b * 64, row, full);
-        pipe::tma_load_2d(tile(smem, stage, kOffT), &maps.map[kMapT], j * C, row, full);
+        if (kOutput) pipe::tma_load_tile<C, K>(tile(smem, stage, kOffQ), &maps.map[kMapQ], hq * K, row, full);
+        pipe::tma_load_tile<C, K>(tile(smem, stage, kOffK), &maps.map[kMapK], hq * K, row, full);
+        pipe::tma_load_tile<C, BV>(tile(smem, stage, kOffV), &maps.map[kMapV], j * V + v0, row, full);
+        pipe::tma_load_tile<C, C>(tile(smem, stage, kOffT), &maps.map[kMapT], j * C, row, full);
       }
     } else {
       const auto copy16 = [](void* d, const void* g, bool ok) { fwd::cp_async16(d, g, ok); };
