@@ -273,6 +273,11 @@ LayerIR lower(const Spec& spec_in) {
         maps.push_back({"v", offsetof(P, v), offsetof(P, T), int64_t{HV} * V});
         maps.push_back({"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C});
         if (output) maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
+        // walk_tape stores its tapes from the staging tiles (K x 64 boxes of the h tape).
+        if (!output) {
+          maps.push_back({"h_tape", offsetof(P, h_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128, 4});
+          maps.push_back({"v_new", offsetof(P, v_new), offsetof(P, T), int64_t{HV} * V});
+        }
       }
     };
     add_fused_walk("fused_walk", true, s.save_mode == SaveMode::full);

@@ -295,6 +295,7 @@ void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes) {
   GDN_BIND(l, P, h_tape, tapes ? b.slot("h_tape") : b.constant(0));
   GDN_BIND(l, P, v_new, tapes ? b.slot("v_new") : b.constant(0));
   GDN_BIND(l, P, T, b.frame(Frame::T));
+  GDN_BIND(l, P, nt_max, b.nt_max());
 }
 
 }  // namespace

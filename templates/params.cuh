@@ -160,7 +160,8 @@ struct FusedWalkParams {
   // fused walk of full saves).
   bf16_t* h_tape;  ///< [nt_max, HV, K, V]: the state entering each chunk
   bf16_t* v_new;   ///< [T, HV, V]
-  long long T;     ///< the rows of q, k, v and tm (their tensor maps' extent)
+  long long T;     ///< the rows of q, k, v, tm and v_new (their tensor maps' extent)
+  int nt_max;      ///< the h tape's chunk slots (its tensor map's extent: nt_max x HV x K rows)
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
@@ -311,7 +312,7 @@ static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kern
 static_assert(sizeof(StateWalkBwdParams) == 136, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
-static_assert(sizeof(FusedWalkParams) == 144, "FusedWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(FusedWalkParams) == 152, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 64, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(KcpExchangeParams) == 56, "KcpExchangeParams: the host and the kernels share this layout");
 static_assert(sizeof(TensorMap) == 128 && alignof(TensorMap) == 64, "TensorMap: the driver's CUtensorMap");

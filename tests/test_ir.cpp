@@ -166,7 +166,12 @@ TEST_SUITE("ir") {
       CHECK(automatic.program("state_walk_bwd").tensor_maps[4].rows_per_unit == 48 * 128);
       CHECK(automatic.program("state_walk_bwd").tensor_maps[4].box_rows == 128);
       CHECK(automatic.program("fused_walk").tensor_maps.size() == 4);  // k, v, tm, q
-      CHECK(automatic.program("walk_tape").tensor_maps.size() == 3);   // no q: no output
+      // No q (no output); the tapes leave by TMA: h_tape in K x 64 boxes over nt_max x HV x K rows.
+      CHECK(automatic.program("walk_tape").tensor_maps.size() == 5);
+      CHECK(automatic.program("walk_tape").tensor_maps[3].name == "h_tape");
+      CHECK(automatic.program("walk_tape").tensor_maps[3].rows_per_unit == 48 * 128);
+      CHECK(automatic.program("walk_tape").tensor_maps[3].rows_field_bytes == 4);  // FusedWalkParams::nt_max
+      CHECK(automatic.program("walk_tape").tensor_maps[4].name == "v_new");
       CHECK(automatic.program("chunk_bwd").tensor_maps.size() == 12);  // every tile loaded; dk_v, dq_v, dv stored
       CHECK(automatic.program("chunk_bwd").tensor_maps[10].name == "dq_v");
       CHECK(automatic.program("chunk_bwd").tensor_maps[11].row_elements == 48 * 128);  // dv: [T, HV x V]

@@ -31,8 +31,8 @@
  * and v_new = bf16(V'). Without Cfg::OUTPUT (the walk_tape program) there is no Q, no P and no O,
  * and warpgroup 1 stores the tapes instead of computing scores: each walk stages bf16(S) in its
  * stage's idle Q tile and V' in half of the idle P tiles (stmatrix.trans into SW128 tiles,
- * `tfull`), and warpgroup 1 copies them out in coalesced 16-byte pieces and frees them (`tempty`)
- * while the walk goes on: the HBM writes are off the walks' chain (stores from the walks
+ * `tfull`), and warpgroup 1 stores them by TMA (a chunk cut short: copies of its rows) and frees
+ * them (`tempty`) while the walk goes on: the HBM writes are off the walks' chain (stores from the walks
  * themselves, before or beside their products, made walk_tape 0.83-0.90 ms at M, slower than
  * the separate state_walk). With the output (full saves) those tiles are taken: each fragment is
  * transposed across the warp (movmatrix) into rows of contiguous columns and stored from
@@ -81,7 +81,9 @@ struct FusedWalkSm90 {
 
   /// Whole chunks arrive by TMA: K, the V slab, Tm and with the output Q in 64 x 64 boxes, the
   /// bytes counted on the stage's `full` barrier (Program::tensor_maps lists the maps in this order).
-  enum TmaOperand { kMapK = 0, kMapV = 1, kMapT = 2, kMapQ = 3 };
+  /// walk_tape (no output) stores its tapes from the staging tiles: the h tape in K x 64 boxes,
+  /// v_new in 64 x 64 boxes.
+  enum TmaOperand { kMapK = 0, kMapV = 1, kMapT = 2, kMapQ = 3, kMapHTape = 3, kMapVNew = 4 };
   static constexpr u32 kTmaBytes = ((kOutput ? 2 : 1) * C * K + C * BV + C * C) * 2;
 
   __device__ static void run(const FusedWalkParams& p, const TensorMaps& maps) {
@@ -97,7 +99,7 @@ struct FusedWalkSm90 {
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
     // Without the output, in their place: tfull[2 walk + tape] (128 arrivals: the walk's threads)
-    // and tempty[2 walk + tape] (128: the storer's), tape 0 = h, 1 = v_new.
+    // and tempty[2 walk + tape] (1: the storer's first thread), tape 0 = h, 1 = v_new.
     mbar_t* const tfull = bars + 2 * kStages;
     mbar_t* const tempty = tfull + 4;
     if (threadIdx.x == 0) {
@@ -113,7 +115,7 @@ struct FusedWalkSm90 {
       } else {
         for (int b = 0; b < 4; ++b) {
           pipe::mbar_init(tfull + b, 128);
-          pipe::mbar_init(tempty + b, 128);
+          pipe::mbar_init(tempty + b, 1);
         }
       }
       pipe::fence_mbar_init();
@@ -128,7 +130,7 @@ struct FusedWalkSm90 {
       if (kOutput)
         scores(p, range, smem, full, empty, pfull, pempty);
       else
-        store_tapes(p, range, smem, tfull, tempty);
+        store_tapes(p, maps, range, smem, tfull, tempty);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
       walk(p, range, smem, role - 2, full, empty, kOutput ? pfull : tfull, kOutput ? pempty : tempty);
@@ -293,43 +295,66 @@ struct FusedWalkSm90 {
     return wg::smem_u32(smem + kOffP + w * C * kSlab * 2);
   }
 
-  /// Warpgroup 1 without the output: per chunk, each walk's h tile, then each walk's V' rows < len,
-  /// copied from the staging in coalesced 16-byte pieces (eight threads per 128-byte row), each tile
-  /// freed once copied.
-  __device__ __forceinline__ static void store_tapes(const FusedWalkParams& p, const SegmentWalk<Cfg>& range,
-                                                     unsigned char* smem, mbar_t* tfull, mbar_t* tempty) {
+  /// Warpgroup 1 without the output: per chunk, each walk's h tile, then each walk's V', stored
+  /// from the staging by TMA from the first thread, which frees each tile once the TMA has read it.
+  /// A chunk cut short by its document's end keeps the copy of its rows < len in coalesced 16-byte
+  /// pieces (eight threads per 128-byte row) by the whole warpgroup.
+  __device__ __forceinline__ static void store_tapes(const FusedWalkParams& p, const TensorMaps& maps,
+                                                     const SegmentWalk<Cfg>& range, unsigned char* smem, mbar_t* tfull,
+                                                     mbar_t* tempty) {
     static_assert(kStages >= 2 && C * K * 2 == K * kSlab * 2 && 2 * C * C * 2 >= 2 * C * kSlab * 2,
                   "FusedWalkSm90: the tapes' staging fits the idle Q and P tiles");
+    constexpr int kBarStorer = 3;  // the walks' named barriers are 1 and 2
     const int tid = threadIdx.x - 128;
     const int j = blockIdx.y, v0 = blockIdx.x * BV;
     const int c_begin = range.begin, nc = range.end - range.begin;
     const int c16 = 8 * (tid & 7);  // the 16-byte piece of a row this thread copies
+    if (tid == 0) {
+      pipe::tma_prefetch_map(&maps.map[kMapHTape]);
+      pipe::tma_prefetch_map(&maps.map[kMapVNew]);
+    }
+    // Frees a staging tile once this thread's stores of it have read it.
+    auto release = [&](mbar_t* bar) {
+      pipe::bulk_wait_read<0>();
+      pipe::mbar_arrive(bar);
+    };
 #pragma unroll 1
     for (int u = 0; u < nc; ++u) {
       const ChunkInfo ci = p.chunks[c_begin + u];
       const u32 parity = u & 1;
+      if (tid == 0) {
+        const int hrow = ((c_begin + u) * HV + j) * K;
 #pragma unroll 1
-      for (int w = 0; w < 2; ++w) {
-        const u32 src = h_staging(smem, w);
-        bf16_t* const dst = p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0 + w * kSlab + c16;
-        pipe::mbar_wait(tfull + 2 * w, parity);
-#pragma unroll
-        for (int r = tid >> 3; r < K; r += 16)
-          *reinterpret_cast<uint4*>(dst + (long long)r * V) = wg::lds_v4(src + sw128::offset(r, c16, K));
-        pipe::mbar_arrive(tempty + 2 * w);
+        for (int w = 0; w < 2; ++w) {
+          pipe::mbar_wait(tfull + 2 * w, parity);
+          pipe::tma_store_2d(&maps.map[kMapHTape], v0 + w * kSlab, hrow, h_staging(smem, w));
+          pipe::bulk_commit();
+          release(tempty + 2 * w);
+        }
       }
 #pragma unroll 1
       for (int w = 0; w < 2; ++w) {
         const u32 src = v_staging(smem, w);
+        if (ci.len == C) {
+          if (tid == 0) {
+            pipe::mbar_wait(tfull + 2 * w + 1, parity);
+            pipe::tma_store_2d(&maps.map[kMapVNew], j * V + v0 + w * kSlab, static_cast<int>(ci.start), src);
+            pipe::bulk_commit();
+            release(tempty + 2 * w + 1);
+          }
+          continue;
+        }
         bf16_t* const dst = p.v_new + ((long long)ci.start * HV + j) * V + v0 + w * kSlab + c16;
         pipe::mbar_wait(tfull + 2 * w + 1, parity);
 #pragma unroll
         for (int r = tid >> 3; r < C; r += 16)
           if (r < ci.len)
             *reinterpret_cast<uint4*>(dst + (long long)r * HV * V) = wg::lds_v4(src + sw128::offset(r, c16, C));
-        pipe::mbar_arrive(tempty + 2 * w + 1);
+        pipe::named_sync(kBarStorer, 128);  // every copy has read the tile
+        if (tid == 0) release(tempty + 2 * w + 1);
       }
     }
+    if (tid == 0) pipe::bulk_wait<0>();  // the stores, before the shared memory goes
   }
 
   /// The rows < rows of a transposed A-fragment tile from registers (h_tape[c] from Sb^T, v_new from
@@ -450,6 +475,7 @@ struct FusedWalkSm90 {
         if (u > 0) pipe::mbar_wait(pempty + 2 * slab, (u - 1) & 1);
 #pragma unroll
         for (int ks = 0; ks < K / 16; ++ks) stage_tape(h_stage, K, ks, Sb[ks]);
+        wg::fence_smem_for_async();  // the storer's TMA reads the tile
         pipe::mbar_arrive(pfull + 2 * slab);
       }
       pipe::mbar_wait(full + s, phase);
@@ -572,6 +598,7 @@ struct FusedWalkSm90 {
         if (u > 0) pipe::mbar_wait(pempty + 2 * slab + 1, (u - 1) & 1);
 #pragma unroll
         for (int ks = 0; ks < C / 16; ++ks) stage_tape(v_stage, C, ks, Vn[ks]);
+        wg::fence_smem_for_async();
         pipe::mbar_arrive(pfull + 2 * slab + 1);
       }
       wg::wait<0>();
