@@ -344,13 +344,17 @@ struct FusedWalkSm90 {
           }
           continue;
         }
+        // Only the first thread waits on the tape barriers: the others skip the whole chunks, so
+        // a parity wait of theirs could match a phase two chunks old. The named barrier passes the
+        // staged tile on to them.
         bf16_t* const dst = p.v_new + ((long long)ci.start * HV + j) * V + v0 + w * kSlab + c16;
-        pipe::mbar_wait(tfull + 2 * w + 1, parity);
+        if (tid == 0) pipe::mbar_wait(tfull + 2 * w + 1, parity);
+        pipe::named_sync_roles(kBarStorer, 128);  // the tile is staged
 #pragma unroll
         for (int r = tid >> 3; r < C; r += 16)
           if (r < ci.len)
             *reinterpret_cast<uint4*>(dst + (long long)r * HV * V) = wg::lds_v4(src + sw128::offset(r, c16, C));
-        pipe::named_sync(kBarStorer, 128);  // every copy has read the tile
+        pipe::named_sync_roles(kBarStorer, 128);  // every copy has read it
         if (tid == 0) release(tempty + 2 * w + 1);
       }
     }
