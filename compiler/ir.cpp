@@ -272,7 +272,10 @@ LayerIR lower(const Spec& spec_in) {
         maps.push_back({"k", offsetof(P, k), offsetof(P, T), int64_t{H} * K});
         maps.push_back({"v", offsetof(P, v), offsetof(P, T), int64_t{HV} * V});
         maps.push_back({"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C});
-        if (output) maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
+        if (output) {
+          maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
+          maps.push_back({"o", offsetof(P, o), offsetof(P, T), int64_t{HV} * V});  // stored
+        }
         // walk_tape stores its tapes from the staging tiles (K x 64 boxes of the h tape).
         if (!output) {
           maps.push_back({"h_tape", offsetof(P, h_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128, 4});

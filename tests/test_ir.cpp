@@ -165,7 +165,7 @@ TEST_SUITE("ir") {
       // The dh tape's map spans every chunk's HV x K state rows, in boxes of one K x 64 block.
       CHECK(automatic.program("state_walk_bwd").tensor_maps[4].rows_per_unit == 48 * 128);
       CHECK(automatic.program("state_walk_bwd").tensor_maps[4].box_rows == 128);
-      CHECK(automatic.program("fused_walk").tensor_maps.size() == 4);  // k, v, tm, q
+      CHECK(automatic.program("fused_walk").tensor_maps.size() == 5);  // k, v, tm, q loaded; o stored
       // No q (no output); the tapes leave by TMA: h_tape in K x 64 boxes over nt_max x HV x K rows.
       CHECK(automatic.program("walk_tape").tensor_maps.size() == 5);
       CHECK(automatic.program("walk_tape").tensor_maps[3].name == "h_tape");

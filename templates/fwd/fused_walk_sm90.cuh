@@ -70,8 +70,7 @@ struct FusedWalkSm90 {
   // 40 + 88 + 2 x 192 = 4 x the pinned 128; the scores hold P (32) and their column gates (16); the
   // loader's second cp.async per thread (the rstd rows) and the scores' rstd spilled at 32 and 80.
   static constexpr int kLoaderRegs = 40, kScoreRegs = 88, kWalkRegs = 192;
-  static constexpr int kOutPitch = L::kOutPitch;
-  static constexpr int kOutBytes = C * kOutPitch * 2;
+  static constexpr int kOutBytes = C * kSlab * 2;  ///< one O staging tile (SW128, the TMA store's box)
 
   typedef unsigned long long mbar_t;
 
@@ -83,7 +82,7 @@ struct FusedWalkSm90 {
   /// bytes counted on the stage's `full` barrier (Program::tensor_maps lists the maps in this order).
   /// walk_tape (no output) stores its tapes from the staging tiles: the h tape in K x 64 boxes,
   /// v_new in 64 x 64 boxes.
-  enum TmaOperand { kMapK = 0, kMapV = 1, kMapT = 2, kMapQ = 3, kMapHTape = 3, kMapVNew = 4 };
+  enum TmaOperand { kMapK = 0, kMapV = 1, kMapT = 2, kMapQ = 3, kMapO = 4, kMapHTape = 3, kMapVNew = 4 };
   static constexpr u32 kTmaBytes = ((kOutput ? 2 : 1) * C * K + C * BV + C * C) * 2;
 
   __device__ static void run(const FusedWalkParams& p, const TensorMaps& maps) {
@@ -133,7 +132,7 @@ struct FusedWalkSm90 {
         store_tapes(p, maps, range, smem, tfull, tempty);
     } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
-      walk(p, range, smem, role - 2, full, empty, kOutput ? pfull : tfull, kOutput ? pempty : tempty);
+      walk(p, maps, range, smem, role - 2, full, empty, kOutput ? pfull : tfull, kOutput ? pempty : tempty);
     }
   }
 
@@ -380,9 +379,9 @@ struct FusedWalkSm90 {
   }
 
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
-  __device__ __forceinline__ static void walk(const FusedWalkParams& p, const SegmentWalk<Cfg>& range,
-                                              unsigned char* smem, int slab, mbar_t* full, mbar_t* empty, mbar_t* pfull,
-                                              mbar_t* pempty) {
+  __device__ __forceinline__ static void walk(const FusedWalkParams& p, const TensorMaps& maps,
+                                              const SegmentWalk<Cfg>& range, unsigned char* smem, int slab,
+                                              mbar_t* full, mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
     const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
     const int barrier = 1 + slab;  // the named barrier of this warpgroup
@@ -414,17 +413,28 @@ struct FusedWalkSm90 {
     }
 
     const u32 vec0 = wg::smem_u32(smem + kOffVec + slab * 2 * kVecBytes);  // this walk's two buffers
-    const u32 o_addr = wg::smem_u32(smem + kOffO + slab * kOutBytes);
+    const u32 o_addr = wg::smem_u32(smem + kOffO + slab * L::kOutBuffers * kOutBytes);
     const float scale = p.scale;
     // The previous chunk's O^T, rounded (bf16 pairs in the layout of stmatrix's fragments), is
-    // staged as [t][v] rows in this warpgroup's O tile by stmatrix.trans (matrix m = 2 ii + h of
-    // group q: tokens 16 q + 8 ii .. +7, slab columns 16 warp + 8 h .. +7; lane L gives the row
-    // address of matrix L / 8, row L % 8) and stored while the tensor cores run the next chunk's
-    // X^T and O^T: the store is off the chain. A warp writes only its 16 columns, so it stores
-    // them itself (rows in two 16-byte pieces), with no barrier with the other warps.
+    // staged as [t][v] rows in one of this warpgroup's two SW128 O tiles (by the chunk's parity)
+    // by stmatrix.trans (matrix m = 2 ii + h of group q: tokens 16 q + 8 ii .. +7, slab columns
+    // 16 warp + 8 h .. +7; lane L gives the row address of matrix L / 8, row L % 8) while the
+    // tensor cores run the next chunk's X^T and O^T. A whole chunk's tile leaves by one TMA
+    // store from the warpgroup's first thread after the next chunk's barrier (every warp's
+    // writes and fences are before it); that thread waits for the store's reads before the
+    // barrier after, so the tile is free when it comes round again. A chunk cut short by its
+    // document's end is stored by each warp from its own 16 columns (rows in 16-byte pieces).
     u32 Ob[C / 16][4];
     long long ob_t0 = 0;
     int ob_len = 0;
+    int pend_row = -1;  // the first row of a staged whole chunk's O that waits for the next barrier
+    auto issue_pending_o = [&](int buf) {
+      if (kOutput && pend_row >= 0 && ctid == 0) {
+        pipe::tma_store_2d(&maps.map[kMapO], j * V + v0, pend_row, o_addr + buf * kOutBytes);
+        pipe::bulk_commit();
+      }
+      pend_row = -1;
+    };
     // Without the output: this walk's tapes staged for the storer (stmatrix.trans, as O is staged:
     // rows of matrix m = 2 ii + h are rows 16 q + 8 ii .. +7, columns 16 warp + 8 h .. +7).
     // pfull / pempty are then the tape barriers tfull / tempty.
@@ -434,13 +444,14 @@ struct FusedWalkSm90 {
       wg::stsm_x4_trans(addr + sw128::offset(r, v, rows), f);
     };
     const u32 h_stage = h_staging(smem, slab), v_stage = v_staging(smem, slab);
-    auto store_o = [&]() {
-      __syncwarp();  // the warp's stores of the chunk before have read the staging
-      const int m_lane = lane >> 3;
+    auto store_o = [&](int buf) {
+      const u32 tile = o_addr + buf * kOutBytes;
 #pragma unroll
-      for (int q = 0; q < C / 16; ++q) {
-        const int t = 16 * q + 8 * (m_lane >> 1) + (lane & 7), v = 16 * warp + 8 * (m_lane & 1);
-        wg::stsm_x4_trans(o_addr + 2 * (t * kOutPitch + v), Ob[q]);
+      for (int q = 0; q < C / 16; ++q) stage_tape(tile, C, q, Ob[q]);
+      if (ob_len == C) {
+        wg::fence_smem_for_async();
+        pend_row = static_cast<int>(ob_t0);
+        return;
       }
       __syncwarp();
       const int c8 = 16 * warp + 8 * (lane & 1);
@@ -448,7 +459,7 @@ struct FusedWalkSm90 {
 #pragma unroll
       for (int t = lane >> 1; t < C; t += 16)
         if (t < ob_len)
-          *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = wg::lds_v4(o_addr + 2 * (t * kOutPitch + c8));
+          *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = wg::lds_v4(tile + sw128::offset(t, c8, C));
     };
     int s = 0, phase = 0;  // the stage of chunk u and the parity of its use count u / kStages
     ChunkInfo next = nc > 0 ? p.chunks[c_begin] : ChunkInfo{};
@@ -507,7 +518,11 @@ struct FusedWalkSm90 {
           wg::sts_f32(vec + 4 * ctid, ctid < C ? (t < len ? exp2f(g) : 0.f) : gate_exp2(gl - g, t < len));
         }
       }
+      // The TMA store issued after the barrier before has read its tile (the one the store below
+      // writes): known to every warp after this barrier.
+      if (kOutput && ctid == 0) pipe::bulk_wait_read<0>();
       pipe::named_sync(barrier, 128);
+      issue_pending_o(u & 1);  // chunk u - 2's
 
       float X[32], O[32];
       wg::fence();
@@ -518,7 +533,7 @@ struct FusedWalkSm90 {
         for (int ks = 0; ks < K / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Sb[ks], wg::desc_k_major(q_addr, C, ks), ks > 0);
       }
       wg::commit();
-      if (kOutput && u > 0) store_o();
+      if (kOutput && u > 0) store_o((u - 1) & 1);
       wg::wait<0>();
       wg::fence_acc(X);
       if (kOutput) wg::fence_acc(O);
@@ -629,7 +644,17 @@ struct FusedWalkSm90 {
       pipe::mbar_arrive(empty + s);
       if (++s == kStages) s = 0, phase ^= 1;
     }
-    if (kOutput && nc > 0) store_o();
+    if (kOutput && nc > 0) {
+      if (ctid == 0) pipe::bulk_wait_read<0>();
+      pipe::named_sync(barrier, 128);
+      issue_pending_o(nc & 1);
+      store_o((nc - 1) & 1);
+      if (pend_row >= 0) {
+        pipe::named_sync(barrier, 128);
+        issue_pending_o((nc - 1) & 1);
+      }
+      if (ctid == 0) pipe::bulk_wait<0>();  // the stores, before the shared memory goes
+    }
 
     // A document's final state is its last segment's.
     if (Cfg::HAS_HT && p.ht != nullptr && range.last) for_state([&](float& x, long long at) { p.ht[at] = x; });

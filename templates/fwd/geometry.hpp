@@ -128,7 +128,7 @@ struct FusedWalkGeometry {
 struct FusedWalkSm90Layout {
   static constexpr int align1k(int x) { return (x + 1023) / 1024 * 1024; }
   static constexpr int kStages = 3;
-  static constexpr int kOutPitch = FusedWalkGeometry::kSlab + 8;  ///< O staging rows (bf16)
+  static constexpr int kOutBuffers = 2;  ///< O staging tiles per walk: chunk parity
   static constexpr int off_q(int, int) { return 0; }
   static constexpr int off_k(int K, int chunk) { return chunk * K * 2; }
   static constexpr int off_v(int K, int chunk) { return 2 * chunk * K * 2; }
@@ -140,7 +140,10 @@ struct FusedWalkSm90Layout {
   static constexpr int stage_bytes(int K, int chunk) { return align1k(off_rk(K, chunk) + chunk * 4); }
   static constexpr int off_p(int K, int chunk) { return kStages * stage_bytes(K, chunk); }  ///< 2 P tiles
   static constexpr int off_o(int K, int chunk) { return off_p(K, chunk) + 2 * chunk * chunk * 2; }
-  static constexpr int off_bar(int K, int chunk) { return off_o(K, chunk) + 2 * chunk * kOutPitch * 2; }
+  /// Each walk's O staging: kOutBuffers SW128 tiles of chunk x kSlab (the TMA store's boxes).
+  static constexpr int off_bar(int K, int chunk) {
+    return off_o(K, chunk) + 2 * kOutBuffers * chunk * FusedWalkGeometry::kSlab * 2;
+  }
   /// full[s], empty[s], then pfull[2], pempty[2] or, without the output, tfull[4], tempty[4]
   static constexpr int kBarriers = 2 * kStages + 8;
   /// Each walking warpgroup's per-chunk column factors (fp32), in two buffers (chunks alternate):
