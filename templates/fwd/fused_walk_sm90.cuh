@@ -24,9 +24,9 @@
  * products in fp32, as fused_walk.cuh describes.
  * A stage is released (`empty`) once the scores' warpgroup and both walks are done with it.
  * Each k loop keeps fused_walk's order and each element its rounding, so both bodies give the
- * same bits (gpu_fused holds them to it). A walk's O tile leaves through its own staging tile
- * (stmatrix.trans), each warp storing its own 16 columns, while the next chunk's first products
- * run.
+ * same bits (gpu_fused holds them to it). A walk's O tile is staged (stmatrix.trans, SW128)
+ * while the next chunk's first products run and leaves by a TMA store after that chunk's
+ * warpgroup barrier (a chunk cut short: each warp's rows of its 16 columns).
  * With Cfg::TAPES the walks also write the backward's tapes, h_tape[c] = bf16(S entering chunk c)
  * and v_new = bf16(V'). Without Cfg::OUTPUT (the walk_tape program) there is no Q, no P and no O,
  * and warpgroup 1 stores the tapes instead of computing scores: each walk stages bf16(S) in its
