@@ -9,8 +9,8 @@ of its process. bench/table.py merges the runs' JSON files into the published ta
 
 Per shape, every arm's o, dq, dk, dv, dg, dbeta are first checked against the fp64 reference
 (rel-RMS <= 1e-2, max-abs <= 2e-2 max|ref|) on a pack of the shape's first --gate-tokens tokens;
-an arm that fails is reported and not timed. Then per operation (fwd, fwd+bwd, ckpt) the normal
-protocol; a cell with an arm at the board power limit in 5 % or more of its samples is re-timed
+an arm that fails is reported and not timed. Then per operation (fwd, fwd+bwd, ckpt) every arm
+runs untimed for --settle-s seconds (its JIT compiles first), then the normal protocol; a cell with an arm at the board power limit in 5 % or more of its samples is re-timed
 under the sustained protocol (gdnc and the peer only; --sustained off skips it). Power, the
 enforced limit, the SM clock and the clock-event reasons are read through NVML after every sample,
 outside the timed region; a sample is at the power limit when NVML reports the software power cap
@@ -268,6 +268,28 @@ class Timer:
         return times, limited, clocks
 
 
+def settle(names, run_one, sync, seconds, clock=time.monotonic):
+    """Before a cell's first group, untimed: every arm once (a peer's JIT compile for this shape
+    and operation happens here, not inside the first group's warm-ups), then the arms in mirrored
+    order until `seconds` have passed, so the first group starts from the loaded GPU state the
+    later groups see. Returns the calls per arm."""
+    calls = {n: 0 for n in names}
+
+    def one(n):
+        run_one(n)
+        calls[n] += 1
+
+    for n in names:
+        one(n)
+        sync()
+    t0 = clock()
+    while clock() - t0 < seconds:
+        for n in names + names[::-1]:
+            one(n)
+        sync()
+    return calls
+
+
 def arm_record(groups, limited, clocks):
     flat = [t for g in groups for t in g]
     return {"groups": groups, "ms": protocol.median(flat), "drift_pct": protocol.drift_pct(groups),
@@ -360,6 +382,8 @@ def main():
     ap.add_argument("--groups", type=int, default=protocol.NORMAL["groups"])
     ap.add_argument("--samples", type=int, default=protocol.NORMAL["samples"])
     ap.add_argument("--warmup", type=int, default=protocol.NORMAL["warmup"])
+    ap.add_argument("--settle-s", type=float, default=protocol.SETTLE_S,
+                    help="untimed calls of every arm before a cell's first group, for this many seconds")
     ap.add_argument("--gate-tokens", type=int, default=8192)
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="start no cell after this many seconds (the JSON so far stays; --resume continues)")
@@ -421,7 +445,7 @@ def main():
             "peer_kernel_cache": os.environ.get("GDNC_PEER_KERNEL_CACHE", "unknown"),
             "gdnc_spec": gdnc_spec,
             "arm_order": order, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "protocol": normal, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "protocol": normal, "settle_s": args.settle_s, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "shapes": {}}
     out = Path(args.out)
 
@@ -466,8 +490,15 @@ def main():
                 print(f"{shape} {op}: not started, past the budget of {args.budget_s:.0f} s")
                 break
             i = OPS.index(op)
+            leaves = leaves_of(x)
+
+            def run_one(n):
+                drop_grads(leaves)
+                call(timed[n], op, x, leaves)
+
+            settled = settle(list(timed), run_one, torch.cuda.synchronize, args.settle_s)
             before = dict(binding_stats)
-            cell = {"arms": measure_normal(timer, timed, op, x, normal)}
+            cell = {"settle_calls": settled, "arms": measure_normal(timer, timed, op, x, normal)}
             if op == "ckpt":  # every gdnc arm's recompute should hand its tapes to the backward
                 cell["binding_stats"] = {k: binding_stats[k] - before[k] for k in before}
             peer = args.peer if args.peer in timed else None

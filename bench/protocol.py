@@ -40,6 +40,9 @@ PAIRED_TOLERANCE = 0.01
 POWER_LIMIT_PCT = 5.0
 
 NORMAL = {"groups": 5, "samples": 12, "warmup": 10}
+# Untimed calls of every arm before a cell's first group (seconds): the first group then starts
+# from the loaded GPU state, not from the idle of a peer's JIT compile or of the gates.
+SETTLE_S = 3.0
 SUSTAINED = {"groups": 3, "samples": 300, "warmup": 20, "cooldown_s": 5.0}
 
 

@@ -18,6 +18,31 @@ class ShapeTests(unittest.TestCase):
         self.assertEqual(compare.shape_docs("N"), ((2, 6), [2049, 3001, 3142]))
 
 
+class SettleTests(unittest.TestCase):
+    def test_every_arm_runs_once_then_in_mirrored_order_until_the_time_is_up(self):
+        ran, syncs, now = [], [], [0.0]
+
+        def run_one(n):
+            ran.append(n)
+            now[0] += 0.25  # each call takes a quarter of a second on the fake clock
+
+        calls = compare.settle(["gdnc", "aa", "peer"], run_one, lambda: syncs.append(len(ran)), 2.0,
+                               clock=lambda: now[0])
+        self.assertEqual(ran[:3], ["gdnc", "aa", "peer"])  # the first call of each, compiles included
+        self.assertEqual(ran[3:9], ["gdnc", "aa", "peer", "peer", "aa", "gdnc"])
+        self.assertEqual(len(ran[3:]) % 6, 0)  # whole mirrored rounds only
+        self.assertGreaterEqual(now[0] - 0.75, 2.0)  # settled for at least the asked time
+        self.assertLess(now[0] - 0.75, 2.0 + 6 * 0.25 + 1e-9)  # and stopped after the round that crossed it
+        self.assertEqual(calls, {n: ran.count(n) for n in ("gdnc", "aa", "peer")})
+        self.assertEqual(syncs[:3], [1, 2, 3])  # each first call waited for (a compile is not queued work)
+
+    def test_zero_seconds_still_runs_every_arm_once(self):
+        ran = []
+        calls = compare.settle(["a", "b"], ran.append, lambda: None, 0.0, clock=lambda: 0.0)
+        self.assertEqual(ran, ["a", "b"])
+        self.assertEqual(calls, {"a": 1, "b": 1})
+
+
 class ResumeTests(unittest.TestCase):
     def test_resume_takes_the_same_run_and_names_every_mismatch(self):
         with tempfile.TemporaryDirectory() as d:
