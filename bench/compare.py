@@ -10,8 +10,9 @@ of its process. bench/table.py merges the runs' JSON files into the published ta
 Per shape, every arm's o, dq, dk, dv, dg, dbeta are first checked against the fp64 reference
 (rel-RMS <= 1e-2, max-abs <= 2e-2 max|ref|) on a pack of the shape's first --gate-tokens tokens;
 an arm that fails is reported and not timed. Then per operation (fwd, fwd+bwd, ckpt) every arm
-runs untimed for --settle-s seconds (its JIT compiles first), then the normal protocol; a cell with an arm at the board power limit in 5 % or more of its samples is re-timed
-under the sustained protocol (gdnc and the peer only; --sustained off skips it). Power, the
+runs untimed for --settle-s seconds (its JIT compiles first), then the normal protocol; a cell
+with an arm at the board power limit in 5 % or more of its samples is re-timed under the
+sustained protocol (gdnc and the peer only; --sustained off skips it). Power, the
 enforced limit, the SM clock and the clock-event reasons are read through NVML after every sample,
 outside the timed region; a sample is at the power limit when NVML reports the software power cap
 or the hardware power brake.
@@ -445,7 +446,8 @@ def main():
             "peer_kernel_cache": os.environ.get("GDNC_PEER_KERNEL_CACHE", "unknown"),
             "gdnc_spec": gdnc_spec,
             "arm_order": order, "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-            "protocol": normal, "settle_s": args.settle_s, "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "protocol": normal, "settle_s": args.settle_s,
+            "started_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "shapes": {}}
     out = Path(args.out)
 

@@ -275,9 +275,7 @@ LayerIR lower(const Spec& spec_in) {
         if (output) {
           maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
           maps.push_back({"o", offsetof(P, o), offsetof(P, T), int64_t{HV} * V});  // stored
-        }
-        // walk_tape stores its tapes from the staging tiles (K x 64 boxes of the h tape).
-        if (!output) {
+        } else {  // walk_tape stores its tapes from the staging tiles (K x 64 boxes of the h tape)
           maps.push_back({"h_tape", offsetof(P, h_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128, 4});
           maps.push_back({"v_new", offsetof(P, v_new), offsetof(P, T), int64_t{HV} * V});
         }
