@@ -404,6 +404,7 @@ TEST_SUITE("gpu_layer") {
         {"n_full_nondet", 2, 6, SaveMode::full, Determinism::nondeterministic, true, true, true},
         {"g1_noh0_noht", 2, 2, SaveMode::light, Determinism::deterministic, false, false, true},
         {"g8_full_nonorm", 1, 8, SaveMode::full, Determinism::deterministic, true, false, false},
+        {"g12_light", 1, 12, SaveMode::light, Determinism::deterministic, true, true, true},
     };
     for (const Variant& v : variants) {
       Spec s = spec_of("n");
@@ -821,23 +822,37 @@ TEST_SUITE("gpu_determinism") {
 
   // The sm_90a chunk_bwd runs each product on one warpgroup in the k order of the mma.sync kernel,
   // but sums dgam and dbeta in another fixed order: measured on the H200, o, ht, dh0, dq, dk and dv
-  // keep their bits, dg and dbeta have their own, held to the fp64 reference (docs/spec.md).
+  // keep their bits, dg and dbeta have their own, held to the fp64 reference (docs/spec.md). At
+  // G = 3 (M's heads), 8 and 1, with and without the norm.
   TEST_CASE("tensor_cores auto and mma_sync: the same bits but for dg and dbeta, both within bounds") {
     check::Case c;
     c.doc_lens = {1, 63, 64, 65, 3000, 700};
     c.seed = 41;
-    const check::Report wgmma = check::run(*make(spec_of("m")), c);
-    Spec s = spec_of("m");
-    s.name = "m_mma_sync_bits";
-    s.tensor_cores = TensorCores::mma_sync;
-    const check::Report mma = check::run(*make(s), c);
-    CHECK(wgmma.bytes.size() == 8);
-    for (const auto& [name, bytes] : wgmma.bytes)
-      MESSAGE(name << std::string(mma.bytes.at(name) == bytes ? ": same bits" : ": other bits"));
-    for (const char* name : {"o", "ht", "dh0", "dq", "dk", "dv"})
-      CHECK_MESSAGE(wgmma.bytes.at(name) == mma.bytes.at(name), "auto vs mma_sync: " << name);
-    expect_within_bounds(wgmma, "shape M heads, auto");
-    expect_within_bounds(mma, "shape M heads, mma_sync");
+    struct Heads {
+      int H, HV;
+      bool norm;
+    };
+    for (const Heads hd : {Heads{16, 48, true}, Heads{1, 8, false}, Heads{4, 4, true}}) {
+      CAPTURE(hd.H);
+      CAPTURE(hd.HV);
+      Spec a = spec_of("m");
+      a.name = fmt::format("m_auto_bits_{}_{}", hd.H, hd.HV);
+      a.heads_qk = hd.H;
+      a.heads_v = hd.HV;
+      a.norm = hd.norm ? Norm::l2_in_kernel : Norm::none;
+      const check::Report wgmma = check::run(*make(a), c);
+      Spec s = a;
+      s.name = fmt::format("m_mma_sync_bits_{}_{}", hd.H, hd.HV);
+      s.tensor_cores = TensorCores::mma_sync;
+      const check::Report mma = check::run(*make(s), c);
+      CHECK(wgmma.bytes.size() == 8);
+      for (const auto& [name, bytes] : wgmma.bytes)
+        MESSAGE(name << std::string(mma.bytes.at(name) == bytes ? ": same bits" : ": other bits"));
+      for (const char* name : {"o", "ht", "dh0", "dq", "dk", "dv"})
+        CHECK_MESSAGE(wgmma.bytes.at(name) == mma.bytes.at(name), "auto vs mma_sync: " << name);
+      expect_within_bounds(wgmma, "auto");
+      expect_within_bounds(mma, "mma_sync");
+    }
   }
 
   // Each element of V', v_new, the h tape and the state keeps its k order whatever the slab width,
