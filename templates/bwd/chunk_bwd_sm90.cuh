@@ -145,12 +145,6 @@ struct ChunkBwdSm90 {
   __device__ __forceinline__ static void sts_u32(unsigned char* smem, u32 off, u32 v) {
     *reinterpret_cast<u32*>(smem + off) = v;
   }
-  /// A 2-byte shared store under a predicate, without a branch around it.
-  __device__ __forceinline__ static void sts_u16_if(u32 addr, bf16_t v, bool p) {
-    asm volatile("{\n\t.reg .pred q;\n\tsetp.ne.u32 q, %2, 0;\n\t@q st.shared.u16 [%0], %1;\n\t}" ::"r"(addr), "h"(v),
-                 "r"(static_cast<unsigned>(p))
-                 : "memory");
-  }
   __device__ __forceinline__ static float lo_f(u32 pair) { return __uint_as_float(pair << 16); }
   __device__ __forceinline__ static float hi_f(u32 pair) { return __uint_as_float(pair & 0xffff0000u); }
 
@@ -460,24 +454,47 @@ struct ChunkBwdSm90 {
         }
     pipe::named_sync_roles(kBarZFree, 256);
     {
+      // By 8 x 8 blocks with stmatrix (the tile's bits as element-wise stores would give): warp
+      // w holds rows 16 w .. 16 w + 15, row blocks 2 w + hh. A block (2 w + hh, i) below the
+      // diagonal goes to its place and, transposed, to (i, 2 w + hh); a diagonal block is its
+      // strictly lower part OR its transpose (the other triangle of each is +0); the blocks right
+      // of the diagonal are the transposes other warps store. 128 two-byte stores per thread
+      // became 2 to 15 stmatrix per tile and warp.
+      const int lane = L.ctid & 31, w = L.w, arow = lane & 7, amat = (lane >> 3) & 1;
+      const u32 eh = s0 + kOffEh, el = s0 + kOffEl;
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < 8; ++i) {
+        u32 hp[2], lp[2];  // block (2 w + hh, i): this thread's pair of its row g, columns tq, tq + 1
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
+        for (int hh = 0; hh < 2; ++hh) {
+          bf16_t hv[2], lv[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            // The split runs for every element (the upper ones select 0) and the stores are
-            // predicated: a branch per element serialized this loop as it did the gates.
             const int r = L.r[hh], c = 8 * i + L.tq + e;
-            bf16_t hi, lo;
-            split_bf16(select_f32(r > c, b[r] * X[4 * i + 2 * hh + e], 0.f), hi, lo);
-            const bool lower = r >= c;
-            const u32 a = swz(r, c, C), t = swz(c, r, C);
-            sts_u16_if(s0 + kOffEh + a, hi, lower);
-            sts_u16_if(s0 + kOffEl + a, lo, lower);
-            sts_u16_if(s0 + kOffEh + t, hi, lower);
-            sts_u16_if(s0 + kOffEl + t, lo, lower);
+            split_bf16(select_f32(r > c, b[r] * X[4 * i + 2 * hh + e], 0.f), hv[e], lv[e]);
           }
+          hp[hh] = pack_bf16x2(hv[0], hv[1]);
+          lp[hh] = pack_bf16x2(lv[0], lv[1]);
+        }
+        const u32 direct = swz(16 * w + 8 * amat + arow, 8 * i, C);  // rows of blocks (2w, i), (2w + 1, i)
+        if (i < 2 * w) {
+          const u32 mirror = swz(8 * i + arow, 16 * w + 8 * amat, C);  // rows of blocks (i, 2w), (i, 2w + 1)
+          wg::stsm_x2(eh + direct, hp[0], hp[1]);
+          wg::stsm_x2(el + direct, lp[0], lp[1]);
+          wg::stsm_x2_trans(eh + mirror, hp[0], hp[1]);
+          wg::stsm_x2_trans(el + mirror, lp[0], lp[1]);
+        } else if (i == 2 * w) {  // (2w, 2w) diagonal; (2w + 1, 2w) below it, mirrored to (2w, 2w + 1)
+          const u32 mirror = swz(8 * i + arow, 16 * w + 8, C);
+          wg::stsm_x2(eh + direct, hp[0] | wg::movmatrix_trans(hp[0]), hp[1]);
+          wg::stsm_x2(el + direct, lp[0] | wg::movmatrix_trans(lp[0]), lp[1]);
+          wg::stsm_x1_trans(eh + mirror, hp[1]);
+          wg::stsm_x1_trans(el + mirror, lp[1]);
+        } else if (i == 2 * w + 1) {  // (2w + 1, 2w + 1) diagonal
+          const u32 diag = swz(16 * w + 8 + arow, 8 * i, C);
+          wg::stsm_x1(eh + diag, hp[1] | wg::movmatrix_trans(hp[1]));
+          wg::stsm_x1(el + diag, lp[1] | wg::movmatrix_trans(lp[1]));
+        }
+      }
     }
     wg::fence_smem_for_async();
     pipe::named_arrive_roles(kBarE, 256);

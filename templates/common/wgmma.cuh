@@ -268,6 +268,20 @@ __device__ __forceinline__ void stsm_x4_trans(u32 a, const u32 (&r)[4]) {
                "r"(r[1]), "r"(r[2]), "r"(r[3])
                : "memory");
 }
+/// Two (lanes 0-15 give the row addresses) and one (lanes 0-7) 8 x 8 bf16 matrices, as stsm_x4.
+__device__ __forceinline__ void stsm_x2(u32 a, u32 r0, u32 r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};\n" ::"r"(a), "r"(r0), "r"(r1) : "memory");
+}
+__device__ __forceinline__ void stsm_x2_trans(u32 a, u32 r0, u32 r1) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x2.trans.shared.b16 [%0], {%1, %2};\n" ::"r"(a), "r"(r0), "r"(r1)
+               : "memory");
+}
+__device__ __forceinline__ void stsm_x1(u32 a, u32 r0) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x1.shared.b16 [%0], {%1};\n" ::"r"(a), "r"(r0) : "memory");
+}
+__device__ __forceinline__ void stsm_x1_trans(u32 a, u32 r0) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x1.trans.shared.b16 [%0], {%1};\n" ::"r"(a), "r"(r0) : "memory");
+}
 /// An 8 x 8 bf16 matrix in the fragment layout (row lane / 4, columns 2 (lane % 4), +1), transposed
 /// across the warp into the same layout: a register-A fragment's rows become contiguous pairs.
 __device__ __forceinline__ u32 movmatrix_trans(u32 a) {
