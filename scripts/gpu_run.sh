@@ -4,7 +4,10 @@
 #
 # STEPS picks what runs, in this order (default: all but compare):
 #   tests     the GPU doctest suites (GPU_SUITES), GDNC_DETERMINISM_REPEATS applies; each suite is
-#             stopped after SUITE_TIMEOUT seconds (400) and prints its test cases' durations
+#             stopped after SUITE_TIMEOUT seconds (400) and prints its test cases' durations.
+#             TESTS_PARALLEL=1 runs them as four processes at once on the one GPU (determinism, kcp,
+#             layer, the rest: every suite in about 220 s on the H200 instead of about 420 s; the
+#             timed suites are not benchmarks, and the sanitizers stay serial)
 #   python    the binding's unittest files (torch of the machine; FLA if .whl is carried)
 #   programs  gdn_bench --programs (per-program GPU time, PROGRAM_SHAPES, default N,M)
 #   host      gdn_bench --host-time
@@ -24,8 +27,9 @@
 #             (gdnc check: fwd+bwd, ckpt, graph replay, the fused forward, the backward walk's sm_90a body,
 #             cp.ranks 2 as the proxy and as the ranks' phases); per run the ERROR SUMMARY, logs packed in
 #             $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT (300 s) fails the step
-#   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3): SHA-256 of every
-#             result; diff two runs' $OUT/digests.txt to show a change kept every bit
+#   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3) and on one
+#             32768-token document: SHA-256 of every result; diff two runs' $OUT/digests.txt to show a
+#             change kept every bit (DIGESTS_BASELINE=an earlier digests.txt prints the comparison)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-$PWD/out}"
@@ -51,6 +55,24 @@ rc=0
 if has tests; then
   # Every TEST_SUITE of tests/test_gpu.cpp, in source order, unless GPU_SUITES names some.
   all_suites=$(sed -n 's/^TEST_SUITE("\([A-Za-z0-9_]*\)").*/\1/p' tests/test_gpu.cpp | awk '!seen[$0]++' | tr '\n' ' ')
+  if [ "${TESTS_PARALLEL:-0}" = 1 ] && [ -z "${GPU_SUITES:-}" ]; then
+    rest=$(echo "$all_suites" | tr ' ' '\n' | grep -v -x -e gpu_determinism -e gpu_kcp -e gpu_layer -e '' | paste -sd, -)
+    groups=(gpu_determinism gpu_kcp gpu_layer "$rest")
+    for i in "${!groups[@]}"; do
+      ( timeout -k 30 "${SUITE_TIMEOUT:-400}" "$bin/gdn_gpu_tests" --test-suite="${groups[$i]}" --duration=true \
+          > "/tmp/gpu_tests_$i.log" 2>&1
+        echo "$?" > "/tmp/gpu_tests_$i.rc" ) &
+    done
+    wait
+    for i in "${!groups[@]}"; do
+      echo "=== ${groups[$i]}" | tee -a "$OUT/gpu_tests.log"
+      tee -a "$OUT/gpu_tests.log" < "/tmp/gpu_tests_$i.log" | tail -8
+      st=$(cat "/tmp/gpu_tests_$i.rc")
+      [ "$st" -eq 124 ] || [ "$st" -eq 137 ] && echo "=== ${groups[$i]} TIMED OUT after ${SUITE_TIMEOUT:-400} s" | tee -a "$OUT/gpu_tests.log"
+      [ "$st" -eq 0 ] || rc=1
+    done
+  fi
+  [ "${TESTS_PARALLEL:-0}" = 1 ] && [ -z "${GPU_SUITES:-}" ] && all_suites=""  # ran above
   for suite in ${GPU_SUITES:-$all_suites}; do
     echo "=== $suite ($((SECONDS - t0)) s)"
     # A hung kernel would eat the whole device call: each suite gets SUITE_TIMEOUT seconds (the
@@ -124,12 +146,21 @@ if has digests; then
   echo "=== digests ($((SECONDS - t0)) s)"
   : > "$OUT/digests.txt"
   for args in "examples/n.json --docs 2049,3001,3142 --seed 1" "examples/n.json --docs 1,15,63,64,65,700,2000 --seed 2" \
-              "examples/n.json --docs 1500,2700 --seed 3 --ckpt" "examples/m.json --docs 1097,64,33 --seed 4"; do
+              "examples/n.json --docs 1500,2700 --seed 3 --ckpt" "examples/m.json --docs 1097,64,33 --seed 4" \
+              "examples/n.json --docs 32768 --seed 11"; do
     echo "--- gdnc check $args --digests" | tee -a "$OUT/digests.txt"
     # shellcheck disable=SC2086  # the arguments are meant to split
     "$bin/gdnc" check $args --digests 2>&1 | tee -a "$OUT/digests.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
   done
+  if [ -n "${DIGESTS_BASELINE:-}" ]; then
+    # Only the runs both files have: a baseline without the long document compares the rest.
+    if diff <(grep -E '^---|sha256' "$DIGESTS_BASELINE") <(grep -E '^---|sha256' "$OUT/digests.txt" | head -n "$(grep -cE '^---|sha256' "$DIGESTS_BASELINE")") > /dev/null; then
+      echo "digests: every bit as in $DIGESTS_BASELINE" | tee -a "$OUT/digests.txt"
+    else
+      echo "digests: DIFFERENT from $DIGESTS_BASELINE" | tee -a "$OUT/digests.txt"
+    fi
+  fi
 fi
 if has compare; then
   cdir=/tmp/compare && rm -rf "$cdir" && mkdir -p "$cdir"  # a warm machine keeps /tmp: only carried runs resume
