@@ -458,8 +458,8 @@ struct ChunkBwdSm90 {
       // w holds rows 16 w .. 16 w + 15, row blocks 2 w + hh. A block (2 w + hh, i) below the
       // diagonal goes to its place and, transposed, to (i, 2 w + hh); a diagonal block is its
       // strictly lower part OR its transpose (the other triangle of each is +0); the blocks right
-      // of the diagonal are the transposes other warps store. 128 two-byte stores per thread
-      // became 2 to 15 stmatrix per tile and warp.
+      // of the diagonal are the transposes other warps store. Four predicated two-byte stores
+      // per element (256 per thread) became 2 to 15 stmatrix per tile and warp.
       const int lane = L.ctid & 31, w = L.w, arow = lane & 7, amat = (lane >> 3) & 1;
       const u32 eh = s0 + kOffEh, el = s0 + kOffEl;
 #pragma unroll
