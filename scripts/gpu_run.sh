@@ -56,6 +56,7 @@ if has tests; then
   # Every TEST_SUITE of tests/test_gpu.cpp, in source order, unless GPU_SUITES names some.
   all_suites=$(sed -n 's/^TEST_SUITE("\([A-Za-z0-9_]*\)").*/\1/p' tests/test_gpu.cpp | awk '!seen[$0]++' | tr '\n' ' ')
   if [ "${TESTS_PARALLEL:-0}" = 1 ] && [ -z "${GPU_SUITES:-}" ]; then
+    # Four processes at once, each suite group's output reported when all are done.
     rest=$(echo "$all_suites" | tr ' ' '\n' | grep -v -x -e gpu_determinism -e gpu_kcp -e gpu_layer -e '' | paste -sd, -)
     groups=(gpu_determinism gpu_kcp gpu_layer "$rest")
     for i in "${!groups[@]}"; do
@@ -71,18 +72,18 @@ if has tests; then
       [ "$st" -eq 124 ] || [ "$st" -eq 137 ] && echo "=== ${groups[$i]} TIMED OUT after ${SUITE_TIMEOUT:-400} s" | tee -a "$OUT/gpu_tests.log"
       [ "$st" -eq 0 ] || rc=1
     done
+  else
+    for suite in ${GPU_SUITES:-$all_suites}; do
+      echo "=== $suite ($((SECONDS - t0)) s)"
+      # A hung kernel would eat the whole device call: each suite gets SUITE_TIMEOUT seconds (the
+      # slowest, gpu_determinism with its 20 repeats at M, took about 120 s on the H200).
+      timeout -k 30 "${SUITE_TIMEOUT:-400}" "$bin/gdn_gpu_tests" --test-suite="$suite" --duration=true 2>&1 \
+        | tee -a "$OUT/gpu_tests.log" | tail -25
+      st=${PIPESTATUS[0]}
+      [ "$st" -eq 124 ] || [ "$st" -eq 137 ] && echo "=== $suite TIMED OUT after ${SUITE_TIMEOUT:-400} s" | tee -a "$OUT/gpu_tests.log"
+      [ "$st" -eq 0 ] || rc=1
+    done
   fi
-  [ "${TESTS_PARALLEL:-0}" = 1 ] && [ -z "${GPU_SUITES:-}" ] && all_suites=""  # ran above
-  for suite in ${GPU_SUITES:-$all_suites}; do
-    echo "=== $suite ($((SECONDS - t0)) s)"
-    # A hung kernel would eat the whole device call: each suite gets SUITE_TIMEOUT seconds (the
-    # slowest, gpu_determinism with its 20 repeats at M, took about 120 s on the H200).
-    timeout -k 30 "${SUITE_TIMEOUT:-400}" "$bin/gdn_gpu_tests" --test-suite="$suite" --duration=true 2>&1 \
-      | tee -a "$OUT/gpu_tests.log" | tail -25
-    st=${PIPESTATUS[0]}
-    [ "$st" -eq 124 ] || [ "$st" -eq 137 ] && echo "=== $suite TIMED OUT after ${SUITE_TIMEOUT:-400} s" | tee -a "$OUT/gpu_tests.log"
-    [ "$st" -eq 0 ] || rc=1
-  done
 fi
 if has python || has compare; then
   # FLA's Triton kernels compile (and autotune) for about 140 s per head layout on a fresh
