@@ -16,7 +16,9 @@
  *   WG2  dW = -dV' S^T (4u) -> tile;  dW K^T, dV' V^T (4u) -> dTm;  dTm Tm^T (2u) -> Y tiles
  *   WG3  dK = V' Z^T (4u) + dS~^T Q (2u) + diag(b Gam) Tm^T dW (2u) + (Eb + Eb^T) K (4u) -> dk_v
  * The chain dW -> dTm -> Y -> E -> dK runs through WG2, WG0 and WG3; the other products fill
- * the gaps. dTm and Y are written over S, E over Z, once their readers have passed a barrier;
+ * the gaps (dV' V^T runs during dW's epilogue; dTm Tm^T takes dTm from WG2's registers, so dTm
+ * never goes to shared memory). Y is written over S, E over Z, once their readers have passed a
+ * barrier;
  * a whole chunk's dK leaves by a TMA store from the dW tile (the block's tail), dQ and dv from the
  * dO and V' tiles (stage_and_store).
  * Loads: two groups (the first feeds the first products of WG0-2), exposed at the block start:
@@ -75,7 +77,7 @@ struct ChunkBwdSm90 {
   static constexpr int kOffQ = 0, kOffK = kTok, kOffV = 2 * kTok, kOffDV = 3 * kTok, kOffO = 4 * kTok,
                        kOffVn = 5 * kTok, kOffS = 6 * kTok, kOffZ = kOffS + kSq, kOffT = kOffZ + kSq,
                        kOffDS = kOffT + kCC, kOffDW = kOffDS + kCC, kOffScalars = kOffDW + kTok;
-  static constexpr int kOffDTh = kOffS, kOffDTl = kOffS + kCC, kOffYh = kOffS + 2 * kCC, kOffYl = kOffS + 3 * kCC;
+  static constexpr int kOffYh = kOffS, kOffYl = kOffS + kCC;
   static constexpr int kOffEh = kOffZ, kOffEl = kOffZ + kCC;
   // fp32 scalars: gc, beta, then the per-row terms of dgam and dbeta, each written by one warpgroup.
   enum : int {
@@ -114,7 +116,8 @@ struct ChunkBwdSm90 {
     kBarZFree = 5,
     kBarE = 6,
     kBarLoaded = 7,
-    kBarLocal = 8
+    kBarLocal = 8,  // + role: 8 .. 11
+    kBarTerms = 12
   };
 
   /// The warpgroup's view of a 64 x N accumulator: warp w rows 16w + g (h = 0) and + 8 (h = 1),
@@ -142,9 +145,6 @@ struct ChunkBwdSm90 {
   __device__ __forceinline__ static u32 lds_u32(const unsigned char* smem, u32 off) {
     return *reinterpret_cast<const u32*>(smem + off);
   }
-  __device__ __forceinline__ static void sts_u32(unsigned char* smem, u32 off, u32 v) {
-    *reinterpret_cast<u32*>(smem + off) = v;
-  }
   __device__ __forceinline__ static float lo_f(u32 pair) { return __uint_as_float(pair << 16); }
   __device__ __forceinline__ static float hi_f(u32 pair) { return __uint_as_float(pair & 0xffff0000u); }
 
@@ -160,6 +160,21 @@ struct ChunkBwdSm90 {
       const wg::u64 da = TA ? wg::desc_mn_major(a, a_rows, ks) : wg::desc_k_major(a, a_rows, ks);
       const wg::u64 db = TB ? wg::desc_mn_major(b, b_rows, ks) : wg::desc_k_major(b, b_rows, ks);
       wg::mma_k16<N, TA, TB>(acc, da, db, (accumulate || ks > 0) ? 1 : 0);
+    }
+  }
+  /// acc (+)= A B with A in registers (RS): a[4 ks .. 4 ks + 3] is k-step ks's fragment, which is
+  /// what an accumulator-layout tile's bf16 pairs at [2 i + hh] (row L.r[hh], columns 8 i + tq, + 1)
+  /// are for column groups 2 ks and 2 ks + 1. B as `issue` takes it (TB: 1 = N-major).
+  template <int N, int TB, int A4>
+  __device__ __forceinline__ static void issue_rs(float (&acc)[N / 2], const u32 (&a)[A4], u32 b, int b_rows,
+                                                  bool accumulate) {
+    wg::fence_acc(acc);
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < A4 / 4; ++ks) {
+      const u32 f[4] = {a[4 * ks], a[4 * ks + 1], a[4 * ks + 2], a[4 * ks + 3]};
+      const wg::u64 db = TB ? wg::desc_mn_major(b, b_rows, ks) : wg::desc_k_major(b, b_rows, ks);
+      wg::mma_rs_k16<N, TB>(acc, f, db, (accumulate || ks > 0) ? 1 : 0);
     }
   }
   template <int W, class... Accs>
@@ -230,15 +245,26 @@ struct ChunkBwdSm90 {
 
     const int role = tid >> 7;
     const Lane L(tid & 127);
-    if (role == 0)
-      scores_and_inverse(p, smem, sc, L, m, bars);
-    else if (role == 1)
-      query_side(p, maps, smem, sc, L, m, t0, j, bars);
-    else if (role == 2)
-      chain_side(smem, sc, L, m, bars);
-    else
+    // Each role's TMA stores are waited for by its issuing thread before it leaves (the shared
+    // memory lives until the block's last thread has).
+    if (role == 3) {
       key_side(p, maps, smem, sc, L, m, t0, j, bars);
-    __syncthreads();
+      if (whole && tid == 3 * 128) pipe::bulk_wait<0>();
+      return;
+    }
+    if (role == 2) return chain_side(smem, sc, L, m, bars);
+    if (role == 1) {
+      query_side(p, maps, smem, sc, L, m, t0, j, bars);
+      // A sync, not an arrive: WG1 has nothing left to do, and compute-sanitizer's racecheck
+      // reported WG0's reads of sDbv against these threads' writes when they arrived and left.
+      pipe::named_sync_roles(kBarTerms, 384);
+      if (whole && tid == 128) pipe::bulk_wait<0>();
+      return;
+    }
+    scores_and_inverse(p, smem, sc, L, m, bars);
+    // WG0 finishes the block's per-row terms while WG3 runs the chain's last product (dK's E
+    // term, which no row term needs): WG1 and WG3 reach kBarTerms once theirs are written.
+    pipe::named_sync_roles(kBarTerms, 384);
 
     // dgam and dbeta per row, each term in a fixed order, then B6: the reverse cumsum of dgam.
     float* const gam = sc + sGam;
@@ -269,7 +295,7 @@ struct ChunkBwdSm90 {
       gam[r] = gr;
       db[r] = dbr;
     }
-    __syncthreads();
+    local_sync(0);
     if (tid < 32) {
       const int i0 = 2 * tid, i1 = 2 * tid + 1;
       const float a = gam[i0], b = gam[i1];
@@ -290,7 +316,6 @@ struct ChunkBwdSm90 {
         p.dbeta[(t0 + i1) * HV + j] = db[i1];
       }
     }
-    if (whole && (tid == 128 || tid == 3 * 128)) pipe::bulk_wait<0>();  // the stores, before the shared memory goes
   }
 
  private:
@@ -318,6 +343,17 @@ struct ChunkBwdSm90 {
       for (int i = 0; i < 16; ++i)
         bwd::store_bf16x2(out + r * stride + 8 * i + L.tq, f * d[4 * i + 2 * hh], f * d[4 * i + 2 * hh + 1]);
     }
+  }
+
+  /// Four 8 x 8 blocks of a 64-row SW128 tile at `tile` by one stmatrix: this thread's bf16 pairs of
+  /// rows L.r[0], L.r[1] at columns 8 i + tq (p0, p1) and 8 (i + 1) + tq (p2, p3), the bytes a 4-byte store
+  /// of each pair at swz(r, c, C) would write. Lanes 8 mi .. 8 mi + 7 give the rows of matrix mi:
+  /// rows 16 w + 8 (mi & 1) .., columns 8 i + 8 (mi >> 1) ... One instruction instead of four
+  /// 4-byte stores, on the chain's epilogues.
+  __device__ __forceinline__ static void stsm_pairs(u32 tile, int i, const Lane& L, u32 p0, u32 p1, u32 p2, u32 p3) {
+    const int mi = (L.ctid & 31) >> 3, row = 16 * L.w + 8 * (mi & 1) + (L.ctid & 7);
+    const u32 f[4] = {p0, p1, p2, p3};
+    wg::stsm_x4(tile + swz(row, 8 * i + 8 * (mi >> 1), C), f);
   }
 
   /// A whole chunk's 64 x 128 accumulator (rows scaled by row_scale when given, then rounded as
@@ -381,6 +417,7 @@ struct ChunkBwdSm90 {
     issue<64, 0, 0>(QK, s0 + kOffQ, C, s0 + kOffK, C, K / 16, false);
     wg::commit();
     wait<1>(A);
+    u32 ds[16];  // bf16 dS~ of (row L.r[hh], columns 8 i + tq, + 1) at [2 i + hh], also read back below
     {  // dS~ = scale * tril0((dO V'^T) .* Dec), rows < m.
       const float scale = p.scale;
 #pragma unroll
@@ -395,13 +432,15 @@ struct ChunkBwdSm90 {
           const float e0 = exp2f(fminf(gr - g[c], 0.f)), e1 = exp2f(fminf(gr - g[c + 1], 0.f));
           const float v0 = select_f32(r >= c && r < m, scale * A[4 * i + 2 * hh] * e0, 0.f);
           const float v1 = select_f32(r >= c + 1 && r < m, scale * A[4 * i + 2 * hh + 1] * e1, 0.f);
-          sts_u32(smem, kOffDS + swz(r, c, C), pack_bf16x2(f2bf(v0), f2bf(v1)));
+          ds[2 * i + hh] = pack_bf16x2(f2bf(v0), f2bf(v1));
         }
       }
+#pragma unroll
+      for (int i = 0; i < 8; i += 2)
+        stsm_pairs(s0 + kOffDS, i, L, ds[2 * i], ds[2 * i + 1], ds[2 * i + 2], ds[2 * i + 3]);
     }
     wg::fence_smem_for_async();
     pipe::named_arrive_roles(kBarDS, 384);
-    local_sync(0);
     wait<0>(QK);
     {  // M = dS~ .* (Q K^T), strictly lower: rowsum(M) - colsum(M) enters dgam.
       float rs[2] = {0.f, 0.f};
@@ -413,9 +452,8 @@ struct ChunkBwdSm90 {
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
           const int r = L.r[hh], c = 8 * i + L.tq;
-          const u32 ds = lds_u32(smem, kOffDS + swz(r, c, C));
-          const float m0 = r > c ? QK[4 * i + 2 * hh] * lo_f(ds) : 0.f;
-          const float m1 = r > c + 1 ? QK[4 * i + 2 * hh + 1] * hi_f(ds) : 0.f;
+          const float m0 = r > c ? QK[4 * i + 2 * hh] * lo_f(ds[2 * i + hh]) : 0.f;
+          const float m1 = r > c + 1 ? QK[4 * i + 2 * hh + 1] * hi_f(ds[2 * i + hh]) : 0.f;
           rs[hh] += m0 + m1;
           cs[2 * i] += m0;
           cs[2 * i + 1] += m1;
@@ -590,24 +628,27 @@ struct ChunkBwdSm90 {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
+    // dV' V^T needs only the loads: it runs while dW's epilogue does, so the chain's next step
+    // after dW is the one product that needs it.
+    float T2[32];
     {
       float W[64];
       issue<128, 0, 0>(W, s0 + kOffDV, C, s0 + kOffS, K, V / 16, false);
       wg::commit();
       second_group_landed(m, bars);
-      wait<0>(W);
+      issue<64, 0, 0>(T2, s0 + kOffDV, C, s0 + kOffV, C, V / 16, false);
+      wg::commit();
+      wait<1>(W);
 #pragma unroll
-      for (int i = 0; i < 16; ++i)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh)
-          sts_u32(smem, kOffDW + swz(L.r[hh], 8 * i + L.tq, C),
-                  pack_bf16x2(f2bf(-W[4 * i + 2 * hh]), f2bf(-W[4 * i + 2 * hh + 1])));
+      for (int i = 0; i < 16; i += 2) {
+        auto pair = [&](int k) { return pack_bf16x2(f2bf(-W[k]), f2bf(-W[k + 1])); };
+        stsm_pairs(s0 + kOffDW, i, L, pair(4 * i), pair(4 * i + 2), pair(4 * i + 4), pair(4 * i + 6));
+      }
     }
     wg::fence_smem_for_async();
     pipe::named_arrive_roles(kBarDW, 256);
     local_sync(2);
-    float T1[32], T2[32];
-    issue<64, 0, 0>(T2, s0 + kOffDV, C, s0 + kOffV, C, V / 16, false);
+    float T1[32];
     issue<64, 0, 0>(T1, s0 + kOffDW, C, s0 + kOffK, C, K / 16, false);
     wg::commit();
     wait<0>(T1, T2);
@@ -628,33 +669,31 @@ struct ChunkBwdSm90 {
         hi2[2 * i + hh] = pack_bf16x2(hv[0], hv[1]);
         lo2[2 * i + hh] = pack_bf16x2(lv[0], lv[1]);
       }
-    pipe::named_sync_roles(kBarSFree, 384);  // WG1 and WG3 are done reading S
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const u32 at = swz(L.r[hh], 8 * i + L.tq, C);
-        sts_u32(smem, kOffDTh + at, hi2[2 * i + hh]);
-        sts_u32(smem, kOffDTl + at, lo2[2 * i + hh]);
-      }
-    wg::fence_smem_for_async();
-    local_sync(2);
+    // Y = dTm Tm^T with dTm's hi and lo halves from the registers (no shared copy of dTm).
     float Y[32];
-    issue<64, 0, 0>(Y, s0 + kOffDTh, C, s0 + kOffT, C, C / 16, false);
-    issue<64, 0, 0>(Y, s0 + kOffDTl, C, s0 + kOffT, C, C / 16, true);
+    issue_rs<64, 0>(Y, hi2, s0 + kOffT, C, false);
+    issue_rs<64, 0>(Y, lo2, s0 + kOffT, C, true);
     wg::commit();
+    pipe::named_sync_roles(kBarSFree, 384);  // Y's tiles go over S: WG1 and WG3 are done reading it
     wait<0>(Y);
+    {
+      u32 yh[16], yl[16];  // as hi2 / lo2
 #pragma unroll
-    for (int i = 0; i < 8; ++i)
+      for (int i = 0; i < 8; ++i)
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        bf16_t h0, l0, h1, l1;
-        split_bf16(Y[4 * i + 2 * hh], h0, l0);
-        split_bf16(Y[4 * i + 2 * hh + 1], h1, l1);
-        const u32 at = swz(L.r[hh], 8 * i + L.tq, C);
-        sts_u32(smem, kOffYh + at, pack_bf16x2(h0, h1));
-        sts_u32(smem, kOffYl + at, pack_bf16x2(l0, l1));
+        for (int hh = 0; hh < 2; ++hh) {
+          bf16_t h0, l0, h1, l1;
+          split_bf16(Y[4 * i + 2 * hh], h0, l0);
+          split_bf16(Y[4 * i + 2 * hh + 1], h1, l1);
+          yh[2 * i + hh] = pack_bf16x2(h0, h1);
+          yl[2 * i + hh] = pack_bf16x2(l0, l1);
+        }
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) {
+        stsm_pairs(s0 + kOffYh, i, L, yh[2 * i], yh[2 * i + 1], yh[2 * i + 2], yh[2 * i + 3]);
+        stsm_pairs(s0 + kOffYl, i, L, yl[2 * i], yl[2 * i + 1], yl[2 * i + 2], yl[2 * i + 3]);
       }
+    }
     wg::fence_smem_for_async();
     pipe::named_arrive_roles(kBarY, 256);
   }
@@ -736,6 +775,7 @@ struct ChunkBwdSm90 {
         if ((L.ctid & 3) == 0) sc[sR1 + L.r[hh]] = s;
       }
     }
+    pipe::named_arrive_roles(kBarTerms, 384);  // sKst, sSz and sR1 are written
     pipe::named_sync_roles(kBarE, 256);
     issue<128, 0, 1>(D, s0 + kOffEh, C, s0 + kOffK, C, C / 16, true);
     issue<128, 0, 1>(D, s0 + kOffEl, C, s0 + kOffK, C, C / 16, true);
