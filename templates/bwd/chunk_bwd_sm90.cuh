@@ -418,7 +418,7 @@ struct ChunkBwdSm90 {
     wg::commit();
     wait<1>(A);
     u32 ds[16];  // bf16 dS~ of (row L.r[hh], columns 8 i + tq, + 1) at [2 i + hh], also read back below
-    {  // dS~ = scale * tril0((dO V'^T) .* Dec), rows < m.
+    {            // dS~ = scale * tril0((dO V'^T) .* Dec), rows < m.
       const float scale = p.scale;
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
