@@ -623,7 +623,7 @@ struct ChunkBwdSm90 {
   }
 
   /// Warpgroup 2: dW = -dV' S^T (bf16 tile), dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b))
-  /// as hi + lo tiles, Y = dTm Tm^T as hi + lo tiles (both over the dead S).
+  /// in hi + lo registers, Y = dTm Tm^T as hi + lo tiles (over S, once its readers have passed).
   __device__ static void chain_side(unsigned char* smem, float* sc, const Lane& L, int m, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
