@@ -55,6 +55,11 @@ rc=0
 if has tests; then
   # Every TEST_SUITE of tests/test_gpu.cpp, in source order, unless GPU_SUITES names some.
   all_suites=$(sed -n 's/^TEST_SUITE("\([A-Za-z0-9_]*\)").*/\1/p' tests/test_gpu.cpp | awk '!seen[$0]++' | tr '\n' ' ')
+  # A suite's exit status: a time-out is said as such, anything but 0 fails the step.
+  suite_status() {
+    [ "$2" -eq 124 ] || [ "$2" -eq 137 ] && echo "=== $1 TIMED OUT after ${SUITE_TIMEOUT:-400} s" | tee -a "$OUT/gpu_tests.log"
+    [ "$2" -eq 0 ] || rc=1
+  }
   if [ "${TESTS_PARALLEL:-0}" = 1 ] && [ -z "${GPU_SUITES:-}" ]; then
     # Four processes at once, each suite group's output reported when all are done.
     rest=$(echo "$all_suites" | tr ' ' '\n' | grep -v -x -e gpu_determinism -e gpu_kcp -e gpu_layer -e '' | paste -sd, -)
@@ -68,9 +73,7 @@ if has tests; then
     for i in "${!groups[@]}"; do
       echo "=== ${groups[$i]}" | tee -a "$OUT/gpu_tests.log"
       tee -a "$OUT/gpu_tests.log" < "/tmp/gpu_tests_$i.log" | tail -8
-      st=$(cat "/tmp/gpu_tests_$i.rc")
-      [ "$st" -eq 124 ] || [ "$st" -eq 137 ] && echo "=== ${groups[$i]} TIMED OUT after ${SUITE_TIMEOUT:-400} s" | tee -a "$OUT/gpu_tests.log"
-      [ "$st" -eq 0 ] || rc=1
+      suite_status "${groups[$i]}" "$(cat "/tmp/gpu_tests_$i.rc")"
     done
   else
     for suite in ${GPU_SUITES:-$all_suites}; do
@@ -79,9 +82,7 @@ if has tests; then
       # slowest, gpu_determinism with its 20 repeats at M, took about 120 s on the H200).
       timeout -k 30 "${SUITE_TIMEOUT:-400}" "$bin/gdn_gpu_tests" --test-suite="$suite" --duration=true 2>&1 \
         | tee -a "$OUT/gpu_tests.log" | tail -25
-      st=${PIPESTATUS[0]}
-      [ "$st" -eq 124 ] || [ "$st" -eq 137 ] && echo "=== $suite TIMED OUT after ${SUITE_TIMEOUT:-400} s" | tee -a "$OUT/gpu_tests.log"
-      [ "$st" -eq 0 ] || rc=1
+      suite_status "$suite" "${PIPESTATUS[0]}"
     done
   fi
 fi
