@@ -17,13 +17,13 @@
  *   WG3  dK = V' Z^T (4u) + dS~^T Q (2u) + diag(b Gam) Tm^T dW (2u) + (Eb + Eb^T) K (4u) -> dk_v
  * The chain dW -> dTm -> Y -> E -> dK runs through WG2, WG0 and WG3; the other products fill
  * the gaps (dV' V^T runs during dW's epilogue; dTm Tm^T takes dTm from WG2's registers, so dTm
- * never goes to shared memory). Y is written over S, E over Z, once their readers have passed a
- * barrier;
- * a whole chunk's dK leaves by a TMA store from the dW tile (the block's tail), dQ and dv from the
- * dO and V' tiles (stage_and_store).
- * Loads: two groups (the first feeds the first products of WG0-2), exposed at the block start:
- * TMA boxes from one thread behind two mbarriers for a whole chunk, cp.async by all 512 threads
- * with the zero fill of the rows past the length for a chunk cut short by its document's end; the reverse walk that
+ * never goes to shared memory). Y has tiles of its own, E goes over Z once Z's readers have
+ * passed a barrier; a whole chunk's dK leaves by a TMA store from the dW tile (the block's tail),
+ * dQ and dv from the dO and V' tiles (stage_and_store).
+ * Loads, exposed at the block start: a whole chunk's as TMA boxes from one thread in four sets
+ * behind their own mbarriers, the chain's first (S and dV', then K, V and Tm), each role waiting
+ * for the sets it reads; a chunk cut short by its document's end as cp.async by all 512 threads in
+ * two groups with the zero fill of the rows past the length; the reverse walk that
  * keeps the state on chip is the step after (docs/design_fused_bwd_sm90.md). An earlier form split every product by
  * columns over the four warpgroups (m64n16 / m64n32 steps, block-wide barriers between phases): 4.47 ms at M against
  * 3.10 for this one (docs/PERF.md).
@@ -31,6 +31,7 @@
 #pragma once
 
 #include "bwd/dv_local.cuh"
+#include "common/grid.cuh"
 #include "common/pipeline.cuh"
 #include "common/wgmma.cuh"
 
@@ -76,8 +77,8 @@ struct ChunkBwdSm90 {
   static constexpr int kTok = C * K * 2, kSq = K * V * 2, kCC = C * C * 2;
   static constexpr int kOffQ = 0, kOffK = kTok, kOffV = 2 * kTok, kOffDV = 3 * kTok, kOffO = 4 * kTok,
                        kOffVn = 5 * kTok, kOffS = 6 * kTok, kOffZ = kOffS + kSq, kOffT = kOffZ + kSq,
-                       kOffDS = kOffT + kCC, kOffDW = kOffDS + kCC, kOffScalars = kOffDW + kTok;
-  static constexpr int kOffYh = kOffS, kOffYl = kOffS + kCC;
+                       kOffDS = kOffT + kCC, kOffDW = kOffDS + kCC, kOffYh = kOffDW + kTok, kOffYl = kOffYh + kCC,
+                       kOffScalars = kOffYl + kCC;
   static constexpr int kOffEh = kOffZ, kOffEl = kOffZ + kCC;
   // fp32 scalars: gc, beta, then the per-row terms of dgam and dbeta, each written by one warpgroup.
   enum : int {
@@ -96,28 +97,31 @@ struct ChunkBwdSm90 {
     sSz = 1152,
     kScalarFloats = 1156
   };
-  static constexpr int kOffBars = kOffScalars + 4 * kScalarFloats;  // two mbarriers: the TMA load groups
+  static constexpr int kOffBars = kOffScalars + 4 * kScalarFloats;  // four mbarriers: the TMA load sets
   static_assert(kOffBars % 8 == 0, "ChunkBwdSm90: mbarriers are 8-byte aligned");
-  static constexpr int kSmemBytes = kOffBars + 16;
+  static constexpr int kSmemBytes = kOffBars + 4 * 8;
   /// A whole chunk's tiles arrive by TMA (Program::tensor_maps in this order): 64 x 64 boxes of
   /// the token tensors, K x 64 boxes of the state tapes, in the two groups the cp.async path has.
   /// dK, the block's last product, leaves the same way from the dW tile (free by then), dQ and dv
   /// from the dO and V' tiles (free once WG1 has passed kBarDS).
   enum TmaOperand { kMapQ, kMapK, kMapV, kMapDV, kMapO, kMapVn, kMapS, kMapZ, kMapT, kMapDk, kMapDq, kMapDv };
-  static constexpr u32 kGroup1Bytes = 3 * kTok + kSq, kGroup2Bytes = 3 * kTok + kSq + kCC;
+  /// A whole chunk's tiles arrive as four sets, each behind its own mbarrier, in the chain's order:
+  /// S and dV' (dW = -dV' S^T, the chain's first product), K, V and Tm (its next three), dO and V'
+  /// (dS~, dO S^T), Q and Z. Each role waits for the sets its products read, nothing more.
+  enum LoadSet : int { kSetSDv, kSetKVT, kSetOVn, kSetQZ, kLoadSets };
   static_assert(kSmemBytes == ChunkBwdGeometry::smem_bytes_ws(K, V, C), "ChunkBwdSm90: the host's size differs");
 
   // Named barriers (0 is __syncthreads); each of 1-7 is passed once per block.
   enum : int {
     kBarDS = 1,
     kBarDW = 2,
-    kBarSFree = 3,
     kBarY = 4,
     kBarZFree = 5,
     kBarE = 6,
     kBarLoaded = 7,
-    kBarLocal = 8,  // + role: 8 .. 11
-    kBarTerms = 12
+    kBarLocal = 8,       // + role: 8 .. 11
+    kBarTerms = 12,      // WG0 and WG3 (which arrives): sKst, sSz and sR1 are written
+    kBarQueryTerms = 13  // WG0 and WG1: sDbv is written
   };
 
   /// The warpgroup's view of a 64 x N accumulator: warp w rows 16w + g (h = 0) and + 8 (h = 1),
@@ -184,37 +188,47 @@ struct ChunkBwdSm90 {
   }
 
   __device__ static void run(const ChunkBwdParams& p, const TensorMaps& maps) {
-    const ChunkInfo ci = p.chunks[blockIdx.x];
+    // Value heads fastest in launch order: the G blocks of one (chunk, q/k head) run back to back
+    // and read its Q and K tiles from L2. Measured 7 % faster for this body (the portable kernel's
+    // longer blocks were 3.5 % slower so, docs/PERF.md).
+    const ChunkHead at = chunk_head_of_block();
+    const ChunkInfo ci = p.chunks[at.chunk];
     if (ci.len == 0) return;
-    const int j = blockIdx.y, h = j / Cfg::G, m = ci.len, tid = threadIdx.x;
-    const long long t0 = ci.start, cg = blockIdx.x;
+    const int j = at.head, h = j / Cfg::G, m = ci.len, tid = threadIdx.x;
+    const long long t0 = ci.start, cg = at.chunk;
     // SW128 tiles need 1024-byte aligned starts: the declaration's alignment holds because the
     // kernel has no static shared memory (gpu_wgmma probes the same declaration).
     extern __shared__ __align__(1024) unsigned char smem[];
     bf16_t* const base = reinterpret_cast<bf16_t*>(smem);
     auto tile = [&](int off) { return base + off / 2; };
     unsigned long long* const bars = reinterpret_cast<unsigned long long*>(smem + kOffBars);
-    // A whole chunk: one thread issues both groups as TMA boxes (the tapes are always whole); a
-    // chunk cut short by its document's end keeps every thread's cp.async with the zero fill of
-    // its rows past the length.
+    // A whole chunk: one thread issues the four load sets as TMA boxes, the chain's first (the
+    // tapes are always whole); a chunk cut short by its document's end keeps every thread's
+    // cp.async in two groups with the zero fill of its rows past the length.
     const bool whole = m == C;
     if (whole) {
       if (tid == 0) {
-        pipe::mbar_init(bars, 1);
-        pipe::mbar_init(bars + 1, 1);
+#pragma unroll
+        for (int b = 0; b < kLoadSets; ++b) pipe::mbar_init(bars + b, 1);
         pipe::fence_mbar_init();
         const int row = static_cast<int>(t0), srow = static_cast<int>((cg * HV + j) * K);
-        pipe::mbar_arrive_expect_tx(bars, kGroup1Bytes);
-        pipe::tma_load_tile<C, V>(tile(kOffO), &maps.map[kMapO], j * V, row, bars);
-        pipe::tma_load_tile<C, V>(tile(kOffVn), &maps.map[kMapVn], j * V, row, bars);
-        pipe::tma_load_tile<K, V>(tile(kOffS), &maps.map[kMapS], 0, srow, bars);
-        pipe::tma_load_tile<C, V>(tile(kOffDV), &maps.map[kMapDV], j * V, row, bars);
-        pipe::mbar_arrive_expect_tx(bars + 1, kGroup2Bytes);
-        pipe::tma_load_tile<C, K>(tile(kOffQ), &maps.map[kMapQ], h * K, row, bars + 1);
-        pipe::tma_load_tile<C, K>(tile(kOffK), &maps.map[kMapK], h * K, row, bars + 1);
-        pipe::tma_load_tile<K, V>(tile(kOffZ), &maps.map[kMapZ], 0, srow, bars + 1);
-        pipe::tma_load_tile<C, V>(tile(kOffV), &maps.map[kMapV], j * V, row, bars + 1);
-        pipe::tma_load_tile<C, C>(tile(kOffT), &maps.map[kMapT], j * C, row, bars + 1);
+        unsigned long long* bar = bars + kSetSDv;
+        pipe::mbar_arrive_expect_tx(bar, kSq + kTok);
+        pipe::tma_load_tile<K, V>(tile(kOffS), &maps.map[kMapS], 0, srow, bar);
+        pipe::tma_load_tile<C, V>(tile(kOffDV), &maps.map[kMapDV], j * V, row, bar);
+        bar = bars + kSetKVT;
+        pipe::mbar_arrive_expect_tx(bar, 2 * kTok + kCC);
+        pipe::tma_load_tile<C, K>(tile(kOffK), &maps.map[kMapK], h * K, row, bar);
+        pipe::tma_load_tile<C, V>(tile(kOffV), &maps.map[kMapV], j * V, row, bar);
+        pipe::tma_load_tile<C, C>(tile(kOffT), &maps.map[kMapT], j * C, row, bar);
+        bar = bars + kSetOVn;
+        pipe::mbar_arrive_expect_tx(bar, 2 * kTok);
+        pipe::tma_load_tile<C, V>(tile(kOffO), &maps.map[kMapO], j * V, row, bar);
+        pipe::tma_load_tile<C, V>(tile(kOffVn), &maps.map[kMapVn], j * V, row, bar);
+        bar = bars + kSetQZ;
+        pipe::mbar_arrive_expect_tx(bar, kTok + kSq);
+        pipe::tma_load_tile<C, K>(tile(kOffQ), &maps.map[kMapQ], h * K, row, bar);
+        pipe::tma_load_tile<K, V>(tile(kOffZ), &maps.map[kMapZ], 0, srow, bar);
       }
     } else {
       const long long qs = (long long)H * K, vs = (long long)HV * V;
@@ -241,7 +255,6 @@ struct ChunkBwdSm90 {
       wg::fence_smem_for_async();
     }
     __syncthreads();  // the scalars (and the barriers' initialization)
-    if (whole) pipe::mbar_wait(bars, 0);
 
     const int role = tid >> 7;
     const Lane L(tid & 127);
@@ -255,16 +268,18 @@ struct ChunkBwdSm90 {
     if (role == 2) return chain_side(smem, sc, L, m, bars);
     if (role == 1) {
       query_side(p, maps, smem, sc, L, m, t0, j, bars);
-      // A sync, not an arrive: WG1 has nothing left to do, and compute-sanitizer's racecheck
-      // reported WG0's reads of sDbv against these threads' writes when they arrived and left.
-      pipe::named_sync_roles(kBarTerms, 384);
+      // A barrier of its own, synced by both sides: WG1 has nothing left to do, and racecheck
+      // reported WG0's reads of sDbv against these writes when WG1 arrived and left, and (96 of
+      // them) when WG1 synced at a barrier that WG3's arrive could complete.
+      pipe::named_sync_roles(kBarQueryTerms, 256);
       if (whole && tid == 128) pipe::bulk_wait<0>();
       return;
     }
     scores_and_inverse(p, smem, sc, L, m, bars);
     // WG0 finishes the block's per-row terms while WG3 runs the chain's last product (dK's E
-    // term, which no row term needs): WG1 and WG3 reach kBarTerms once theirs are written.
-    pipe::named_sync_roles(kBarTerms, 384);
+    // term, which no row term needs): WG1 and WG3 reach their barriers once theirs are written.
+    pipe::named_sync_roles(kBarQueryTerms, 256);
+    pipe::named_sync_roles(kBarTerms, 256);
 
     // dgam and dbeta per row, each term in a fixed order, then B6: the reverse cumsum of dgam.
     float* const gam = sc + sGam;
@@ -319,10 +334,17 @@ struct ChunkBwdSm90 {
   }
 
  private:
-  /// The second load group is in: its TMA bytes (a whole chunk), or every thread's cp.async.
-  __device__ __forceinline__ static void second_group_landed(int m, unsigned long long* bars) {
+  /// A whole chunk's load set is in (a cut chunk's first cp.async group, which holds the sets
+  /// kSetSDv and kSetOVn, was waited for by every thread at the block's start).
+  __device__ __forceinline__ static void set_landed(int m, unsigned long long* bars, LoadSet set) {
+    if (m == C) pipe::mbar_wait(bars + set, 0);
+  }
+  /// The sets of the second cp.async group a role reads are in: their TMA bytes (a whole chunk),
+  /// or every thread's cp.async (a block-wide barrier: one call per thread).
+  template <class... Sets>
+  __device__ __forceinline__ static void second_group_landed(int m, unsigned long long* bars, Sets... sets) {
     if (m == C) {
-      pipe::mbar_wait(bars + 1, 0);
+      (pipe::mbar_wait(bars + sets, 0), ...);
     } else {
       bwd::cp_async_wait<0>();
       wg::fence_smem_for_async();
@@ -411,9 +433,10 @@ struct ChunkBwdSm90 {
     const float* g = sc + sG;
     const float* b = sc + sB;
     float A[32], QK[32];
+    set_landed(m, bars, kSetOVn);
     issue<64, 0, 0>(A, s0 + kOffO, C, s0 + kOffVn, C, V / 16, false);
     wg::commit();
-    second_group_landed(m, bars);
+    second_group_landed(m, bars, kSetKVT, kSetQZ);
     issue<64, 0, 0>(QK, s0 + kOffQ, C, s0 + kOffK, C, K / 16, false);
     wg::commit();
     wait<1>(A);
@@ -571,11 +594,12 @@ struct ChunkBwdSm90 {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     float D[64];
+    set_landed(m, bars, kSetSDv);
+    set_landed(m, bars, kSetOVn);
     issue<128, 0, 0>(D, s0 + kOffO, C, s0 + kOffS, K, V / 16, false);
     wg::commit();
-    second_group_landed(m, bars);
+    second_group_landed(m, bars, kSetKVT, kSetQZ);
     wait<0>(D);
-    pipe::named_arrive_roles(kBarSFree, 384);
     {
       float f[2], rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -623,7 +647,7 @@ struct ChunkBwdSm90 {
   }
 
   /// Warpgroup 2: dW = -dV' S^T (bf16 tile), dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b))
-  /// in hi + lo registers, Y = dTm Tm^T as hi + lo tiles (over S, once its readers have passed).
+  /// in hi + lo registers, Y = dTm Tm^T as hi + lo tiles of their own.
   __device__ static void chain_side(unsigned char* smem, float* sc, const Lane& L, int m, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
@@ -633,9 +657,10 @@ struct ChunkBwdSm90 {
     float T2[32];
     {
       float W[64];
+      set_landed(m, bars, kSetSDv);
       issue<128, 0, 0>(W, s0 + kOffDV, C, s0 + kOffS, K, V / 16, false);
       wg::commit();
-      second_group_landed(m, bars);
+      second_group_landed(m, bars, kSetKVT);
       issue<64, 0, 0>(T2, s0 + kOffDV, C, s0 + kOffV, C, V / 16, false);
       wg::commit();
       wait<1>(W);
@@ -674,7 +699,6 @@ struct ChunkBwdSm90 {
     issue_rs<64, 0>(Y, hi2, s0 + kOffT, C, false);
     issue_rs<64, 0>(Y, lo2, s0 + kOffT, C, true);
     wg::commit();
-    pipe::named_sync_roles(kBarSFree, 384);  // Y's tiles go over S: WG1 and WG3 are done reading it
     wait<0>(Y);
     {
       u32 yh[16], yl[16];  // as hi2 / lo2
@@ -705,7 +729,7 @@ struct ChunkBwdSm90 {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
-    second_group_landed(m, bars);
+    second_group_landed(m, bars, kSetOVn, kSetQZ, kSetSDv, kSetKVT);
     float D[64];
     issue<128, 0, 0>(D, s0 + kOffVn, C, s0 + kOffZ, K, V / 16, false);
     wg::commit();
@@ -725,7 +749,6 @@ struct ChunkBwdSm90 {
       if ((L.ctid & 31) == 0) sc[sSz + L.w] = sz;
     }
     wait<0>(D);
-    pipe::named_arrive_roles(kBarSFree, 384);
     pipe::named_arrive_roles(kBarZFree, 256);
     const float gL = g[m - 1];
     {  // dKst's rows scaled by exp2(gcL - gc); rowsum(dKst .* K) -> dgam (the shifted terms).
@@ -775,7 +798,7 @@ struct ChunkBwdSm90 {
         if ((L.ctid & 3) == 0) sc[sR1 + L.r[hh]] = s;
       }
     }
-    pipe::named_arrive_roles(kBarTerms, 384);  // sKst, sSz and sR1 are written
+    pipe::named_arrive_roles(kBarTerms, 256);  // sKst, sSz and sR1 are written
     pipe::named_sync_roles(kBarE, 256);
     issue<128, 0, 1>(D, s0 + kOffEh, C, s0 + kOffK, C, C / 16, true);
     issue<128, 0, 1>(D, s0 + kOffEl, C, s0 + kOffK, C, C / 16, true);

@@ -139,10 +139,10 @@ struct ChunkBwdGeometry {
     return persist_bytes(K, V, chunk) + phase_bytes(K, V, chunk) + scalar_bytes(K, V, chunk);
   }
   /// The sm_90a kernel with one product per warpgroup (chunk_bwd_sm90.cuh): Q, K, V, dV', dO,
-  /// V' and dW, S and Z, Tm and dS~ as unpadded SW128 tiles, 1156 fp32 scalars and the two
-  /// mbarriers of its TMA load groups.
+  /// V' and dW, S and Z, Tm, dS~ and Y's hi and lo halves as unpadded SW128 tiles, 1156 fp32
+  /// scalars and the four mbarriers of its TMA load sets.
   static constexpr int smem_bytes_ws(int K, int V, int chunk) {
-    return 2 * (7 * chunk * K + 2 * K * V + 2 * chunk * chunk) + 4 * 1156 + 16;
+    return 2 * (7 * chunk * K + 2 * K * V + 4 * chunk * chunk) + 4 * 1156 + 32;
   }
 };
 
