@@ -406,6 +406,7 @@ LayerIR lower(const Spec& spec_in) {
   const bool keep_seg_h0 = ir.saved_segment_maps && !full;
   buf("chunks", BufferRole::saved, "ChunkInfo", "[NT]", {0, 0, 16});
   buf("doc_chunk_offset", BufferRole::saved, "int32", "[N + 1]", {0, 4, 0, 4});
+  buf("doc_order", BufferRole::saved, "int32", "[N]", {0, 4});
   buf("num_chunks", BufferRole::saved, "int32", "[1]", {0, 0, 0, 4});
   buf("status", BufferRole::saved, "DeviceStatus", "[1]", {0, 0, 0, 24});
   if (norm) {

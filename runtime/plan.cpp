@@ -213,6 +213,7 @@ void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const 
   GDN_BIND(l, P, v_new, b.slot("v_new"));
   GDN_BIND(l, P, seg_hm, prescan ? b.slot("seg_hm") : b.constant(0));
   GDN_BIND(l, P, seg_h0, segments && !prescan ? b.slot("seg_h0") : b.constant(0));
+  GDN_BIND(l, P, doc_order, b.slot("doc_order"));
 }
 
 /// A segment merge (forward: seg_hm, h0 -> seg_h0; backward: seg_dzm, dht -> seg_dz).
@@ -296,6 +297,7 @@ void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes) {
   GDN_BIND(l, P, v_new, tapes ? b.slot("v_new") : b.constant(0));
   GDN_BIND(l, P, T, b.frame(Frame::T));
   GDN_BIND(l, P, nt_max, b.nt_max());
+  GDN_BIND(l, P, doc_order, b.slot("doc_order"));
 }
 
 }  // namespace
@@ -319,6 +321,7 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
     GDN_BIND(l, P, nt_max, b.nt_max());
     GDN_BIND(l, P, chunks, b.slot("chunks"));
     GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+    GDN_BIND(l, P, doc_order, b.slot("doc_order"));
     GDN_BIND(l, P, num_chunks, b.slot("num_chunks"));
     GDN_BIND(l, P, status, b.slot("status"));
     if (ir.spec.cp_ranks > 1) {
@@ -441,6 +444,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       GDN_BIND(l, P, seg_dz, segments ? b.slot("seg_dz") : b.constant(0));
       GDN_BIND(l, P, T, b.frame(F::T));
       GDN_BIND(l, P, nt_max, b.nt_max());
+      GDN_BIND(l, P, doc_order, b.slot("doc_order"));
     };
     if (segments) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));

@@ -75,6 +75,7 @@ struct ChunkTableParams {
   int pieces_before;  ///< rank_local: the first document's pieces on earlier ranks
   int pieces_after;   ///< rank_local: the last document's pieces on later ranks
   int pad_end;
+  int* doc_order;  ///< [N]: the documents in the walks' launch order, longest first (seg::doc_order_key)
 };
 
 struct L2NormParams {
@@ -130,8 +131,9 @@ struct StateWalkParams {
   bf16_t* v_new;    ///< [T, HV, V]
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise). Segment i of document n is block
   // z = i * N + n (common/segments.cuh) and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
-  float* seg_hm;        ///< [segment slots, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
-  const float* seg_h0;  ///< [segment slots, HV, K, V]: the state entering each segment (walk_merge)
+  float* seg_hm;         ///< [segment slots, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
+  const float* seg_h0;   ///< [segment slots, HV, K, V]: the state entering each segment (walk_merge)
+  const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
 };
 
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value
@@ -162,6 +164,8 @@ struct FusedWalkParams {
   bf16_t* v_new;   ///< [T, HV, V]
   long long T;     ///< the rows of q, k, v, tm and v_new (their tensor maps' extent)
   int nt_max;      ///< the h tape's chunk slots (its tensor map's extent: nt_max x HV x K rows)
+  int pad_end;
+  const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
@@ -258,8 +262,9 @@ struct StateWalkBwdParams {
     const float* seg_dz;  ///< [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
     const float* beta;    ///< Cfg::WALK_FUSES_W (which has no segments): [T, HV]
   };
-  long long T;       ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
-  long long nt_max;  ///< the chunks of dh_tape (its tensor map's extent)
+  long long T;           ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
+  long long nt_max;      ///< the chunks of dh_tape (its tensor map's extent)
+  const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -301,18 +306,18 @@ struct FinalizeParams {
 };
 
 // Sizes pinned: a change here changes the ABI between the host and every cached kernel.
-static_assert(sizeof(ChunkTableParams) == 72, "ChunkTableParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkTableParams) == 80, "ChunkTableParams: the host and the kernels share this layout");
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
 static_assert(sizeof(GateCumsumParams) == 32, "GateCumsumParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkPrepParams) == 64, "ChunkPrepParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkParams) == 104, "StateWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkParams) == 112, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkBwdParams) == 136, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkBwdParams) == 144, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
-static_assert(sizeof(FusedWalkParams) == 152, "FusedWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(FusedWalkParams) == 160, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 64, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(KcpExchangeParams) == 56, "KcpExchangeParams: the host and the kernels share this layout");
 static_assert(sizeof(TensorMap) == 128 && alignof(TensorMap) == 64, "TensorMap: the driver's CUtensorMap");

@@ -346,6 +346,35 @@ TEST_SUITE("cp") {
       }
   }
 
+  // The walks' document order (chunk_table sorts by this key, longest first): 0 for an empty
+  // document, non-decreasing in the chunk count, and equal only within a quarter octave.
+  TEST_CASE("segments: the document order's key is monotone, in range, and a quarter octave wide") {
+    CHECK(gdn::seg::doc_order_key(0) == 0);
+    CHECK(gdn::seg::doc_order_key(1) == 1);
+    int prev = 0;
+    for (long long c = 1; c < (1LL << 31); c = c < 4096 ? c + 1 : c * 9 / 8 + 1) {
+      const int key = gdn::seg::doc_order_key(static_cast<int>(c));
+      CAPTURE(c);
+      REQUIRE(key >= prev);
+      REQUIRE(key < gdn::seg::kDocOrderKeys);
+      prev = key;
+    }
+    CHECK(gdn::seg::doc_order_key(0x7fffffff) < gdn::seg::kDocOrderKeys);
+    // 4 .. 7 are four keys; 8 and 9 share one, 10 and 11 the next; 188 and 141 chunks differ.
+    CHECK(gdn::seg::doc_order_key(4) < gdn::seg::doc_order_key(5));
+    CHECK(gdn::seg::doc_order_key(8) == gdn::seg::doc_order_key(9));
+    CHECK(gdn::seg::doc_order_key(9) < gdn::seg::doc_order_key(10));
+    CHECK(gdn::seg::doc_order_key(141) < gdn::seg::doc_order_key(188));
+    for (int e = 2; e < 30; ++e)
+      for (int q = 0; q < 4; ++q) {
+        const int lo = (4 + q) << (e - 2), hi = ((5 + q) << (e - 2)) - 1;
+        CAPTURE(e);
+        CAPTURE(q);
+        CHECK(gdn::seg::doc_order_key(lo) == gdn::seg::doc_order_key(hi));
+        CHECK(gdn::seg::doc_order_key(lo - 1) < gdn::seg::doc_order_key(lo));
+      }
+  }
+
   // Intra-card segments (templates/common/segments.hpp, the kernels' arithmetic): on random
   // batches every document's segments tile its chunks in order, "auto" gives each document
   // min(8, max(1, chunks / 32)) by its length alone, and the storage slots are distinct and fit

@@ -5,6 +5,7 @@
  *        case matrix of the kernels issue, determinism bit for bit, and device-side input errors.
  */
 #include "common/env.hpp"
+#include "common/segments.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/check/gdn_reference.hpp"
 #include "runtime/check/layer_check.hpp"
@@ -15,6 +16,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -1195,6 +1197,46 @@ TEST_SUITE("gpu_errors") {
     CHECK(run_with({0, 100, 50}) == "cu_seqlens[2]: 50 < cu_seqlens[1] (100): must be non-decreasing");
     CHECK(run_with({5, 100, 128}) == "cu_seqlens[0]: 5 must be 0");
     CHECK(run_with({0, 100, 127}) == "cu_seqlens[2]: 127 must equal T (128)");
+  }
+
+  // chunk_table's launch order of the documents for the walks: a permutation, longest first by
+  // seg::doc_order_key, equal keys in the batch's order; over 1024 documents (two of the block's
+  // tiles), with empty documents and many equal lengths.
+  TEST_CASE("the walks' document order is a stable longest-first permutation") {
+    auto layer = make(spec_of("n"));
+    std::mt19937 rng(11);
+    for (const int N : {5, 1500}) {
+      std::vector<int> cu{0};
+      for (int n = 0; n < N; ++n) {
+        const int len = rng() % 4 == 0 ? 0 : (rng() % 9 == 0 ? 64 * (1 + rng() % 40) : static_cast<int>(rng() % 300));
+        cu.push_back(cu.back() + len);
+      }
+      const int T = cu.back();
+      const ProblemShape shape{T, N};
+      auto b = [](size_t n) { return rt::DeviceBuffer::create(std::max<size_t>(n, 4)); };
+      auto q = b(size_t(T) * 2 * 128 * 2), k = b(size_t(T) * 2 * 128 * 2), v = b(size_t(T) * 6 * 128 * 2),
+           g = b(size_t(T) * 6 * 4), beta = b(size_t(T) * 6 * 4), h0 = b(size_t(N) * 6 * 128 * 128 * 4),
+           o = b(size_t(T) * 6 * 128 * 2), ht = b(size_t(N) * 6 * 128 * 128 * 4);
+      auto dcu = b(cu.size() * 4);
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(dcu.handle(), cu.data(), cu.size() * 4), "upload");
+      GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "upload");
+      auto saved = b(layer->saved_bytes(shape)), ws = b(layer->workspace_bytes(CallForm::forward, shape));
+      rt::Stream st = rt::Stream::create();
+      layer->forward(shape,
+                     {q.get(), k.get(), v.get(), g.get<float>(), beta.get<float>(), dcu.get(), IndexType::int32,
+                      h0.get<float>(), 0},
+                     {o.get(), ht.get<float>()}, saved.get(), saved.bytes(), ws.get(), ws.bytes(), st.handle());
+      layer->check_device_status(saved.get(), shape, st.handle());
+      std::vector<int> got(N, -1);
+      const size_t at = layer->saved_layout(shape).offset.at("doc_order");
+      GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(got.data(), saved.handle() + at, size_t(N) * 4), "download");
+      std::vector<int> want(N);
+      for (int n = 0; n < N; ++n) want[n] = n;
+      auto key = [&](int n) { return seg::doc_order_key((cu[n + 1] - cu[n] + 63) / 64); };
+      std::stable_sort(want.begin(), want.end(), [&](int a, int c) { return key(a) > key(c); });
+      CAPTURE(N);
+      CHECK(got == want);
+    }
   }
 
   TEST_CASE("a too-small workspace or saved region is refused before any launch") {

@@ -97,7 +97,7 @@ struct StateWalkBwdMmaSync {
   template <bool kPrescan>
   __device__ static void walk(const StateWalkBwdParams& p) {
     const int j = blockIdx.y;
-    const GridSegment at = grid_segment<SEG>();
+    const GridSegment at = grid_segment<SEG>(p.doc_order);
     const int n = at.n, seg = at.seg;
     const bool transition = kPrescan && blockIdx.x >= V / BV;
     const int v0 = (transition ? blockIdx.x - V / BV : blockIdx.x) * BV;

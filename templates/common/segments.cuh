@@ -97,16 +97,20 @@ struct DocSegments {
 };
 
 /// The document and segment of this block of a segmented walk grid (x: slabs, y: value heads,
-/// z: N * SEGMENTS), segment-major: z = segment * N + n. Under "auto" a short document leaves its
-/// later segments idle; in this order the blocks with work come first in launch order and spread
-/// over the SMs (document-major, every SEGMENTS-th z has work, and those blocks land on SMs that
-/// are already walking while others hold only blocks that returned at once).
+/// z: N * SEGMENTS), segment-major: z = segment * N + i, document doc_order[i]. Under "auto" a
+/// short document leaves its later segments idle; in this order the blocks with work come first in
+/// launch order and spread over the SMs (document-major, every SEGMENTS-th z has work, and those
+/// blocks land on SMs that are already walking while others hold only blocks that returned at
+/// once). doc_order (chunk_table) puts the longest documents first: blocks start in launch order,
+/// and a long document started last would walk alone after the others (seg::doc_order_key).
 using GridSegment = seg::GridIndex;
 
 template <int SEGMENTS>
-__device__ __forceinline__ GridSegment grid_segment() {
-  const int docs = SEGMENTS == 1 ? 1 : static_cast<int>(gridDim.z) / SEGMENTS;
-  return seg::grid_index(static_cast<int>(blockIdx.z), docs, SEGMENTS);
+__device__ __forceinline__ GridSegment grid_segment(const int* doc_order) {
+  const int docs = SEGMENTS == 1 ? static_cast<int>(gridDim.z) : static_cast<int>(gridDim.z) / SEGMENTS;
+  GridSegment at = seg::grid_index(static_cast<int>(blockIdx.z), docs, SEGMENTS);
+  at.n = doc_order[at.n];
+  return at;
 }
 
 /// What one block of a segmented walk grid walks: chunks [begin, end) of document n, the segment's
@@ -122,8 +126,9 @@ struct SegmentWalk {
   int begin, end;  ///< chunks (when active)
   long long slot;  ///< the segment's slot in seg_h0 (SEGMENTS > 1, split)
 
-  __device__ __forceinline__ SegmentWalk(const int* doc_chunk_offset, const ChunkInfo* chunk_table) {
-    const GridSegment at = grid_segment<Cfg::SEGMENTS>();
+  __device__ __forceinline__ SegmentWalk(const int* doc_chunk_offset, const ChunkInfo* chunk_table,
+                                         const int* doc_order) {
+    const GridSegment at = grid_segment<Cfg::SEGMENTS>(doc_order);
     n = at.n;
     seg = at.seg;
     const DocSegments<Cfg> ds(doc_chunk_offset, chunk_table, n);

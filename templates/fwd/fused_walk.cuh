@@ -77,7 +77,7 @@ struct FusedWalkMmaSync {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int half = threadIdx.x / kThreads;
     unsigned char* const smem = smem_raw + half * kHalfBytes;
-    const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks);
+    const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
     if (!range.active) return;
     const int j = blockIdx.y, n = range.n, hq = j / G, v0 = blockIdx.x * Cfg::BV + half * BV;
     const int tid = threadIdx.x % kThreads, warp = tid >> 5, lane = tid & 31;

@@ -90,7 +90,7 @@ struct FusedWalkSm90 {
     // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
     // (Offsetting the array itself, not an integer cast, keeps the accesses in the shared window.)
     unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
-    const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks);
+    const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
     if (!range.active) return;  // past the document's segments
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
     mbar_t* const full = bars;                 // [kStages], 129 arrivals: the loader's cp.async and its TMA issue

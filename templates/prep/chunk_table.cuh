@@ -13,7 +13,8 @@
  * earlier ranks, its last document's has pieces_after more on later ranks). Invalid
  * cu_seqlens (first != 0, decreasing, last != T) are reported in DeviceStatus (the lowest failing
  * index wins, so the report is deterministic) and produce an empty table, so every later program
- * does nothing instead of reading out of bounds.
+ * does nothing instead of reading out of bounds. It also writes the order in which the walks take
+ * the documents, longest first (write_doc_order).
  */
 #pragma once
 
@@ -39,6 +40,55 @@ struct ChunkTable {
   __device__ static unsigned piece_end(unsigned a, unsigned e, unsigned per_rank, bool cuts) {
     if (Cfg::RANKS <= 1 || !cuts) return e;
     return min(e, seg::next_rank_boundary(a, per_rank));
+  }
+
+  /// The walks' launch order of the documents (seg::doc_order_key, longest first; equal keys in
+  /// the batch's order): a stable counting sort, in tiles of kThreads documents whose ranks within
+  /// a key come from each warp's peers with the same key. Without a valid table every key is 0 and
+  /// the order is the batch's.
+  __device__ static void write_doc_order(const ChunkTableParams& p, int used) {
+    constexpr int kKeys = seg::kDocOrderKeys, kWarps = kThreads / 32;
+    __shared__ int key_count[kKeys];
+    __shared__ int key_base[kKeys];
+    __shared__ int warp_count[kWarps][kKeys];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    auto key_of = [&](int d) {
+      const int end = d + 1 < p.N ? p.doc_chunk_offset[d + 1] : used;
+      return seg::doc_order_key(end - p.doc_chunk_offset[d]);
+    };
+    for (int b = tid; b < kKeys; b += kThreads) key_count[b] = 0;
+    __syncthreads();
+    for (int d = tid; d < p.N; d += kThreads) atomicAdd(&key_count[key_of(d)], 1);
+    __syncthreads();
+    if (tid == 0) {
+      int sum = 0;
+      for (int b = kKeys - 1; b >= 0; --b) {
+        key_base[b] = sum;
+        sum += key_count[b];
+      }
+    }
+    for (int tile = 0; tile < p.N; tile += kThreads) {
+      const int d = tile + tid;
+      const int key = d < p.N ? key_of(d) : -1;
+      for (int i = tid; i < kWarps * kKeys; i += kThreads) warp_count[i / kKeys][i % kKeys] = 0;
+      __syncthreads();
+      const unsigned peers = __match_any_sync(0xffffffffu, key);
+      const int rank = __popc(peers & ((1u << lane) - 1u));
+      if (key >= 0 && rank == 0) warp_count[warp][key] = __popc(peers);
+      __syncthreads();
+      if (key >= 0) {
+        int pos = key_base[key] + rank;
+        for (int w = 0; w < warp; ++w) pos += warp_count[w][key];
+        p.doc_order[pos] = d;
+      }
+      __syncthreads();
+      for (int b = tid; b < kKeys; b += kThreads) {
+        int sum = 0;
+        for (int w = 0; w < kWarps; ++w) sum += warp_count[w][b];
+        key_base[b] += sum;
+      }
+      __syncthreads();
+    }
   }
 
   __device__ static void run(const ChunkTableParams& p) {
@@ -119,6 +169,8 @@ struct ChunkTable {
       ChunkInfo empty = {0, 0, 0, 0};
       p.chunks[c] = empty;
     }
+    __syncthreads();  // every document's offset is written
+    write_doc_order(p, used);
     if (tid == 0) {
       p.doc_chunk_offset[p.N] = used;
       *p.num_chunks = used;
