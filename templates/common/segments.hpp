@@ -42,8 +42,9 @@ constexpr GridIndex grid_index(int z, int docs, int most) {
 /// does not depend on it): a short document launched first no longer leaves a long one to run
 /// alone at the end. The key is the chunk count to a quarter octave (its leading bit and the two
 /// after it), larger for longer documents, 0 for an empty one; equal keys keep the batch's order.
-/// Quarter octaves put the walks within 0.3 % of an exact longest-first order on the benchmark's
-/// shapes (docs/PERF.md) and make the order a counting sort over kDocOrderKeys keys.
+/// In a list-scheduling model of the walks, quarter octaves gave the makespan of an exact
+/// longest-first order on M and G (docs/PERF.md), and they make the order a counting sort over
+/// kDocOrderKeys keys.
 constexpr int kDocOrderKeys = 128;
 constexpr int doc_order_key(int chunks) {
   if (chunks <= 0) return 0;
