@@ -334,10 +334,11 @@ struct ChunkBwdSm90 {
   }
 
  private:
-  /// A whole chunk's load set is in (a cut chunk's first cp.async group, which holds the sets
+  /// A whole chunk's load sets are in (a cut chunk's first cp.async group, which holds the sets
   /// kSetSDv and kSetOVn, was waited for by every thread at the block's start).
-  __device__ __forceinline__ static void set_landed(int m, unsigned long long* bars, LoadSet set) {
-    if (m == C) pipe::mbar_wait(bars + set, 0);
+  template <class... Sets>
+  __device__ __forceinline__ static void sets_landed(int m, unsigned long long* bars, Sets... sets) {
+    if (m == C) (pipe::mbar_wait(bars + sets, 0), ...);
   }
   /// The sets of the second cp.async group a role reads are in: their TMA bytes (a whole chunk),
   /// or every thread's cp.async (a block-wide barrier: one call per thread).
@@ -433,7 +434,7 @@ struct ChunkBwdSm90 {
     const float* g = sc + sG;
     const float* b = sc + sB;
     float A[32], QK[32];
-    set_landed(m, bars, kSetOVn);
+    sets_landed(m, bars, kSetOVn);
     issue<64, 0, 0>(A, s0 + kOffO, C, s0 + kOffVn, C, V / 16, false);
     wg::commit();
     second_group_landed(m, bars, kSetKVT, kSetQZ);
@@ -594,8 +595,7 @@ struct ChunkBwdSm90 {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     float D[64];
-    set_landed(m, bars, kSetSDv);
-    set_landed(m, bars, kSetOVn);
+    sets_landed(m, bars, kSetSDv, kSetOVn);
     issue<128, 0, 0>(D, s0 + kOffO, C, s0 + kOffS, K, V / 16, false);
     wg::commit();
     second_group_landed(m, bars, kSetKVT, kSetQZ);
@@ -657,7 +657,7 @@ struct ChunkBwdSm90 {
     float T2[32];
     {
       float W[64];
-      set_landed(m, bars, kSetSDv);
+      sets_landed(m, bars, kSetSDv);
       issue<128, 0, 0>(W, s0 + kOffDV, C, s0 + kOffS, K, V / 16, false);
       wg::commit();
       second_group_landed(m, bars, kSetKVT);
