@@ -117,11 +117,16 @@ namespace {
 /// one with 48 heads slower (12.6 -> 15.9 ms). Between the two (an eighth to a half of the slots)
 /// nothing was measured, and a batch of several long documents fills the GPU without segments while
 /// paying their work, so the layer keeps one segment there. Each document then takes segments by
-/// its own length only (batch invariance): one per kAutoSegmentMinChunks chunks.
+/// its own length only (batch invariance): one per kAutoSegmentMinChunks chunks. On the programs
+/// path up to 16: the 32768-token document with 6 value heads (24 walk blocks a segment) then ran
+/// fwd+bwd in 1.772 against 1.927 ms with 8 (forward 0.672 / 0.688, ckpt 2.163 / 2.269), though its
+/// walks then take more blocks than the slots; the fused path keeps 8 (16 there is not measured).
 constexpr int kWalkSlots = 2 * 132;
 constexpr int kFusedWalkSlots = 132;
 constexpr int kAutoSegmentMinChunks = 32;
-int auto_segments(int heads_v, int slabs, int slots) { return slots / (heads_v * slabs) >= 8 ? 8 : 1; }
+constexpr int kAutoSegmentsPrograms = 16;
+constexpr int kAutoSegmentsFused = 8;
+int auto_segments(int heads_v, int slabs, int slots, int most) { return slots / (heads_v * slabs) >= 8 ? most : 1; }
 
 /// forward "auto". The fused walk is one chain per (document, value head, 128 columns) and runs one
 /// block per SM; the programs path splits a document's walk into narrower slabs and runs the output
@@ -155,8 +160,9 @@ LayerIR lower(const Spec& spec_in) {
     ir.segments_auto = true;
     ir.spec.cp_segments =
         ir.spec.forward == ForwardPath::fused
-            ? auto_segments(spec_in.heads_v, spec_in.head_dim_v / FusedWalkGeometry::kBV, kFusedWalkSlots)
-            : auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, kWalkSlots);
+            ? auto_segments(spec_in.heads_v, spec_in.head_dim_v / FusedWalkGeometry::kBV, kFusedWalkSlots,
+                            kAutoSegmentsFused)
+            : auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, kWalkSlots, kAutoSegmentsPrograms);
     ir.seg_min_chunks = ir.spec.cp_segments > 1 ? kAutoSegmentMinChunks : 0;
   }
   const Spec& s = ir.spec;

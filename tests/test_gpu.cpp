@@ -703,8 +703,9 @@ TEST_SUITE("gpu_determinism") {
     }
   }
 
-  // cp.segments "auto": few value heads, so up to 8 segments, each document as many as its own
-  // length allows (one per 32 chunks): 16400 tokens take 8, 4200 take 2, shorter ones 1. Against
+  // cp.segments "auto": few value heads, so up to 16 segments, each document as many as its own
+  // length allows (one per 32 chunks): 33000 tokens take 16, 16400 take 8, 4200 take 2, shorter
+  // ones 1. Against
   // fp64, repeats and ckpt bitwise, and each document's bits alone equal to its bits packed.
   TEST_CASE("cp.segments auto: per-document segments against fp64, bitwise repeats, batch invariant") {
     Spec s = spec_of("n");
@@ -713,10 +714,10 @@ TEST_SUITE("gpu_determinism") {
     s.cp_segments = 0;
     s.name = "n_auto_segments";
     auto layer = make(s);
-    REQUIRE(layer->ir().spec.cp_segments == 8);
+    REQUIRE(layer->ir().spec.cp_segments == 16);
     REQUIRE(layer->ir().seg_min_chunks == 32);
-    const std::vector<long long> lens = {700, 16400, 1, 4200, 2100};
-    const std::vector<uint64_t> seeds = {61, 62, 63, 64, 65};
+    const std::vector<long long> lens = {700, 16400, 1, 4200, 2100, 33000};
+    const std::vector<uint64_t> seeds = {61, 62, 63, 64, 65, 66};
     check::Case packed;
     packed.doc_lens = lens;
     packed.doc_seeds = seeds;
@@ -1348,7 +1349,7 @@ TEST_SUITE("gpu_fused") {
     c.doc_lens = {700, 333, 64, 1};
     expect_within_bounds(check::run(*m, c), "fused, shape M heads");
     // Segments: the walk starts every segment from the merged entry state (pinned 4, with empty
-    // and one-chunk segments; "auto", 8 at most, one per 32 chunks of a document).
+    // and one-chunk segments; "auto", 8 at most on the fused path, one per 32 chunks of a document).
     // Both bodies: tensor_cores "mma_sync" runs the portable one (every target but sm_90a).
     for (const int segments : {4, 0})
       for (const TensorCores tc : {TensorCores::automatic, TensorCores::mma_sync}) {
