@@ -23,7 +23,10 @@ bench/table.py merges only runs of one gdnc configuration.
 
 The output JSON is rewritten after every cell, and --resume FILE skips the cells FILE already holds
 for the same commit, peer and order: a table that does not fit one device call is completed by
-the next (--budget-s stops before a cell that would start past the budget).
+the next (--budget-s stops before a cell that would start past the budget). Where both runs carry
+a code digest (--code-digest, `gdnc digest`: the IR, call plans and machine code of the example
+layers), that digest stands for the commit: a later commit that launches the same kernels the same
+way resumes the table, and the run file lists it under resumed_commits.
 
 On the GPU machine (scripts/gpu_run.sh, STEPS=compare, does this):
     FLA:      PYTHONPATH=python:/tmp/site (fla-core 0.6.0, einops) FLA_FLASH_QLA=0
@@ -354,17 +357,22 @@ def parse_gdnc_spec(text):
     return spec
 
 
-def load_resume(path, commit, peer, order, gdnc_spec=None):
-    """The cells an earlier output of the same commit, peer, order and gdnc configuration already holds."""
+def load_resume(path, commit, peer, order, gdnc_spec=None, code_digest=""):
+    """The cells an earlier output of the same commit (or, where both runs have one, the same code
+    digest), peer, order and gdnc configuration already holds."""
     if not path or not Path(path).exists():
         return None
     earlier = json.loads(Path(path).read_text())
+    same_code = bool(code_digest) and bool(earlier.get("code_digest"))
+    build = ("code_digest", code_digest) if same_code else ("commit", commit)
     mismatch = [(k, earlier.get(k), v)
-                for k, v in (("commit", commit), ("peer", peer), ("order", order), ("gdnc_spec", gdnc_spec or {}))
+                for k, v in (build, ("peer", peer), ("order", order), ("gdnc_spec", gdnc_spec or {}))
                 if earlier.get(k, {} if k == "gdnc_spec" else None) != v]
     if mismatch:
         raise SystemExit("compare: --resume " + str(path) + " is another run: " +
                          ", ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in mismatch))
+    if same_code and commit != earlier.get("commit") and commit not in earlier.get("resumed_commits", []):
+        earlier.setdefault("resumed_commits", []).append(commit)
     return earlier
 
 
@@ -391,6 +399,9 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--resume", help="an earlier output of the same commit, peer and order: its cells are kept")
     ap.add_argument("--commit", default=os.environ.get("GDNC_COMMIT", os.environ.get("GDN_COMMIT", "unknown")))
+    ap.add_argument("--code-digest", default=os.environ.get("GDNC_CODE_DIGEST", ""),
+                    help="`gdnc digest`'s digest of the example layers: a run of the same digest resumes "
+                         "across commits")
     args = ap.parse_args()
     shapes = [s for s in args.shapes.split(",") if s]
     ops = [o for o in args.ops.split(",") if o]
@@ -435,12 +446,13 @@ def main():
     order = list(arms) if args.order == "forward" else list(arms)[::-1]
     arms = {n: arms[n] for n in order}
 
-    results = load_resume(args.resume, args.commit, args.peer, args.order, gdnc_spec)
+    results = load_resume(args.resume, args.commit, args.peer, args.order, gdnc_spec, args.code_digest)
     if results:
         results.setdefault("resumed_utc", []).append(datetime.datetime.now(datetime.timezone.utc).isoformat())
     else:
         results = {
-            "commit": args.commit, "peer": args.peer, "peer_version": peer_version, "order": args.order,
+            "commit": args.commit, "code_digest": args.code_digest,
+            "peer": args.peer, "peer_version": peer_version, "order": args.order,
             # "carried" (kernels loaded from a disk cache brought along) or "fresh" (compiled in this
             # process): FlashQLA's times differed between the two (docs/PERF.md)
             "peer_kernel_cache": os.environ.get("GDNC_PEER_KERNEL_CACHE", "unknown"),

@@ -98,7 +98,8 @@ def ratio_text(cell):
 
 
 def markdown(table, runs):
-    commits = sorted({r["commit"] for r in runs})
+    commits = sorted({c for r in runs for c in [r["commit"], *r.get("resumed_commits", [])]})
+    digests = sorted({r["code_digest"] for r in runs if r.get("code_digest")})
     devices = sorted({r["device"] for r in runs})
     versions = sorted({f"{PEER_LABEL.get(r['peer'], r['peer'])}: {r['peer_version']}" for r in runs if r["peer_version"]})
     config = runs[0].get("gdnc_spec", {}) if runs else {}
@@ -107,7 +108,9 @@ def markdown(table, runs):
     # FlashQLA's times differed between the two (docs/PERF.md). Older run files do not say.
     caches = sorted({f"{r['peer']} {r.get('peer_kernel_cache', 'unknown')}" for r in runs if r.get("peer")})
     cache_text = f" Peer kernels: {', '.join(caches)}." if caches else ""
-    lines = [f"gdnc at {', '.join(commits)}{config_text} on {', '.join(devices)}; peers {'; '.join(versions)}."
+    # Commits of one code digest launch the same kernels the same way (`gdnc digest`).
+    digest_text = f" (code digest {', '.join(digests)})" if digests else ""
+    lines = [f"gdnc at {', '.join(commits)}{digest_text}{config_text} on {', '.join(devices)}; peers {'; '.join(versions)}."
              + cache_text,
              "Ratio = peer ms / gdnc ms of the same process (above 1: gdnc faster), one per published run with its "
              "class; † = published by the paired-ratio test, § = sustained protocol (power cap).", "",

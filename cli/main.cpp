@@ -24,7 +24,9 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <thread>
@@ -33,6 +35,7 @@ namespace {
 
 using namespace gdn;
 using nlohmann::json;
+namespace fs = std::filesystem;
 
 enum ExitCode { kOk = 0, kOther = 1, kUsage = 2, kBadSpec = 3, kCompile = 4, kCache = 5, kNoGpu = 6, kCheckFailed = 7 };
 
@@ -120,6 +123,151 @@ int cmd_compile(const std::vector<std::string>& specs, const std::vector<std::st
     }
   }
   if (as_json) fmt::print("{}\n", all.dump(2));
+  return kOk;
+}
+
+/// The code sections of a cubin (ELF64): .text.*, .nv.info*, .nv.constant*, .nv.shared* (the
+/// machine code, the kernel attributes, constants and shared sizes). The line tables move with any
+/// edit of a header and are left out.
+std::string cubin_code_sections(const std::string& elf, const fs::path& file) {
+  const fs::path entry_dir = file.parent_path();
+  auto fail = [&](const std::string& problem) { return cache::CacheError::corrupt(problem, file, entry_dir); };
+  auto read = [&](size_t at, auto& value) {
+    if (at + sizeof(value) > elf.size()) throw fail("the cubin is truncated");
+    std::memcpy(&value, elf.data() + at, sizeof(value));
+  };
+  if (elf.size() < 64 ||
+      elf.compare(0, 4,
+                  "\x7f"
+                  "ELF") != 0 ||
+      elf[4] != 2)
+    throw fail("not a 64-bit ELF cubin");
+  uint64_t shoff = 0;
+  uint16_t shentsize = 0, shnum = 0, shstrndx = 0;
+  read(0x28, shoff);
+  read(0x3A, shentsize);
+  read(0x3C, shnum);
+  read(0x3E, shstrndx);
+  struct Section {
+    uint32_t name, type;
+    uint64_t offset, size;
+  };
+  auto section = [&](uint16_t i) {
+    Section sec{};
+    const size_t at = shoff + size_t{i} * shentsize;
+    read(at, sec.name);
+    read(at + 4, sec.type);
+    read(at + 24, sec.offset);
+    read(at + 32, sec.size);
+    return sec;
+  };
+  const Section names = section(shstrndx);
+  std::vector<std::pair<std::string, std::string>> kept;
+  for (uint16_t i = 0; i < shnum; ++i) {
+    const Section sec = section(i);
+    const size_t start = names.offset + sec.name;
+    const size_t end = start < elf.size() ? elf.find('\0', start) : std::string::npos;
+    if (end == std::string::npos) throw fail("a section name is cut off");
+    std::string name = elf.substr(start, end - start);
+    if (name.rfind(".text.", 0) != 0 && name.rfind(".nv.info", 0) != 0 && name.rfind(".nv.constant", 0) != 0 &&
+        name.rfind(".nv.shared", 0) != 0)
+      continue;
+    constexpr uint32_t kNoBits = 8;  // occupies no file bytes: only its size is its content
+    if (sec.type != kNoBits && (sec.offset > elf.size() || sec.size > elf.size() - sec.offset))
+      throw fail(fmt::format("section {} lies past the file", name));
+    kept.emplace_back(std::move(name),
+                      sec.type == kNoBits ? std::to_string(sec.size) : elf.substr(sec.offset, sec.size));
+  }
+  std::sort(kept.begin(), kept.end());
+  std::string out;
+  for (const auto& [name, bytes] : kept) {
+    out += fmt::format("{} {}\n", name, bytes.size());
+    out += bytes;
+  }
+  return out;
+}
+
+/// A call plan as text: every launch's program, parameter bytes, grid formulas and fields.
+std::string plan_text(const CallPlan& plan, const LayerIR& ir) {
+  auto lin = [](const Lin& l) { return fmt::format("({},{},{},{},{})", l.t, l.n, l.nt, l.c, l.div); };
+  auto field = [&](const Field& f) {
+    const ValueSource& v = f.source;
+    return fmt::format("{}+{}:{}/{}/{}/{}/{}/{}/{}", f.offset, f.size, static_cast<int>(v.kind),
+                       static_cast<int>(v.frame_word), static_cast<int>(v.region), v.slot, lin(v.formula), v.value,
+                       v.buffer);
+  };
+  std::string out = fmt::format("plan {} chunk {}\n", plan.name, plan.chunk);
+  for (const auto* slots : {&plan.saved_slots, &plan.ws_slots}) {
+    for (const ByteFormula& b : *slots) {
+      out += b.text();
+      out += ';';
+    }
+    out += "\n";
+  }
+  for (const PlannedLaunch& l : plan.launches) {
+    out += fmt::format("launch {} {} {}{}{}", ir.programs.at(static_cast<size_t>(l.program)).name, l.params_size,
+                       lin(l.grid[0]), lin(l.grid[1]), lin(l.grid[2]));
+    for (const Field& f : l.fields) {
+      out += ' ';
+      out += field(f);
+    }
+    for (const auto& [t, f] : l.target_fields) out += fmt::format(" [{}] {}", to_string(t), field(f));
+    out += "\n";
+  }
+  return out;
+}
+
+/// What decides the GPU work of a layer on its targets: the IR (programs, constants, buffers),
+/// the call plans (launch order, grids, parameter bindings) and every program's machine code.
+/// Two builds with one digest launch the same kernels the same way, whatever else they differ in
+/// (comments, documentation, host tooling): a benchmark run of one is a run of the other.
+std::string code_digest(const LayerIR& ir, std::vector<CompiledEntry> entries) {
+  std::string all = "gdnc code digest 1\n";
+  all += to_json(ir).dump();
+  all += '\n';
+  all += plan_text(plan_forward(ir, OutputLaunch::yes), ir);
+  all += plan_text(plan_forward(ir, OutputLaunch::no), ir);
+  all += plan_text(plan_backward(ir, PrepRerun::yes), ir);
+  all += plan_text(plan_backward(ir, PrepRerun::no), ir);
+  if (ir.spec.cp_ranks > 1)
+    for (KcpPhase phase : {KcpPhase::summaries, KcpPhase::walk}) {
+      all += plan_text(plan_kcp_forward(ir, phase), ir);
+      for (PrepRerun rerun : {PrepRerun::yes, PrepRerun::no}) all += plan_text(plan_kcp_backward(ir, rerun, phase), ir);
+    }
+  std::sort(entries.begin(), entries.end(), [](const CompiledEntry& a, const CompiledEntry& b) {
+    return std::make_pair(a.program, static_cast<int>(a.target)) <
+           std::make_pair(b.program, static_cast<int>(b.target));
+  });
+  for (const CompiledEntry& e : entries) {
+    all += fmt::format("program {} {}\n", e.program, to_string(e.target));
+    all += cubin_code_sections(e.entry.read_file(kCubinFile), e.entry.dir / kCubinFile);
+  }
+  return cache::sha256_hex(all);
+}
+
+int cmd_digest(const std::vector<std::string>& specs, const std::vector<std::string>& target_names, int jobs,
+               bool as_json) {
+  cache::DiskCache cache;
+  json out = json::array();
+  std::string combined;
+  for (const auto& path : specs) {
+    const Spec spec = spec_from_file(path);
+    const LayerIR ir = lower(spec);
+    const auto targets = parse_targets(target_names, &spec);
+    const std::string digest = code_digest(ir, compile_layer(ir, targets, cache, jobs));
+    std::string target_list;
+    for (Target t : targets) target_list += fmt::format("{}{}", target_list.empty() ? "" : ",", to_string(t));
+    combined += digest;
+    if (as_json)
+      out.push_back({{"spec", path}, {"layer", spec.name}, {"targets", target_list}, {"digest", digest}});
+    else
+      fmt::print("{}  {:<12} {}  {}\n", digest.substr(0, 16), spec.name, target_list, path);
+  }
+  const std::string all = cache::sha256_hex(combined).substr(0, 16);
+  if (as_json)
+    fmt::print("{}\n", json{{"layers", out}, {"all", all}}.dump(2));
+  else
+    fmt::print("{}  all\n", all);
   return kOk;
 }
 
@@ -376,6 +524,14 @@ int main(int argc, char** argv) {
   compile->add_option("--jobs,-j", jobs, "parallel NVRTC compiles (1 to 1024)");
   compile->add_flag("--json", as_json, "machine-readable output");
 
+  auto* digest = app.add_subcommand(
+      "digest",
+      "Print a digest of what decides each layer's GPU work: IR, call plans, machine code (compiles if needed)");
+  digest->add_option("spec", specs, "layer spec files (JSON)")->required()->check(CLI::ExistingFile);
+  digest->add_option("--target", targets, "target(s) (default: the spec's targets)");
+  digest->add_option("--jobs,-j", jobs, "parallel NVRTC compiles (1 to 1024)");
+  digest->add_flag("--json", as_json, "machine-readable output");
+
   std::string spec_path, program, target = "sm_90a";
   auto* ir = app.add_subcommand("ir", "Print the kernel IR of a spec");
   ir->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
@@ -447,6 +603,7 @@ int main(int argc, char** argv) {
   constexpr long long kMaxTokens = (1LL << 31) - 1;
   try {
     if (*compile) return cmd_compile(specs, targets, whole_number<int>("--jobs", jobs, 1, 1024), as_json);
+    if (*digest) return cmd_digest(specs, targets, whole_number<int>("--jobs", jobs, 1, 1024), as_json);
     if (*ir) return cmd_ir(spec_path, as_json);
     if (*source) return cmd_source(spec_path, program, target);
     if (*targets_cmd) return cmd_targets(as_json);

@@ -51,6 +51,10 @@ echo "tree: ${GDNC_COMMIT:-unknown commit} (the device copy has no .git)" | tee 
 t0=$SECONDS
 "$bin/gdnc" compile examples/*.json --target sm_90a 2>&1 | tail -3
 echo "compile-ahead: $((SECONDS - t0)) s"
+# What decides the GPU work (the example layers' IR, call plans and machine code): compare runs of
+# one digest resume each other across commits (bench/compare.py --code-digest).
+export GDNC_CODE_DIGEST="${GDNC_CODE_DIGEST:-$("$bin/gdnc" digest examples/*.json --target sm_90a 2>/dev/null | awk '$2 == "all" {print $1}')}"
+echo "code digest: ${GDNC_CODE_DIGEST:-none}" | tee -a "$OUT/device.txt"
 rc=0
 if has tests; then
   # Every TEST_SUITE of tests/test_gpu.cpp, in source order, unless GPU_SUITES names some.

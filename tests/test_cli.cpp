@@ -125,6 +125,38 @@ TEST_SUITE("cli") {
     CHECK(gdnc("cache show ffffffffffffffff").code == 5);
   }
 
+  TEST_CASE("digest: the same for a fresh compile and a cached one, another for another layer") {
+    Scratch scratch;
+    const std::string n = src("examples/n.json");
+    const Run cached = gdnc("digest " + n + " --target sm_90a");
+    REQUIRE(cached.code == 0);
+    // A fresh cache compiles every program again: the machine code, and so the digest, is the same.
+    const Run fresh = gdnc_in(scratch.dir / "cache", "digest " + n + " --target sm_90a");
+    REQUIRE(fresh.code == 0);
+    CHECK(fresh.out == cached.out);
+    const auto first_line = [](const std::string& out) { return out.substr(0, out.find('\n')); };
+    CHECK(first_line(cached.out).find("shape_n") != std::string::npos);
+    CHECK(cached.out.find("  all\n") != std::string::npos);
+    // Eight value heads instead of six: other constants, plans and machine code.
+    std::string text;
+    {
+      std::ifstream in(n);
+      text.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const size_t at = text.find("\"v\": 6");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, 6, "\"v\": 8");
+    const Run other = gdnc("digest " + scratch.write("n8.json", text) + " --target sm_90a");
+    REQUIRE(other.code == 0);
+    CHECK(first_line(other.out).substr(0, 16) != first_line(cached.out).substr(0, 16));
+    const Run json_out = gdnc("digest --json " + n + " --target sm_90a");
+    CHECK(json_out.code == 0);
+    const auto j = nlohmann::json::parse(json_out.out);
+    CHECK(j["layers"][0]["digest"].get<std::string>().substr(0, 16) == first_line(cached.out).substr(0, 16));
+    CHECK(j["all"].get<std::string>().size() == 16);
+    CHECK(gdnc("digest " + n + " --target sm_42").code == 2);
+  }
+
   TEST_CASE("8 gdnc processes compiling the same spec leave one entry per key and no temporary files") {
     const fs::path root = fs::temp_directory_path() / ("gdnc-concurrent-" + std::to_string(::getpid()));
     fs::remove_all(root);

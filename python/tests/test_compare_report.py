@@ -68,6 +68,26 @@ class ResumeTests(unittest.TestCase):
             self.assertIn("gdnc_spec", str(cm.exception))
 
 
+class CodeDigestResumeTests(unittest.TestCase):
+    def test_a_run_of_the_same_code_digest_resumes_across_commits(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "run.json"
+            p.write_text(json.dumps({"commit": "abc", "code_digest": "d1", "peer": "flashqla", "order": "forward",
+                                     "shapes": {"M": {}}}))
+            later = compare.load_resume(str(p), "def", "flashqla", "forward", None, "d1")
+            self.assertIn("M", later["shapes"])
+            self.assertEqual(later["commit"], "abc")
+            self.assertEqual(later["resumed_commits"], ["def"])
+            with self.assertRaises(SystemExit) as cm:
+                compare.load_resume(str(p), "def", "flashqla", "forward", None, "d2")
+            self.assertIn("code_digest 'd1' there, 'd2' here", str(cm.exception))
+            # Without a digest on either side the commit decides, as before.
+            with self.assertRaises(SystemExit) as cm:
+                compare.load_resume(str(p), "def", "flashqla", "forward")
+            self.assertIn("commit 'abc' there, 'def' here", str(cm.exception))
+            self.assertNotIn("resumed_commits", compare.load_resume(str(p), "abc", "flashqla", "forward", None, "d1"))
+
+
 class GdncSpecTests(unittest.TestCase):
     def test_only_code_options_pass(self):
         self.assertEqual(compare.parse_gdnc_spec('{"forward": "fused"}'), {"forward": "fused"})

@@ -212,6 +212,12 @@ class TableTests(unittest.TestCase):
         self.assertIn("Peer kernels: flashqla carried, flashqla fresh.",
                       table.markdown(table.build([fresh, carried]), [fresh, carried]).splitlines()[0])
 
+    def test_the_header_names_every_commit_of_a_code_digest(self):
+        run = run_file("flashqla", "forward", "t1", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)})
+        run["code_digest"], run["resumed_commits"] = "65920f368b0bbea7", ["def5678"]
+        first = table.markdown(table.build([run]), [run]).splitlines()[0]
+        self.assertIn("gdnc at abc1234, def5678 (code digest 65920f368b0bbea7)", first)
+
     def test_command_line_writes_markdown_json_and_names_a_bad_file(self):
         run = run_file("flashqla", "forward", "t1", {("L", "fwd+bwd"): ([2.0] * 5, [3.0] * 5, 0, None)})
         with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
