@@ -280,6 +280,16 @@ TEST_SUITE("launches") {
                          "N: 1024 documents x cp.segments 64 = 65536 blocks exceeds the grid's z limit 65535 (at most "
                          "1023 documents with this layer)",
                          InputError);
+    // "auto" says what it chose and how to take more documents.
+    auto auto_layer = Layer::with_launcher(example("n"), rec);
+    const ProblemShape docs4096{8192 * 4, 4096};
+    const FakeCall a = fake_call(*auto_layer, docs4096);
+    CHECK_THROWS_WITH_AS(auto_layer->forward(docs4096, a.in, a.out, reinterpret_cast<void*>(a.saved), a.saved_size,
+                                             reinterpret_cast<void*>(a.ws), a.ws_size, nullptr),
+                         "N: 4096 documents x cp.segments 16 = 65536 blocks exceeds the grid's z limit 65535 (at most "
+                         "4095 documents with this layer; cp.segments \"auto\" gives 16 here: pin a smaller count, "
+                         "or 1, for more documents in one call)",
+                         InputError);
     // The proxy of context parallelism cuts T into cp.ranks equal parts of at least a chunk each.
     Spec ranked = example("n");
     ranked.cp_ranks = 8;
