@@ -128,7 +128,8 @@ int cmd_compile(const std::vector<std::string>& specs, const std::vector<std::st
 
 /// The code sections of a cubin (ELF64): .text.*, .nv.info*, .nv.constant*, .nv.shared* (the
 /// machine code, the kernel attributes, constants and shared sizes). The line tables move with any
-/// edit of a header and are left out.
+/// edit of a header and are left out. scripts/compare_cubins.sh selects the same sections in
+/// Python (it must read the caches of older builds, which have no `gdnc digest`): keep them alike.
 std::string cubin_code_sections(const std::string& elf, const fs::path& file) {
   const fs::path entry_dir = file.parent_path();
   auto fail = [&](const std::string& problem) { return cache::CacheError::corrupt(problem, file, entry_dir); };

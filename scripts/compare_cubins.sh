@@ -22,7 +22,7 @@ import json, struct, sys, pathlib
 def code_sections(elf):
     """The machine code and kernel attributes of a cubin (ELF64): sections .text.*, .nv.info*,
     .nv.constant*, .nv.shared*; the line tables (--generate-line-info) shift with any header
-    edit and are left out."""
+    edit and are left out. `gdnc digest` (cli/main.cpp) hashes the same sections: keep them alike."""
     shoff, = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
     def header(i):

@@ -49,11 +49,13 @@ has() { [[ "$steps" == *" $1 "* ]]; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,power.draw --format=csv | tee "$OUT/device.txt"
 echo "tree: ${GDNC_COMMIT:-unknown commit} (the device copy has no .git)" | tee -a "$OUT/device.txt"
 t0=$SECONDS
-"$bin/gdnc" compile examples/*.json --target sm_90a 2>&1 | tail -3
+# Compile-ahead: `gdnc digest` compiles what the cache lacks, then hashes what decides the GPU work
+# (the example layers' IR, call plans and machine code): compare runs of one digest resume each
+# other across commits (bench/compare.py --code-digest).
+digest_out=$("$bin/gdnc" digest examples/*.json --target sm_90a 2>&1)
+tail -3 <<<"$digest_out"
 echo "compile-ahead: $((SECONDS - t0)) s"
-# What decides the GPU work (the example layers' IR, call plans and machine code): compare runs of
-# one digest resume each other across commits (bench/compare.py --code-digest).
-export GDNC_CODE_DIGEST="${GDNC_CODE_DIGEST:-$("$bin/gdnc" digest examples/*.json --target sm_90a 2>/dev/null | awk '$2 == "all" {print $1}')}"
+export GDNC_CODE_DIGEST="${GDNC_CODE_DIGEST:-$(awk '$2 == "all" {print $1}' <<<"$digest_out")}"
 echo "code digest: ${GDNC_CODE_DIGEST:-none}" | tee -a "$OUT/device.txt"
 rc=0
 if has tests; then
