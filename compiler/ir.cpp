@@ -45,8 +45,8 @@ static std::string to_string(GridKind g) {
     case GridKind::chunk_heads: return "(NT, HV, 1)";
     case GridKind::chunk_head_groups: return fmt::format("(NT, ceil(HV / {}), 1)", GateCumsumGeometry::kHeadsPerBlock);
     case GridKind::walk: return "(V / BV, HV, N)";
-    case GridKind::walk_segments: return "(V / BV, HV, N * segments)";
-    case GridKind::walk_prescan: return "((V + K) / BV, HV, N * segments)";
+    case GridKind::walk_segments: return "(V / BV, HV * segments, N)";
+    case GridKind::walk_prescan: return "((V + K) / BV, HV * segments, N)";
     case GridKind::walk_merge: return fmt::format("(V / {}, HV, N)", WalkMergeGeometry::kColumns);
     case GridKind::finalize: return "(finalize_grid(T, H), 1, 1)";
     case GridKind::exchange: return fmt::format("({}, 1, 1)", KcpExchangeGeometry::kBlocks);
@@ -165,6 +165,12 @@ LayerIR lower(const Spec& spec_in) {
             : auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, kWalkSlots, kAutoSegmentsPrograms);
     ir.seg_min_chunks = ir.spec.cp_segments > 1 ? kAutoSegmentMinChunks : 0;
   }
+  // A segmented walk's grid has value heads x segments on y (seg::grid_position).
+  if (ir.spec.cp_segments > 1 && int64_t{ir.spec.heads_v} * ir.spec.cp_segments > 65535)
+    throw SpecError(spec_in.cp_ranks > 1 ? "/cp/ranks" : "/cp/segments",
+                    fmt::format("{} {} x {} value heads = {} exceeds the walk grid's y limit 65535",
+                                spec_in.cp_ranks > 1 ? "cp.ranks" : "cp.segments", ir.spec.cp_segments, ir.spec.heads_v,
+                                int64_t{ir.spec.heads_v} * ir.spec.cp_segments));
   const Spec& s = ir.spec;
   ir.decisions = {s.save_mode, s.reuse_recompute_tapes, s.determinism, s.graph, s.save_mode == SaveMode::light};
   const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;

@@ -312,17 +312,6 @@ void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_siz
                          const CpRankView* rank) const {
   const Spec& sp = ir_.spec;
   check_problem_size(s.T, s.N);
-  // The segmented walks run one block row per (document, segment) on the grid's z axis.
-  const char* seg_field = sp.cp_ranks > 1 ? "cp.ranks" : "cp.segments";
-  if (sp.cp_segments > 1 && s.N * sp.cp_segments > 65535)
-    throw InputError(fmt::format(
-        "N: {} documents x {} {} = {} blocks exceeds the grid's z limit 65535 "
-        "(at most {} documents with this layer{})",
-        s.N, seg_field, sp.cp_segments, s.N * sp.cp_segments, 65535 / sp.cp_segments,
-        ir_.segments_auto ? fmt::format("; cp.segments \"auto\" gives {} here: pin a smaller count, or 1, for more "
-                                        "documents in one call",
-                                        sp.cp_segments)
-                          : ""));
   // The proxy cuts the packed tokens into cp.ranks equal parts, as a communicator of that size would.
   if (rank) {
     if (sp.cp_ranks <= 1)

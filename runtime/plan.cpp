@@ -103,8 +103,9 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
       for (const auto& [k, v] : p.constants)
         if (k == "BV") bv = std::stoi(v);
       const int slabs = (s.head_dim_v + (p.grid == GridKind::walk_prescan ? s.head_dim_k : 0)) / bv;
-      const int per_doc = p.grid == GridKind::walk ? 1 : s.cp_segments;
-      return {Lin{0, 0, 0, slabs, 1}, heads, Lin{0, per_doc, 0, 0, 1}};
+      // Segmented: y = segment row position * HV + head, z = the document row (seg::grid_position).
+      const int rows = p.grid == GridKind::walk ? 1 : s.cp_segments;
+      return {Lin{0, 0, 0, slabs, 1}, Lin{0, 0, 0, int64_t{s.heads_v} * rows, 1}, Lin{0, 1, 0, 0, 1}};
     }
     case GridKind::walk_merge:
       return {Lin{0, 0, 0, s.head_dim_v / WalkMergeGeometry::kColumns, 1}, heads, Lin{0, 1, 0, 0, 1}};

@@ -732,6 +732,32 @@ TEST_SUITE("gpu_determinism") {
     for (size_t d : {size_t(1), size_t(3)}) expect_document_keeps_bits(*layer, all, lens, seeds, d);
   }
 
+  // The segmented walks' grid takes the documents on z and value heads x segments on y, so one
+  // call takes more than 65535 / 16 documents under "auto": 4200 one-chunk documents and one of
+  // 33000 tokens (16 segments) in one call, against fp64, and the long one's bits alone.
+  TEST_CASE("cp.segments auto: more than 4095 documents in one call") {
+    Spec s = spec_of("n");
+    s.heads_qk = 1;
+    s.heads_v = 2;
+    s.cp_segments = 0;
+    s.name = "n_auto_many_docs";
+    auto layer = make(s);
+    REQUIRE(layer->ir().spec.cp_segments == 16);
+    std::vector<long long> lens(4200, 16);
+    lens[7] = 64;
+    lens[4000] = 1;
+    lens.push_back(33000);
+    std::vector<uint64_t> seeds(lens.size());
+    for (size_t i = 0; i < seeds.size(); ++i) seeds[i] = 900 + i;
+    check::Case packed;
+    packed.doc_lens = lens;
+    packed.doc_seeds = seeds;
+    const check::Report all = check::run(*layer, packed);
+    expect_within_bounds(all, "4201 documents under auto segments");
+    expect_document_keeps_bits(*layer, all, lens, seeds, lens.size() - 1);
+    expect_document_keeps_bits(*layer, all, lens, seeds, 7);
+  }
+
   TEST_CASE("cp.segments: repeats bitwise equal; light, full and ckpt give the same bits; batch invariant") {
     check::Case c;
     c.doc_lens = {1, 63, 3000, 65, 700};

@@ -96,8 +96,8 @@ struct StateWalkBwdMmaSync {
   /// seg_dzm. Segment 0 of a document is skipped: the merge never needs its transition.
   template <bool kPrescan>
   __device__ static void walk(const StateWalkBwdParams& p) {
-    const int j = blockIdx.y;
-    const GridSegment at = grid_segment<SEG>(p.doc_order);
+    const int j = walk_head<Cfg>();
+    const GridSegment at = grid_segment<SEG, Cfg::HV>(p.doc_order);
     const int n = at.n, seg = at.seg;
     const bool transition = kPrescan && blockIdx.x >= V / BV;
     const int v0 = (transition ? blockIdx.x - V / BV : blockIdx.x) * BV;

@@ -176,7 +176,7 @@ struct StateWalkBwdSm90 {
     if (tid == 0)
 #pragma unroll
       for (int m = 0; m < 6; ++m) pipe::tma_prefetch_map(&maps.map[m]);
-    const int j = blockIdx.y, hq = j / G, v0 = blockIdx.x * BV;
+    const int j = walk_head<Cfg>(), hq = j / G, v0 = blockIdx.x * BV;
     const int c_last = range.end - 1, nc = range.end - range.begin;
     int s = 0, phase = 0;
     ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
@@ -331,7 +331,7 @@ struct StateWalkBwdSm90 {
                                               mbar_t* full, mbar_t* empty, mbar_t* pfull, mbar_t* pempty,
                                               mbar_t* wtile) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
-    const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
+    const int j = walk_head<Cfg>(), n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
     const int seg = range.seg;
     const int barrier = 1 + slab;        // the named barrier of this warpgroup
     const int store_barrier = 3 + slab;  // and the one around its TMA stores

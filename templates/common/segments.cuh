@@ -96,8 +96,8 @@ struct DocSegments {
   }
 };
 
-/// The document and segment of this block of a segmented walk grid (x: slabs, y: value heads,
-/// z: N * SEGMENTS), segment-major: z = segment * N + i, document doc_order[i]. Under "auto" a
+/// The document and segment of this block of a segmented walk grid (x: slabs, y: HV * SEGMENTS,
+/// z: N; seg::grid_position), segment-major: position segment * N + i, document doc_order[i]. Under "auto" a
 /// short document leaves its later segments idle; in this order the blocks with work come first in
 /// launch order and spread over the SMs (document-major, every SEGMENTS-th z has work, and those
 /// blocks land on SMs that are already walking while others hold only blocks that returned at
@@ -105,12 +105,18 @@ struct DocSegments {
 /// and a long document started last would walk alone after the others (seg::doc_order_key).
 using GridSegment = seg::GridIndex;
 
-template <int SEGMENTS>
+template <int SEGMENTS, int HV>
 __device__ __forceinline__ GridSegment grid_segment(const int* doc_order) {
-  const int docs = SEGMENTS == 1 ? static_cast<int>(gridDim.z) : static_cast<int>(gridDim.z) / SEGMENTS;
-  GridSegment at = seg::grid_index(static_cast<int>(blockIdx.z), docs, SEGMENTS);
+  const int docs = static_cast<int>(gridDim.z);
+  GridSegment at = seg::grid_index(
+      seg::grid_position(static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), HV, SEGMENTS), docs, SEGMENTS);
   at.n = doc_order[at.n];
   return at;
+}
+/// The value head of this block of a walk grid (segmented or not).
+template <class Cfg>
+__device__ __forceinline__ int walk_head() {
+  return seg::grid_head(static_cast<int>(blockIdx.y), Cfg::HV, Cfg::SEGMENTS);
 }
 
 /// What one block of a segmented walk grid walks: chunks [begin, end) of document n, the segment's
@@ -128,7 +134,7 @@ struct SegmentWalk {
 
   __device__ __forceinline__ SegmentWalk(const int* doc_chunk_offset, const ChunkInfo* chunk_table,
                                          const int* doc_order) {
-    const GridSegment at = grid_segment<Cfg::SEGMENTS>(doc_order);
+    const GridSegment at = grid_segment<Cfg::SEGMENTS, Cfg::HV>(doc_order);
     n = at.n;
     seg = at.seg;
     const DocSegments<Cfg> ds(doc_chunk_offset, chunk_table, n);

@@ -28,16 +28,21 @@ constexpr long long slot0(int n, int first, int most, int min_chunks) {
   return min_chunks <= 0 ? (long long)n * most : (long long)first / min_chunks;
 }
 
-/// The document and segment of block z of a segmented walk grid of `docs` x `most` blocks in z,
-/// segment-major (z = segment * docs + document): every document's first segment comes first in
-/// launch order.
+/// The document and segment of position `l` of a segmented walk grid's `docs` x `most` (document,
+/// segment) pairs, segment-major (l = segment * docs + document): every document's first segment
+/// comes first in launch order.
 struct GridIndex {
   int n;    ///< the document
   int seg;  ///< its segment
 };
-constexpr GridIndex grid_index(int z, int docs, int most) {
-  return most == 1 ? GridIndex{z, 0} : GridIndex{z % docs, z / docs};
+constexpr GridIndex grid_index(int l, int docs, int most) {
+  return most == 1 ? GridIndex{l, 0} : GridIndex{l % docs, l / docs};
 }
+/// A segmented walk grid is (slabs, HV x most, docs): y = d * HV + head, z = the row of `most`
+/// positions, l = z * most + d, which keeps the launch order (slab, head, then l) and lets a call
+/// take as many documents as the z axis (65535) whatever `most` is. The host checks HV x most.
+constexpr int grid_position(int y, int z, int heads_v, int most) { return most == 1 ? z : z * most + y / heads_v; }
+constexpr int grid_head(int y, int heads_v, int most) { return most == 1 ? y : y % heads_v; }
 /// The walks take documents longest first (chunk_table writes the order; each document's result
 /// does not depend on it): a short document launched first no longer leaves a long one to run
 /// alone at the end. The key is the chunk count to a quarter octave (its leading bit and the two

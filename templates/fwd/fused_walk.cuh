@@ -79,7 +79,7 @@ struct FusedWalkMmaSync {
     unsigned char* const smem = smem_raw + half * kHalfBytes;
     const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
     if (!range.active) return;
-    const int j = blockIdx.y, n = range.n, hq = j / G, v0 = blockIdx.x * Cfg::BV + half * BV;
+    const int j = walk_head<Cfg>(), n = range.n, hq = j / G, v0 = blockIdx.x * Cfg::BV + half * BV;
     const int tid = threadIdx.x % kThreads, warp = tid >> 5, lane = tid & 31;
     const auto sync = [half] { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + half), "n"(kThreads) : "memory"); };
     const int gr = lane >> 2, tq = (lane & 3) * 2;

@@ -188,7 +188,7 @@ struct FusedWalkSm90 {
     if (tid == 0)
 #pragma unroll
       for (int m = 0; m < (kOutput ? 4 : 3); ++m) pipe::tma_prefetch_map(&maps.map[m]);
-    const int j = blockIdx.y, hq = j / G, v0 = blockIdx.x * BV;
+    const int j = walk_head<Cfg>(), hq = j / G, v0 = blockIdx.x * BV;
     const int c_begin = range.begin, nc = range.end - range.begin;
     int s = 0, phase = 0;  // the stage of chunk u and its use count u / kStages, parity only
     ChunkInfo next = nc > 0 ? p.chunks[c_begin] : ChunkInfo{};
@@ -305,7 +305,7 @@ struct FusedWalkSm90 {
                   "FusedWalkSm90: the tapes' staging fits the idle Q and P tiles");
     constexpr int kBarStorer = 3;  // the walks' named barriers are 1 and 2
     const int tid = threadIdx.x - 128;
-    const int j = blockIdx.y, v0 = blockIdx.x * BV;
+    const int j = walk_head<Cfg>(), v0 = blockIdx.x * BV;
     const int c_begin = range.begin, nc = range.end - range.begin;
     const int c16 = 8 * (tid & 7);  // the 16-byte piece of a row this thread copies
     if (tid == 0) {
@@ -383,7 +383,7 @@ struct FusedWalkSm90 {
                                               const SegmentWalk<Cfg>& range, unsigned char* smem, int slab,
                                               mbar_t* full, mbar_t* empty, mbar_t* pfull, mbar_t* pempty) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
-    const int j = blockIdx.y, n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
+    const int j = walk_head<Cfg>(), n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
     const int barrier = 1 + slab;  // the named barrier of this warpgroup
     const int c_begin = range.begin, nc = range.end - range.begin;
     const int tq = (lane & 3) * 2;

@@ -61,8 +61,8 @@ struct StateWalk {
   template <bool kPrescan>
   __device__ static void walk(const StateWalkParams& p) {
     extern __shared__ __align__(16) unsigned char smem[];
-    const int j = blockIdx.y, hq = j / G;
-    const GridSegment at = grid_segment<SEG>(p.doc_order);
+    const int j = walk_head<Cfg>(), hq = j / G;
+    const GridSegment at = grid_segment<SEG, Cfg::HV>(p.doc_order);
     const int n = at.n, seg = at.seg;
     // Prescan blocks past the V slabs compute M's columns m0 .. m0 + BV - 1.
     const bool transition = kPrescan && blockIdx.x >= V / BV;
