@@ -12,8 +12,7 @@
  * fused-seg-auto (and cp.segments "auto"), programs-walks32, programs-walks64, programs-walks32-seg2 / -seg4 (the
  * programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3
  * (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather, whose
- * records stay as the last call left them), nondet (determinism "nondeterministic"), serial, graph-serial
- * (launch_overlap false, eager and replayed)
+ * records stay as the last call left them), nondet (determinism "nondeterministic")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -430,7 +429,6 @@ struct ArmKind {
   int rank = -1;                          ///< >= 0: time this rank's phases only
   std::optional<BackwardW> backward_w{};  ///< the spec's backward_w (none: the base spec's)
   bool nondeterministic = false;          ///< the spec's determinism "nondeterministic"
-  bool serial = false;                    ///< the spec's launch_overlap false
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -471,9 +469,6 @@ const std::map<std::string, ArmKind> kArms = {
     {"prep-w", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, BackwardW::chunk_prep}},  // chunk_prep re-runs
     // determinism "nondeterministic": the deterministic and non-deterministic layers side by side
     {"nondet", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, true}},
-    // launch_overlap false: every launch in plain stream order, no programmatic dependent launches
-    {"serial", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, true}},
-    {"graph-serial", {true, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, true}},
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -497,7 +492,6 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).forward) s.forward = *kArms.at(name).forward;
       if (kArms.at(name).backward_w) s.backward_w = *kArms.at(name).backward_w;
       if (kArms.at(name).nondeterministic) s.determinism = Determinism::nondeterministic;
-      if (kArms.at(name).serial) s.launch_overlap = false;
       if (kArms.at(name).ranks != 0) {
         s.cp_ranks = kArms.at(name).ranks;
         s.cp_segments = 1;  // the ranks' pieces are the segments
@@ -669,8 +663,7 @@ int main(int argc, char** argv) {
          "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the "
          "single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
-         "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\"), serial, graph-serial "
-         "(launch_overlap false: plain stream order, eager and replayed)")
+         "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\")")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);

@@ -633,15 +633,12 @@ std::string to_text(const LayerIR& ir) {
   line(fmt::format("layer {}: H={} HV={} K={} V={} chunk={} norm={} scale={}", s.name, s.heads_qk, s.heads_v,
                    s.head_dim_k, s.head_dim_v, s.chunk, to_string(s.norm),
                    s.scale ? fmt::format("{}", *s.scale) : std::string("1/sqrt(K)")));
-  line(
-      fmt::format("decisions: forward={} save_mode={} handoff={} determinism={} graph={} backward_reruns_prep={} "
-                  "launch_overlap={}",
-                  to_string(s.forward), to_string(ir.decisions.save_mode), to_string(ir.decisions.handoff),
-                  ir.decisions.determinism == Determinism::deterministic
-                      ? "deterministic"
-                      : "nondeterministic (runs the fixed-order kernels: the atomic variant measured slower)",
-                  to_string(ir.decisions.graph), ir.decisions.backward_reruns_prep ? "yes" : "no",
-                  s.launch_overlap ? "yes (programmatic dependent launches)" : "no"));
+  line(fmt::format("decisions: forward={} save_mode={} handoff={} determinism={} graph={} backward_reruns_prep={}",
+                   to_string(s.forward), to_string(ir.decisions.save_mode), to_string(ir.decisions.handoff),
+                   ir.decisions.determinism == Determinism::deterministic
+                       ? "deterministic"
+                       : "nondeterministic (runs the fixed-order kernels: the atomic variant measured slower)",
+                   to_string(ir.decisions.graph), ir.decisions.backward_reruns_prep ? "yes" : "no"));
   std::string targets;
   for (Target t : s.targets) targets += (targets.empty() ? "" : ", ") + std::string(to_string(t));
   line(fmt::format("targets: {}", targets));

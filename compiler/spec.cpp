@@ -235,8 +235,7 @@ Spec read_spec(const json& j) {
            "initial_state",
            "final_state",
            "targets",
-           "cp",
-           "launch_overlap"});
+           "cp"});
   r.string("name", s.name, true);
   {
     Reader h(*r.get("heads", true), "/heads");
@@ -307,7 +306,6 @@ Spec read_spec(const json& j) {
   r.boolean("final_state", ht);
   s.initial_state = h0 ? StateFlag::present : StateFlag::absent;
   s.final_state = ht ? StateFlag::present : StateFlag::absent;
-  r.boolean("launch_overlap", s.launch_overlap);
   if (const json* ts = r.get("targets", false)) {
     if (!ts->is_array())
       throw SpecError("/targets", fmt::format("expected an array of target names, got {}", value_excerpt(*ts)));
@@ -410,7 +408,6 @@ json to_json(const Spec& s) {
       {"final_state", s.final_state == StateFlag::present},
       {"targets", targets},
       {"cp", {{"ranks", s.cp_ranks}, {"segments", s.cp_segments ? json(s.cp_segments) : json("auto")}}},
-      {"launch_overlap", s.launch_overlap},
   };
 }
 

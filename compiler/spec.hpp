@@ -107,10 +107,6 @@ struct Spec {
   /// default): lower() picks the most per document from the layer (few value heads: the walks alone
   /// cannot fill the GPU) and each document takes as many as its own length supports.
   int cp_segments = 0;
-  /// Each program's launch may overlap the previous kernel's tail (a programmatic dependent launch:
-  /// its blocks wait at entry until the previous kernel has finished and its writes are visible).
-  /// false launches in plain stream order. Same kernels and bits either way.
-  bool launch_overlap = true;
 
   int group() const { return heads_v / heads_qk; }
   double effective_scale() const;

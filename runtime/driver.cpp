@@ -241,31 +241,11 @@ Module::~Module() {
   if (mod_) log_release_failure(drv().cuModuleUnload(mod_), "cuModuleUnload");
 }
 
-void Module::launch_params(dim3_t grid, CUstream stream, const void* params, const void* second, bool overlap) const {
+void Module::launch_params(dim3_t grid, CUstream stream, const void* params, const void* second) const {
   void* args[] = {const_cast<void*>(params), const_cast<void*>(second)};
-  if (!overlap) {
-    GDN_CHECK_CU(drv().cuLaunchKernel(fn_, grid.x, grid.y, grid.z, threads_, 1, 1, smem_, stream, args, nullptr),
-                 "launch of {} (grid ({}, {}, {}), block {}, dynamic smem {} bytes)", entry_, grid.x, grid.y, grid.z,
-                 threads_, smem_);
-    return;
-  }
-  CUlaunchAttribute attribute{};
-  attribute.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-  attribute.value.programmaticStreamSerializationAllowed = 1;
-  CUlaunchConfig config{};
-  config.gridDimX = grid.x;
-  config.gridDimY = grid.y;
-  config.gridDimZ = grid.z;
-  config.blockDimX = static_cast<unsigned>(threads_);
-  config.blockDimY = 1;
-  config.blockDimZ = 1;
-  config.sharedMemBytes = static_cast<unsigned>(smem_);
-  config.hStream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  GDN_CHECK_CU(drv().cuLaunchKernelEx(&config, fn_, args, nullptr),
-               "launch of {} (grid ({}, {}, {}), block {}, dynamic smem {} bytes, programmatic)", entry_, grid.x,
-               grid.y, grid.z, threads_, smem_);
+  GDN_CHECK_CU(drv().cuLaunchKernel(fn_, grid.x, grid.y, grid.z, threads_, 1, 1, smem_, stream, args, nullptr),
+               "launch of {} (grid ({}, {}, {}), block {}, dynamic smem {} bytes)", entry_, grid.x, grid.y, grid.z,
+               threads_, smem_);
 }
 
 }  // namespace gdn::rt

@@ -58,7 +58,6 @@ class DriverError : public Error {
   X(cuModuleGetFunction) \
   X(cuFuncSetAttribute) \
   X(cuLaunchKernel) \
-  X(cuLaunchKernelEx) \
   X(cuMemAlloc_v2) \
   X(cuMemFree_v2) \
   X(cuMemcpyHtoD_v2) \
@@ -208,10 +207,7 @@ class Module {
   }
   /// The same with the parameter block as bytes (the kernel's single by-value argument), and
   /// with `second` non-null a second by-value argument (the tensor maps of Program::tensor_maps).
-  /// `overlap`: a programmatic dependent launch (the blocks may become resident during the previous
-  /// kernel's tail; the entry must wait on it with griddepcontrol.wait before touching memory).
-  void launch_params(dim3_t grid, CUstream stream, const void* params, const void* second = nullptr,
-                     bool overlap = false) const;
+  void launch_params(dim3_t grid, CUstream stream, const void* params, const void* second = nullptr) const;
 
  private:
   Module() = default;

@@ -38,19 +38,18 @@ void require_aligned(const void* p, const char* name) {
 /// Launches on the device through the layer's loaded modules.
 class DeviceLauncher final : public Launcher {
  public:
-  DeviceLauncher(Target target, bool overlap) : target_(target), overlap_(overlap) {}
+  explicit DeviceLauncher(Target target) : target_(target) {}
   std::map<std::string, rt::Module> modules;
   void launch(const Program& program, rt::dim3_t grid, const void* params, size_t size, CUstream stream) override {
     const rt::Module& module = modules.at(program.name);
-    if (program.tensor_maps.empty()) return module.launch_params(grid, stream, params, nullptr, overlap_);
+    if (program.tensor_maps.empty()) return module.launch_params(grid, stream, params);
     // Only the sm_90a bodies read the maps; the other targets' entries take zeros.
     const TensorMaps maps = target_ == Target::sm_90a ? encode_tensor_maps(program, params, size) : TensorMaps{};
-    module.launch_params(grid, stream, params, &maps, overlap_);
+    module.launch_params(grid, stream, params, &maps);
   }
 
  private:
   Target target_;
-  bool overlap_;  ///< Spec::launch_overlap: programmatic dependent launches
 };
 
 /// Wraps a launcher and reports each launch to an observer before and after it.
@@ -125,7 +124,7 @@ std::unique_ptr<Layer> Layer::create(const Spec& spec, const rt::Context& ctx, c
                                  ctx.name(), cc, spec.name));
   layer->target_ = target;
   ctx.make_current();
-  auto device = std::make_shared<DeviceLauncher>(target, spec.launch_overlap);
+  auto device = std::make_shared<DeviceLauncher>(target);
   for (const CompiledEntry& e : compile_layer(layer->ir_, {target}, cache, jobs)) {
     const Program& p = layer->ir_.program(e.program);
     device->modules.emplace(p.name,

@@ -1087,42 +1087,6 @@ TEST_SUITE("gpu_graph") {
     check_replays_match_eager(c, "graph_n", 4);
   }
 
-  // Programmatic dependent launches (the default) let a program's blocks become resident while the
-  // previous one drains; each waits at entry, so the bits must equal plain stream order's, eager
-  // and replayed, for the fused forward with the sm_90a bodies (m) and the segmented programs (L's
-  // heads with a 20000-token document).
-  TEST_CASE("launch_overlap: the same bits as plain stream order, eager, ckpt and replayed") {
-    Spec few = spec_of("n");
-    few.heads_qk = 2;
-    few.heads_v = 6;
-    few.name = "n_overlap_segments";
-    for (Spec s : {spec_of("m"), few}) {
-      check::Case c;
-      c.doc_lens = s.heads_v == 48 ? std::vector<long long>{3000, 65, 1, 1200} : std::vector<long long>{20000, 700, 1};
-      c.seed = 83;
-      c.with_reference = false;
-      c.repeats = 2;
-      REQUIRE(s.launch_overlap);
-      const check::Report overlapped = check::run(*make(s), c);
-      for (const auto& m : overlapped.mismatches) FAIL_CHECK(s.name << ": repeat differs: " << m);
-      Spec serial = s;
-      serial.launch_overlap = false;
-      serial.name = s.name + "_serial";
-      c.repeats = 1;
-      expect_same_bits(overlapped.bytes, check::run(*make(serial), c), s.name + ": serial launches");
-      c.step = check::Case::Step::ckpt;
-      expect_same_bits(overlapped.bytes, check::run(*make(s), c), s.name + ": ckpt");
-      c.step = check::Case::Step::fwd_bwd;
-      Spec replay = s;
-      replay.graph = GraphMode::replay;
-      replay.name = s.name + "_replay";
-      c.repeats = 3;
-      const check::Report replayed = check::run(*make(replay), c);
-      for (const auto& m : replayed.mismatches) FAIL_CHECK(s.name << ": replay differs: " << m);
-      expect_same_bits(overlapped.bytes, replayed, s.name + ": replayed");
-    }
-  }
-
   TEST_CASE("graph mode on the legacy default stream: captured on the layer's own stream, replayed bitwise") {
     check::Case c;
     c.doc_lens = {1500, 2700};
