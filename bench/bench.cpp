@@ -8,11 +8,11 @@
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
- * "walk", "chunk_prep"), seg1 .. seg16, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"),
- * fused-seg-auto (and cp.segments "auto"), programs-walks32, programs-walks64, programs-walks32-seg2 / -seg4 (the
- * programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0 .. kcp4r3
- * (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather, whose
- * records stay as the last call left them), nondet (determinism "nondeterministic")
+ * "walk", "chunk_prep"), seg1 .. seg32, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"),
+ * fused-seg-auto, fused-seg16 (and cp.segments "auto", 16), programs-walks32, programs-walks64, programs-walks32-seg2 /
+ * -seg4 (the programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
+ * .. kcp4r3 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather,
+ * whose records stay as the last call left them), nondet (determinism "nondeterministic")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -447,11 +447,13 @@ const std::map<std::string, ArmKind> kArms = {
     {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
     {"seg8", {false, true, false, 0, 0, 8}},
     {"seg16", {false, true, false, 0, 0, 16}},
+    {"seg32", {false, true, false, 0, 0, 32}},
     {"seg-auto", {false, true, false, 0, 0, -1}},                        // cp.segments "auto"
     {"programs", {false, true, false, 0, 0, 0, ForwardPath::programs}},  // forward "programs"
     {"fused",
      {false, true, false, 0, 0, 0, ForwardPath::fused}},  // forward "fused": the walk and the output in one program
     {"fused-seg-auto", {false, true, false, 0, 0, -1, ForwardPath::fused}},  // forward "fused", cp.segments "auto"
+    {"fused-seg16", {false, true, false, 0, 0, 16, ForwardPath::fused}},     // forward "fused", 16 segments
     // The programs path with both walks' slabs pinned (few documents on many heads: more blocks)
     {"programs-walks32", {false, true, false, 32, 32, 0, ForwardPath::programs}},
     {"programs-walks64", {false, true, false, 64, 64, 0, ForwardPath::programs}},
@@ -657,8 +659,8 @@ int main(int argc, char** argv) {
          "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
          "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
-         "(both 64), seg1, seg2, seg4, seg8, seg16 (cp.segments), seg-auto (cp.segments \"auto\"), programs, fused "
-         "(forward \"programs\", \"fused\"), fused-seg-auto, programs-walks32, programs-walks64, "
+         "(both 64), seg1, seg2, seg4, seg8, seg16, seg32 (cp.segments), seg-auto (cp.segments \"auto\"), programs, "
+         "fused (forward \"programs\", \"fused\"), fused-seg-auto, fused-seg16, programs-walks32, programs-walks64, "
          "programs-walks32-seg2, "
          "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the "
          "single-GPU proxy), "
