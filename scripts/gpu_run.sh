@@ -228,6 +228,6 @@ fi
 if { has python || has compare; } && [ -n "$(find "$TRITON_CACHE_DIR" -newer /tmp/triton-cache.stamp -type f | head -1)" ]; then
   tar -I "xz -T0" -cf "$OUT/triton-cache.tar.xz" -C "$TRITON_CACHE_DIR" .
 fi
-# rc counts the failures of tests, python, sanitize, digests and compare; name the steps that ran.
-echo "=== done ($((SECONDS - t0)) s), rc=$rc, steps run:$(for s in $steps; do printf ' %s' "$s"; done)"
+# rc counts the failures of tests, python, sanitize, digests and compare among the steps asked for.
+echo "=== done ($((SECONDS - t0)) s), rc=$rc, steps asked:$(for s in $steps; do printf ' %s' "$s"; done)"
 exit $rc

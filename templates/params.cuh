@@ -129,11 +129,12 @@ struct StateWalkParams {
   float* ht;        ///< [N, HV, K, V] or null
   bf16_t* h_tape;   ///< [nt_max, HV, K, V]: state entering each chunk
   bf16_t* v_new;    ///< [T, HV, V]
-  // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise). Segment i of document n is block
-  // z = i * N + n (common/segments.cuh) and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
+  // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise). Segment i of document n is grid
+  // position l = i * N + n (seg::grid_position: y = (l % SEGMENTS) * HV + head, z = l / SEGMENTS)
+  // and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
   float* seg_hm;         ///< [segment slots, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
   const float* seg_h0;   ///< [segment slots, HV, K, V]: the state entering each segment (walk_merge)
-  const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
+  const int* doc_order;  ///< [N]: grid position l's document is doc_order[l mod N] (common/segments.cuh)
 };
 
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value
@@ -152,8 +153,8 @@ struct FusedWalkParams {
   const float* h0;  ///< [N, HV, K, V] or null
   float* ht;        ///< [N, HV, K, V] or null
   bf16_t* o;        ///< [T, HV, V]
-  // Intra-card segments (Cfg::SEGMENTS > 1): block z = i * N + n walks segment i of document
-  // n from its entry state (walk_merge); a document's last segment writes ht.
+  // Intra-card segments (Cfg::SEGMENTS > 1): grid position l = i * N + n walks segment i of
+  // document n from its entry state (walk_merge); a document's last segment writes ht.
   const float* seg_h0;  ///< [segment slots, HV, K, V]
   // Cfg::FOLD_RSTD: every product takes the raw q and k; their rows' rstd scale the results in fp32.
   const float* rstd_q;  ///< [T, H]
@@ -254,8 +255,8 @@ struct StateWalkBwdParams {
   float* dh0;        ///< [N, HV, K, V] or null
   bf16_t* dh_tape;   ///< [nt_max, HV, K, V]: gradient w.r.t. the state at the END of each chunk
   bf16_t* dv_new;    ///< [T, HV, V]: full gradient w.r.t. v_new
-  // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), block z = segment * N + n as
-  // in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
+  // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), grid position l = segment * N + n
+  // as in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
   float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
   union {

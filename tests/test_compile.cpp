@@ -71,9 +71,9 @@ TEST_SUITE("compile") {
     CHECK(segment_programs == 9);
   }
 
-  // Within one 4-byte store: since the segmented walks decode the value head from y (value heads x
-  // segments), ptxas gives the ranks' fused_walk 12 bytes of spills against the segmented one's 8
-  // (not timed; the segmented walks, whose code changed alike, time the same on L and N on the H200).
+  // fused_walk within one 4-byte store: since the segmented walks decode the value head from y
+  // (value heads x segments), ptxas gives the ranks' fused_walk 12 bytes of spills against the
+  // segmented one's 8 (not timed: neither runs by default on L or N, whose walks timed the same).
   TEST_CASE("the proxy's programs (cp.ranks 4) compile for sm_90a and spill about as much as 4 segments do") {
     auto spec = example("m");
     spec.cp_segments = 4;
@@ -94,7 +94,8 @@ TEST_SUITE("compile") {
         continue;
       }
       REQUIRE(segmented_spills.count(e.program) == 1);
-      CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() <= segmented_spills[e.program] + 4);
+      CHECK(e.entry.manifest["info"]["spill_store_bytes"].get<int>() <=
+            segmented_spills[e.program] + (e.program == "fused_walk" ? 4 : 0));
       ++ranked;
     }
     CHECK(ranked == 8);  // chunk_table, both prescans and merges, fused_walk, walk_tape, state_walk_bwd

@@ -346,6 +346,32 @@ TEST_SUITE("cp") {
       }
   }
 
+  // The segmented walk grid (x slabs, y = value heads x segments, z = documents) in launch order
+  // (x fastest, then y, then z) runs the same (head, position) sequence as the grid of value
+  // heads on y and N x segments positions on z: the same blocks, in the same order.
+  TEST_CASE("segments: the grid of value heads x segments on y launches as positions on z did") {
+    for (int most : {1, 2, 16, 64})
+      for (int heads : {1, 2, 6, 48})
+        for (int docs : {1, 3, 17}) {
+          CAPTURE(most);
+          CAPTURE(heads);
+          CAPTURE(docs);
+          const int rows = most == 1 ? heads : heads * most;
+          long long linear = 0;
+          for (int z = 0; z < docs; ++z)
+            for (int y = 0; y < rows; ++y, ++linear) {
+              const int head = gdn::seg::grid_head(y, heads, most);
+              const int position = gdn::seg::grid_position(y, z, heads, most);
+              // The earlier grid's linear index of (head, position): head fastest, then position.
+              REQUIRE(head >= 0);
+              REQUIRE(head < heads);
+              REQUIRE(position >= 0);
+              REQUIRE(position < docs * most);
+              CHECK(static_cast<long long>(position) * heads + head == linear);
+            }
+        }
+  }
+
   // The walks' document order (chunk_table sorts by this key, longest first): 0 for an empty
   // document, non-decreasing in the chunk count, and equal only within a quarter octave.
   TEST_CASE("segments: the document order's key is monotone, in range, and a quarter octave wide") {
