@@ -707,15 +707,21 @@ TEST_SUITE("gpu_determinism") {
   // length allows (one per 32 chunks): 33000 tokens take 16, 16400 take 8, 4200 take 2, shorter
   // ones 1. Against
   // fp64, repeats and ckpt bitwise, and each document's bits alone equal to its bits packed.
-  TEST_CASE("cp.segments auto: per-document segments against fp64, bitwise repeats, batch invariant") {
+  /// N's layer at heads 1 / 2 under cp.segments "auto": 16 segments at most, one per 32 chunks.
+  std::unique_ptr<Layer> auto_segments_layer(const std::string& name) {
     Spec s = spec_of("n");
     s.heads_qk = 1;
     s.heads_v = 2;
     s.cp_segments = 0;
-    s.name = "n_auto_segments";
+    s.name = name;
     auto layer = make(s);
     REQUIRE(layer->ir().spec.cp_segments == 16);
     REQUIRE(layer->ir().seg_min_chunks == 32);
+    return layer;
+  }
+
+  TEST_CASE("cp.segments auto: per-document segments against fp64, bitwise repeats, batch invariant") {
+    auto layer = auto_segments_layer("n_auto_segments");
     const std::vector<long long> lens = {700, 16400, 1, 4200, 2100, 33000};
     const std::vector<uint64_t> seeds = {61, 62, 63, 64, 65, 66};
     check::Case packed;
@@ -736,13 +742,7 @@ TEST_SUITE("gpu_determinism") {
   // call takes more than 65535 / 16 documents under "auto": 4200 one-chunk documents and one of
   // 33000 tokens (16 segments) in one call, against fp64, and the long one's bits alone.
   TEST_CASE("cp.segments auto: more than 4095 documents in one call") {
-    Spec s = spec_of("n");
-    s.heads_qk = 1;
-    s.heads_v = 2;
-    s.cp_segments = 0;
-    s.name = "n_auto_many_docs";
-    auto layer = make(s);
-    REQUIRE(layer->ir().spec.cp_segments == 16);
+    auto layer = auto_segments_layer("n_auto_many_docs");
     std::vector<long long> lens(4200, 16);
     lens[7] = 64;
     lens[4000] = 1;
