@@ -758,6 +758,38 @@ TEST_SUITE("gpu_determinism") {
     expect_document_keeps_bits(*layer, all, lens, seeds, 7);
   }
 
+  // The same through the fused forward and the sm_90a walk bodies: 16 value heads (fused under
+  // "auto", at most 8 segments there), 8200 one-chunk documents and one of 20000 tokens (8
+  // segments): 8201 x 8 = 65608 positions, beyond the old z limit. The packed run has no fp64
+  // reference (16 heads x 151,200 tokens); the long document runs alone against fp64, and both it
+  // and a short document keep their bits packed.
+  TEST_CASE("cp.segments auto on the fused path: more than 8191 documents in one call") {
+    Spec s = spec_of("m");
+    s.heads_qk = 4;
+    s.heads_v = 16;
+    s.cp_segments = 0;
+    s.name = "m16_auto_many_docs";
+    auto layer = make(s);
+    REQUIRE(layer->ir().spec.forward == ForwardPath::fused);
+    REQUIRE(layer->ir().spec.cp_segments == 8);
+    std::vector<long long> lens(8200, 16);
+    lens[11] = 64;
+    lens.push_back(20000);
+    std::vector<uint64_t> seeds(lens.size());
+    for (size_t i = 0; i < seeds.size(); ++i) seeds[i] = 7000 + i;
+    check::Case packed;
+    packed.doc_lens = lens;
+    packed.doc_seeds = seeds;
+    packed.with_reference = false;
+    const check::Report all = check::run(*layer, packed);
+    check::Case alone;
+    alone.doc_lens = {lens.back()};
+    alone.doc_seeds = {seeds.back()};
+    expect_within_bounds(check::run(*layer, alone), "20000 tokens in 8 segments on the fused path");
+    expect_document_keeps_bits(*layer, all, lens, seeds, lens.size() - 1);
+    expect_document_keeps_bits(*layer, all, lens, seeds, 11);
+  }
+
   TEST_CASE("cp.segments: repeats bitwise equal; light, full and ckpt give the same bits; batch invariant") {
     check::Case c;
     c.doc_lens = {1, 63, 3000, 65, 700};
