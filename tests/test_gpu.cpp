@@ -738,30 +738,39 @@ TEST_SUITE("gpu_determinism") {
     for (size_t d : {size_t(1), size_t(3)}) expect_document_keeps_bits(*layer, all, lens, seeds, d);
   }
 
+  /// `count` one-chunk documents (16 tokens; the 8th 64, one near the end a single token) and
+  /// then one of `long_len` tokens, each with its own seed from `seed0`.
+  check::Case many_documents(size_t count, long long long_len, uint64_t seed0) {
+    check::Case c;
+    c.doc_lens.assign(count, 16);
+    c.doc_lens[7] = 64;
+    c.doc_lens[count - 200] = 1;
+    c.doc_lens.push_back(long_len);
+    for (size_t i = 0; i < c.doc_lens.size(); ++i) c.doc_seeds.push_back(seed0 + i);
+    return c;
+  }
+
+  /// `packed`'s last (long) and 8th documents keep their bits alone.
+  void expect_long_and_short_keep_bits(const Layer& layer, const check::Report& all, const check::Case& packed) {
+    expect_document_keeps_bits(layer, all, packed.doc_lens, packed.doc_seeds, packed.doc_lens.size() - 1);
+    expect_document_keeps_bits(layer, all, packed.doc_lens, packed.doc_seeds, 7);
+  }
+
   // The segmented walks' grid takes the documents on z and value heads x segments on y, so one
   // call takes more than 65535 / 16 documents under "auto": 4200 one-chunk documents and one of
   // 33000 tokens (16 segments) in one call, against fp64, and the long one's bits alone.
   TEST_CASE("cp.segments auto: more than 4095 documents in one call") {
     auto layer = auto_segments_layer("n_auto_many_docs");
-    std::vector<long long> lens(4200, 16);
-    lens[7] = 64;
-    lens[4000] = 1;
-    lens.push_back(33000);
-    std::vector<uint64_t> seeds(lens.size());
-    for (size_t i = 0; i < seeds.size(); ++i) seeds[i] = 900 + i;
-    check::Case packed;
-    packed.doc_lens = lens;
-    packed.doc_seeds = seeds;
+    const check::Case packed = many_documents(4200, 33000, 900);
     const check::Report all = check::run(*layer, packed);
     expect_within_bounds(all, "4201 documents under auto segments");
-    expect_document_keeps_bits(*layer, all, lens, seeds, lens.size() - 1);
-    expect_document_keeps_bits(*layer, all, lens, seeds, 7);
+    expect_long_and_short_keep_bits(*layer, all, packed);
   }
 
   // The same through the fused forward and the sm_90a walk bodies: 16 value heads (fused under
   // "auto", at most 8 segments there), 8200 one-chunk documents and one of 20000 tokens (8
   // segments): 8201 x 8 = 65608 positions, beyond the old z limit. The packed run has no fp64
-  // reference (16 heads x 151,200 tokens); the long document runs alone against fp64, and both it
+  // reference (16 heads x 151,000 tokens); the long document runs alone against fp64, and both it
   // and a short document keep their bits packed.
   TEST_CASE("cp.segments auto on the fused path: more than 8191 documents in one call") {
     Spec s = spec_of("m");
@@ -772,22 +781,14 @@ TEST_SUITE("gpu_determinism") {
     auto layer = make(s);
     REQUIRE(layer->ir().spec.forward == ForwardPath::fused);
     REQUIRE(layer->ir().spec.cp_segments == 8);
-    std::vector<long long> lens(8200, 16);
-    lens[11] = 64;
-    lens.push_back(20000);
-    std::vector<uint64_t> seeds(lens.size());
-    for (size_t i = 0; i < seeds.size(); ++i) seeds[i] = 7000 + i;
-    check::Case packed;
-    packed.doc_lens = lens;
-    packed.doc_seeds = seeds;
+    check::Case packed = many_documents(8200, 20000, 7000);
     packed.with_reference = false;
     const check::Report all = check::run(*layer, packed);
     check::Case alone;
-    alone.doc_lens = {lens.back()};
-    alone.doc_seeds = {seeds.back()};
+    alone.doc_lens = {packed.doc_lens.back()};
+    alone.doc_seeds = {packed.doc_seeds.back()};
     expect_within_bounds(check::run(*layer, alone), "20000 tokens in 8 segments on the fused path");
-    expect_document_keeps_bits(*layer, all, lens, seeds, lens.size() - 1);
-    expect_document_keeps_bits(*layer, all, lens, seeds, 11);
+    expect_long_and_short_keep_bits(*layer, all, packed);
   }
 
   TEST_CASE("cp.segments: repeats bitwise equal; light, full and ckpt give the same bits; batch invariant") {
