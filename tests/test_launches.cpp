@@ -294,6 +294,17 @@ TEST_SUITE("launches") {
                          doctest::Contains("cp.segments 64 x 2048 value heads = 131072 exceeds the walk grid's y "
                                            "limit 65535"),
                          SpecError);
+    // The proxy's ranks are its segments: the refusal names /cp/ranks there.
+    wide.cp_segments = 0;
+    wide.cp_ranks = 64;
+    try {
+      (void)gdn::lower(wide);
+      FAIL("64 ranks x 2048 value heads lowered");
+    } catch (const SpecError& e) {
+      CHECK(e.pointer() == "/cp/ranks");
+      CHECK(std::string(e.what()).find("cp.ranks 64 x 2048 value heads = 131072 exceeds the walk grid's y limit") !=
+            std::string::npos);
+    }
     // The proxy of context parallelism cuts T into cp.ranks equal parts of at least a chunk each.
     Spec ranked = example("n");
     ranked.cp_ranks = 8;
