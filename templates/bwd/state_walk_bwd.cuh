@@ -282,7 +282,7 @@ struct StateWalkBwdMmaSync {
 };
 
 /// The backward's intra-card prescan: (dZ_ext, A) of every segment but each document's first;
-/// grid ((V + K) / BV, HV, N * SEGMENTS).
+/// grid ((V + K) / BV, HV * SEGMENTS, N).
 template <class Cfg>
 struct StateWalkBwdPrescan {
   static_assert(Cfg::K == Cfg::V, "the prescan walks A's K columns as V-wide slabs: K must equal V");

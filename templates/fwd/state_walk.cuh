@@ -282,7 +282,7 @@ struct StateWalk {
 };
 
 /// The intra-card prescan: (S_ext, M) of every segment but each document's last; grid
-/// ((V + K) / BV, HV, N * SEGMENTS).
+/// ((V + K) / BV, HV * SEGMENTS, N).
 template <class Cfg>
 struct StateWalkPrescan {
   static_assert(Cfg::K == Cfg::V, "the prescan walks M's K columns as V-wide slabs: K must equal V");
