@@ -446,6 +446,8 @@ const std::map<std::string, ArmKind> kArms = {
     {"seg2", {false, true, false, 0, 0, 2}},
     {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
     {"seg8", {false, true, false, 0, 0, 8}},
+    {"seg11", {false, true, false, 0, 0, 11}},  // one wave of the walks' slots at L's heads (6 x 4 slabs x 11 = 264)
+    {"seg12", {false, true, false, 0, 0, 12}},
     {"seg16", {false, true, false, 0, 0, 16}},
     {"seg32", {false, true, false, 0, 0, 32}},
     {"seg-auto", {false, true, false, 0, 0, -1}},                        // cp.segments "auto"
@@ -659,7 +661,8 @@ int main(int argc, char** argv) {
          "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
          "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
-         "(both 64), seg1, seg2, seg4, seg8, seg16, seg32 (cp.segments), seg-auto (cp.segments \"auto\"), programs, "
+         "(both 64), seg1, seg2, seg4, seg8, seg11, seg12, seg16, seg32 (cp.segments), seg-auto (cp.segments "
+         "\"auto\"), programs, "
          "fused (forward \"programs\", \"fused\"), fused-seg-auto, fused-seg16, programs-walks32, programs-walks64, "
          "programs-walks32-seg2, "
          "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the "
