@@ -446,7 +446,7 @@ const std::map<std::string, ArmKind> kArms = {
     {"seg2", {false, true, false, 0, 0, 2}},
     {"seg4", {false, true, false, 0, 0, 4}},  // cp.segments
     {"seg8", {false, true, false, 0, 0, 8}},
-    {"seg11", {false, true, false, 0, 0, 11}},  // one wave of the walks' slots at L's heads (6 x 4 slabs x 11 = 264)
+    {"seg11", {false, true, false, 0, 0, 11}},  // L: the backward walks' 4 x 6 x 11 blocks are one wave (264)
     {"seg12", {false, true, false, 0, 0, 12}},
     {"seg16", {false, true, false, 0, 0, 16}},
     {"seg32", {false, true, false, 0, 0, 32}},
