@@ -165,12 +165,14 @@ LayerIR lower(const Spec& spec_in) {
             : auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, kWalkSlots, kAutoSegmentsPrograms);
     ir.seg_min_chunks = ir.spec.cp_segments > 1 ? kAutoSegmentMinChunks : 0;
   }
-  // A segmented walk's grid has value heads x segments on y (seg::grid_position).
-  if (ir.spec.cp_segments > 1 && int64_t{ir.spec.heads_v} * ir.spec.cp_segments > 65535)
-    throw SpecError(spec_in.cp_ranks > 1 ? "/cp/ranks" : "/cp/segments",
+  // A segmented walk's grid has value heads x segments on y (seg::grid_position); the proxy's
+  // segments are its ranks.
+  if (const int64_t rows = int64_t{ir.spec.heads_v} * ir.spec.cp_segments; ir.spec.cp_segments > 1 && rows > 65535) {
+    const bool ranked = spec_in.cp_ranks > 1;
+    throw SpecError(ranked ? "/cp/ranks" : "/cp/segments",
                     fmt::format("{} {} x {} value heads = {} exceeds the walk grid's y limit 65535",
-                                spec_in.cp_ranks > 1 ? "cp.ranks" : "cp.segments", ir.spec.cp_segments, ir.spec.heads_v,
-                                int64_t{ir.spec.heads_v} * ir.spec.cp_segments));
+                                ranked ? "cp.ranks" : "cp.segments", ir.spec.cp_segments, ir.spec.heads_v, rows));
+  }
   const Spec& s = ir.spec;
   ir.decisions = {s.save_mode, s.reuse_recompute_tapes, s.determinism, s.graph, s.save_mode == SaveMode::light};
   const int K = s.head_dim_k, V = s.head_dim_v, C = s.chunk, H = s.heads_qk, HV = s.heads_v;
