@@ -91,7 +91,8 @@ typedef struct gdn_slot {
 int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t T, int N, gdn_slot* slots,
                            size_t capacity, size_t* count, size_t* total);
 
-/** Synchronizes `stream`; GDN_ERR_INPUT with the message if the forward found invalid cu_seqlens. */
+/** Synchronizes `stream`; GDN_ERR_INPUT with the message if the forward found invalid cu_seqlens or
+ *  a g that is not a finite log decay (positive, NaN or infinite; the first [token, head] named). */
 int gdn_layer_check_status(const gdn_layer*, int64_t T, int N, const void* saved, void* stream);
 
 /* ---- Context parallelism (KCP): one rank of a layer with cp.ranks > 1 ----------------------

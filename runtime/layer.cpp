@@ -547,6 +547,29 @@ CallFrame Layer::frame_of(ProblemShape s, const LayerInputs& in, void* saved, vo
   return f;
 }
 
+std::optional<std::string> device_status_error(int code, int index, long long value, long long expected,
+                                               int value_heads) {
+  switch (code) {
+    case kCuOk: return std::nullopt;
+    case kCuFirstNotZero: return fmt::format("cu_seqlens[0]: {} must be 0", value);
+    case kCuDecreasing:
+      return fmt::format("cu_seqlens[{}]: {} < cu_seqlens[{}] ({}): must be non-decreasing", index, value, index - 1,
+                         expected);
+    case kCuLastNotT: return fmt::format("cu_seqlens[{}]: {} must equal T ({})", index, value, expected);
+    case kCuTooManyChunks:
+      return fmt::format("cu_seqlens: {} chunks exceed the bound {} (empty documents?)", value, expected);
+    case kGateNotLogDecay: {
+      if (value_heads <= 0 || value < 0 || value == kStatusNoKey)
+        return fmt::format("g: not a finite log decay (device status key {}, {} value heads)", value, value_heads);
+      return fmt::format(
+          "g[{}, {}]: positive, NaN or infinite (the first such [packed token, value head]); g is the log decay, "
+          "finite and <= 0 (e.g. logsigmoid of a gate logit)",
+          value / value_heads, value % value_heads);
+    }
+    default: return fmt::format("device status: unknown code {}", code);
+  }
+}
+
 void Layer::check_device_status(const void* saved, ProblemShape s, CUstream stream) const {
   const RegionLayout sl = saved_layout(s);
   DeviceStatus st{};
@@ -554,19 +577,8 @@ void Layer::check_device_status(const void* saved, ProblemShape s, CUstream stre
       rt::drv().cuMemcpyDtoHAsync_v2(&st, reinterpret_cast<CUdeviceptr>(at(saved, sl, "status")), sizeof st, stream),
       "reading the device status of layer '{}'", ir_.spec.name);
   GDN_CHECK_CU(rt::drv().cuStreamSynchronize(stream), "cuStreamSynchronize");
-  switch (st.code) {
-    case kCuOk: return;
-    case kCuFirstNotZero: throw InputError(fmt::format("cu_seqlens[0]: {} must be 0", st.value));
-    case kCuDecreasing:
-      throw InputError(fmt::format("cu_seqlens[{}]: {} < cu_seqlens[{}] ({}): must be non-decreasing", st.index,
-                                   st.value, st.index - 1, st.expected));
-    case kCuLastNotT:
-      throw InputError(fmt::format("cu_seqlens[{}]: {} must equal T ({})", st.index, st.value, st.expected));
-    case kCuTooManyChunks:
-      throw InputError(
-          fmt::format("cu_seqlens: {} chunks exceed the bound {} (empty documents?)", st.value, st.expected));
-    default: throw InputError(fmt::format("device status: unknown code {}", st.code));
-  }
+  if (auto message = device_status_error(st.code, st.index, st.value, st.expected, ir_.spec.heads_v))
+    throw InputError(*message);
 }
 
 }  // namespace gdn

@@ -7,8 +7,8 @@
  * chunk table, gate cumsum, Tm, rstd and, with full saves, the walk's tapes), and a `workspace`
  * per call (scratch, free after the call returns on its stream). Their sizes come from
  * saved_bytes() and workspace_bytes(); a smaller region is an error, never an overrun.
- * No call synchronizes with the host: cu_seqlens is checked on the device, and the verdict is
- * read by check_device_status() at a sync point of the caller's choosing.
+ * No call synchronizes with the host: cu_seqlens and g are checked on the device, and the verdict
+ * is read by check_device_status() at a sync point of the caller's choosing.
  */
 #pragma once
 
@@ -23,6 +23,7 @@
 #include "runtime/stub.hpp"
 
 #include <functional>
+#include <optional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -82,6 +83,12 @@ long long handoff_threshold_rows(Target);
 bool decide_handoff(ReuseTapes, Target, long long rows);
 
 class Layer;
+
+/// The device check's verdict as an error message, or nothing when the inputs were valid. The
+/// status block's fields are {code, index, value, expected} (params.cuh: DeviceStatus); passed
+/// one by one so this header needs no kernel header. value_heads decodes a gate's t x HV + head.
+std::optional<std::string> device_status_error(int code, int index, long long value, long long expected,
+                                               int value_heads);
 
 /// A caller-held workspace and its host-side stamp. A recompute that hands off stamps it with
 /// the layer, the call count, the stream and the shape; the next backward binds the tapes only if
@@ -210,7 +217,8 @@ class Layer {
   /// @}
 
   /// Synchronizes `stream` and throws InputError if the last forward on `saved` found invalid
-  /// cu_seqlens (e.g. "cu_seqlens[3]: 100 < cu_seqlens[2] (200): must be non-decreasing").
+  /// cu_seqlens (e.g. "cu_seqlens[3]: 100 < cu_seqlens[2] (200): must be non-decreasing") or a
+  /// g that is not a finite log decay (device_status_error says how each is worded).
   void check_device_status(const void* saved, ProblemShape, CUstream stream) const;
 
  private:

@@ -351,6 +351,7 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
     GDN_BIND(l, P, g, b.frame(F::g));
     GDN_BIND(l, P, gc, b.slot("gc"));
     GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, status, b.slot("status"));
     GDN_BIND(l, P, nt_max, b.nt_max());
   }
   bind_chunk_solve(b, fold ? b.frame(F::k) : k, fold ? b.slot("rstd_k") : b.constant(0));

@@ -28,14 +28,21 @@ struct ChunkInfo {
 };
 constexpr int kPieceBits = 8;
 
-/// Error codes the device-side cu_seqlens check writes (first failure wins).
+/// Error codes of the device-side input checks: chunk_table's of cu_seqlens (first failure wins;
+/// an invalid table leaves every later program idle, so nothing else is reported), then
+/// gate_cumsum's of g.
 enum CuSeqlensError : int {
   kCuOk = 0,
   kCuFirstNotZero = 1,   ///< cu_seqlens[0] != 0
   kCuDecreasing = 2,     ///< cu_seqlens[i] < cu_seqlens[i-1]
   kCuLastNotT = 3,       ///< cu_seqlens[N] != T
   kCuTooManyChunks = 4,  ///< more chunks than the host-side bound (cannot happen for valid input)
+  kGateNotLogDecay = 5,  ///< some g is not finite or > 0; value = the lowest t x HV + head of one
 };
+/// chunk_table's status when cu_seqlens is valid: `value` starts at the largest key, so that
+/// gate_cumsum's blocks can lower it to the first bad gate's with atomicMin. An enumerator, not a
+/// variable: a namespace-scope constant would be emitted into every program's constant bank.
+enum : long long { kStatusNoKey = 0x7fffffffffffffffLL };
 
 /// A TMA tensor map (the driver's CUtensorMap: 128 opaque bytes, 64-byte aligned). The host encodes
 /// one per operand and launch (Program::tensor_maps) from the pointer and the row count in the
@@ -50,7 +57,8 @@ struct TensorMaps {
   TensorMap map[kMaxTensorMaps];
 };
 
-/// Device status block written by chunk_table: {code, index, value, expected}.
+/// Device status block written by chunk_table and, for the gates, gate_cumsum: {code, index,
+/// value, expected}.
 struct DeviceStatus {
   int code;
   int index;
@@ -89,6 +97,7 @@ struct GateCumsumParams {
   const float* g;  ///< [T, HV]
   float* gc;       ///< [T, HV]: chunk-local inclusive cumsum, times 1/ln 2
   const ChunkInfo* chunks;
+  DeviceStatus* status;  ///< [1]: a g that is not finite or > 0 is reported here (kGateNotLogDecay)
   int nt_max;
   int pad_end;
 };
@@ -309,7 +318,7 @@ struct FinalizeParams {
 // Sizes pinned: a change here changes the ABI between the host and every cached kernel.
 static_assert(sizeof(ChunkTableParams) == 80, "ChunkTableParams: the host and the kernels share this layout");
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
-static_assert(sizeof(GateCumsumParams) == 32, "GateCumsumParams: the host and the kernels share this layout");
+static_assert(sizeof(GateCumsumParams) == 40, "GateCumsumParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkPrepParams) == 64, "ChunkPrepParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkParams) == 112, "StateWalkParams: the host and the kernels share this layout");

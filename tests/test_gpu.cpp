@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <random>
 
@@ -1231,13 +1232,21 @@ TEST_SUITE("gpu_graph") {
 TEST_SUITE("gpu_errors") {
   // Shape n's forward (heads 2 / 6) over unset inputs on the given cu_seqlens, waited for: what
   // chunk_table writes (the status, the tables, the documents' order) does not depend on values.
-  rt::DeviceBuffer forward_on_offsets(const Layer& layer, const std::vector<int>& cu, ProblemShape shape) {
+  // The gates are checked as well: zeros (valid log decays) unless the case passes [T, 6] of its own.
+  rt::DeviceBuffer forward_on_offsets(const Layer& layer, const std::vector<int>& cu, ProblemShape shape,
+                                      const std::vector<float>& gates = {}) {
     const size_t T = static_cast<size_t>(shape.T), N = static_cast<size_t>(shape.N);
     auto b = [](size_t n) { return rt::DeviceBuffer::create(std::max<size_t>(n, 4)); };
     auto q = b(T * 2 * 128 * 2), k = b(T * 2 * 128 * 2), v = b(T * 6 * 128 * 2), g = b(T * 6 * 4), beta = b(T * 6 * 4),
          h0 = b(N * 6 * 128 * 128 * 4), o = b(T * 6 * 128 * 2), ht = b(N * 6 * 128 * 128 * 4);
     auto dcu = b(cu.size() * 4);
     GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(dcu.handle(), cu.data(), cu.size() * 4), "upload");
+    if (gates.empty()) {
+      GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(g.handle(), 0, g.bytes()), "zero gates");
+    } else {
+      REQUIRE(gates.size() == T * 6);
+      GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(g.handle(), gates.data(), gates.size() * 4), "upload");
+    }
     GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "upload");  // legacy stream vs the layer's stream
     auto saved = b(layer.saved_bytes(shape)), ws = b(layer.workspace_bytes(CallForm::forward, shape));
     rt::Stream st = rt::Stream::create();
@@ -1265,6 +1274,45 @@ TEST_SUITE("gpu_errors") {
     CHECK(run_with({0, 100, 50}) == "cu_seqlens[2]: 50 < cu_seqlens[1] (100): must be non-decreasing");
     CHECK(run_with({5, 100, 128}) == "cu_seqlens[0]: 5 must be 0");
     CHECK(run_with({0, 100, 127}) == "cu_seqlens[2]: 127 must equal T (128)");
+  }
+
+  // gate_cumsum's check of g: the first (token, value head) whose gate is positive, NaN or
+  // infinite, whatever the order of the blocks that find one; zeros and strong decays pass.
+  TEST_CASE("a gate that is not a finite log decay is reported by the device check, naming the first") {
+    auto layer = make(spec_of("n"));
+    const ProblemShape shape{1000, 3};
+    const std::vector<int> cu{0, 100, 700, 1000};
+    const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+    auto run_with = [&](std::vector<std::pair<int, float>> bad) -> std::string {
+      std::vector<float> gates(1000 * 6);
+      for (size_t i = 0; i < gates.size(); ++i) gates[i] = i % 7 == 0 ? 0.f : -0.01f * static_cast<float>(i % 2000);
+      for (auto [at, x] : bad) gates[at] = x;
+      const rt::DeviceBuffer saved = forward_on_offsets(*layer, cu, shape, gates);
+      try {
+        layer->check_device_status(saved.get(), shape, nullptr);
+      } catch (const InputError& e) {
+        return e.what();
+      }
+      return "(no error)";
+    };
+    auto first = [](int t, int head) {
+      return fmt::format(
+          "g[{}, {}]: positive, NaN or infinite (the first such [packed token, value head]); g is the "
+          "log decay, finite and <= 0 (e.g. logsigmoid of a gate logit)",
+          t, head);
+    };
+    CHECK(run_with({}) == "(no error)");
+    CHECK(run_with({{5 * 6 + 1, -1e30f}, {6, -0.f}}) == "(no error)");
+    CHECK(run_with({{777 * 6 + 3, 0.25f}}) == first(777, 3));
+    // In three different chunks and blocks: the lowest key wins.
+    CHECK(run_with({{999 * 6 + 5, 1.f}, {640 * 6 + 2, nan}, {64 * 6 + 0, 3.f}}) == first(64, 0));
+    CHECK(run_with({{130 * 6 + 4, -inf}, {131 * 6 + 4, inf}}) == first(130, 4));
+    CHECK(run_with({{0, nan}}) == first(0, 0));
+    // cu_seqlens is checked first: an invalid table leaves gate_cumsum idle.
+    std::vector<float> bad_gates(1000 * 6, 1.f);
+    const rt::DeviceBuffer saved = forward_on_offsets(*layer, {0, 700, 100, 1000}, shape, bad_gates);
+    CHECK_THROWS_WITH_AS(layer->check_device_status(saved.get(), shape, nullptr),
+                         "cu_seqlens[2]: 100 < cu_seqlens[1] (700): must be non-decreasing", InputError);
   }
 
   // chunk_table's launch order of the documents for the walks: a permutation, longest first by

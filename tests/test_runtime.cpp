@@ -270,6 +270,25 @@ TEST_SUITE("runtime") {
     CHECK(decide_handoff(ReuseTapes::automatic, Target::sm_90a, 1));
   }
 
+  TEST_CASE("the device check's verdicts name the field, the position and the values") {
+    CHECK_FALSE(device_status_error(kCuOk, 0, kStatusNoKey, 0, 6).has_value());
+    CHECK(device_status_error(kCuFirstNotZero, 0, 5, 0, 6) == "cu_seqlens[0]: 5 must be 0");
+    CHECK(device_status_error(kCuDecreasing, 2, 50, 100, 6) ==
+          "cu_seqlens[2]: 50 < cu_seqlens[1] (100): must be non-decreasing");
+    CHECK(device_status_error(kCuLastNotT, 2, 127, 128, 6) == "cu_seqlens[2]: 127 must equal T (128)");
+    // gate_cumsum's key is t x HV + head: 777 x 6 + 3.
+    CHECK(device_status_error(kGateNotLogDecay, 0, 777 * 6 + 3, 0, 6) ==
+          "g[777, 3]: positive, NaN or infinite (the first such [packed token, value head]); g is the log decay, "
+          "finite and <= 0 (e.g. logsigmoid of a gate logit)");
+    // Keys past 2^31 (T x HV can exceed an int) decode in 64 bits.
+    const long long far = 3000000000LL * 48 + 47;
+    CHECK(device_status_error(kGateNotLogDecay, 0, far, 0, 48).value().rfind("g[3000000000, 47]:", 0) == 0);
+    // A status block that was never written by these kernels (wrong pointer, stale region).
+    CHECK(device_status_error(kGateNotLogDecay, 0, kStatusNoKey, 0, 6).value().find("not a finite log decay") !=
+          std::string::npos);
+    CHECK(device_status_error(99, 0, 0, 0, 6) == "device status: unknown code 99");
+  }
+
   TEST_CASE("ckpt with a hand-off: the backward binds the recompute's tapes") {
     Rig r(example("n"));
     r.layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, nullptr);  // the no-save forward

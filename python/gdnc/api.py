@@ -22,9 +22,10 @@ _UNSUPPORTED = {
 # FLA hints that only avoid host syncs FLA would otherwise make. gdnc never syncs; it uses
 # cu_seqlens_cpu to check the values of cu_seqlens on the host, for free, when it is given.
 _HINTS = ("cu_seqlens_cpu", "chunk_indices")
-# gdnc's own options: the layer spec, and the opt-in synchronous check of cu_seqlens; FLA's
-# context parallelism (gdnc.cp) and, with it, a caller-held workspace (gdnc.cake.WorkspaceKcp).
-_OWN = ("spec", "check_cu_seqlens", "cp_context", "workspace")
+# gdnc's own options: the layer spec, and the opt-in synchronous check of cu_seqlens and g
+# (check_inputs; check_cu_seqlens is its older name); FLA's context parallelism (gdnc.cp) and,
+# with it, a caller-held workspace (gdnc.cake.WorkspaceKcp).
+_OWN = ("spec", "check_inputs", "check_cu_seqlens", "cp_context", "workspace")
 # Limits of libgdn's calls (runtime/plan.hpp, check_problem_size).
 _MAX_TOKENS = (1 << 31) - 1
 _MAX_DOCUMENTS = 65535
@@ -142,6 +143,7 @@ def check_arguments(q, k, v, g, beta, initial_state=None, cu_seqlens=None, outpu
     cu_shape = _require_tensor("cu_seqlens", cu_seqlens, optional=True)
     _require_flag("output_final_state", output_final_state)
     _require_flag("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
+    _require_flag("check_inputs", kwargs.get("check_inputs", False))
     _require_flag("check_cu_seqlens", kwargs.get("check_cu_seqlens", False))
     check_scale(scale)
     _spec.options_of(kwargs.get("spec"))
@@ -290,9 +292,10 @@ def _chunk_gated_delta_rule_cp(q, k, v, g, beta, scale, initial_state, output_fi
     cp_context, workspace = kwargs.get("cp_context"), kwargs.get("workspace")
     if cp_context is None:
         raise InputError("workspace: a caller-held workspace is for context-parallel calls (cp_context)")
-    if kwargs.get("check_cu_seqlens"):
-        raise InputError("check_cu_seqlens: not with cp_context (the context checked the batch's cu_seqlens on "
-                         "the host when it was built)")
+    for flag in ("check_inputs", "check_cu_seqlens"):
+        if kwargs.get(flag):
+            raise InputError(f"{flag}: not with cp_context (the context checked the batch's cu_seqlens on the "
+                             "host when it was built)")
     options = cp_options(kwargs.get("spec"), cp_context)
     if B != 1:
         raise InputError(f"q: batch {B} with cp_context; pack the rank's tokens into B = 1")
@@ -329,10 +332,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     detected and its tapes are handed to the backward when the spec's reuse_recompute_tapes rule
     says so.
 
-    cu_seqlens is checked on the device without a host sync; a bad one gives garbage, not an error.
-    To be told: pass FLA's cu_seqlens_cpu hint (checked on the host, free), or check_cu_seqlens=True,
-    which synchronizes after the forward and raises InputError naming cu_seqlens (not allowed during
-    CUDA graph capture).
+    cu_seqlens and g are checked on the device without a host sync; a bad cu_seqlens gives garbage
+    and a positive, NaN or infinite g a wrong answer, not an error. To be told: pass FLA's
+    cu_seqlens_cpu hint (cu_seqlens checked on the host, free), or check_inputs=True (older name
+    check_cu_seqlens=True), which synchronizes after the forward and raises InputError naming
+    cu_seqlens[i] or the first bad g[t, head] (not allowed during CUDA graph capture).
 
     cp_context=gdnc.cp.build_cp_context(...) runs this rank of a context-parallel layer on the
     rank's tokens (gdnc.cp says how; cu_seqlens then defaults to the context's rank-local ones).
@@ -351,9 +355,10 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     from ._autograd import apply
 
     options = kwargs.get("spec")
-    check_cu_seqlens = bool(kwargs.get("check_cu_seqlens", False))
+    check_flag = "check_inputs" if kwargs.get("check_inputs") else "check_cu_seqlens"
+    check_cu_seqlens = bool(kwargs.get(check_flag, False))
     if check_cu_seqlens and torch.cuda.is_current_stream_capturing():
-        raise InputError("check_cu_seqlens: True needs a host sync, which CUDA graph capture forbids; pass "
+        raise InputError(f"{check_flag}: True needs a host sync, which CUDA graph capture forbids; pass "
                          "cu_seqlens_cpu instead, or check outside the capture")
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     layer = _layer_of_call(options, H, HV, K, V, use_qk_l2norm_in_kernel, initial_state is not None,

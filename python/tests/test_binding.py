@@ -120,11 +120,12 @@ class ArgumentTests(unittest.TestCase):
         self.assertEqual(call(scale=0.5)[-1], 3)
 
     def test_flags_must_be_booleans(self):
-        for name in ("output_final_state", "use_qk_l2norm_in_kernel", "check_cu_seqlens"):
+        for name in ("output_final_state", "use_qk_l2norm_in_kernel", "check_inputs", "check_cu_seqlens"):
             with self.subTest(name=name):
                 with self.assertRaisesRegex(gdnc.InputError, f"^{name}: expected True or False, got 'yes'$"):
                     call(**{name: "yes"})
         self.assertEqual(call(output_final_state=1, check_cu_seqlens=True)[-1], 3)
+        self.assertEqual(call(check_inputs=True)[-1], 3)
 
     def test_the_spec_argument_is_checked_as_a_dict_or_json_text(self):
         self.assertEqual(call(spec='{"save_mode": "full"}')[-1], 3)

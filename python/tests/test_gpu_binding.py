@@ -170,6 +170,25 @@ class GpuBindingTests(unittest.TestCase):
             with self.assertRaisesRegex(gdnc.InputError, "^check_cu_seqlens: True needs a host sync"):
                 gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=good, check_cu_seqlens=True)
 
+    def test_gates_that_are_not_log_decays_raise_when_checked(self):
+        torch.manual_seed(0)
+        T, H, HV, D = 300, 1, 2, 128
+        q, k, v, g, beta = unit_inputs(T, H, HV, D)
+        cu = torch.tensor([0, 100, T], dtype=torch.int32, device="cuda")
+        o, _ = gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, check_inputs=True)
+        self.assertTrue(torch.isfinite(o.float()).all())
+        for value in (0.5, float("nan"), float("inf"), float("-inf")):
+            with self.subTest(value=value):
+                bad = g.detach().clone()
+                bad[0, 250, 1] = value
+                bad[0, 270, 0] = 2.0  # later: the first one is named
+                with self.assertRaisesRegex(gdnc.InputError, r"^g\[250, 1\]: positive, NaN or infinite"):
+                    gdnc.chunk_gated_delta_rule(q, k, v, bad, beta, cu_seqlens=cu, check_inputs=True)
+        with self.assertRaisesRegex(gdnc.InputError, "^check_inputs: True needs a host sync"):
+            from unittest import mock
+            with mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=True):
+                gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, check_inputs=True)
+
     @unittest.skipUnless(HAVE_FLA, "needs FLA (fla-core 0.6.0 carried as a wheel)")
     def test_tiny_model_matches_fla(self):
         ours = train_tiny_model(gdnc_layer, ckpt=False)

@@ -174,7 +174,7 @@ struct ChunkTable {
     if (tid == 0) {
       p.doc_chunk_offset[p.N] = used;
       *p.num_chunks = used;
-      DeviceStatus st = {kCuOk, 0, 0, 0};
+      DeviceStatus st = {kCuOk, 0, kStatusNoKey, 0};
       if (!valid) {
         const int i = first_bad;
         st.index = i;
