@@ -248,20 +248,41 @@ LayerIR lower(const Spec& spec_in) {
   // its own backward records (dZ_ext | A) and keeps the old split.
   ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1;
   const std::pair<std::string, std::string> saved_maps_constant{"SAVED_MAPS", ir.saved_segment_maps ? "true" : "false"};
+  ir.verified_carry = segments > 1 && s.cp_carry == SegmentCarry::verified;
+  if (ir.verified_carry && fused)
+    throw SpecError("/cp/carry", fmt::format("\"verified\" runs on the programs forward (forward \"programs\"; "
+                                             "here \"{}\"{} with {} segments)",
+                                             to_string(s.forward), ir.forward_auto ? " by \"auto\"" : "", segments));
+  // The verified carry's programs and the three it gates read VERIFIED_CARRY (common/segments.cuh).
+  auto add_carry_constant = [&] {
+    if (ir.verified_carry) ir.programs.back().constants.emplace_back("VERIFIED_CARRY", "true");
+  };
+  if (ir.verified_carry) {
+    for (const char* name : {"walk_speculate", "walk_verify"}) {
+      add(name, "fwd/state_walk.cuh", name == std::string("walk_speculate") ? "StateWalkSpeculate" : "StateWalkVerify",
+          "StateWalkParams", StateWalkGeometry::kThreads, StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv),
+          GridKind::walk_segments, ir.walk_bv);
+      add_segment_constants();
+      add_carry_constant();
+    }
+  }
   if (segments > 1) {
     add("walk_prescan", "fwd/state_walk.cuh", "StateWalkPrescan", "StateWalkParams", StateWalkGeometry::kThreads,
         StateWalkGeometry::prescan_smem_bytes_bv(K, C, ir.walk_bv), GridKind::walk_prescan, ir.walk_bv);
     add_segment_constants();
     ir.programs.back().constants.push_back(saved_maps_constant);
+    add_carry_constant();
     add("walk_merge", "fwd/walk_merge.cuh", "WalkMerge", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
     add_segment_constants();
+    add_carry_constant();
   }
   if (!fused) {
     add("state_walk", "fwd/state_walk.cuh", "StateWalk", "StateWalkParams", StateWalkGeometry::kThreads,
         StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv), segments > 1 ? GridKind::walk_segments : GridKind::walk,
         ir.walk_bv);
     add_segment_constants();
+    add_carry_constant();
   }
   if (fused) {
     // With wgmma (sm_90a) the walk is warp-specialized: setmaxnreg moves registers from the loading
@@ -474,6 +495,15 @@ LayerIR lower(const Spec& spec_in) {
       buf("seg_h0", BufferRole::saved, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state));
     else
       buf("seg_h0", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), full ? fwd_only : both);
+    // The verified carry's walk from zero: the state after each of a segment's first chunks, and
+    // per document and value head whether its chain verified. Only the forward reads them; with
+    // light saves the backward's workspace keeps their place, since a hand-off needs the forward's
+    // slots to be a prefix of the backward's.
+    if (ir.verified_carry) {
+      buf("seg_ckpt", BufferRole::workspace, "fp32", seg_shape + fmt::format(", HV, {}, K, V]", kCarryCheckpoints),
+          seg_bytes(state * kCarryCheckpoints), full ? fwd_only : both);
+      buf("seg_fail", BufferRole::workspace, "int32", "[N, HV]", {0, 1LL * HV * 4}, full ? fwd_only : both);
+    }
   }
   if (fold_rstd) buf("qn", BufferRole::workspace, "bf16", "[T, H, K]", {qk * 2}, bwd_only);
   buf("dv_local", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
@@ -580,6 +610,26 @@ LayerIR lower(const Spec& spec_in) {
           {"walk_tape", "h_tape, v_new in the workspace, handed to the backward if decided; no o, no ht", not_needed});
       rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
     }
+  } else if (ir.verified_carry) {
+    fwd.push_back({"chunk_prep", "W, U from Tm"});
+    const std::string tapes = full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace";
+    fwd.push_back({"walk_speculate", tapes + " of every segment, a document's first from h0, the others from 0; "
+                                             "the states after their first chunks; each segment's end as the next "
+                                             "one's entry (seg_h0), ht"});
+    fwd.push_back({"walk_verify", fmt::format("every later segment from its entry until its state equals the walk "
+                                              "from 0 bit for bit (at most {} chunks, their tapes); else its "
+                                              "document's chain is marked (seg_fail)",
+                                              kCarryCheckpoints)});
+    fwd.push_back({"walk_prescan", "M of every segment (saved for the backward); S_ext only for marked chains"});
+    fwd.push_back({"walk_merge", "the state entering every segment of a marked chain, fp32"});
+    fwd.push_back({"state_walk", tapes + " and ht of the marked chains, every segment from its merged entry"});
+    fwd.push_back({"output", ""});
+    rec = fwd;
+    rec.back().when = "the output is needed";
+    if (!full)
+      for (auto& l : rec)
+        if (l.program == "walk_speculate" || l.program == "walk_verify" || l.program == "state_walk")
+          l.note = "the tapes in the workspace, handed to the backward if decided";
   } else {
     fwd.push_back({"chunk_prep", "W, U from Tm"});
     push_segment_programs(fwd, "");
@@ -669,6 +719,14 @@ std::string to_text(const LayerIR& ir) {
                     s.cp_ranks, s.cp_ranks));
   else if (s.cp_segments > 1)
     line(fmt::format("segments: {} per document (pinned by the spec)", s.cp_segments));
+  if (ir.verified_carry)
+    line(
+        fmt::format("carry: verified (each later segment re-walked from its predecessor's end until it equals its "
+                    "walk from 0 bit for bit, at most {} chunks: a document's bits are one unsegmented walk's; "
+                    "the prescan's S_ext, the merge and the full walk only for chains that do not verify)",
+                    kCarryCheckpoints));
+  else if (s.cp_carry == SegmentCarry::verified)
+    line("carry: verified (no effect: one segment per document)");
   line("programs:");
   for (const auto& p : ir.programs) {
     std::string consts;

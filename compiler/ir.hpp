@@ -140,6 +140,10 @@ struct LayerIR {
   /// Intra-card segments on one rank: the forward's per-segment maps (S_ext | M, seg_hm) are in
   /// the saved region, and the backward takes each segment's transition from them (A = M^T).
   bool saved_segment_maps = false;
+  /// cp.carry "verified" with segments (docs/algorithm.md 4.7): walk_speculate and walk_verify run
+  /// before the prescan, the merge and the walk, which then work only for the chains that did not
+  /// verify (seg_fail).
+  bool verified_carry = false;
   std::vector<Program> programs;
   std::vector<Buffer> buffers;
   std::vector<CallFormIR> call_forms;

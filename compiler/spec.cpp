@@ -39,6 +39,8 @@ std::string_view to_string(BackwardW v) {
   return "?";
 }
 
+std::string_view to_string(SegmentCarry v) { return v == SegmentCarry::merge ? "merge" : "verified"; }
+
 std::string_view to_string(ForwardPath v) {
   switch (v) {
     case ForwardPath::programs: return "programs";
@@ -157,6 +159,10 @@ void validate(const Spec& s) {
     throw SpecError("/cp/segments", fmt::format("{} with cp.ranks {}: the ranks' pieces are the segments (use 1 or "
                                                 "\"auto\" with more than one rank)",
                                                 s.cp_segments, s.cp_ranks));
+  if (s.cp_ranks > 1 && s.cp_carry == SegmentCarry::verified)
+    throw SpecError("/cp/carry", fmt::format("\"verified\" with cp.ranks {}: the ranks' pieces are merged (only one "
+                                             "rank's segments verify)",
+                                             s.cp_ranks));
 }
 
 namespace {
@@ -321,8 +327,9 @@ Spec read_spec(const json& j) {
   }
   if (const json* cp = r.get("cp", false)) {
     Reader c(*cp, "/cp");
-    c.known({"ranks", "segments"});
+    c.known({"ranks", "segments", "carry"});
     c.integer("ranks", kCpRanks, s.cp_ranks);
+    c.choice("carry", s.cp_carry, {{"merge", SegmentCarry::merge}, {"verified", SegmentCarry::verified}});
     if (const json* seg = c.get("segments", false); seg && seg->is_string() && seg->get<std::string>() == "auto")
       s.cp_segments = 0;
     else if (seg && !seg->is_number_integer())
@@ -382,7 +389,7 @@ json to_json(const Spec& s) {
     case ReuseTapes::no: reuse = false; break;
     case ReuseTapes::automatic: reuse = "auto"; break;
   }
-  return json{
+  json j{
       {"name", s.name},
       {"heads", {{"qk", s.heads_qk}, {"v", s.heads_v}}},
       {"head_dim", {{"k", s.head_dim_k}, {"v", s.head_dim_v}}},
@@ -409,6 +416,10 @@ json to_json(const Spec& s) {
       {"targets", targets},
       {"cp", {{"ranks", s.cp_ranks}, {"segments", s.cp_segments ? json(s.cp_segments) : json("auto")}}},
   };
+  // Written only when set: the canonical form of every layer without it (and so its cache and
+  // graph keys) stays what it was before the field existed.
+  if (s.cp_carry != SegmentCarry::merge) j["cp"]["carry"] = to_string(s.cp_carry);
+  return j;
 }
 
 }  // namespace gdn

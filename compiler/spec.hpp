@@ -36,6 +36,11 @@ enum class ForwardPath { programs, fused, automatic };
 /// Where the reverse walk's W comes from: chunk_prep's re-run, or (sm_90a) the walk itself; "auto"
 /// = the walk wherever it can (LayerIR::backward_w_auto; the same bits either way).
 enum class BackwardW { chunk_prep, walk, automatic };
+/// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
+/// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
+/// once and re-walked from its predecessor's end until the two agree bit for bit (a document's
+/// bits are then those of one unsegmented walk), the merge only for chains that never agree.
+enum class SegmentCarry { merge, verified };
 enum class Determinism { deterministic, nondeterministic };
 enum class Target { sm_90a, sm_100a, sm_103a };
 enum class StateFlag { absent, present };
@@ -47,6 +52,7 @@ std::string_view to_string(GraphMode);
 std::string_view to_string(TensorCores);
 std::string_view to_string(ForwardPath);
 std::string_view to_string(BackwardW);
+std::string_view to_string(SegmentCarry);
 std::string_view to_string(Target);
 /// Parses "sm_90a" etc.; returns nullopt for anything gdnc does not support.
 std::optional<Target> parse_target(std::string_view);
@@ -107,6 +113,8 @@ struct Spec {
   /// default): lower() picks the most per document from the layer (few value heads: the walks alone
   /// cannot fill the GPU) and each document takes as many as its own length supports.
   int cp_segments = 0;
+  /// The programs forward on one rank only (lower() refuses the fused forward and cp.ranks > 1).
+  SegmentCarry cp_carry = SegmentCarry::merge;
 
   int group() const { return heads_v / heads_qk; }
   double effective_scale() const;

@@ -150,6 +150,7 @@ class Builder {
     plan_.launches.push_back({idx, static_cast<uint32_t>(params_size), grid_of(ir_, ir_.programs[idx]), {}});
     return plan_.launches.back();
   }
+  PlannedLaunch& last() { return plan_.launches.back(); }
 
  private:
   const LayerIR& ir_;
@@ -261,11 +262,30 @@ void bind_segment_entry_states(Builder& b, const ValueSource& k, bool exchange =
   bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
 }
 
+/// The verified carry (docs/algorithm.md 4.7): the walk from zero and the re-walks that verify it,
+/// then the prescan, the merge and the full walk, which work only for the chains marked in seg_fail.
+void bind_verified_walk(Builder& b, const ValueSource& k, const ValueSource& ht) {
+  using P = StateWalkParams;
+  auto carry = [&](PlannedLaunch& l, bool checkpoints) -> PlannedLaunch& {
+    if (checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
+    GDN_BIND(l, P, seg_fail, b.slot("seg_fail"));
+    return l;
+  };
+  bind_walk_params(carry(b.launch("walk_speculate", sizeof(P)), true), b, k, ht, true);
+  bind_walk_params(carry(b.launch("walk_verify", sizeof(P)), true), b, k, ht, true);
+  bind_walk_params(carry(b.launch("walk_prescan", sizeof(P)), false), b, k, b.constant(0), true, true);
+  bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
+  GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("seg_fail"));
+  bind_walk_params(carry(b.launch("state_walk", sizeof(P)), false), b, k, ht, true);
+}
+
 /// The forward walk; with intra-card segments the prescan and the merge first, unless the
-/// segments' entry states are the saved ones (`entry_states` false: the backward's re-run).
+/// segments' entry states are the saved ones (`entry_states` false: the backward's re-run, which
+/// walks every segment, whatever the carry).
 void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht, bool exchange = false,
                      bool entry_states = true) {
   const bool segments = ir.spec.cp_segments > 1;
+  if (segments && entry_states && ir.verified_carry) return bind_verified_walk(b, k, ht);
   if (segments && entry_states) bind_segment_entry_states(b, k, exchange);
   bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }

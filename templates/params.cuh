@@ -144,7 +144,16 @@ struct StateWalkParams {
   float* seg_hm;         ///< [segment slots, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
   const float* seg_h0;   ///< [segment slots, HV, K, V]: the state entering each segment (walk_merge)
   const int* doc_order;  ///< [N]: grid position l's document is doc_order[l mod N] (common/segments.cuh)
+  // The verified carry (cp.carry "verified", docs/algorithm.md 4.7; null otherwise).
+  float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]: walk_speculate's first states
+  /// [N, HV]: 1 where a document's chain of segments did not verify (the merge then runs for it).
+  /// Null in the backward's re-run walk, which walks every segment from the saved entry states.
+  int* seg_fail;
 };
+/// The verified carry compares a segment's re-walk with its walk from zero after each of its first
+/// kCarryCheckpoints chunks (docs/algorithm.md 4.7). An enumerator: a namespace-scope constant
+/// would be emitted into every program's constant bank.
+enum : int { kCarryCheckpoints = 4 };
 
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value
 /// head, document).
@@ -197,6 +206,9 @@ struct WalkMergeParams {
   /// The backward's merge on one rank (SavedMaps): the forward's saved seg_hm, whose M_i gives
   /// A_i = M_i^T. Else unused.
   const float* fwd_maps;  ///< [segment slots, HV, K, V + K]
+  /// The forward's merge under the verified carry: [N, HV], the documents' chains to merge (the
+  /// others verified). Else null.
+  const int* seg_fail;
 };
 enum KcpEntryMode : int { kKcpEntryNone = 0, kKcpEntryWrite = 1, kKcpEntryRead = 2 };
 
@@ -321,14 +333,14 @@ static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernel
 static_assert(sizeof(GateCumsumParams) == 40, "GateCumsumParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkPrepParams) == 64, "ChunkPrepParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkParams) == 112, "StateWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkParams) == 128, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkBwdParams) == 144, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 160, "FusedWalkParams: the host and the kernels share this layout");
-static_assert(sizeof(WalkMergeParams) == 64, "WalkMergeParams: the host and the kernels share this layout");
+static_assert(sizeof(WalkMergeParams) == 72, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(KcpExchangeParams) == 56, "KcpExchangeParams: the host and the kernels share this layout");
 static_assert(sizeof(TensorMap) == 128 && alignof(TensorMap) == 64, "TensorMap: the driver's CUtensorMap");
 static_assert(sizeof(ChunkInfo) == 16, "ChunkInfo: the host and the kernels share this layout");

@@ -124,19 +124,59 @@ TEST_SUITE("launches") {
     CHECK(block.find("ws.w") == std::string::npos);
   }
 
+  TEST_CASE("cp.carry \"verified\": the forward's walks bind the checkpoints and the marks; the re-run does not") {
+    Spec spec = example("n");
+    spec.cp_segments = 4;
+    spec.cp_carry = SegmentCarry::verified;
+    const std::string text = record(spec, {8192, 3});
+    auto block = [&](const std::string& program, size_t from = 0) {
+      const size_t at = text.find(program + " grid", from);
+      REQUIRE(at != std::string::npos);
+      const size_t end = text.find(" grid=", at + program.size() + 6);
+      return std::pair{text.substr(at, (end == std::string::npos ? text.size() : text.rfind('\n', end)) - at), at};
+    };
+    const auto field = [](size_t offset, const char* what) { return fmt::format("[{:3}] {}", offset, what); };
+    using P = StateWalkParams;
+    for (const char* walk : {"walk_speculate", "walk_verify"}) {
+      CAPTURE(walk);
+      const std::string b = block(walk).first;
+      CHECK(b.find(field(offsetof(P, seg_ckpt), "ws.seg_ckpt")) != std::string::npos);
+      CHECK(b.find(field(offsetof(P, seg_fail), "ws.seg_fail")) != std::string::npos);
+      CHECK(b.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
+    }
+    CHECK(block("walk_prescan").first.find(field(offsetof(P, seg_fail), "ws.seg_fail")) != std::string::npos);
+    CHECK(block("walk_merge").first.find(field(offsetof(WalkMergeParams, seg_fail), "ws.seg_fail")) !=
+          std::string::npos);
+    // The forward's full walk works for the marked chains only; the backward's re-run (from the
+    // saved entry states) walks every segment: no marks.
+    const auto [forward_walk, at] = block("state_walk");
+    CHECK(forward_walk.find(field(offsetof(P, seg_fail), "ws.seg_fail")) != std::string::npos);
+    const std::string rerun = block("state_walk", at + 1).first;
+    CHECK(rerun.find(field(offsetof(P, seg_fail), "0x0")) != std::string::npos);
+    CHECK(rerun.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
+  }
+
   TEST_CASE("every call plan launches what the IR's call form lists") {
-    for (auto [save, segments, path] :
-         {std::tuple{SaveMode::light, 1, ForwardPath::programs}, std::tuple{SaveMode::full, 1, ForwardPath::programs},
-          std::tuple{SaveMode::light, 4, ForwardPath::programs}, std::tuple{SaveMode::full, 4, ForwardPath::programs},
-          std::tuple{SaveMode::light, 1, ForwardPath::fused}, std::tuple{SaveMode::light, 4, ForwardPath::fused},
-          std::tuple{SaveMode::full, 1, ForwardPath::fused}, std::tuple{SaveMode::full, 4, ForwardPath::fused}}) {
+    constexpr SegmentCarry merge = SegmentCarry::merge, verified = SegmentCarry::verified;
+    for (auto [save, segments, path, carry] : {std::tuple{SaveMode::light, 1, ForwardPath::programs, merge},
+                                               std::tuple{SaveMode::full, 1, ForwardPath::programs, merge},
+                                               std::tuple{SaveMode::light, 4, ForwardPath::programs, merge},
+                                               std::tuple{SaveMode::full, 4, ForwardPath::programs, merge},
+                                               std::tuple{SaveMode::light, 4, ForwardPath::programs, verified},
+                                               std::tuple{SaveMode::full, 4, ForwardPath::programs, verified},
+                                               std::tuple{SaveMode::light, 1, ForwardPath::fused, merge},
+                                               std::tuple{SaveMode::light, 4, ForwardPath::fused, merge},
+                                               std::tuple{SaveMode::full, 1, ForwardPath::fused, merge},
+                                               std::tuple{SaveMode::full, 4, ForwardPath::fused, merge}}) {
       Spec spec = example("n");
       spec.save_mode = save;
       spec.cp_segments = segments;
       spec.forward = path;
+      spec.cp_carry = carry;
       const LayerIR ir = lower(spec);
       CAPTURE(segments);
       CAPTURE(to_string(path));
+      CAPTURE(to_string(carry));
       auto names = [&](const CallPlan& p) {
         std::vector<std::string> out;
         for (const auto& l : p.launches) out.push_back(ir.programs[static_cast<size_t>(l.program)].name);
@@ -164,12 +204,19 @@ TEST_SUITE("launches") {
 
   TEST_CASE("the region sizes are exact: every slot a launch addresses ends inside, the last at the end") {
     for (const char* name : {"n", "m"}) {
-      for (auto [save, segments] : {std::pair{SaveMode::light, 1}, std::pair{SaveMode::full, 1},
-                                    std::pair{SaveMode::light, 3}, std::pair{SaveMode::full, 3}}) {
+      for (auto [save, segments, carry] :
+           {std::tuple{SaveMode::light, 1, SegmentCarry::merge}, std::tuple{SaveMode::full, 1, SegmentCarry::merge},
+            std::tuple{SaveMode::light, 3, SegmentCarry::merge}, std::tuple{SaveMode::full, 3, SegmentCarry::merge},
+            std::tuple{SaveMode::light, 3, SegmentCarry::verified},
+            std::tuple{SaveMode::full, 3, SegmentCarry::verified}}) {
         Spec spec = example(name);
         spec.save_mode = save;
         spec.cp_segments = segments;
+        spec.cp_carry = carry;
+        // The verified carry runs on the programs forward, which "auto" gives n and not m.
+        if (carry == SegmentCarry::verified) spec.forward = ForwardPath::programs;
         CAPTURE(segments);
+        CAPTURE(to_string(carry));
         auto rec = std::make_shared<testing::RecordingLauncher>();
         auto layer = Layer::with_launcher(spec, rec);
         const ProblemShape s{12345, 7};
@@ -183,8 +230,9 @@ TEST_SUITE("launches") {
         std::map<uint64_t, uint64_t> slot_bytes;
         for (const auto& [n, off] : layer->saved_layout(s).offset)
           slot_bytes[f.saved + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
-        for (const auto& [n, off] : layer->workspace_layout(CallForm::backward, s).offset)
-          slot_bytes[f.ws + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
+        for (const CallForm form : {CallForm::forward, CallForm::backward})
+          for (const auto& [n, off] : layer->workspace_layout(form, s).offset)
+            slot_bytes[f.ws + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
         for (const auto& r : rec->records)
           for (size_t off = 0; off + 8 <= r.params.size(); off += 8) {
             uint64_t w;

@@ -44,6 +44,21 @@ struct SavedMaps<Cfg, decltype((void)Cfg::SAVED_MAPS, 0)> {
   static constexpr bool value = Cfg::SAVED_MAPS;
 };
 
+/// Cfg::VERIFIED_CARRY where the program has it (state_walk, walk_prescan, walk_merge and the
+/// verified carry's walk_speculate and walk_verify), else false: cp.carry "verified"
+/// (docs/algorithm.md 4.7). A document's segments are walked from zero beside its first segment
+/// from h0, each re-walked from its predecessor's end until its state equals the walk from zero
+/// bit for bit; the prescan's S_ext, the merge and the full walk then run only for the chains that
+/// did not verify.
+template <class Cfg, class = int>
+struct VerifiedCarry {
+  static constexpr bool value = false;
+};
+template <class Cfg>
+struct VerifiedCarry<Cfg, decltype((void)Cfg::VERIFIED_CARRY, 0)> {
+  static constexpr bool value = Cfg::VERIFIED_CARRY;
+};
+
 template <class Cfg>
 struct DocSegments {
   int first;        ///< the document's first chunk

@@ -18,6 +18,17 @@
  * walk's bf16 roundings, M's error added to the walk's: dg on a 32768-token g = 0 document came
  * out 15 % worse with 4 segments). WalkMerge (walk_merge.cuh) chains the segments in fp32;
  * then StateWalk runs every segment from its merged entry state and writes the tapes.
+ *
+ * The verified carry (Cfg::VERIFIED_CARRY, docs/algorithm.md 4.7) runs the same chunk step in two
+ * more modes first. StateWalkSpeculate walks a document's first segment from h0 and every other
+ * from S = 0, writing the tapes of every chunk, the fp32 state after each of a segment's first
+ * kCarryCheckpoints chunks (seg_ckpt) and each segment's end state as the next one's entry
+ * (seg_h0; ht after the last). StateWalkVerify re-walks each later segment from that entry and
+ * compares its state with the checkpoint after every chunk: once they are equal bit for bit, the
+ * walk from zero from there on is the walk from the entry (the same steps on the same inputs), so
+ * its tapes stand and the re-walk stops; a chain with a segment that never matches is marked in
+ * seg_fail, and only for those does the prescan's S_ext, the merge and the full walk run. A
+ * verified document's bits are those of one unsegmented walk.
  */
 #pragma once
 
@@ -54,12 +65,19 @@ struct StateWalk {
   static constexpr int SEG = Cfg::SEGMENTS;
   static_assert(SEG >= 1, "Cfg::SEGMENTS must be at least 1");
 
-  __device__ static void run(const StateWalkParams& p) { walk<false>(p); }
+  enum class Mode { walk, prescan, speculate, verify };
 
-  /// kPrescan: blockIdx.x < V / BV walks slab x from 0 (S_ext); the K / BV blocks after it walk
-  /// columns of M from the identity with U = 0. No tapes; the final state goes to seg_hm.
-  template <bool kPrescan>
+  __device__ static void run(const StateWalkParams& p) { walk<Mode::walk>(p); }
+
+  /// Mode::prescan: blockIdx.x < V / BV walks slab x from 0 (S_ext); the K / BV blocks after it
+  /// walk columns of M from the identity with U = 0. No tapes; the final state goes to seg_hm.
+  /// Mode::speculate and Mode::verify: the verified carry's two walks (the file's comment).
+  template <Mode kMode>
   __device__ static void walk(const StateWalkParams& p) {
+    constexpr bool kPrescan = kMode == Mode::prescan, kSpeculate = kMode == Mode::speculate,
+                   kVerify = kMode == Mode::verify;
+    constexpr bool kVerified = VerifiedCarry<Cfg>::value;
+    static_assert(kVerified || !(kSpeculate || kVerify), "walk_speculate and walk_verify need Cfg::VERIFIED_CARRY");
     extern __shared__ __align__(16) unsigned char smem[];
     const int j = walk_head<Cfg>(), hq = j / G;
     const GridSegment at = grid_segment<SEG, Cfg::HV>(p.doc_order);
@@ -76,6 +94,22 @@ struct StateWalk {
     // The forward merge never needs the last segment's transition; the backward's merge takes it
     // from the saved maps (A = M^T) when they are saved. An unsplit document has no slot.
     if (kPrescan && (!ds.split() || (seg == ds.count - 1 && !(transition && SavedMaps<Cfg>::value)))) return;
+    // The verified carry: seg_fail marks the chains that did not verify (written by the forward's
+    // verify pass; null in the backward's re-run, which walks every segment). Only they need S_ext,
+    // the merge and the full walk; M is walked for every split document (saved for the backward).
+    int* const fail = kVerified && p.seg_fail != nullptr ? p.seg_fail + (long long)n * HV + j : nullptr;
+    if constexpr (kMode == Mode::walk && kVerified) {
+      if (fail != nullptr && (!ds.split() || *fail == 0)) return;
+    }
+    if constexpr (kPrescan && kVerified) {
+      if (fail != nullptr && !transition && *fail == 0) return;
+    }
+    if constexpr (kVerify) {
+      if (!ds.split() || seg == 0) return;  // segment 0 walked from its true entry in speculate
+    }
+    // speculate: segment 0 (and an unsplit document) from h0, the others from 0.
+    const bool from_zero = kSpeculate && ds.split() && seg > 0;
+    float* const seg_h0_out = const_cast<float*>(p.seg_h0);
 
     bf16_t* sS = reinterpret_cast<bf16_t*>(smem + kOff_s);
     bf16_t* sVg = reinterpret_cast<bf16_t*>(smem + kOff_vg);
@@ -97,7 +131,8 @@ struct StateWalk {
           const int r = warp * 32 + mi * 16 + gr + hh * 8;
           if (kPrescan) {
             if (transition) x = make_float2(r == v0 + nt * 8 + tq ? 1.f : 0.f, r == v0 + nt * 8 + tq + 1 ? 1.f : 0.f);
-          } else if (SEG > 1 && ds.split()) {
+          } else if (from_zero) {
+          } else if (SEG > 1 && ds.split() && !kSpeculate) {
             x = *reinterpret_cast<const float2*>(p.seg_h0 + (slot * HV + j) * K * V + v0 + (long long)r * V + nt * 8 +
                                                  tq);
           } else if (Cfg::HAS_H0 && p.h0 != nullptr) {
@@ -107,16 +142,32 @@ struct StateWalk {
           S[mi][nt][2 * hh + 1] = x.y;
         }
 
+    if constexpr (kSpeculate) {
+      // A split document's entry states are complete in seg_h0 (the backward's re-run reads them):
+      // segment 0's is h0 (or 0); each segment's end is written below as the next one's. Its chain
+      // starts out verified.
+      if (ds.split() && seg == 0) {
+        store_state<V>(S, seg_h0_out + (slot * HV + j) * K * V + v0, warp, gr, tq);
+        if (blockIdx.x == 0 && tid == 0) *fail = 0;
+      }
+    }
+    // The checkpoints of this segment: the state after each of its first chunks.
+    float* const ckpt =
+        (kSpeculate || kVerify) ? p.seg_ckpt + (slot * HV + j) * kCarryCheckpoints * K * V + v0 : nullptr;
+    // verify re-walks at most the checkpointed chunks.
+    const int c_stop = kVerify ? min(c_end, c_begin + kCarryCheckpoints) : c_end;
+    bool verified = false;
+
     // The stage is refilled in two cp.async groups, each issued once this chunk has read what it
     // replaces: W, U and gc after V' (mid-chunk), K after the state update (end of chunk). Every
     // iteration commits both (empty on the last chunk), so the wait counts stay fixed.
-    if (c_begin < c_end) issue_wug(p, c_begin, smem, j, v0, !transition);
+    if (c_begin < c_stop) issue_wug(p, c_begin, smem, j, v0, !transition);
     fwd::cp_async_commit();
-    if (c_begin < c_end) issue_k(p, c_begin, smem, hq);
+    if (c_begin < c_stop) issue_k(p, c_begin, smem, hq);
     fwd::cp_async_commit();
 
     unsigned char* stage = smem;
-    for (int c = c_begin; c < c_end; ++c) {
+    for (int c = c_begin; c < c_stop; ++c) {
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
@@ -192,7 +243,7 @@ struct StateWalk {
       }
       fwd::cp_async_wait<0>();  // K of this chunk
       __syncthreads();          // sVn, sVg and K visible; W, U and gc are free
-      if (c + 1 < c_end) issue_wug(p, c + 1, stage, j, v0, !transition);
+      if (c + 1 < c_stop) issue_wug(p, c + 1, stage, j, v0, !transition);
       fwd::cp_async_commit();
 
       if (!kPrescan)
@@ -225,10 +276,32 @@ struct StateWalk {
         }
       }
       __syncthreads();  // K, sS, sVg and sVn are free
-      if (c + 1 < c_end) issue_k(p, c + 1, stage, hq);
+      if (c + 1 < c_stop) issue_k(p, c + 1, stage, hq);
       fwd::cp_async_commit();
+      if constexpr (kSpeculate) {
+        if (from_zero && c - c_begin < kCarryCheckpoints)
+          store_state<V>(S, ckpt + (long long)(c - c_begin) * K * V, warp, gr, tq);
+      }
+      if constexpr (kVerify) {
+        // Bit for bit (a -0 against +0 counts as a difference, which only costs another chunk).
+        if (__syncthreads_and(state_equals(S, ckpt + (long long)(c - c_begin) * K * V, warp, gr, tq))) {
+          verified = true;
+          break;
+        }
+      }
     }
     fwd::cp_async_wait<0>();
+    if constexpr (kVerify) {
+      // Not equal within the checkpoints: this document's chain runs the merge and the full walk.
+      if (!verified && tid == 0) atomicExch(fail, 1);
+      return;
+    }
+    if constexpr (kSpeculate) {
+      if (ds.split() && seg < ds.count - 1) {  // the next segment's entry (verified by its re-walk)
+        store_state<V>(S, seg_h0_out + ((slot + 1) * HV + j) * K * V + v0, warp, gr, tq);
+        return;
+      }
+    }
 
     if (kPrescan) {
       // seg_hm row r: S_ext in columns 0 .. V-1, M in V .. V+K-1.
@@ -254,6 +327,24 @@ struct StateWalk {
           *reinterpret_cast<float2*>(dst + (long long)r * LD + nt * 8 + tq) =
               make_float2(S[mi][nt][2 * hh], S[mi][nt][2 * hh + 1]);
         }
+  }
+
+  /// Whether the fp32 state slab equals the one at src (row stride V) bit for bit.
+  __device__ __forceinline__ static bool state_equals(const float (&S)[2][NT][4], const float* src, int warp, int gr,
+                                                      int tq) {
+    bool same = true;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = warp * 32 + mi * 16 + gr + hh * 8;
+          const float2 x = *reinterpret_cast<const float2*>(src + (long long)r * V + nt * 8 + tq);
+          same = same && __float_as_uint(x.x) == __float_as_uint(S[mi][nt][2 * hh]) &&
+                 __float_as_uint(x.y) == __float_as_uint(S[mi][nt][2 * hh + 1]);
+        }
+    return same;
   }
 
   /// Starts the asynchronous loads of chunk c's W, U slab and gc into the stage (rows past len
@@ -286,7 +377,27 @@ struct StateWalk {
 template <class Cfg>
 struct StateWalkPrescan {
   static_assert(Cfg::K == Cfg::V, "the prescan walks M's K columns as V-wide slabs: K must equal V");
-  __device__ static void run(const StateWalkParams& p) { StateWalk<Cfg>::template walk<true>(p); }
+  __device__ static void run(const StateWalkParams& p) {
+    StateWalk<Cfg>::template walk<StateWalk<Cfg>::Mode::prescan>(p);
+  }
+};
+
+/// The verified carry's first walk (the file's comment): every segment at once, a document's
+/// first from h0 and the others from 0, with the tapes, checkpoints and end states.
+template <class Cfg>
+struct StateWalkSpeculate {
+  __device__ static void run(const StateWalkParams& p) {
+    StateWalk<Cfg>::template walk<StateWalk<Cfg>::Mode::speculate>(p);
+  }
+};
+
+/// The verified carry's second walk: each later segment from its predecessor's end until the
+/// state matches a checkpoint; marks the chains that do not.
+template <class Cfg>
+struct StateWalkVerify {
+  __device__ static void run(const StateWalkParams& p) {
+    StateWalk<Cfg>::template walk<StateWalk<Cfg>::Mode::verify>(p);
+  }
 };
 
 }  // namespace gdn
