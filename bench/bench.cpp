@@ -12,7 +12,8 @@
  * fused-seg-auto, fused-seg16 (and cp.segments "auto", 16), programs-walks32, programs-walks64, programs-walks32-seg2 /
  * -seg4 (the programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
  * .. kcp4r3 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather,
- * whose records stay as the last call left them), nondet (determinism "nondeterministic")
+ * whose records stay as the last call left them), nondet (determinism "nondeterministic"), verified,
+ * verified-seg11, verified-seg16 (cp.carry "verified")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -370,6 +371,7 @@ struct Bench {
   int segments = 0;                                   ///< --segments: the base spec's cp.segments (0: "auto")
   ForwardPath forward = ForwardPath::automatic;       ///< --forward: the base spec's forward
   BackwardW backward_w = BackwardW::automatic;        ///< --backward-w: the base spec's backward_w
+  SegmentCarry carry = SegmentCarry::merge;           ///< --carry: the base spec's cp.carry
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -415,6 +417,7 @@ struct Bench {
     s.cp_segments = segments;
     s.forward = forward;
     s.backward_w = backward_w;
+    s.cp_carry = carry;
     return s;
   }
 };
@@ -429,6 +432,7 @@ struct ArmKind {
   int rank = -1;                          ///< >= 0: time this rank's phases only
   std::optional<BackwardW> backward_w{};  ///< the spec's backward_w (none: the base spec's)
   bool nondeterministic = false;          ///< the spec's determinism "nondeterministic"
+  bool verified = false;                  ///< the spec's cp.carry "verified"
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -473,6 +477,11 @@ const std::map<std::string, ArmKind> kArms = {
     {"prep-w", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, BackwardW::chunk_prep}},  // chunk_prep re-runs
     // determinism "nondeterministic": the deterministic and non-deterministic layers side by side
     {"nondet", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, true}},
+    // cp.carry "verified" (segments walked from 0 at once, re-walked until bitwise equal), with the
+    // base spec's segments or 11 / 16 (L)
+    {"verified", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, true}},
+    {"verified-seg11", {false, true, false, 0, 0, 11, std::nullopt, 0, -1, std::nullopt, false, true}},
+    {"verified-seg16", {false, true, false, 0, 0, 16, std::nullopt, 0, -1, std::nullopt, false, true}},
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -496,6 +505,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).forward) s.forward = *kArms.at(name).forward;
       if (kArms.at(name).backward_w) s.backward_w = *kArms.at(name).backward_w;
       if (kArms.at(name).nondeterministic) s.determinism = Determinism::nondeterministic;
+      if (kArms.at(name).verified) s.cp_carry = SegmentCarry::verified;
       if (kArms.at(name).ranks != 0) {
         s.cp_ranks = kArms.at(name).ranks;
         s.cp_segments = 1;  // the ranks' pieces are the segments
@@ -668,7 +678,8 @@ int main(int argc, char** argv) {
          "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the "
          "single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
-         "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\")")
+         "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\"), verified, "
+         "verified-seg11, verified-seg16 (cp.carry \"verified\")")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);
@@ -702,6 +713,9 @@ int main(int argc, char** argv) {
   app.add_option("--backward-w", backward_w,
                  "the specs' backward_w (\"walk\": the reverse walk forms W on sm_90a; \"auto\": wherever it can)")
       ->check(CLI::IsMember({"chunk_prep", "walk", "auto"}));
+  std::string carry = "merge";
+  app.add_option("--carry", carry, "the specs' cp.carry (\"verified\": segments walked from 0, re-walked until equal)")
+      ->check(CLI::IsMember({"merge", "verified"}));
   CLI11_PARSE(app, argc, argv);
   try {
     if (host_only_mode) return host_only();
@@ -725,10 +739,11 @@ int main(int argc, char** argv) {
     b.backward_w = backward_w == "walk"         ? BackwardW::walk
                    : backward_w == "chunk_prep" ? BackwardW::chunk_prep
                                                 : BackwardW::automatic;
+    b.carry = carry == "verified" ? SegmentCarry::verified : SegmentCarry::merge;
     fmt::print(
         "device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}, segments {}, forward {}, backward_w "
-        "{}\n",
-        b.ctx.name(), b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments, forward, backward_w);
+        "{}, carry {}\n",
+        b.ctx.name(), b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments, forward, backward_w, carry);
     if (programs) program_breakdown(b, shapes);
     if (host) host_time(b);
     if (sweep) handoff_sweep(b);

@@ -722,8 +722,9 @@ std::string to_text(const LayerIR& ir) {
   if (ir.verified_carry)
     line(
         fmt::format("carry: verified (each later segment re-walked from its predecessor's end until it equals its "
-                    "walk from 0 bit for bit, at most {} chunks: a document's bits are one unsegmented walk's; "
-                    "the prescan's S_ext, the merge and the full walk only for chains that do not verify)",
+                    "walk from 0 bit for bit, at most {} chunks: a verified document's forward has one "
+                    "unsegmented walk's bits; the prescan's S_ext, the merge and the full walk only for chains "
+                    "that do not verify)",
                     kCarryCheckpoints));
   else if (s.cp_carry == SegmentCarry::verified)
     line("carry: verified (no effect: one segment per document)");

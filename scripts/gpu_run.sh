@@ -129,12 +129,16 @@ if has sanitize; then
   # The proxy of context parallelism: 766 tokens over 2 ranks, the boundary inside a chunk of the second document;
   # then each rank's KCP phases in turn on 768 tokens (384 a rank keeps every rank's slice 16-byte aligned).
   sed 's/"name": "shape_n"/"name": "shape_n_ranks2"/; s/"ranks": 1/"ranks": 2/' examples/n.json > "$sdir/n_ranks2.json"
+  # cp.carry "verified": walk_speculate, walk_verify and the merge path for the chains that fail
+  # (a 65-token document in 3 pinned segments has an empty one, which never verifies).
+  sed 's/"name": "shape_n"/"name": "shape_n_verified"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
+    examples/n.json > "$sdir/n_verified.json"
   # A 4200-token document is split in two by cp.segments "auto" (slots, the saved segment maps).
   runs=("examples/n.json --docs 65,700 --seed 3" "examples/n.json --docs 65,700 --seed 3 --ckpt"
         "examples/n.json --docs 4200,65,300 --seed 3"
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
-        "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases")
+        "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases" "$sdir/n_verified.json --docs 65,700,300 --seed 3")
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
       log="$sdir/${tool}_$i.log"

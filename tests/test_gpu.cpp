@@ -816,6 +816,66 @@ TEST_SUITE("gpu_determinism") {
     for (size_t d = 0; d < lens.size(); ++d) expect_document_keeps_bits(*layer, all, lens, seeds, d);
   }
 
+  // cp.carry "verified" (docs/algorithm.md 4.7). Under decaying gates (logsigmoid of N(0, 1): a
+  // segment's walk from 0 equals its walk from the entry after one chunk) every chain verifies and
+  // the forward is one unsegmented walk's, bit for bit; the gradients (segmented backward) within
+  // fp64 bounds, repeats and call forms bitwise. Without decay (g = 0) no chain verifies within
+  // its checkpoints: the merge runs for every chain and every tensor has the merge carry's bits.
+  TEST_CASE("cp.carry verified: the unsegmented forward's bits where chains verify, the merge's where not") {
+    auto spec = [](const char* name, int segments, SegmentCarry carry) {
+      Spec s = spec_of("n");
+      s.cp_segments = segments;
+      s.cp_carry = carry;
+      s.name = name;
+      return s;
+    };
+    const Spec plain = spec("n_carry_plain", 1, SegmentCarry::merge);
+    const Spec merged = spec("n_carry_merge", 4, SegmentCarry::merge);
+    const Spec verified = spec("n_carry_verified", 4, SegmentCarry::verified);
+    auto verified_layer = make(verified);
+    REQUIRE(verified_layer->ir().verified_carry);
+    check::Case c;
+    c.seed = 93;
+    c.doc_lens = {3000, 700, 2049, 1000, 256};  // every segment at least one chunk
+    const check::Report v = check::run(*verified_layer, c);
+    expect_within_bounds(v, "verified carry, logsigmoid gates");
+    c.with_reference = false;
+    const check::Report p = check::run(*make(plain), c);
+    for (const char* out : {"o", "ht"})
+      CHECK_MESSAGE(v.bytes.at(out) == p.bytes.at(out), "verified vs unsegmented: " << out);
+    c.repeats = 2;
+    expect_call_forms_agree(verified, c, "n_carry_verified_forms");
+    c.repeats = 1;
+    // No decay: the chains fall back to the merge, whose bits they then have in every tensor.
+    c.gate_value = 0.0;
+    c.doc_lens = {3000, 700};
+    const check::Report v0 = check::run(*verified_layer, c);
+    expect_same_bits(check::run(*make(merged), c).bytes, v0, "g = 0: verified (every chain merged) vs merge");
+    c.with_reference = true;
+    expect_within_bounds(check::run(*verified_layer, c), "verified carry, g = 0");
+    // "auto" segments (16 on a 33000-token document at heads 1 / 2): the unsegmented bits again.
+    Spec auto_verified = spec_of("n");
+    auto_verified.heads_qk = 1;
+    auto_verified.heads_v = 2;
+    auto_verified.cp_segments = 0;
+    auto_verified.cp_carry = SegmentCarry::verified;
+    auto_verified.name = "n_carry_verified_auto";
+    Spec auto_plain = auto_verified;
+    auto_plain.cp_segments = 1;
+    auto_plain.cp_carry = SegmentCarry::merge;
+    auto_plain.name = "n_carry_plain_12";
+    check::Case long_doc;
+    long_doc.seed = 94;
+    long_doc.doc_lens = {33000, 700};
+    long_doc.with_reference = false;
+    auto auto_layer = make(auto_verified);
+    REQUIRE(auto_layer->ir().spec.cp_segments == 16);
+    const check::Report a = check::run(*auto_layer, long_doc);
+    const check::Report ap = check::run(*make(auto_plain), long_doc);
+    for (const char* out : {"o", "ht"})
+      CHECK_MESSAGE(a.bytes.at(out) == ap.bytes.at(out), "auto verified vs unsegmented: " << out);
+  }
+
   // Users training with RL need a document's logprobs (and a trainer its gradients) not to depend
   // on what else is in the batch (a known FLA issue on GB300). Every program works per document or per (chunk, head),
   // so a document's results must keep their bits alone, packed with others and in another order.
@@ -1010,11 +1070,14 @@ TEST_SUITE("gpu_ckpt") {
     // With intra-card segments (light saves keep seg_h0 in the saved region) the forward's last
     // slot is seg_hm, whose last slot, the last document's last segment, has no transition to
     // store: the forward writes up to one slot before the end. The backward's last slot is
-    // seg_dz, which its merge writes whole.
-    for (int segments : {1, 3}) {
+    // seg_dz, which its merge writes whole. Under the verified carry the forward's last slot is
+    // seg_fail, which walk_speculate writes for every split document.
+    for (auto [segments, carry] :
+         {std::pair{1, SegmentCarry::merge}, std::pair{3, SegmentCarry::merge}, std::pair{3, SegmentCarry::verified}}) {
       Spec s = spec_of("n");
-      s.name = fmt::format("ws_peak_seg{}", segments);
+      s.name = fmt::format("ws_peak_seg{}_{}", segments, to_string(carry));
       s.cp_segments = segments;
+      s.cp_carry = carry;
       auto layer = make(s);
       const int T = 196, N = 3, H = s.heads_qk, HV = s.heads_v;
       const ProblemShape shape{T, N};
