@@ -246,13 +246,17 @@ LayerIR lower(const Spec& spec_in) {
   // walks dZ_ext alone and its merge reads M from the saved maps. The forward prescan then
   // computes M for a document's last segment too. A rank of a context-parallel run exchanges
   // its own backward records (dZ_ext | A) and keeps the old split.
-  ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1;
-  const std::pair<std::string, std::string> saved_maps_constant{"SAVED_MAPS", ir.saved_segment_maps ? "true" : "false"};
   ir.verified_carry = segments > 1 && s.cp_carry == SegmentCarry::verified;
   if (ir.verified_carry && fused)
     throw SpecError("/cp/carry", fmt::format("\"verified\" runs on the programs forward (forward \"programs\"; "
                                              "here \"{}\"{} with {} segments)",
                                              to_string(s.forward), ir.forward_auto ? " by \"auto\"" : "", segments));
+  if (ir.verified_carry && walk_bwd_sm90)
+    throw SpecError("/cp/carry", fmt::format("\"verified\" runs on the portable backward walk (walk_bwd_slab 32 or "
+                                             "64; here {}{}, the sm_90a body)",
+                                             ir.walk_bwd_bv, s.walk_bwd_slab == 0 ? " by \"auto\"" : ""));
+  ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1 && !ir.verified_carry;
+  const std::pair<std::string, std::string> saved_maps_constant{"SAVED_MAPS", ir.saved_segment_maps ? "true" : "false"};
   // The verified carry's programs and the three it gates read VERIFIED_CARRY (common/segments.cuh).
   auto add_carry_constant = [&] {
     if (ir.verified_carry) ir.programs.back().constants.emplace_back("VERIFIED_CARRY", "true");
@@ -330,7 +334,19 @@ LayerIR lower(const Spec& spec_in) {
   const bool walk_fuses_dv = walk_bwd_sm90 && s.cp_segments == 1;
   ir.programs.back().constants.emplace_back("WALK_FUSES_DV", walk_fuses_dv ? "true" : "false");
   if (walk_fuses_dv) ir.programs.back().idle_on.push_back(Target::sm_90a);
-  // With segments the backward walk is segmented too: its prescan and merge run before it.
+  // With segments the backward walk is segmented too: its prescan and merge run before it (under
+  // the verified carry, after its own walk from zero and the re-walks, for the marked chains).
+  if (ir.verified_carry) {
+    for (const char* name : {"walk_bwd_speculate", "walk_bwd_verify"}) {
+      add(name, "bwd/state_walk_bwd.cuh",
+          name == std::string("walk_bwd_speculate") ? "StateWalkBwdSpeculate" : "StateWalkBwdVerify",
+          "StateWalkBwdParams", StateWalkBwdGeometry::threads(ir.walk_bwd_bv),
+          StateWalkBwdGeometry::portable_smem_bytes_bv(K, C, ir.walk_bwd_bv), GridKind::walk_segments, ir.walk_bwd_bv,
+          StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
+      add_segment_constants();
+      add_carry_constant();
+    }
+  }
   if (segments > 1) {
     add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
         StateWalkBwdGeometry::threads(prescan_bwd_bv),
@@ -341,16 +357,19 @@ LayerIR lower(const Spec& spec_in) {
         StateWalkBwdGeometry::min_blocks_per_sm(prescan_bwd_bv));
     add_segment_constants();
     ir.programs.back().constants.push_back(saved_maps_constant);
+    add_carry_constant();
     add("walk_merge_bwd", "fwd/walk_merge.cuh", "WalkMergeBwd", "WalkMergeParams", WalkMergeGeometry::kThreads, 0,
         GridKind::walk_merge);
     add_segment_constants();
     ir.programs.back().constants.push_back(saved_maps_constant);
+    add_carry_constant();
   }
   add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
       StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
       segments > 1 ? GridKind::walk_segments : GridKind::walk, ir.walk_bwd_bv,
       StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
   add_segment_constants();
+  add_carry_constant();
   // 128-wide slabs at K = V = 128 with wgmma run the warp-specialized sm_90a body (setmaxnreg:
   // the entry's register count pinned, as for the fused walk); the other targets run the portable
   // body in the same 512-thread blocks.
@@ -438,7 +457,8 @@ LayerIR lower(const Spec& spec_in) {
   // Light saves keep the state entering each segment, so the backward's re-run walk skips the
   // prescan and the merge (NT / 32 state slots under "auto": a few MB per layer, against 0.3 ms of
   // the L shape's fwd+bwd); a rank of a context-parallel run keeps kcp_entry instead.
-  const bool keep_seg_h0 = ir.saved_segment_maps && !full;
+  const bool keep_seg_h0 = s.cp_segments > 1 && s.cp_ranks == 1 && !full;
+  ir.segment_entries_saved = keep_seg_h0;
   buf("chunks", BufferRole::saved, "ChunkInfo", "[NT]", {0, 0, 16});
   buf("doc_chunk_offset", BufferRole::saved, "int32", "[N + 1]", {0, 4, 0, 4});
   buf("doc_order", BufferRole::saved, "int32", "[N]", {0, 4});
@@ -495,14 +515,13 @@ LayerIR lower(const Spec& spec_in) {
       buf("seg_h0", BufferRole::saved, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state));
     else
       buf("seg_h0", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), full ? fwd_only : both);
-    // The verified carry's walk from zero: the state after each of a segment's first chunks, and
-    // per document and value head whether its chain verified. Only the forward reads them; with
-    // light saves the backward's workspace keeps their place, since a hand-off needs the forward's
-    // slots to be a prefix of the backward's.
+    // The verified carry's walks from zero: the state (the backward's: the gradient) after each of
+    // a segment's first chunks, and per document and value head whether its chain verified. Each
+    // call form uses them for its own walks.
     if (ir.verified_carry) {
       buf("seg_ckpt", BufferRole::workspace, "fp32", seg_shape + fmt::format(", HV, {}, K, V]", kCarryCheckpoints),
-          seg_bytes(state * kCarryCheckpoints), full ? fwd_only : both);
-      buf("seg_fail", BufferRole::workspace, "int32", "[N, HV]", {0, 1LL * HV * 4}, full ? fwd_only : both);
+          seg_bytes(state * kCarryCheckpoints), both);
+      buf("seg_fail", BufferRole::workspace, "int32", "[N, HV]", {0, 1LL * HV * 4}, both);
     }
   }
   if (fold_rstd) buf("qn", BufferRole::workspace, "bf16", "[T, H, K]", {qk * 2}, bwd_only);
@@ -538,7 +557,7 @@ LayerIR lower(const Spec& spec_in) {
       // backward's to overwrite: seg_dzm and seg_dz then take slots of their own.
       if (!ir.saved_segment_maps) {
         share("seg_dzm", "seg_hm");
-        share("seg_dz", "seg_h0");
+        if (!keep_seg_h0) share("seg_dz", "seg_h0");
       }
     }
   }
@@ -620,7 +639,7 @@ LayerIR lower(const Spec& spec_in) {
                                               "from 0 bit for bit (at most {} chunks, their tapes); else its "
                                               "document's chain is marked (seg_fail)",
                                               kCarryCheckpoints)});
-    fwd.push_back({"walk_prescan", "M of every segment (saved for the backward); S_ext only for marked chains"});
+    fwd.push_back({"walk_prescan", "S_ext and M of every segment but a document's last, marked chains"});
     fwd.push_back({"walk_merge", "the state entering every segment of a marked chain, fp32"});
     fwd.push_back({"state_walk", tapes + " and ht of the marked chains, every segment from its merged entry"});
     fwd.push_back({"output", ""});
@@ -660,7 +679,19 @@ LayerIR lower(const Spec& spec_in) {
       bwd.push_back({"state_walk", "re-run: h_tape, v_new", "no fresh hand-off"});
   }
   bwd.push_back({"dv_local", walk_fuses_dv ? "nothing on sm_90a: state_walk_bwd computes it there" : ""});
-  if (segments > 1) {
+  if (ir.verified_carry) {
+    bwd.push_back({"walk_bwd_speculate",
+                   "dh_tape, dv_new of every segment, a document's last from dht, the "
+                   "others from 0; the gradients after their last chunks; each segment's "
+                   "start as the previous one's end (seg_dz), dh0"});
+    bwd.push_back({"walk_bwd_verify", fmt::format("every earlier segment from its end until its gradient equals the "
+                                                  "walk from 0 bit for bit (at most {} chunks, their tapes); else "
+                                                  "its document's chain is marked (seg_fail)",
+                                                  kCarryCheckpoints)});
+    bwd.push_back({"walk_bwd_prescan", "dZ_ext and A = M^T of every segment but a document's first, marked chains"});
+    bwd.push_back({"walk_merge_bwd", "the gradient at every segment's end of a marked chain, fp32, from dht"});
+    bwd.push_back({"state_walk_bwd", "the marked chains, every segment from its merged end gradient"});
+  } else if (segments > 1) {
     if (ir.saved_segment_maps) {
       bwd.push_back({"walk_bwd_prescan", "dZ_ext of every segment but a document's first"});
       bwd.push_back({"walk_merge_bwd",
@@ -671,7 +702,7 @@ LayerIR lower(const Spec& spec_in) {
       bwd.push_back({"walk_merge_bwd", "the gradient at every segment's end, fp32, from dht"});
     }
   }
-  bwd.push_back({"state_walk_bwd", ""});
+  if (!ir.verified_carry) bwd.push_back({"state_walk_bwd", ""});
   bwd.push_back({"chunk_bwd", "dq/dk per value head (bf16)"});
   bwd.push_back({"finalize", norm ? "group sum + l2norm backward" : "group sum"});
   ir.call_forms.push_back({CallForm::backward, bwd});
@@ -721,10 +752,10 @@ std::string to_text(const LayerIR& ir) {
     line(fmt::format("segments: {} per document (pinned by the spec)", s.cp_segments));
   if (ir.verified_carry)
     line(
-        fmt::format("carry: verified (each later segment re-walked from its predecessor's end until it equals its "
-                    "walk from 0 bit for bit, at most {} chunks: a verified document's forward has one "
-                    "unsegmented walk's bits; the prescan's S_ext, the merge and the full walk only for chains "
-                    "that do not verify)",
+        fmt::format("carry: verified (every segment walked from its true entry or from 0 at once, then "
+                    "re-walked from its neighbour's end until it equals its walk from 0 bit for bit, at most {} "
+                    "chunks, forward and backward: a document whose chains verify has one unsegmented layer's "
+                    "bits; the prescans, merges and full walks only for chains that do not; no saved maps)",
                     kCarryCheckpoints));
   else if (s.cp_carry == SegmentCarry::verified)
     line("carry: verified (no effect: one segment per document)");

@@ -142,8 +142,13 @@ struct LayerIR {
   bool saved_segment_maps = false;
   /// cp.carry "verified" with segments (docs/algorithm.md 4.7): walk_speculate and walk_verify run
   /// before the prescan, the merge and the walk, which then work only for the chains that did not
-  /// verify (seg_fail).
+  /// verify (seg_fail); the backward's walk_bwd_speculate and walk_bwd_verify likewise. The
+  /// forward's maps are then not saved (saved_segment_maps false): a chain the backward cannot
+  /// verify walks its own transitions in the backward prescan.
   bool verified_carry = false;
+  /// Segments on one rank with light saves: the state entering each segment is saved (seg_h0), so
+  /// the backward's re-run walk needs no prescan and no merge.
+  bool segment_entries_saved = false;
   std::vector<Program> programs;
   std::vector<Buffer> buffers;
   std::vector<CallFormIR> call_forms;

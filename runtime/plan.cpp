@@ -424,7 +424,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     bind_chunk_prep(b, k);  // Tm read back
     // The segments' entry states are the forward's where the IR saves its segment maps; a rank of
     // a context-parallel run chains them again from its kcp_entry.
-    const bool entry_states = !ir.saved_segment_maps;
+    const bool entry_states = !ir.segment_entries_saved;
     if (ir.spec.forward == ForwardPath::fused) {  // the tapes in the fused walk's roundings
       if (ir.spec.cp_segments > 1 && entry_states) bind_segment_entry_states(b, k);
       bind_fused_walk(b, "walk_tape", false, true);
@@ -468,7 +468,22 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       GDN_BIND(l, P, nt_max, b.nt_max());
       GDN_BIND(l, P, doc_order, b.slot("doc_order"));
     };
-    if (segments) {
+    using P = StateWalkBwdParams;
+    // The verified carry (docs/algorithm.md 4.7): the reverse walk from zero and the re-walks that
+    // verify it, then the prescan, the merge and the full walk for the chains marked in seg_fail.
+    auto carry = [&](PlannedLaunch& l, bool checkpoints) {
+      bind_walk_bwd(l);
+      if (checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
+      GDN_BIND(l, P, seg_fail, b.slot("seg_fail"));
+    };
+    if (ir.verified_carry) {
+      carry(b.launch("walk_bwd_speculate", sizeof(P)), true);
+      carry(b.launch("walk_bwd_verify", sizeof(P)), true);
+      carry(b.launch("walk_bwd_prescan", sizeof(P)), false);
+      bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
+      GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("seg_fail"));
+      carry(b.launch("state_walk_bwd", sizeof(P)), false);
+    } else if (segments) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
       if (b.kcp) {
         bind_kcp_exchange(b, "seg_dzm", kKcpBackwardSend);
@@ -476,9 +491,9 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       }
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
     }
-    auto& walk = b.launch("state_walk_bwd", sizeof(StateWalkBwdParams));
-    bind_walk_bwd(walk);
+    if (!ir.verified_carry) bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
     if (b.ir().spec.backward_w == BackwardW::walk) {
+      auto& walk = b.last();
       // On sm_90a the walk forms W from Tm and beta, in the places of w and seg_dz (no segments);
       // the other targets' portable walk reads chunk_prep's W.
       using P = StateWalkBwdParams;

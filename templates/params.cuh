@@ -206,8 +206,8 @@ struct WalkMergeParams {
   /// The backward's merge on one rank (SavedMaps): the forward's saved seg_hm, whose M_i gives
   /// A_i = M_i^T. Else unused.
   const float* fwd_maps;  ///< [segment slots, HV, K, V + K]
-  /// The forward's merge under the verified carry: [N, HV], the documents' chains to merge (the
-  /// others verified). Else null.
+  /// The merges under the verified carry: [N, HV], the documents' chains to merge (the others
+  /// verified). Else null.
   const int* seg_fail;
 };
 enum KcpEntryMode : int { kKcpEntryNone = 0, kKcpEntryWrite = 1, kKcpEntryRead = 2 };
@@ -287,6 +287,10 @@ struct StateWalkBwdParams {
   long long T;           ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
   long long nt_max;      ///< the chunks of dh_tape (its tensor map's extent)
   const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
+  // The verified carry in reverse (cp.carry "verified", docs/algorithm.md 4.7; null otherwise): the
+  // forward's buffers, free again by the backward.
+  float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]: walk_bwd_speculate's first gradients
+  int* seg_fail;    ///< [N, HV]: 1 where a document's chain did not verify (the merge runs for it)
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -336,7 +340,7 @@ static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and th
 static_assert(sizeof(StateWalkParams) == 128, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkBwdParams) == 144, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkBwdParams) == 160, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 160, "FusedWalkParams: the host and the kernels share this layout");

@@ -817,11 +817,12 @@ TEST_SUITE("gpu_determinism") {
   }
 
   // cp.carry "verified" (docs/algorithm.md 4.7). Under decaying gates (logsigmoid of N(0, 1): a
-  // segment's walk from 0 equals its walk from the entry after one chunk) every chain verifies and
-  // the forward is one unsegmented walk's, bit for bit; the gradients (segmented backward) within
-  // fp64 bounds, repeats and call forms bitwise. Without decay (g = 0) no chain verifies within
-  // its checkpoints: the merge runs for every chain and every tensor has the merge carry's bits.
-  TEST_CASE("cp.carry verified: the unsegmented forward's bits where chains verify, the merge's where not") {
+  // segment's walk from 0 equals its walk from the entry after one chunk, forward and reverse)
+  // every chain verifies and every tensor has one unsegmented layer's bits (the same slab widths,
+  // the same chunk steps); repeats and call forms bitwise. Without decay (g = 0) no chain verifies
+  // within its checkpoints: the merges run for every chain, the forward then has the merge carry's
+  // bits (o, ht) and the backward its own (it walks its transitions: no saved maps), within fp64.
+  TEST_CASE("cp.carry verified: the unsegmented layer's bits where chains verify, the merge's forward where not") {
     auto spec = [](const char* name, int segments, SegmentCarry carry) {
       Spec s = spec_of("n");
       s.cp_segments = segments;
@@ -840,17 +841,17 @@ TEST_SUITE("gpu_determinism") {
     const check::Report v = check::run(*verified_layer, c);
     expect_within_bounds(v, "verified carry, logsigmoid gates");
     c.with_reference = false;
-    const check::Report p = check::run(*make(plain), c);
-    for (const char* out : {"o", "ht"})
-      CHECK_MESSAGE(v.bytes.at(out) == p.bytes.at(out), "verified vs unsegmented: " << out);
+    expect_same_bits(check::run(*make(plain), c).bytes, v, "verified vs unsegmented");
     c.repeats = 2;
     expect_call_forms_agree(verified, c, "n_carry_verified_forms");
     c.repeats = 1;
-    // No decay: the chains fall back to the merge, whose bits they then have in every tensor.
+    // No decay: the chains fall back to the merges.
     c.gate_value = 0.0;
     c.doc_lens = {3000, 700};
     const check::Report v0 = check::run(*verified_layer, c);
-    expect_same_bits(check::run(*make(merged), c).bytes, v0, "g = 0: verified (every chain merged) vs merge");
+    const check::Report m0 = check::run(*make(merged), c);
+    for (const char* out : {"o", "ht"})
+      CHECK_MESSAGE(v0.bytes.at(out) == m0.bytes.at(out), "g = 0: verified (every chain merged) vs merge: " << out);
     c.with_reference = true;
     expect_within_bounds(check::run(*verified_layer, c), "verified carry, g = 0");
     // "auto" segments (16 on a 33000-token document at heads 1 / 2): the unsegmented bits again.
@@ -870,10 +871,8 @@ TEST_SUITE("gpu_determinism") {
     long_doc.with_reference = false;
     auto auto_layer = make(auto_verified);
     REQUIRE(auto_layer->ir().spec.cp_segments == 16);
-    const check::Report a = check::run(*auto_layer, long_doc);
-    const check::Report ap = check::run(*make(auto_plain), long_doc);
-    for (const char* out : {"o", "ht"})
-      CHECK_MESSAGE(a.bytes.at(out) == ap.bytes.at(out), "auto verified vs unsegmented: " << out);
+    expect_same_bits(check::run(*make(auto_plain), long_doc).bytes, check::run(*auto_layer, long_doc),
+                     "auto verified vs unsegmented");
   }
 
   // Users training with RL need a document's logprobs (and a trainer its gradients) not to depend

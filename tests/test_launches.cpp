@@ -154,6 +154,22 @@ TEST_SUITE("launches") {
     const std::string rerun = block("state_walk", at + 1).first;
     CHECK(rerun.find(field(offsetof(P, seg_fail), "0x0")) != std::string::npos);
     CHECK(rerun.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
+    // The backward's reverse walks likewise; the maps are the forward's scratch, not saved.
+    using B = StateWalkBwdParams;
+    for (const char* walk : {"walk_bwd_speculate", "walk_bwd_verify"}) {
+      CAPTURE(walk);
+      const std::string b = block(walk).first;
+      CHECK(b.find(field(offsetof(B, seg_ckpt), "ws.seg_ckpt")) != std::string::npos);
+      CHECK(b.find(field(offsetof(B, seg_fail), "ws.seg_fail")) != std::string::npos);
+    }
+    for (const char* walk : {"walk_bwd_prescan", "state_walk_bwd"})
+      CHECK_MESSAGE(block(walk).first.find(field(offsetof(B, seg_fail), "ws.seg_fail")) != std::string::npos, walk);
+    CHECK(block("walk_merge_bwd").first.find(field(offsetof(WalkMergeParams, seg_fail), "ws.seg_fail")) !=
+          std::string::npos);
+    const std::string prescan = block("walk_prescan").first;
+    CHECK(prescan.find(field(offsetof(P, seg_hm), "ws.")) != std::string::npos);  // shared with seg_dzm
+    CHECK(prescan.find("seg_hm") != std::string::npos);
+    CHECK(text.find("saved.seg_hm") == std::string::npos);
   }
 
   TEST_CASE("every call plan launches what the IR's call form lists") {
@@ -213,8 +229,12 @@ TEST_SUITE("launches") {
         spec.save_mode = save;
         spec.cp_segments = segments;
         spec.cp_carry = carry;
-        // The verified carry runs on the programs forward, which "auto" gives n and not m.
-        if (carry == SegmentCarry::verified) spec.forward = ForwardPath::programs;
+        // The verified carry runs on the programs forward and the portable backward walk, which
+        // "auto" gives n and not m.
+        if (carry == SegmentCarry::verified) {
+          spec.forward = ForwardPath::programs;
+          if (std::string(name) == "m") spec.walk_bwd_slab = 64;
+        }
         CAPTURE(segments);
         CAPTURE(to_string(carry));
         auto rec = std::make_shared<testing::RecordingLauncher>();

@@ -20,6 +20,15 @@
  * rank A is the forward's saved M^T and the prescan walks dZ_ext alone, with the walk's bf16
  * operands. WalkMergeBwd chains them in fp32 from dht; then every segment walks from its merged
  * end gradient.
+ *
+ * The verified carry (Cfg::VERIFIED_CARRY, docs/algorithm.md 4.7) in reverse: StateWalkBwdSpeculate
+ * walks a document's last segment from dht and every other from Z = 0, with the tapes, the fp32
+ * gradient after each of a segment's first kCarryCheckpoints chunks (walked last to first) and each
+ * segment's start gradient as its predecessor's end (seg_dz); StateWalkBwdVerify re-walks every
+ * earlier segment from that end until its gradient equals the checkpoint bit for bit, and marks the
+ * chains that never do. The prescan (dZ_ext and A, walked here: the forward saves no maps under
+ * this carry), the merge and the full walk then run for the marked chains only. A verified
+ * document's backward walk has one unsegmented walk's bits.
  */
 #pragma once
 
@@ -87,15 +96,22 @@ struct StateWalkBwdMmaSync {
     bwd::load_tile_async<C, K, kThreads>(b + kOffW, PK, p.w + (t0 * Cfg::HV + j) * K, (long long)Cfg::HV * K, m);
   }
 
-  __device__ static void run(const StateWalkBwdParams& p) { walk<false>(p); }
-  /// The entry of a layer whose sm_90a body loads by TMA (the maps are for that body only).
-  __device__ static void run(const StateWalkBwdParams& p, const TensorMaps&) { walk<false>(p); }
+  enum class Mode { walk, prescan, speculate, verify };
 
-  /// kPrescan: blockIdx.x < V / BV walks slab x from Z = 0 (dZ_ext); the K / BV blocks after it
-  /// walk columns of A from the identity with no dO and dv_local. No tapes; the result goes to
+  __device__ static void run(const StateWalkBwdParams& p) { walk<Mode::walk>(p); }
+  /// The entry of a layer whose sm_90a body loads by TMA (the maps are for that body only).
+  __device__ static void run(const StateWalkBwdParams& p, const TensorMaps&) { walk<Mode::walk>(p); }
+
+  /// Mode::prescan: blockIdx.x < V / BV walks slab x from Z = 0 (dZ_ext); the K / BV blocks after
+  /// it walk columns of A from the identity with no dO and dv_local. No tapes; the result goes to
   /// seg_dzm. Segment 0 of a document is skipped: the merge never needs its transition.
-  template <bool kPrescan>
+  /// Mode::speculate and Mode::verify: the verified carry's two walks (the file's comment).
+  template <Mode kMode>
   __device__ static void walk(const StateWalkBwdParams& p) {
+    constexpr bool kPrescan = kMode == Mode::prescan, kSpeculate = kMode == Mode::speculate,
+                   kVerify = kMode == Mode::verify;
+    constexpr bool kVerified = VerifiedCarry<Cfg>::value;
+    static_assert(kVerified || !(kSpeculate || kVerify), "walk_bwd_speculate and walk_bwd_verify need VERIFIED_CARRY");
     const int j = walk_head<Cfg>();
     const GridSegment at = grid_segment<SEG, Cfg::HV>(p.doc_order);
     const int n = at.n, seg = at.seg;
@@ -108,6 +124,17 @@ struct StateWalkBwdMmaSync {
     const long long slot = ds.slot0 + seg;
     if (kPrescan && seg == 0) return;
     if (kPrescan && transition && SavedMaps<Cfg>::value) return;  // A = M^T comes from the forward's saved maps
+    // The verified carry: seg_fail marks the chains that did not verify (written by walk_bwd_verify;
+    // null otherwise). Only they need the prescan, the merge and the full walk.
+    int* const fail = kVerified && p.seg_fail != nullptr ? p.seg_fail + (long long)n * Cfg::HV + j : nullptr;
+    if constexpr ((kMode == Mode::walk || kPrescan) && kVerified) {
+      if (fail != nullptr && (!ds.split() || *fail == 0)) return;
+    }
+    if constexpr (kVerify) {
+      if (!ds.split() || seg == ds.count - 1) return;  // the last segment walked from dht in speculate
+    }
+    // speculate: the last segment (and an unsplit document) from dht, the others from 0.
+    const bool from_zero = kSpeculate && ds.split() && seg < ds.count - 1;
     extern __shared__ __align__(16) unsigned char smem[];
     unsigned char* const stage = smem;
     float* const gbuf = reinterpret_cast<float*>(reinterpret_cast<bf16_t*>(stage) + kOffG);
@@ -137,7 +164,8 @@ struct StateWalkBwdMmaSync {
           a = r == v0 + c ? 1.f : 0.f;
           b = r == v0 + c + 1 ? 1.f : 0.f;
         });
-    } else if (SEG > 1 && ds.split()) {
+    } else if (from_zero) {
+    } else if (SEG > 1 && ds.split() && !(kSpeculate && seg == ds.count - 1)) {
       const float* src = p.seg_dz + (slot * Cfg::HV + j) * K * V + v0;
       bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
         const float2 x = *reinterpret_cast<const float2*>(src + (long long)r * V + c);
@@ -153,6 +181,16 @@ struct StateWalkBwdMmaSync {
       });
     }
 
+    if constexpr (kSpeculate) {  // the chain starts out verified
+      if (ds.split() && seg == ds.count - 1 && blockIdx.x == 0 && threadIdx.x == 0) *fail = 0;
+    }
+    // The checkpoints of this segment: the gradient after each of its last chunks, walked first.
+    float* const ckpt =
+        (kSpeculate || kVerify) ? p.seg_ckpt + (slot * Cfg::HV + j) * kCarryCheckpoints * K * V + v0 : nullptr;
+    // verify re-walks at most the checkpointed chunks.
+    const int c_stop = kVerify ? max(c_first, c_last - (kCarryCheckpoints - 1)) : c_first;
+    bool verified = false;
+
     // Prologue: all three groups of the last chunk. Every iteration then commits exactly three
     // groups (empty ones on the first chunk), so the wait counts below stay fixed.
     if (c_last >= c_first) {
@@ -167,8 +205,8 @@ struct StateWalkBwdMmaSync {
 
     const float scale = p.scale;
     constexpr int kSlabPieces = BV / 8;  // 16-byte pieces per slab row
-    for (int c = c_last, parity = 0; c >= c_first; --c, parity ^= 1) {
-      const bool has_prev = c > c_first;
+    for (int c = c_last, parity = 0; c >= c_stop; --c, parity ^= 1) {
+      const bool has_prev = c > c_stop;
       const ChunkInfo ci = p.chunks[c];
       const ChunkInfo prev = p.chunks[has_prev ? c - 1 : c];
       const int m = ci.len;
@@ -260,8 +298,42 @@ struct StateWalkBwdMmaSync {
       __syncthreads();  // B3: Q, W, sZ, sOh/sOl and sD are free
       if (has_prev) load_qw(stage, p, prev, j, inputs);
       bwd::cp_async_commit();
+      if constexpr (kSpeculate || kVerify) {
+        float* const at = ckpt + (long long)(c_last - c) * K * V;
+        if (kSpeculate && from_zero && c_last - c < kCarryCheckpoints) {
+          bwd::for_pairs(z, [&](int r, int cc, float& a, float& b) {
+            *reinterpret_cast<float2*>(at + (long long)r * V + cc) = make_float2(a, b);
+          });
+        }
+        if (kVerify) {
+          // Bit for bit (a -0 against +0 counts as a difference, which only costs another chunk).
+          bool same = true;
+          bwd::for_pairs(z, [&](int r, int cc, float& a, float& b) {
+            const float2 x = *reinterpret_cast<const float2*>(at + (long long)r * V + cc);
+            same = same && __float_as_uint(x.x) == __float_as_uint(a) && __float_as_uint(x.y) == __float_as_uint(b);
+          });
+          if (__syncthreads_and(same)) {
+            verified = true;
+            break;
+          }
+        }
+      }
     }
     bwd::cp_async_wait<0>();
+    if constexpr (kVerify) {
+      // Not equal within the checkpoints: this document's chain runs the merge and the full walk.
+      if (!verified && threadIdx.x == 0) atomicExch(fail, 1);
+      return;
+    }
+    if constexpr (kSpeculate) {
+      if (ds.split() && seg > 0) {  // the gradient at the previous segment's end (verified by its re-walk)
+        float* dst = const_cast<float*>(p.seg_dz) + ((slot - 1) * Cfg::HV + j) * K * V + v0;
+        bwd::for_pairs(z, [&](int r, int c, float& a, float& b) {
+          *reinterpret_cast<float2*>(dst + (long long)r * V + c) = make_float2(a, b);
+        });
+        return;
+      }
+    }
 
     if (kPrescan) {
       // seg_dzm row r: dZ_ext in columns 0 .. V-1, A in V .. V+K-1.
@@ -286,7 +358,27 @@ struct StateWalkBwdMmaSync {
 template <class Cfg>
 struct StateWalkBwdPrescan {
   static_assert(Cfg::K == Cfg::V, "the prescan walks A's K columns as V-wide slabs: K must equal V");
-  __device__ static void run(const StateWalkBwdParams& p) { StateWalkBwdMmaSync<Cfg>::template walk<true>(p); }
+  __device__ static void run(const StateWalkBwdParams& p) {
+    StateWalkBwdMmaSync<Cfg>::template walk<StateWalkBwdMmaSync<Cfg>::Mode::prescan>(p);
+  }
+};
+
+/// The verified carry's first reverse walk (the file's comment): every segment at once, a
+/// document's last from dht and the others from 0, with the tapes, checkpoints and start gradients.
+template <class Cfg>
+struct StateWalkBwdSpeculate {
+  __device__ static void run(const StateWalkBwdParams& p) {
+    StateWalkBwdMmaSync<Cfg>::template walk<StateWalkBwdMmaSync<Cfg>::Mode::speculate>(p);
+  }
+};
+
+/// The verified carry's second reverse walk: each earlier segment from its successor's start
+/// gradient until it matches a checkpoint; marks the chains that do not.
+template <class Cfg>
+struct StateWalkBwdVerify {
+  __device__ static void run(const StateWalkBwdParams& p) {
+    StateWalkBwdMmaSync<Cfg>::template walk<StateWalkBwdMmaSync<Cfg>::Mode::verify>(p);
+  }
 };
 
 /// The program's class: the warp-specialized body (state_walk_bwd_sm90.cuh) on sm_90a when the

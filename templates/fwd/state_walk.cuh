@@ -27,8 +27,8 @@
  * compares its state with the checkpoint after every chunk: once they are equal bit for bit, the
  * walk from zero from there on is the walk from the entry (the same steps on the same inputs), so
  * its tapes stand and the re-walk stops; a chain with a segment that never matches is marked in
- * seg_fail, and only for those does the prescan's S_ext, the merge and the full walk run. A
- * verified document's bits are those of one unsegmented walk.
+ * seg_fail, and only for those do the prescan, the merge and the full walk run. A verified
+ * document's forward has the bits of one unsegmented walk.
  */
 #pragma once
 
@@ -95,14 +95,12 @@ struct StateWalk {
     // from the saved maps (A = M^T) when they are saved. An unsplit document has no slot.
     if (kPrescan && (!ds.split() || (seg == ds.count - 1 && !(transition && SavedMaps<Cfg>::value)))) return;
     // The verified carry: seg_fail marks the chains that did not verify (written by the forward's
-    // verify pass; null in the backward's re-run, which walks every segment). Only they need S_ext,
-    // the merge and the full walk; M is walked for every split document (saved for the backward).
+    // verify pass; null in the backward's re-run, which walks every segment). Only they need the
+    // prescan (S_ext and M: the backward walks its own transitions under this carry), the merge and
+    // the full walk.
     int* const fail = kVerified && p.seg_fail != nullptr ? p.seg_fail + (long long)n * HV + j : nullptr;
-    if constexpr (kMode == Mode::walk && kVerified) {
+    if constexpr ((kMode == Mode::walk || kPrescan) && kVerified) {
       if (fail != nullptr && (!ds.split() || *fail == 0)) return;
-    }
-    if constexpr (kPrescan && kVerified) {
-      if (fail != nullptr && !transition && *fail == 0) return;
     }
     if constexpr (kVerify) {
       if (!ds.split() || seg == 0) return;  // segment 0 walked from its true entry in speculate

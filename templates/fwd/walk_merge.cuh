@@ -39,8 +39,8 @@ struct WalkMerge {
     const int c0 = blockIdx.x * BC, j = blockIdx.y, n = blockIdx.z;
     const int r = threadIdx.x >> 1, half = (threadIdx.x & 1) * kCols;
     const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
-    if (!ds.split()) return;  // one segment: its walk reads h0 (dht) itself and has no slot
-    if constexpr (!kReverse && VerifiedCarry<Cfg>::value) {  // a verified chain keeps walk_speculate's entries
+    if (!ds.split()) return;                    // one segment: its walk reads h0 (dht) itself and has no slot
+    if constexpr (VerifiedCarry<Cfg>::value) {  // a verified chain keeps its speculative walk's entries
       if (p.seg_fail != nullptr && p.seg_fail[(long long)n * HV + j] == 0) return;
     }
     const bool has_h0 = (kReverse ? Cfg::HAS_HT : Cfg::HAS_H0) && p.h0 != nullptr;  // dht in the backward
