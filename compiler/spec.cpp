@@ -160,8 +160,8 @@ void validate(const Spec& s) {
                                                 "\"auto\" with more than one rank)",
                                                 s.cp_segments, s.cp_ranks));
   if (s.cp_ranks > 1 && s.cp_carry == SegmentCarry::verified)
-    throw SpecError("/cp/carry", fmt::format("\"verified\" with cp.ranks {}: the ranks' pieces are merged (only one "
-                                             "rank's segments verify)",
+    throw SpecError("/cp/carry", fmt::format("\"verified\" with cp.ranks {}: the ranks' pieces are carried by the "
+                                             "merge (the verified carry runs on one rank)",
                                              s.cp_ranks));
 }
 

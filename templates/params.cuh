@@ -141,8 +141,10 @@ struct StateWalkParams {
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise). Segment i of document n is grid
   // position l = i * N + n (seg::grid_position: y = (l % SEGMENTS) * HV + head, z = l / SEGMENTS)
   // and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
-  float* seg_hm;         ///< [segment slots, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
-  const float* seg_h0;   ///< [segment slots, HV, K, V]: the state entering each segment (walk_merge)
+  float* seg_hm;  ///< [segment slots, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
+  /// [segment slots, HV, K, V]: the state entering each segment (walk_merge; under the verified
+  /// carry walk_speculate writes it too, through a cast: every other reader only reads it)
+  const float* seg_h0;
   const int* doc_order;  ///< [N]: grid position l's document is doc_order[l mod N] (common/segments.cuh)
   // The verified carry (cp.carry "verified", docs/algorithm.md 4.7; null otherwise).
   float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]: walk_speculate's first states
@@ -281,8 +283,10 @@ struct StateWalkBwdParams {
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
   float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
   union {
-    const float* seg_dz;  ///< [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd)
-    const float* beta;    ///< Cfg::WALK_FUSES_W (which has no segments): [T, HV]
+    /// [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd; under the
+    /// verified carry walk_bwd_speculate writes it too, through a cast)
+    const float* seg_dz;
+    const float* beta;  ///< Cfg::WALK_FUSES_W (which has no segments): [T, HV]
   };
   long long T;           ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
   long long nt_max;      ///< the chunks of dh_tape (its tensor map's extent)

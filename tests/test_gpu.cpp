@@ -845,6 +845,12 @@ TEST_SUITE("gpu_determinism") {
     c.repeats = 2;
     expect_call_forms_agree(verified, c, "n_carry_verified_forms");
     c.repeats = 1;
+    // Documents shorter than their 4 segments (empty ones, a one-token chunk): those chains cannot
+    // verify and take the merges, beside a long one that does; against fp64.
+    c.with_reference = true;
+    c.doc_lens = {100, 65, 1, 3000, 129};
+    expect_within_bounds(check::run(*verified_layer, c), "verified carry, documents shorter than their segments");
+    c.with_reference = false;
     // No decay: the chains fall back to the merges.
     c.gate_value = 0.0;
     c.doc_lens = {3000, 700};

@@ -241,6 +241,52 @@ TEST_SUITE("ir") {
         "/backward_w: \"prep\" is not supported (supported: \"chunk_prep\", \"walk\", \"auto\")", gdn::SpecError);
   }
 
+  TEST_CASE("cp.carry \"verified\": its programs and constants, no saved maps, its refusals, its canonical form") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
+    spec.cp_segments = 4;
+    const auto merge = gdn::lower(spec);
+    CHECK_FALSE(merge.verified_carry);
+    CHECK(merge.saved_segment_maps);
+    spec.cp_carry = gdn::SegmentCarry::verified;
+    const auto verified = gdn::lower(spec);
+    CHECK(verified.verified_carry);
+    CHECK_FALSE(verified.saved_segment_maps);  // a chain the backward cannot verify walks its own A
+    CHECK(verified.segment_entries_saved);
+    for (const char* name :
+         {"walk_speculate", "walk_verify", "walk_prescan", "walk_merge", "state_walk", "walk_bwd_speculate",
+          "walk_bwd_verify", "walk_bwd_prescan", "walk_merge_bwd", "state_walk_bwd"})
+      CHECK_MESSAGE(constant_of(verified.program(name), "VERIFIED_CARRY") == "true", name);
+    CHECK(verified.buffer("seg_hm").role == gdn::BufferRole::workspace);
+    CHECK(verified.buffer("seg_h0").role == gdn::BufferRole::saved);
+    CHECK(verified.buffer("seg_ckpt").bytes.eval(1000, 3, 64) == 3 * 4 * 6 * 4 * 128 * 128 * 4LL);
+    CHECK(verified.buffer("seg_fail").bytes.eval(1000, 3, 64) == 3 * 6 * 4);
+    // The merge carry's programs carry no such constant: their sources (and cache keys) are unchanged.
+    for (const auto& p : merge.programs) CHECK_MESSAGE(constant_of(p, "VERIFIED_CARRY") == "(absent)", p.name);
+    // One segment per document: no effect.
+    gdn::Spec one = spec;
+    one.cp_segments = 1;
+    CHECK_FALSE(gdn::lower(one).verified_carry);
+    // The fused forward with segments, and the reverse walk's sm_90a body, are refused.
+    gdn::Spec fused = spec;
+    fused.forward = gdn::ForwardPath::fused;
+    CHECK_THROWS_WITH_AS(gdn::lower(fused),
+                         "/cp/carry: \"verified\" runs on the programs forward (forward \"programs\"; here "
+                         "\"fused\" with 4 segments)",
+                         gdn::SpecError);
+    gdn::Spec wide = spec;
+    wide.walk_bwd_slab = 128;
+    CHECK_THROWS_WITH_AS(gdn::lower(wide),
+                         "/cp/carry: \"verified\" runs on the portable backward walk (walk_bwd_slab 32 or 64; "
+                         "here 128, the sm_90a body)",
+                         gdn::SpecError);
+    wide.tensor_cores = gdn::TensorCores::mma_sync;  // the portable body at 128 columns
+    CHECK(gdn::lower(wide).verified_carry);
+    // The canonical form names the carry only when it is not the default (other layers' keys stay).
+    CHECK_FALSE(gdn::to_json(merge.spec)["cp"].contains("carry"));
+    CHECK(gdn::to_json(verified.spec)["cp"]["carry"] == "verified");
+    CHECK(gdn::spec_from_json(gdn::to_json(verified.spec)).cp_carry == gdn::SegmentCarry::verified);
+  }
+
   TEST_CASE("backward_w \"auto\": the walk forms W wherever it can, chunk_prep elsewhere, and the IR says so") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     CHECK(spec.backward_w == gdn::BackwardW::automatic);
