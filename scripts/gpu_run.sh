@@ -9,7 +9,8 @@
 #             layer, the rest: every suite in about 220 s on the H200 instead of about 420 s; the
 #             timed suites are not benchmarks, and the sanitizers stay serial)
 #   python    the binding's unittest files (torch of the machine; FLA if .whl is carried)
-#   programs  gdn_bench --programs (per-program GPU time, PROGRAM_SHAPES, default N,M)
+#   programs  gdn_bench --programs (per-program GPU time, PROGRAM_SHAPES, default N,M), once per
+#             cp.carry of PROGRAM_CARRIES (default merge; "merge verified" for both)
 #   host      gdn_bench --host-time
 #   sweep     gdn_bench --sweep (the sm_90a hand-off threshold)
 #   bench     gdn_bench timing table (BENCH_ARGS)
@@ -109,7 +110,12 @@ if has python; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 bench() { "$bin/gdn_bench" "$@" 2>&1; }
-has programs && { echo "=== programs ($((SECONDS - t0)) s)"; bench --programs --shapes "${PROGRAM_SHAPES:-N,M}" --warmup 3 --samples 9 | tee "$OUT/programs.log"; }
+if has programs; then
+  echo "=== programs ($((SECONDS - t0)) s)"
+  for carry in ${PROGRAM_CARRIES:-merge}; do
+    bench --programs --shapes "${PROGRAM_SHAPES:-N,M}" --carry "$carry" --warmup 3 --samples 9
+  done | tee "$OUT/programs.log"
+fi
 has host && { echo "=== host time ($((SECONDS - t0)) s)"; bench --host-time | tee "$OUT/host.log"; }
 has sweep && { echo "=== sweep ($((SECONDS - t0)) s)"; bench --sweep --groups 3 --samples 6 --warmup 4 | tee "$OUT/sweep.log"; }
 if has bench; then
