@@ -422,8 +422,8 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
   }
   if (!full && rerun == PrepRerun::yes) {
     bind_chunk_prep(b, k);  // Tm read back
-    // The segments' entry states are the forward's where the IR saves its segment maps; a rank of
-    // a context-parallel run chains them again from its kcp_entry.
+    // The segments' entry states are the forward's where the IR saves them (one rank, light
+    // saves); a rank of a context-parallel run chains them again from its kcp_entry.
     const bool entry_states = !ir.segment_entries_saved;
     if (ir.spec.forward == ForwardPath::fused) {  // the tapes in the fused walk's roundings
       if (ir.spec.cp_segments > 1 && entry_states) bind_segment_entry_states(b, k);

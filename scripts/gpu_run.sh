@@ -136,8 +136,9 @@ if has sanitize; then
   # then each rank's KCP phases in turn on 768 tokens (384 a rank keeps every rank's slice 16-byte aligned).
   sed 's/"name": "shape_n"/"name": "shape_n_ranks2"/; s/"ranks": 1/"ranks": 2/' examples/n.json > "$sdir/n_ranks2.json"
   # cp.carry "verified": the walks from zero, the re-walks and, both ways, the merge path for the
-  # chains that fail (a 65-token document in 3 pinned segments: an empty first segment and a
-  # one-token last one, which does not verify; 700 and 300 tokens verify).
+  # chains that fail (a 65-token document in 3 pinned segments has an empty first segment and a
+  # one-token last one: the forward's last segment does not verify, the backward's empty first one
+  # cannot; 700 and 300 tokens verify).
   sed 's/"name": "shape_n"/"name": "shape_n_verified"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_verified.json"
   # A 4200-token document is split in two by cp.segments "auto" (slots, the saved segment maps).

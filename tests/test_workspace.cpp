@@ -106,6 +106,26 @@ TEST_SUITE("workspace") {
               }
     CHECK(variants == 96);  // 2 shapes x 2 saves x 2 norms x 2 states x 3 segment counts x 2 forward paths
     CHECK(shared > 0);      // the property was checked on real sharing, not vacuously
+    // The verified carry (programs forward, portable backward walk): its own slots, no saved maps.
+    int verified = 0;
+    for (SaveMode save : {SaveMode::light, SaveMode::full})
+      for (Norm norm : {Norm::l2_in_kernel, Norm::none})
+        for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
+          for (int segments : {2, 8, 0}) {
+            Spec s = example("n");
+            s.save_mode = save;
+            s.norm = norm;
+            s.initial_state = h0;
+            s.final_state = h0;
+            s.cp_segments = segments;
+            s.cp_carry = SegmentCarry::verified;
+            const LayerIR ir = lower(s);
+            REQUIRE(ir.verified_carry);
+            for (const auto& c : all_conflicts(ir))
+              FAIL_CHECK("verified " << to_string(save) << " segments " << segments << ": " << c);
+            ++verified;
+          }
+    CHECK(verified == 24);
   }
 
   TEST_CASE("the proof catches a buffer placed in bytes that are still live") {

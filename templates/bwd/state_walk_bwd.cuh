@@ -23,7 +23,7 @@
  *
  * The verified carry (Cfg::VERIFIED_CARRY, docs/algorithm.md 4.7) in reverse: StateWalkBwdSpeculate
  * walks a document's last segment from dht and every other from Z = 0, with the tapes, the fp32
- * gradient after each of a segment's first kCarryCheckpoints chunks (walked last to first) and each
+ * gradient after each of the first kCarryCheckpoints chunks it walks (a segment's last) and each
  * segment's start gradient as its predecessor's end (seg_dz); StateWalkBwdVerify re-walks every
  * earlier segment from that end until its gradient equals the checkpoint bit for bit, and marks the
  * chains that never do. The prescan (dZ_ext and A, walked here: the forward saves no maps under
@@ -319,6 +319,8 @@ struct StateWalkBwdMmaSync {
         }
       }
     }
+    // An empty segment walks no chunk and never verifies: its zero start gradient must not pass for
+    // its predecessor's end, so its chain is always marked.
     bwd::cp_async_wait<0>();
     if constexpr (kVerify) {
       // Not equal within the checkpoints: this document's chain runs the merge and the full walk.

@@ -44,12 +44,13 @@ struct SavedMaps<Cfg, decltype((void)Cfg::SAVED_MAPS, 0)> {
   static constexpr bool value = Cfg::SAVED_MAPS;
 };
 
-/// Cfg::VERIFIED_CARRY where the program has it (state_walk, walk_prescan, walk_merge and the
-/// verified carry's walk_speculate and walk_verify), else false: cp.carry "verified"
-/// (docs/algorithm.md 4.7). A document's segments are walked from zero beside its first segment
-/// from h0, each re-walked from its predecessor's end until its state equals the walk from zero
-/// bit for bit; the prescan's S_ext, the merge and the full walk then run only for the chains that
-/// did not verify.
+/// Cfg::VERIFIED_CARRY where the program has it (the forward's state_walk, walk_prescan,
+/// walk_merge, walk_speculate, walk_verify and the backward's state_walk_bwd, walk_bwd_prescan,
+/// walk_merge_bwd, walk_bwd_speculate, walk_bwd_verify), else false: cp.carry "verified"
+/// (docs/algorithm.md 4.7). A document's segments are walked at once, from zero except the one
+/// with the true entry (the first forward, the last backward), each then re-walked from its
+/// neighbour's end until its state equals the walk from zero bit for bit; the prescan, the merge
+/// and the full walk then run only for the chains that did not verify.
 template <class Cfg, class = int>
 struct VerifiedCarry {
   static constexpr bool value = false;

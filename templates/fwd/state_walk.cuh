@@ -288,6 +288,8 @@ struct StateWalk {
         }
       }
     }
+    // An empty segment walks no chunk and never verifies (its end would be its zero start), so
+    // its chain is always marked.
     fwd::cp_async_wait<0>();
     if constexpr (kVerify) {
       // Not equal within the checkpoints: this document's chain runs the merge and the full walk.
