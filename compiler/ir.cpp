@@ -245,7 +245,8 @@ LayerIR lower(const Spec& spec_in) {
   // the backward's transition of a segment is the forward's transposed (A = M^T), so its prescan
   // walks dZ_ext alone and its merge reads M from the saved maps. The forward prescan then
   // computes M for a document's last segment too. A rank of a context-parallel run exchanges
-  // its own backward records (dZ_ext | A) and keeps the old split.
+  // its own backward records (dZ_ext | A) and keeps the old split, and so does the verified carry
+  // (docs/algorithm.md 4.7), whose backward walks A only for the chains it cannot verify.
   ir.verified_carry = segments > 1 && s.cp_carry == SegmentCarry::verified;
   if (ir.verified_carry && fused)
     throw SpecError("/cp/carry", fmt::format("\"verified\" runs on the programs forward (forward \"programs\"; "
@@ -257,7 +258,8 @@ LayerIR lower(const Spec& spec_in) {
                                              ir.walk_bwd_bv, s.walk_bwd_slab == 0 ? " by \"auto\"" : ""));
   ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1 && !ir.verified_carry;
   const std::pair<std::string, std::string> saved_maps_constant{"SAVED_MAPS", ir.saved_segment_maps ? "true" : "false"};
-  // The verified carry's programs and the three it gates read VERIFIED_CARRY (common/segments.cuh).
+  // The verified carry's programs and the walks, prescans and merges it gates read VERIFIED_CARRY
+  // (common/segments.cuh).
   auto add_carry_constant = [&] {
     if (ir.verified_carry) ir.programs.back().constants.emplace_back("VERIFIED_CARRY", "true");
   };

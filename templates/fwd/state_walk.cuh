@@ -329,7 +329,8 @@ struct StateWalk {
         }
   }
 
-  /// Whether the fp32 state slab equals the one at src (row stride V) bit for bit.
+  /// Whether the fp32 state slab equals the one at src (row stride V) bit for bit. Its loops are
+  /// store_state's: sharing them through a visitor changed the default prescan's machine code.
   __device__ __forceinline__ static bool state_equals(const float (&S)[2][NT][4], const float* src, int warp, int gr,
                                                       int tq) {
     bool same = true;
