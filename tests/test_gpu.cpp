@@ -844,6 +844,13 @@ TEST_SUITE("gpu_determinism") {
     expect_same_bits(check::run(*make(plain), c).bytes, v, "verified vs unsegmented");
     c.repeats = 2;
     expect_call_forms_agree(verified, c, "n_carry_verified_forms");
+    // Graph replay (the marks and checkpoints live in the workspace the graph captured).
+    Spec replayed = verified;
+    replayed.graph = GraphMode::replay;
+    replayed.name = "n_carry_verified_replay";
+    const check::Report r = check::run(*make(replayed), c);
+    for (const auto& m : r.mismatches) FAIL_CHECK("verified, replay differs: " << m);
+    expect_same_bits(v.bytes, r, "verified: graph replay vs eager");
     c.repeats = 1;
     // Documents shorter than their 4 segments (empty ones, a one-token chunk): those chains cannot
     // verify and take the merges, beside a long one that does; against fp64.
