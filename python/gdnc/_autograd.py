@@ -64,7 +64,7 @@ def _in_backward_pass():
 
 class ChunkGatedDeltaRule(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_cu_seqlens):
+    def forward(ctx, layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_inputs):
         T, N = q.shape[1], cu_seqlens.shape[0] - 1
         HV, V, K = v.shape[2], v.shape[3], q.shape[3]
         dev = q.device
@@ -89,8 +89,8 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         else:
             check(library().gdn_layer_forward_ws(*args, _ptr(o), _ptr(ht), _ptr(saved), saved.numel(), ws.handle,
                                                  stream))
-        if check_cu_seqlens:
-            # Synchronizes the stream and reads the chunk-table kernel's verdict on cu_seqlens.
+        if check_inputs:
+            # Synchronizes the stream and reads the device's verdict on cu_seqlens and g.
             check(library().gdn_layer_check_status(layer.handle, T, N, _ptr(saved), stream))
         ctx.layer, ctx.scale, ctx.cu64 = layer, scale, cu64
         # A plain forward's workspace is scratch, released now so training memory stays at light
@@ -120,9 +120,9 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         return None, dq, dk, dv, dg, dbeta, None, dh0, None, None, None
 
 
-def apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_cu_seqlens=False):
+def apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_inputs=False):
     return ChunkGatedDeltaRule.apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state,
-                                     check_cu_seqlens)
+                                     check_inputs)
 
 
 class _KcpWorkspace(_Workspace):

@@ -356,8 +356,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
 
     options = kwargs.get("spec")
     check_flag = "check_inputs" if kwargs.get("check_inputs") else "check_cu_seqlens"
-    check_cu_seqlens = bool(kwargs.get(check_flag, False))
-    if check_cu_seqlens and torch.cuda.is_current_stream_capturing():
+    check_inputs = bool(kwargs.get(check_flag, False))
+    if check_inputs and torch.cuda.is_current_stream_capturing():
         raise InputError(f"{check_flag}: True needs a host sync, which CUDA graph capture forbids; pass "
                          "cu_seqlens_cpu instead, or check outside the capture")
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
@@ -367,8 +367,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
     if B == 1:  # already the packed layout: no views to make
         return apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, check_scale(scale), output_final_state,
-                     check_cu_seqlens)
+                     check_inputs)
     o, ht = apply(layer, q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
                   g.reshape(1, B * T, HV), beta.reshape(1, B * T, HV), cu_seqlens, initial_state,
-                  check_scale(scale), output_final_state, check_cu_seqlens)
+                  check_scale(scale), output_final_state, check_inputs)
     return o.reshape(B, T, HV, V), ht
