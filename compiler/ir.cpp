@@ -636,7 +636,8 @@ LayerIR lower(const Spec& spec_in) {
     const std::string tapes = full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace";
     fwd.push_back({"walk_speculate", tapes + " of every segment, a document's first from h0, the others from 0; "
                                              "the states after their first chunks; each segment's end as the next "
-                                             "one's entry (seg_h0), ht"});
+                                             "one's entry (seg_h0), ht; chains whose gates decay too slowly are "
+                                             "marked (seg_fail) and skipped"});
     fwd.push_back({"walk_verify", fmt::format("every later segment from its entry until its state equals the walk "
                                               "from 0 bit for bit (at most {} chunks, their tapes); else its "
                                               "document's chain is marked (seg_fail)",
@@ -685,7 +686,8 @@ LayerIR lower(const Spec& spec_in) {
     bwd.push_back({"walk_bwd_speculate",
                    "dh_tape, dv_new of every segment, a document's last from dht, the "
                    "others from 0; the gradients after their last chunks; each segment's "
-                   "start as the previous one's end (seg_dz), dh0"});
+                   "start as the previous one's end (seg_dz), dh0; chains whose gates decay too "
+                   "slowly are marked (seg_fail) and skipped"});
     bwd.push_back({"walk_bwd_verify", fmt::format("every earlier segment from its end until its gradient equals the "
                                                   "walk from 0 bit for bit (at most {} chunks, their tapes); else "
                                                   "its document's chain is marked (seg_fail)",
@@ -757,8 +759,9 @@ std::string to_text(const LayerIR& ir) {
         fmt::format("carry: verified (every segment walked from its true entry or from 0 at once, then "
                     "re-walked from its neighbour's end until it equals its walk from 0 bit for bit, at most {} "
                     "chunks, forward and backward: a document whose chains verify has one unsegmented layer's "
-                    "bits; the prescans, merges and full walks only for chains that do not; no saved maps)",
-                    kCarryCheckpoints));
+                    "bits; the prescans, merges and full walks only for chains that do not, and at once for "
+                    "chains whose gates decay a re-walked window by less than 2^{}; no saved maps)",
+                    kCarryCheckpoints, kCarryDecayLog2));
   else if (s.cp_carry == SegmentCarry::verified)
     line("carry: verified (no effect: one segment per document)");
   line("programs:");

@@ -867,6 +867,21 @@ TEST_SUITE("gpu_determinism") {
       CHECK_MESSAGE(v0.bytes.at(out) == m0.bytes.at(out), "g = 0: verified (every chain merged) vs merge: " << out);
     c.with_reference = true;
     expect_within_bounds(check::run(*verified_layer, c), "verified carry, g = 0");
+    // Gates that pass the decay test on a chain that still cannot verify: with beta = 0 the state is
+    // h0 decayed (about 1e-17 at segment 1's entry, 1e-34 after its window: never 0) while the walk
+    // from zero stays 0. The forward speculates, its verification fails, the merge walks the chain:
+    // its o and ht are the merge carry's (a chain wrongly taken as verified would leave o = 0 there).
+    c.gate_value = -0.15;  // a 4-chunk window decays by 2^-55.4, past the test's 2^-52
+    c.beta_value = 0.0;
+    c.doc_lens = {1024};  // 16 chunks: 4 segments of 4
+    c.with_reference = false;
+    const check::Report vb = check::run(*verified_layer, c);
+    const check::Report mb = check::run(*make(merged), c);
+    for (const char* out : {"o", "ht"})
+      CHECK_MESSAGE(vb.bytes.at(out) == mb.bytes.at(out), "beta = 0: verified (chain not verified) vs merge: " << out);
+    c.with_reference = true;
+    expect_within_bounds(check::run(*verified_layer, c), "verified carry, beta = 0, speculated and not verified");
+    c.beta_value.reset();
     // "auto" segments (16 on a 33000-token document at heads 1 / 2): the unsegmented bits again.
     Spec auto_verified = spec_of("n");
     auto_verified.heads_qk = 1;

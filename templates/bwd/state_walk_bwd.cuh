@@ -28,7 +28,8 @@
  * earlier segment from that end until its gradient equals the checkpoint bit for bit, and marks the
  * chains that never do. The prescan (dZ_ext and A, walked here: the forward saves no maps under
  * this carry), the merge and the full walk then run for the marked chains only. A verified
- * document's backward walk has one unsegmented walk's bits.
+ * document's backward walk has one unsegmented walk's bits. Chains whose gates decay too slowly to
+ * verify (chain_decays, common/segments.cuh) are marked before either walk and skip both.
  */
 #pragma once
 
@@ -132,6 +133,13 @@ struct StateWalkBwdMmaSync {
     }
     if constexpr (kVerify) {
       if (!ds.split() || seg == ds.count - 1) return;  // the last segment walked from dht in speculate
+    }
+    if constexpr (kSpeculate || kVerify) {
+      // A chain whose gates decay too slowly to verify is marked at once: the merge walks it.
+      if (ds.split() && !chain_decays<Cfg, true>(ds, p.chunks, p.gc, j)) {
+        if (kSpeculate && seg == ds.count - 1 && blockIdx.x == 0 && threadIdx.x == 0) *fail = 1;
+        return;
+      }
     }
     // speculate: the last segment (and an unsplit document) from dht, the others from 0.
     const bool from_zero = kSpeculate && ds.split() && seg < ds.count - 1;

@@ -112,6 +112,28 @@ struct DocSegments {
   }
 };
 
+/// The verified carry's gate test: whether the gates decay every window that its verification
+/// re-walks by 2^kCarryDecayLog2 or more (the forward's: the first kCarryCheckpoints chunks of each
+/// segment but the first; the reverse walk's: the last ones of each segment but the last). A chain
+/// that fails it cannot be expected to verify (slow-decay heads, g = 0, empty segments) and goes
+/// to the merge without the speculative walks. Every thread of the block calls it; every block of
+/// the chain gets the same answer (the same sums in the same order).
+template <class Cfg, bool kReverse>
+__device__ bool chain_decays(const DocSegments<Cfg>& ds, const ChunkInfo* chunks, const float* gc, int j) {
+  bool ok = true;
+  for (int s = (kReverse ? 0 : 1) + (int)threadIdx.x; s < ds.count - (kReverse ? 1 : 0); s += (int)blockDim.x) {
+    const int b = ds.begin(s), e = ds.begin(s + 1);
+    const int lo = kReverse ? max(b, e - kCarryCheckpoints) : b, hi = kReverse ? e : min(e, b + kCarryCheckpoints);
+    float log2_decay = 0.f;  // gc is the chunk-local cumsum in log2 units: a chunk's last entry is its decay
+    for (int c = lo; c < hi; ++c) {
+      const ChunkInfo ci = chunks[c];
+      log2_decay += gc[((long long)ci.start + ci.len - 1) * Cfg::HV + j];
+    }
+    ok = ok && hi > lo && log2_decay <= (float)kCarryDecayLog2;
+  }
+  return __syncthreads_and(ok);
+}
+
 /// The document and segment of this block of a segmented walk grid (x: slabs, y: HV * SEGMENTS,
 /// z: N; seg::grid_position), segment-major: position segment * N + i, document doc_order[i]. Under "auto" a
 /// short document leaves its later segments idle; in this order the blocks with work come first in

@@ -28,7 +28,8 @@
  * walk from zero from there on is the walk from the entry (the same steps on the same inputs), so
  * its tapes stand and the re-walk stops; a chain with a segment that never matches is marked in
  * seg_fail, and only for those do the prescan, the merge and the full walk run. A verified
- * document's forward has the bits of one unsegmented walk.
+ * document's forward has the bits of one unsegmented walk. Chains whose gates decay too slowly to
+ * verify (chain_decays, common/segments.cuh) are marked before either walk and skip both.
  */
 #pragma once
 
@@ -104,6 +105,13 @@ struct StateWalk {
     }
     if constexpr (kVerify) {
       if (!ds.split() || seg == 0) return;  // segment 0 walked from its true entry in speculate
+    }
+    if constexpr (kSpeculate || kVerify) {
+      // A chain whose gates decay too slowly to verify is marked at once: the merge walks it.
+      if (ds.split() && !chain_decays<Cfg, false>(ds, p.chunks, p.gc, j)) {
+        if (kSpeculate && seg == 0 && blockIdx.x == 0 && tid == 0) *fail = 1;
+        return;
+      }
     }
     // speculate: segment 0 (and an unsplit document) from h0, the others from 0.
     const bool from_zero = kSpeculate && ds.split() && seg > 0;
