@@ -158,8 +158,9 @@ struct StateWalkParams {
 enum : int { kCarryCheckpoints = 4 };
 /// The verified carry speculates on a chain only where the gates decay each re-walked window of
 /// kCarryCheckpoints chunks by 2^kCarryDecayLog2 (about e^-36) or more: numpy put the bitwise
-/// meeting of a walk from zero with the walk from the entry at a decay of e^-27 to e^-57
-/// (docs/algorithm.md 4.7). Other chains take the merge at once, without the speculative walks.
+/// meeting of a walk from zero with the walk from the entry at a decay of e^-26 to e^-56, most
+/// near e^-30 to e^-40 (docs/algorithm.md 4.7). Other chains take the merge at once, without the
+/// speculative walks.
 enum : int { kCarryDecayLog2 = -52 };
 
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value

@@ -1,7 +1,9 @@
 # The convergence experiment behind the verified segment carry (docs/algorithm.md 4.7): numpy,
 # CPU only. Does an fp32 chunked GDN walk started from zero become bitwise equal to the same walk
 # started from the true entry state (forward: the state S; reverse: the gradient Z), and after how
-# many chunks? (bf16 operands, fp32 sums.) Run: python3 convergence.py SEED [reverse]
+# many chunks? (bf16 operands, fp32 sums.) Run: python3 convergence.py SEED [reverse | calibrate]
+# calibrate: the forward at more gate levels, each result with the natural-log decay of the 4 chunks
+# that verification re-walks (what the kernels' gate test sums, chain_decays in common/segments.cuh).
 import numpy as np, sys
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 K, BV, C = 128, 32, 64
@@ -33,9 +35,11 @@ def forward():
         Vp = (U - W @ bf16(S)).astype(np.float32)
         Vg = bf16(Vp * np.exp2(gc[-1] - gc)[:, None])
         return (np.float32(np.exp2(gc[-1])) * S + k.T @ Vg).astype(np.float32)
-    for label, shift, gzero in (("logsigmoid(N(0,1))", 0.0, False), ("logsigmoid(N(2,1))", 2.0, False),
-                                ("logsigmoid(N(4,1))", 4.0, False), ("logsigmoid(N(6,1))", 6.0, False),
-                                ("g = 0", 0.0, True)):
+    levels = (("logsigmoid(N(0,1))", 0.0, False), ("logsigmoid(N(2,1))", 2.0, False),
+              ("logsigmoid(N(4,1))", 4.0, False), ("logsigmoid(N(6,1))", 6.0, False), ("g = 0", 0.0, True))
+    if calibrate:
+        levels = tuple((f"logsigmoid(N({s},1))", s, False) for s in (1.0, 2.0, 2.5, 3.0, 3.5))
+    for label, shift, gzero in levels:
         chunks = [chunk_inputs(shift, gzero) for _ in range(96)]
         res = []
         for start in (16, 32, 48, 64):
@@ -47,7 +51,8 @@ def forward():
                 A, B = step(A, chunks[c]), step(B, chunks[c])
                 if np.array_equal(A.view(np.uint32), B.view(np.uint32)):
                     conv = c - start + 1; break
-            res.append(conv)
+            window = float(sum(chunks[c][3][-1] for c in range(start, start + 4)) * np.log(2))
+            res.append((conv, round(window, 1)) if calibrate else conv)
         print(f"{label:22s} mean g {np.mean([np.diff(np.concatenate([[0], ch[3]]) ).mean() * np.log(2) for ch in chunks]):8.4f}  chunks to bitwise equality: {res}")
 
 
@@ -87,8 +92,10 @@ def reverse():
                 A, B = step(A, chunks[c]), step(B, chunks[c])
                 if np.array_equal(A.view(np.uint32), B.view(np.uint32)):
                     conv = end - c + 1; break
-            res.append(conv)
+            window = float(sum(chunks[c][3][-1] for c in range(start, start + 4)) * np.log(2))
+            res.append((conv, round(window, 1)) if calibrate else conv)
         print(f"{label:22s} reverse walk, chunks to bitwise equality: {res}")
 
 
+calibrate = len(sys.argv) > 2 and sys.argv[2] == "calibrate"
 reverse() if len(sys.argv) > 2 and sys.argv[2] == "reverse" else forward()
