@@ -136,9 +136,8 @@ if has sanitize; then
   # then each rank's KCP phases in turn on 768 tokens (384 a rank keeps every rank's slice 16-byte aligned).
   sed 's/"name": "shape_n"/"name": "shape_n_ranks2"/; s/"ranks": 1/"ranks": 2/' examples/n.json > "$sdir/n_ranks2.json"
   # cp.carry "verified": the walks from zero, the re-walks and, both ways, the merge path for the
-  # chains that fail (a 65-token document in 3 pinned segments has an empty first segment and a
-  # one-token last one: the forward's last segment does not verify, the backward's empty first one
-  # cannot; 700 and 300 tokens verify).
+  # chains marked (a 65-token document in 3 pinned segments has an empty segment: the gate test
+  # marks it before the walks; 700 and 300 tokens verify); with g = 0 the gate test marks every chain.
   sed 's/"name": "shape_n"/"name": "shape_n_verified"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_verified.json"
   # A 4200-token document is split in two by cp.segments "auto" (slots, the saved segment maps).
@@ -146,7 +145,8 @@ if has sanitize; then
         "examples/n.json --docs 4200,65,300 --seed 3"
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
-        "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases" "$sdir/n_verified.json --docs 65,700,300 --seed 3")
+        "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases" "$sdir/n_verified.json --docs 65,700,300 --seed 3"
+        "$sdir/n_verified.json --docs 700,300 --seed 3 --gate 0")
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
       log="$sdir/${tool}_$i.log"
