@@ -722,8 +722,10 @@ int main(int argc, char** argv) {
                  "the specs' backward_w (\"walk\": the reverse walk forms W on sm_90a; \"auto\": wherever it can)")
       ->check(CLI::IsMember({"chunk_prep", "walk", "auto"}));
   std::string carry = "merge";
-  app.add_option("--carry", carry, "the specs' cp.carry (\"verified\": segments walked from 0, re-walked until equal)")
-      ->check(CLI::IsMember({"merge", "verified"}));
+  app.add_option("--carry", carry,
+                 "the specs' cp.carry (\"verified\": segments walked from 0, re-walked until equal; \"auto\": "
+                 "verified where the layer allows it)")
+      ->check(CLI::IsMember({"merge", "verified", "auto"}));
   std::string gates = "logsigmoid";
   app.add_option("--gates", gates,
                  "the gates g: logsigmoid of N(0,1) (mean about -0.8), slow (logsigmoid of N(4,1): mean about "
@@ -754,7 +756,9 @@ int main(int argc, char** argv) {
     b.backward_w = backward_w == "walk"         ? BackwardW::walk
                    : backward_w == "chunk_prep" ? BackwardW::chunk_prep
                                                 : BackwardW::automatic;
-    b.carry = carry == "verified" ? SegmentCarry::verified : SegmentCarry::merge;
+    b.carry = carry == "verified" ? SegmentCarry::verified
+              : carry == "auto"   ? SegmentCarry::automatic
+                                  : SegmentCarry::merge;
     fmt::print(
         "device: {} ({} SMs), tensor_cores {}, walk_slab {}, walk_bwd_slab {}, segments {}, forward {}, backward_w "
         "{}, carry {}, gates {}\n",

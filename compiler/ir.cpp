@@ -247,6 +247,14 @@ LayerIR lower(const Spec& spec_in) {
   // computes M for a document's last segment too. A rank of a context-parallel run exchanges
   // its own backward records (dZ_ext | A) and keeps the old split, and so does the verified carry
   // (docs/algorithm.md 4.7), whose backward walks A only for the chains it cannot verify.
+  if (s.cp_carry == SegmentCarry::automatic) {
+    ir.carry_auto = true;
+    ir.spec.cp_carry =
+        segments > 1 && s.cp_ranks == 1 && !fused && !walk_bwd_sm90 ? SegmentCarry::verified : SegmentCarry::merge;
+    ir.carry_auto_facts = fmt::format("{} segment{}, {} rank{}, the {} forward, the {} backward walk", segments,
+                                      segments == 1 ? "" : "s", s.cp_ranks, s.cp_ranks == 1 ? "" : "s",
+                                      fused ? "fused" : "programs", walk_bwd_sm90 ? "sm_90a" : "portable");
+  }
   ir.verified_carry = segments > 1 && s.cp_carry == SegmentCarry::verified;
   if (ir.verified_carry && fused)
     throw SpecError("/cp/carry", fmt::format("\"verified\" runs on the programs forward (forward \"programs\"; "
@@ -754,6 +762,11 @@ std::string to_text(const LayerIR& ir) {
                     s.cp_ranks, s.cp_ranks));
   else if (s.cp_segments > 1)
     line(fmt::format("segments: {} per document (pinned by the spec)", s.cp_segments));
+  if (ir.carry_auto)
+    line(
+        fmt::format("carry: auto -> {} (verified with segments on one rank, the programs forward and the "
+                    "portable backward walk; here {})",
+                    to_string(s.cp_carry), ir.carry_auto_facts));
   if (ir.verified_carry)
     line(
         fmt::format("carry: verified (every segment walked from its true entry or from 0 at once, then "

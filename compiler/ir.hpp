@@ -146,6 +146,9 @@ struct LayerIR {
   /// forward's maps are then not saved (saved_segment_maps false): a chain the backward cannot
   /// verify walks its own transitions in the backward prescan.
   bool verified_carry = false;
+  /// cp.carry was "auto": spec.cp_carry holds the choice ("verified" where the layer can take it).
+  bool carry_auto = false;
+  std::string carry_auto_facts;  ///< what decided it, for the IR's text
   /// Segments on one rank with light saves: the state entering each segment is saved (seg_h0), so
   /// the backward's re-run walk needs no prescan and no merge.
   bool segment_entries_saved = false;

@@ -39,7 +39,14 @@ std::string_view to_string(BackwardW v) {
   return "?";
 }
 
-std::string_view to_string(SegmentCarry v) { return v == SegmentCarry::merge ? "merge" : "verified"; }
+std::string_view to_string(SegmentCarry v) {
+  switch (v) {
+    case SegmentCarry::merge: return "merge";
+    case SegmentCarry::verified: return "verified";
+    case SegmentCarry::automatic: return "auto";
+  }
+  return "?";
+}
 
 std::string_view to_string(ForwardPath v) {
   switch (v) {
@@ -329,7 +336,8 @@ Spec read_spec(const json& j) {
     Reader c(*cp, "/cp");
     c.known({"ranks", "segments", "carry"});
     c.integer("ranks", kCpRanks, s.cp_ranks);
-    c.choice("carry", s.cp_carry, {{"merge", SegmentCarry::merge}, {"verified", SegmentCarry::verified}});
+    c.choice("carry", s.cp_carry,
+             {{"merge", SegmentCarry::merge}, {"verified", SegmentCarry::verified}, {"auto", SegmentCarry::automatic}});
     if (const json* seg = c.get("segments", false); seg && seg->is_string() && seg->get<std::string>() == "auto")
       s.cp_segments = 0;
     else if (seg && !seg->is_number_integer())

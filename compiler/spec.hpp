@@ -39,8 +39,10 @@ enum class BackwardW { chunk_prep, walk, automatic };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
 /// once and re-walked from its predecessor's end until the two agree bit for bit (a document's
-/// bits are then those of one unsegmented walk), the merge only for chains that never agree.
-enum class SegmentCarry { merge, verified };
+/// bits are then those of one unsegmented walk), the merge only for chains that never agree;
+/// "auto" = "verified" where the layer can take it (one rank, the programs forward, the portable
+/// backward walk), "merge" elsewhere (LayerIR::carry_auto says which and why).
+enum class SegmentCarry { merge, verified, automatic };
 enum class Determinism { deterministic, nondeterministic };
 enum class Target { sm_90a, sm_100a, sm_103a };
 enum class StateFlag { absent, present };
@@ -113,7 +115,8 @@ struct Spec {
   /// default): lower() picks the most per document from the layer (few value heads: the walks alone
   /// cannot fill the GPU) and each document takes as many as its own length supports.
   int cp_segments = 0;
-  /// The programs forward on one rank only (lower() refuses the fused forward and cp.ranks > 1).
+  /// "verified": the programs forward on one rank only (lower() refuses the fused forward and
+  /// cp.ranks > 1); "auto" takes it where those hold.
   SegmentCarry cp_carry = SegmentCarry::merge;
 
   int group() const { return heads_v / heads_qk; }

@@ -4,6 +4,7 @@
  *        UPDATE_GOLDENS=1 rewrites them (then review the diff and commit).
  */
 #include "compiler/ir.hpp"
+#include "compiler/nvrtc.hpp"
 #include "bwd/geometry.hpp"
 #include "fwd/geometry.hpp"
 
@@ -285,6 +286,56 @@ TEST_SUITE("ir") {
     CHECK_FALSE(gdn::to_json(merge.spec)["cp"].contains("carry"));
     CHECK(gdn::to_json(verified.spec)["cp"]["carry"] == "verified");
     CHECK(gdn::spec_from_json(gdn::to_json(verified.spec)).cp_carry == gdn::SegmentCarry::verified);
+  }
+
+  TEST_CASE("cp.carry \"auto\": verified where the layer can take it, the merge elsewhere, and the IR says why") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
+    spec.cp_segments = 4;
+    spec.cp_carry = gdn::SegmentCarry::automatic;
+    const auto chosen = gdn::lower(spec);
+    CHECK(chosen.carry_auto);
+    CHECK(chosen.verified_carry);
+    CHECK(chosen.spec.cp_carry == gdn::SegmentCarry::verified);
+    CHECK_FALSE(chosen.saved_segment_maps);
+    CHECK(gdn::to_text(chosen).find("carry: auto -> verified (") != std::string::npos);
+    // The same programs as "verified" pinned.
+    gdn::Spec pinned = spec;
+    pinned.cp_carry = gdn::SegmentCarry::verified;
+    const auto verified = gdn::lower(pinned);
+    REQUIRE(chosen.programs.size() == verified.programs.size());
+    for (size_t i = 0; i < chosen.programs.size(); ++i)
+      CHECK(gdn::generate_source(chosen.programs[i]) == gdn::generate_source(verified.programs[i]));
+    // Where "verified" is refused or has no effect, "auto" takes the merge without an error.
+    const std::vector<std::pair<std::string, std::function<void(gdn::Spec&)>>> elsewhere = {
+        {"1 segment, 1 rank, the programs forward, the portable backward walk",
+         [](gdn::Spec& s) { s.cp_segments = 1; }},
+        {"4 segments, 1 rank, the fused forward, the portable backward walk",
+         [](gdn::Spec& s) { s.forward = gdn::ForwardPath::fused; }},
+        {"4 segments, 1 rank, the programs forward, the sm_90a backward walk",
+         [](gdn::Spec& s) { s.walk_bwd_slab = 128; }},
+    };
+    for (const auto& [facts, change] : elsewhere) {
+      gdn::Spec other = spec;
+      change(other);
+      const auto ir = gdn::lower(other);
+      CHECK_MESSAGE(ir.carry_auto, facts);
+      CHECK_FALSE_MESSAGE(ir.verified_carry, facts);
+      CHECK_MESSAGE(ir.spec.cp_carry == gdn::SegmentCarry::merge, facts);
+      CHECK_MESSAGE(gdn::to_text(ir).find("carry: auto -> merge (verified with segments on one rank, the programs "
+                                          "forward and the portable backward walk; here " +
+                                          facts + ")") != std::string::npos,
+                    facts << "\n"
+                          << gdn::to_text(ir));
+    }
+    gdn::Spec ranks = spec;
+    ranks.cp_segments = 0;
+    ranks.cp_ranks = 2;
+    const auto ranked = gdn::lower(ranks);
+    CHECK_FALSE(ranked.verified_carry);
+    CHECK(ranked.spec.cp_carry == gdn::SegmentCarry::merge);
+    // The canonical form keeps "auto"; the spec file reads it.
+    CHECK(gdn::to_json(spec)["cp"]["carry"] == "auto");
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_carry == gdn::SegmentCarry::automatic);
   }
 
   TEST_CASE("backward_w \"auto\": the walk forms W wherever it can, chunk_prep elsewhere, and the IR says so") {
