@@ -490,6 +490,11 @@ const std::map<std::string, ArmKind> kArms = {
     {"verified", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, true}},
     {"verified-seg11", {false, true, false, 0, 0, 11, std::nullopt, 0, -1, std::nullopt, false, true}},
     {"verified-seg16", {false, true, false, 0, 0, 16, std::nullopt, 0, -1, std::nullopt, false, true}},
+    // Many heads on few long documents (F1): the verified carry makes segments cheap enough for
+    // layers the fused forward serves unsplit today; it runs on the programs forward and the
+    // portable backward walk (64 wide).
+    {"verified-programs-seg4", {false, true, false, 0, 64, 4, ForwardPath::programs, 0, -1, std::nullopt, false, true}},
+    {"verified-programs-seg8", {false, true, false, 0, 64, 8, ForwardPath::programs, 0, -1, std::nullopt, false, true}},
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -687,7 +692,8 @@ int main(int argc, char** argv) {
          "single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\"), verified, "
-         "verified-seg11, verified-seg16 (cp.carry \"verified\")")
+         "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "
+         "(the verified carry on the programs forward and the 64-wide backward walk, for F1)")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);
