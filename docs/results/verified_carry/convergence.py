@@ -1,9 +1,9 @@
 # The convergence experiment behind the verified segment carry (docs/algorithm.md 4.7): numpy,
 # CPU only. Does an fp32 chunked GDN walk started from zero become bitwise equal to the same walk
 # started from the true entry state (forward: the state S; reverse: the gradient Z), and after how
-# many chunks? (bf16 operands, fp32 sums.) Run: python3 convergence.py SEED [reverse | calibrate]
-# calibrate: the forward at more gate levels, each result with the natural-log decay of the 4 chunks
-# that verification re-walks (what the kernels' gate test sums, chain_decays in common/segments.cuh).
+# many chunks? (bf16 operands, fp32 sums.) Run: python3 convergence.py SEED [reverse] [calibrate]
+# calibrate: more gate levels, each result with the natural-log decay of the 4 chunks that
+# verification re-walks (what the kernels' gate test sums, chain_decays in common/segments.cuh).
 import numpy as np, sys
 rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
 K, BV, C = 128, 32, 64
@@ -79,8 +79,11 @@ def reverse():
         dos = (scale * np.exp2(np.minimum(gc, 0)))[:, None] * do
         hi = bf16(dos); lo = bf16(dos - hi)
         return (np.float32(np.exp2(gL)) * Z + q.T @ hi + q.T @ lo - W.T @ dV).astype(np.float32)
-    for label, shift, gzero in (("logsigmoid(N(0,1))", 0.0, False), ("logsigmoid(N(2,1))", 2.0, False),
-                                ("logsigmoid(N(4,1))", 4.0, False), ("g = 0", 0.0, True)):
+    levels = (("logsigmoid(N(0,1))", 0.0, False), ("logsigmoid(N(2,1))", 2.0, False),
+              ("logsigmoid(N(4,1))", 4.0, False), ("g = 0", 0.0, True))
+    if calibrate:
+        levels = tuple((f"logsigmoid(N({s},1))", s, False) for s in (1.0, 2.0, 2.5, 3.0, 3.5))
+    for label, shift, gzero in levels:
         chunks = [chunk_inputs(shift, gzero) for _ in range(96)]
         res = []
         for end in (80, 64, 48, 32):   # the true end gradient: walked from the document's end (chunk 95)
@@ -92,10 +95,10 @@ def reverse():
                 A, B = step(A, chunks[c]), step(B, chunks[c])
                 if np.array_equal(A.view(np.uint32), B.view(np.uint32)):
                     conv = end - c + 1; break
-            window = float(sum(chunks[c][3][-1] for c in range(start, start + 4)) * np.log(2))
+            window = float(sum(chunks[c][5][-1] for c in range(end, end - 4, -1)) * np.log(2))
             res.append((conv, round(window, 1)) if calibrate else conv)
         print(f"{label:22s} reverse walk, chunks to bitwise equality: {res}")
 
 
-calibrate = len(sys.argv) > 2 and sys.argv[2] == "calibrate"
-reverse() if len(sys.argv) > 2 and sys.argv[2] == "reverse" else forward()
+calibrate = "calibrate" in sys.argv[2:]
+reverse() if "reverse" in sys.argv[2:] else forward()
