@@ -264,7 +264,10 @@ LayerIR lower(const Spec& spec_in) {
     throw SpecError("/cp/carry", fmt::format("\"verified\" runs on the portable backward walk (walk_bwd_slab 32 or "
                                              "64; here {}{}, the sm_90a body)",
                                              ir.walk_bwd_bv, s.walk_bwd_slab == 0 ? " by \"auto\"" : ""));
-  ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1 && !ir.verified_carry;
+  ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1;
+  // Under the verified carry the backward prescan may walk a chain's transitions itself: its grid
+  // and shared memory keep room for them.
+  const bool prescan_bwd_walks_maps = !ir.saved_segment_maps || ir.verified_carry;
   const std::pair<std::string, std::string> saved_maps_constant{"SAVED_MAPS", ir.saved_segment_maps ? "true" : "false"};
   // The verified carry's programs and the walks, prescans and merges it gates read VERIFIED_CARRY
   // (common/segments.cuh).
@@ -361,9 +364,9 @@ LayerIR lower(const Spec& spec_in) {
     add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
         StateWalkBwdGeometry::threads(prescan_bwd_bv),
         // With the saved maps the prescan walks dZ_ext alone in the walk's operands: no lo tiles.
-        ir.saved_segment_maps ? StateWalkBwdGeometry::portable_smem_bytes_bv(K, C, prescan_bwd_bv)
-                              : StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, prescan_bwd_bv),
-        ir.saved_segment_maps ? GridKind::walk_segments : GridKind::walk_prescan, prescan_bwd_bv,
+        prescan_bwd_walks_maps ? StateWalkBwdGeometry::prescan_smem_bytes_bv(K, C, prescan_bwd_bv)
+                               : StateWalkBwdGeometry::portable_smem_bytes_bv(K, C, prescan_bwd_bv),
+        prescan_bwd_walks_maps ? GridKind::walk_prescan : GridKind::walk_segments, prescan_bwd_bv,
         StateWalkBwdGeometry::min_blocks_per_sm(prescan_bwd_bv));
     add_segment_constants();
     ir.programs.back().constants.push_back(saved_maps_constant);
@@ -650,7 +653,9 @@ LayerIR lower(const Spec& spec_in) {
                                               "from 0 bit for bit (at most {} chunks, their tapes); else its "
                                               "document's chain is marked (seg_fail)",
                                               kCarryCheckpoints)});
-    fwd.push_back({"walk_prescan", "S_ext and M of every segment but a document's last, marked chains"});
+    fwd.push_back(
+        {"walk_prescan",
+         "S_ext of every segment but a document's last and M of every one (saved for the backward), marked chains"});
     fwd.push_back({"walk_merge", "the state entering every segment of a marked chain, fp32"});
     fwd.push_back({"state_walk", tapes + " and ht of the marked chains, every segment from its merged entry"});
     fwd.push_back({"output", ""});
@@ -700,8 +705,12 @@ LayerIR lower(const Spec& spec_in) {
                                                   "walk from 0 bit for bit (at most {} chunks, their tapes); else "
                                                   "its document's chain is marked (seg_fail)",
                                                   kCarryCheckpoints)});
-    bwd.push_back({"walk_bwd_prescan", "dZ_ext and A = M^T of every segment but a document's first, marked chains"});
-    bwd.push_back({"walk_merge_bwd", "the gradient at every segment's end of a marked chain, fp32, from dht"});
+    bwd.push_back({"walk_bwd_prescan",
+                   "dZ_ext of every segment but a document's first, marked chains; A = M^T too where the "
+                   "forward saved no maps for the chain"});
+    bwd.push_back({"walk_merge_bwd",
+                   "the gradient at every segment's end of a marked chain, fp32, from dht; A from the "
+                   "forward's saved maps for the chains that failed its gate test"});
     bwd.push_back({"state_walk_bwd", "the marked chains, every segment from its merged end gradient"});
   } else if (segments > 1) {
     if (ir.saved_segment_maps) {
@@ -773,7 +782,8 @@ std::string to_text(const LayerIR& ir) {
                     "re-walked from its neighbour's end until it equals its walk from 0 bit for bit, at most {} "
                     "chunks, forward and backward: a document whose chains verify has one unsegmented layer's "
                     "bits; the prescans, merges and full walks only for chains that do not, and at once for "
-                    "chains whose gates decay a re-walked window by less than 2^{}; no saved maps)",
+                    "chains whose gates decay a re-walked window by less than 2^{}, whose backward takes the "
+                    "forward's saved maps)",
                     kCarryCheckpoints, kCarryDecayLog2));
   else if (s.cp_carry == SegmentCarry::verified)
     line("carry: verified (no effect: one segment per document)");

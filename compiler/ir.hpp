@@ -143,8 +143,9 @@ struct LayerIR {
   /// cp.carry "verified" with segments (docs/algorithm.md 4.7): walk_speculate and walk_verify run
   /// before the prescan, the merge and the walk, which then work only for the chains that did not
   /// verify (seg_fail); the backward's walk_bwd_speculate and walk_bwd_verify likewise. The
-  /// forward's maps are then not saved (saved_segment_maps false): a chain the backward cannot
-  /// verify walks its own transitions in the backward prescan.
+  /// forward's prescan saves the maps of the chains it walks (saved_segment_maps); the backward
+  /// takes A from them for the chains that failed the forward's gate test and walks its own
+  /// transitions for the others it cannot verify.
   bool verified_carry = false;
   /// cp.carry was "auto": spec.cp_carry holds the choice ("verified" where the layer can take it).
   bool carry_auto = false;

@@ -162,6 +162,11 @@ enum : int { kCarryCheckpoints = 4 };
 /// near e^-30 to e^-40 (docs/algorithm.md 4.7). Other chains take the merge at once, without the
 /// speculative walks.
 enum : int { kCarryDecayLog2 = -52 };
+/// The backward's marks in seg_fail under the verified carry: 0 verified; kChainOwnMaps, the
+/// backward prescan walks the chain's transitions A itself; kChainSavedMaps, the chain failed the
+/// forward's gate test, so the forward's prescan walked it and saved its maps (seg_hm): the backward
+/// takes A = M^T from them, as the merge carry does.
+enum : int { kChainOwnMaps = 1, kChainSavedMaps = 2 };
 
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value
 /// head, document).
@@ -215,7 +220,8 @@ struct WalkMergeParams {
   /// A_i = M_i^T. Else unused.
   const float* fwd_maps;  ///< [segment slots, HV, K, V + K]
   /// The merges under the verified carry: [N, HV], the documents' chains to merge (the others
-  /// verified). Else null.
+  /// verified); the backward's takes A from fwd_maps where a chain's mark is kChainSavedMaps.
+  /// Else null.
   const int* seg_fail;
 };
 enum KcpEntryMode : int { kKcpEntryNone = 0, kKcpEntryWrite = 1, kKcpEntryRead = 2 };
@@ -300,7 +306,9 @@ struct StateWalkBwdParams {
   // The verified carry in reverse (cp.carry "verified", docs/algorithm.md 4.7; null otherwise): the
   // forward's buffers, free again by the backward.
   float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]: walk_bwd_speculate's first gradients
-  int* seg_fail;    ///< [N, HV]: 1 where a document's chain did not verify (the merge runs for it)
+  /// [N, HV]: nonzero where a document's chain did not verify (the merge runs for it):
+  /// kChainOwnMaps or kChainSavedMaps.
+  int* seg_fail;
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.

@@ -819,9 +819,10 @@ TEST_SUITE("gpu_determinism") {
   // cp.carry "verified" (docs/algorithm.md 4.7). Under decaying gates (logsigmoid of N(0, 1): a
   // segment's walk from 0 equals its walk from the entry after one chunk, forward and reverse)
   // every chain verifies and every tensor has one unsegmented layer's bits (the same slab widths,
-  // the same chunk steps); repeats and call forms bitwise. Without decay (g = 0) no chain verifies
-  // within its checkpoints: the merges run for every chain, the forward then has the merge carry's
-  // bits (o, ht) and the backward its own (it walks its transitions: no saved maps), within fp64.
+  // the same chunk steps); repeats and call forms bitwise. Without decay (g = 0) every chain fails
+  // the gate test both ways and takes the merges with the forward's saved maps: every tensor has
+  // the merge carry's bits. A chain that passes the gate test and still does not verify gets the
+  // merge carry's forward and a backward that walks its own transitions, within fp64.
   TEST_CASE("cp.carry verified: the unsegmented layer's bits where chains verify, the merge's forward where not") {
     auto spec = [](const char* name, int segments, SegmentCarry carry) {
       Spec s = spec_of("n");
@@ -858,13 +859,21 @@ TEST_SUITE("gpu_determinism") {
     c.doc_lens = {100, 65, 1, 3000, 129};
     expect_within_bounds(check::run(*verified_layer, c), "verified carry, documents shorter than their segments");
     c.with_reference = false;
-    // No decay: the chains fall back to the merges.
+    // No decay: the chains fall back to the merges, the backward's with the forward's saved maps,
+    // in every call form (the ckpt step's recompute saves them as the forward does).
     c.gate_value = 0.0;
     c.doc_lens = {3000, 700};
-    const check::Report v0 = check::run(*verified_layer, c);
-    const check::Report m0 = check::run(*make(merged), c);
-    for (const char* out : {"o", "ht"})
-      CHECK_MESSAGE(v0.bytes.at(out) == m0.bytes.at(out), "g = 0: verified (every chain merged) vs merge: " << out);
+    auto merged_layer = make(merged);
+    for (bool ckpt : {false, true}) {
+      c.step = ckpt ? check::Case::Step::ckpt : check::Case::Step::fwd_bwd;
+      const check::Report v0 = check::run(*verified_layer, c);
+      const check::Report m0 = check::run(*merged_layer, c);
+      REQUIRE(v0.bytes.size() == 8);
+      for (const auto& [out, bytes] : m0.bytes)
+        CHECK_MESSAGE(v0.bytes.at(out) == bytes,
+                      "g = 0" << (ckpt ? ", ckpt" : "") << ": verified (every chain merged) vs merge: " << out);
+    }
+    c.step = check::Case::Step::fwd_bwd;
     c.with_reference = true;
     expect_within_bounds(check::run(*verified_layer, c), "verified carry, g = 0");
     // Gates that pass the decay test on a chain that still cannot verify: with beta = 0 the state is

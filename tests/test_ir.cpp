@@ -242,7 +242,7 @@ TEST_SUITE("ir") {
         "/backward_w: \"prep\" is not supported (supported: \"chunk_prep\", \"walk\", \"auto\")", gdn::SpecError);
   }
 
-  TEST_CASE("cp.carry \"verified\": its programs and constants, no saved maps, its refusals, its canonical form") {
+  TEST_CASE("cp.carry \"verified\": its programs and constants, saved maps, its refusals, its canonical form") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
     spec.cp_segments = 4;
     const auto merge = gdn::lower(spec);
@@ -251,13 +251,20 @@ TEST_SUITE("ir") {
     spec.cp_carry = gdn::SegmentCarry::verified;
     const auto verified = gdn::lower(spec);
     CHECK(verified.verified_carry);
-    CHECK_FALSE(verified.saved_segment_maps);  // a chain the backward cannot verify walks its own A
+    // The backward takes A from the forward's maps for the chains that failed the forward's gate test.
+    CHECK(verified.saved_segment_maps);
     CHECK(verified.segment_entries_saved);
     for (const char* name :
          {"walk_speculate", "walk_verify", "walk_prescan", "walk_merge", "state_walk", "walk_bwd_speculate",
           "walk_bwd_verify", "walk_bwd_prescan", "walk_merge_bwd", "state_walk_bwd"})
       CHECK_MESSAGE(constant_of(verified.program(name), "VERIFIED_CARRY") == "true", name);
-    CHECK(verified.buffer("seg_hm").role == gdn::BufferRole::workspace);
+    CHECK(verified.buffer("seg_hm").role == gdn::BufferRole::saved);
+    CHECK(constant_of(verified.program("walk_prescan"), "SAVED_MAPS") == "true");
+    CHECK(constant_of(verified.program("walk_bwd_prescan"), "SAVED_MAPS") == "true");
+    CHECK(constant_of(verified.program("walk_merge_bwd"), "SAVED_MAPS") == "true");
+    // ... and for the others walks A itself: the prescan's grid keeps A's blocks.
+    CHECK(verified.program("walk_bwd_prescan").grid == gdn::GridKind::walk_prescan);
+    CHECK(merge.program("walk_bwd_prescan").grid == gdn::GridKind::walk_segments);
     CHECK(verified.buffer("seg_h0").role == gdn::BufferRole::saved);
     CHECK(verified.buffer("seg_ckpt").bytes.eval(1000, 3, 64) == 3 * 4 * 6 * 4 * 128 * 128 * 4LL);
     CHECK(verified.buffer("seg_fail").bytes.eval(1000, 3, 64) == 3 * 6 * 4);
@@ -296,7 +303,7 @@ TEST_SUITE("ir") {
     CHECK(chosen.carry_auto);
     CHECK(chosen.verified_carry);
     CHECK(chosen.spec.cp_carry == gdn::SegmentCarry::verified);
-    CHECK_FALSE(chosen.saved_segment_maps);
+    CHECK(chosen.saved_segment_maps);
     CHECK(gdn::to_text(chosen).find("carry: auto -> verified (") != std::string::npos);
     // The same programs as "verified" pinned.
     gdn::Spec pinned = spec;

@@ -154,7 +154,8 @@ TEST_SUITE("launches") {
     const std::string rerun = block("state_walk", at + 1).first;
     CHECK(rerun.find(field(offsetof(P, seg_fail), "0x0")) != std::string::npos);
     CHECK(rerun.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
-    // The backward's reverse walks likewise; the maps are the forward's scratch, not saved.
+    // The backward's reverse walks likewise; the forward's prescan saves its maps, which the
+    // backward's merge binds (it reads them for the chains that failed the forward's gate test).
     using B = StateWalkBwdParams;
     for (const char* walk : {"walk_bwd_speculate", "walk_bwd_verify"}) {
       CAPTURE(walk);
@@ -166,10 +167,10 @@ TEST_SUITE("launches") {
       CHECK_MESSAGE(block(walk).first.find(field(offsetof(B, seg_fail), "ws.seg_fail")) != std::string::npos, walk);
     CHECK(block("walk_merge_bwd").first.find(field(offsetof(WalkMergeParams, seg_fail), "ws.seg_fail")) !=
           std::string::npos);
-    const std::string prescan = block("walk_prescan").first;
-    CHECK(prescan.find(field(offsetof(P, seg_hm), "ws.")) != std::string::npos);  // shared with seg_dzm
-    CHECK(prescan.find("seg_hm") != std::string::npos);
-    CHECK(text.find("saved.seg_hm") == std::string::npos);
+    CHECK(block("walk_prescan").first.find(field(offsetof(P, seg_hm), "saved.seg_hm")) != std::string::npos);
+    const std::string merge_bwd = block("walk_merge_bwd").first;
+    CHECK(merge_bwd.find(field(offsetof(WalkMergeParams, fwd_maps), "saved.seg_hm")) != std::string::npos);
+    CHECK(merge_bwd.find(field(offsetof(WalkMergeParams, seg_hm), "ws.seg_dzm")) != std::string::npos);
   }
 
   TEST_CASE("every call plan launches what the IR's call form lists") {

@@ -26,10 +26,13 @@
  * gradient after each of the first kCarryCheckpoints chunks it walks (a segment's last) and each
  * segment's start gradient as its predecessor's end (seg_dz); StateWalkBwdVerify re-walks every
  * earlier segment from that end until its gradient equals the checkpoint bit for bit, and marks the
- * chains that never do. The prescan (dZ_ext and A, walked here: the forward saves no maps under
- * this carry), the merge and the full walk then run for the marked chains only. A verified
- * document's backward walk has one unsegmented walk's bits. Chains whose gates decay too slowly to
- * verify (chain_decays, common/segments.cuh) are marked before either walk and skip both.
+ * chains that never do. The prescan, the merge and the full walk then run for the marked chains
+ * only. A verified document's backward walk has one unsegmented walk's bits. Chains whose gates
+ * decay too slowly to verify (reverse_chain_mark, common/segments.cuh) are marked before either
+ * walk and skip both; where that chain failed the forward's gate test too, the forward's prescan
+ * saved its maps and the backward takes A = M^T from them (the merge carry's programs and bits:
+ * slow-decay heads cost what the merge costs); for the other marked chains the prescan walks A
+ * itself (dZ_ext and A in hi + lo).
  */
 #pragma once
 
@@ -124,21 +127,29 @@ struct StateWalkBwdMmaSync {
     const int c_first = ds.begin(seg), c_last = ds.begin(seg + 1) - 1;
     const long long slot = ds.slot0 + seg;
     if (kPrescan && seg == 0) return;
-    if (kPrescan && transition && SavedMaps<Cfg>::value) return;  // A = M^T comes from the forward's saved maps
-    // The verified carry: seg_fail marks the chains that did not verify (written by walk_bwd_verify;
-    // null otherwise). Only they need the prescan, the merge and the full walk.
+    // The verified carry: seg_fail marks the chains that did not verify (written by
+    // walk_bwd_speculate and walk_bwd_verify; null otherwise). Only they need the prescan, the merge
+    // and the full walk.
     int* const fail = kVerified && p.seg_fail != nullptr ? p.seg_fail + (long long)n * Cfg::HV + j : nullptr;
     if constexpr ((kMode == Mode::walk || kPrescan) && kVerified) {
       if (fail != nullptr && (!ds.split() || *fail == 0)) return;
     }
+    // The prescan's A = M^T comes from the forward's saved maps: under the verified carry for the
+    // chains marked kChainSavedMaps, else wherever they are saved.
+    const bool saved_maps =
+        kPrescan && SavedMaps<Cfg>::value && (!kVerified || (fail != nullptr && *fail == kChainSavedMaps));
+    if (kPrescan && transition && saved_maps) return;
     if constexpr (kVerify) {
       if (!ds.split() || seg == ds.count - 1) return;  // the last segment walked from dht in speculate
     }
     if constexpr (kSpeculate || kVerify) {
       // A chain whose gates decay too slowly to verify is marked at once: the merge walks it.
-      if (ds.split() && !chain_decays<Cfg, true>(ds, p.chunks, p.gc, j)) {
-        if (kSpeculate && seg == ds.count - 1 && blockIdx.x == 0 && threadIdx.x == 0) *fail = 1;
-        return;
+      if (ds.split()) {
+        const int mark = reverse_chain_mark<Cfg>(ds, p.chunks, p.gc, j);
+        if (mark != 0) {
+          if (kSpeculate && seg == ds.count - 1 && blockIdx.x == 0 && threadIdx.x == 0) *fail = mark;
+          return;
+        }
       }
     }
     // speculate: the last segment (and an unsplit document) from dht, the others from 0.
@@ -155,7 +166,7 @@ struct StateWalkBwdMmaSync {
     // rounding of their own (with bf16 alone, A's roundings added to the walk's: dg 11 % worse with
     // 8 segments at g = 0). Where A is the forward's saved M^T (in hi + lo there), dZ_ext is a walk
     // from zero like any segment's and takes the walk's own bf16 operands: a third fewer products.
-    constexpr bool kSplit = kPrescan && !SavedMaps<Cfg>::value;
+    const bool split = kPrescan && !saved_maps;
     bf16_t* sZl = sD + C * PB;
     bf16_t* sDl = sZl + K * PB;
     const bf16_t* sK = reinterpret_cast<const bf16_t*>(stage) + kOffK;
@@ -225,7 +236,7 @@ struct StateWalkBwdMmaSync {
       const float gL = sg[m - 1];
 
       bwd::for_pairs(z, [&](int r, int cc, float& a, float& b) {
-        if (kSplit) {
+        if (split) {
           bf16_t h0, l0, h1, l1;
           bwd::split_bf16(a, h0, l0);
           bwd::split_bf16(b, h1, l1);
@@ -259,7 +270,7 @@ struct StateWalkBwdMmaSync {
       Acc<C, BV, kWarps> d;
       d.zero();
       bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZ, PB, 1}, K);
-      if (kSplit) bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZl, PB, 1}, K);
+      if (split) bwd::mma(d, MatRef{sK, PK, 1}, MatRef{sZl, PB, 1}, K);
       bwd::for_pairs(d, [&](int r, int cc, float& a, float& b) {
         float x0 = 0.f, x1 = 0.f;
         if (r < m) {
@@ -268,7 +279,7 @@ struct StateWalkBwdMmaSync {
           x1 = e * b + bf2f(sL[r * PB + cc + 1]);
         }
         // Negating a bf16 is exact: flip the sign bit.
-        if (kSplit) {
+        if (split) {
           bf16_t h0, l0, h1, l1;
           bwd::split_bf16(x0, h0, l0);
           bwd::split_bf16(x1, h1, l1);
@@ -302,7 +313,7 @@ struct StateWalkBwdMmaSync {
         bwd::mma(z, transposed(MatRef{sQ, PK, 1}), MatRef{sOl, PB, 1}, C);
       }
       bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sD, PB, 1}, C);
-      if (kSplit) bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sDl, PB, 1}, C);
+      if (split) bwd::mma(z, transposed(MatRef{sW, PK, 1}), MatRef{sDl, PB, 1}, C);
       __syncthreads();  // B3: Q, W, sZ, sOh/sOl and sD are free
       if (has_prev) load_qw(stage, p, prev, j, inputs);
       bwd::cp_async_commit();
@@ -332,7 +343,7 @@ struct StateWalkBwdMmaSync {
     bwd::cp_async_wait<0>();
     if constexpr (kVerify) {
       // Not equal within the checkpoints: this document's chain runs the merge and the full walk.
-      if (!verified && threadIdx.x == 0) atomicExch(fail, 1);
+      if (!verified && threadIdx.x == 0) atomicExch(fail, kChainOwnMaps);
       return;
     }
     if constexpr (kSpeculate) {

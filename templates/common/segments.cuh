@@ -134,6 +134,17 @@ __device__ bool chain_decays(const DocSegments<Cfg>& ds, const ChunkInfo* chunks
   return __syncthreads_and(ok);
 }
 
+/// The backward's mark of a chain before either of its walks (0: speculate on it). A chain that
+/// fails the forward's gate test was walked by the forward's prescan, which saved its maps where
+/// the layer saves them: the backward merges it with them (kChainSavedMaps, the merge carry's
+/// programs and bits) instead of walking its transitions. Else a chain that fails the reverse
+/// test walks its own (kChainOwnMaps). Every block of the chain gets the same answer.
+template <class Cfg>
+__device__ int reverse_chain_mark(const DocSegments<Cfg>& ds, const ChunkInfo* chunks, const float* gc, int j) {
+  if (SavedMaps<Cfg>::value && !chain_decays<Cfg, false>(ds, chunks, gc, j)) return kChainSavedMaps;
+  return chain_decays<Cfg, true>(ds, chunks, gc, j) ? 0 : kChainOwnMaps;
+}
+
 /// The document and segment of this block of a segmented walk grid (x: slabs, y: HV * SEGMENTS,
 /// z: N; seg::grid_position), segment-major: position segment * N + i, document doc_order[i]. Under "auto" a
 /// short document leaves its later segments idle; in this order the blocks with work come first in

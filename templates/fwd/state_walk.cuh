@@ -97,8 +97,8 @@ struct StateWalk {
     if (kPrescan && (!ds.split() || (seg == ds.count - 1 && !(transition && SavedMaps<Cfg>::value)))) return;
     // The verified carry: seg_fail marks the chains that did not verify (written by the forward's
     // verify pass; null in the backward's re-run, which walks every segment). Only they need the
-    // prescan (S_ext and M: the backward walks its own transitions under this carry), the merge and
-    // the full walk.
+    // prescan (S_ext and M, with the last segment's M saved for the backward like the merge
+    // carry's), the merge and the full walk.
     int* const fail = kVerified && p.seg_fail != nullptr ? p.seg_fail + (long long)n * HV + j : nullptr;
     if constexpr ((kMode == Mode::walk || kPrescan) && kVerified) {
       if (fail != nullptr && (!ds.split() || *fail == 0)) return;

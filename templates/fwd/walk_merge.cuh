@@ -39,9 +39,15 @@ struct WalkMerge {
     const int c0 = blockIdx.x * BC, j = blockIdx.y, n = blockIdx.z;
     const int r = threadIdx.x >> 1, half = (threadIdx.x & 1) * kCols;
     const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, n);
-    if (!ds.split()) return;                    // one segment: its walk reads h0 (dht) itself and has no slot
-    if constexpr (VerifiedCarry<Cfg>::value) {  // a verified chain keeps its speculative walk's entries
-      if (p.seg_fail != nullptr && p.seg_fail[(long long)n * HV + j] == 0) return;
+    if (!ds.split()) return;  // one segment: its walk reads h0 (dht) itself and has no slot
+    // A verified chain keeps its speculative walk's entries. The backward takes A from the saved
+    // maps where the layer saves them; under the verified carry only for a chain whose forward
+    // prescan walked it (kChainSavedMaps).
+    bool saved_maps = kReverse && SavedMaps<Cfg>::value;
+    if constexpr (VerifiedCarry<Cfg>::value) {
+      const int mark = p.seg_fail != nullptr ? p.seg_fail[(long long)n * HV + j] : kChainOwnMaps;
+      if (mark == 0) return;
+      saved_maps = saved_maps && mark == kChainSavedMaps;
     }
     const bool has_h0 = (kReverse ? Cfg::HAS_HT : Cfg::HAS_H0) && p.h0 != nullptr;  // dht in the backward
     float x[kCols];
@@ -76,7 +82,7 @@ struct WalkMerge {
       // of a warp read consecutive floats); else row r of the record, four floats a load.
       const float* const rec = p.seg_hm + (z * HV + j) * K * (V + K) + (long long)r * (V + K);
       float a[K];
-      if constexpr (kReverse && SavedMaps<Cfg>::value) {
+      if (saved_maps) {
         const float* col = p.fwd_maps + (z * HV + j) * K * (V + K) + V + r;
 #pragma unroll
         for (int k = 0; k < K; ++k) a[k] = col[(long long)k * (V + K)];
