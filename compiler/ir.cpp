@@ -357,6 +357,8 @@ LayerIR lower(const Spec& spec_in) {
           StateWalkBwdGeometry::portable_smem_bytes_bv(K, C, ir.walk_bwd_bv), GridKind::walk_segments, ir.walk_bwd_bv,
           StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
       add_segment_constants();
+      // Their marks name the chains whose A the forward saved (common/segments.cuh).
+      ir.programs.back().constants.push_back(saved_maps_constant);
       add_carry_constant();
     }
   }
