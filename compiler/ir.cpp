@@ -245,8 +245,9 @@ LayerIR lower(const Spec& spec_in) {
   // the backward's transition of a segment is the forward's transposed (A = M^T), so its prescan
   // walks dZ_ext alone and its merge reads M from the saved maps. The forward prescan then
   // computes M for a document's last segment too. A rank of a context-parallel run exchanges
-  // its own backward records (dZ_ext | A) and keeps the old split, and so does the verified carry
-  // (docs/algorithm.md 4.7), whose backward walks A only for the chains it cannot verify.
+  // its own backward records (dZ_ext | A) and keeps the old split. The verified carry
+  // (docs/algorithm.md 4.7) saves the maps of the chains its forward merges and keeps the split
+  // for the backward's other marked chains (common/segments.cuh, reverse_chain_mark).
   if (s.cp_carry == SegmentCarry::automatic) {
     ir.carry_auto = true;
     ir.spec.cp_carry =

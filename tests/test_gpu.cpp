@@ -859,11 +859,29 @@ TEST_SUITE("gpu_determinism") {
     c.doc_lens = {100, 65, 1, 3000, 129};
     expect_within_bounds(check::run(*verified_layer, c), "verified carry, documents shorter than their segments");
     c.with_reference = false;
+    // Both marks in one batch: the short documents fail the gate test (empty segments) and take
+    // the merges, the backward's with the forward's saved maps, so every tensor of theirs is the
+    // merge carry's; the long one verifies and has the unsegmented layer's (a document's tensors
+    // are its own).
+    auto merged_layer = make(merged);
+    {
+      const check::Report vs = check::run(*verified_layer, c);
+      const check::Report ms = check::run(*merged_layer, c);
+      const check::Report ps = check::run(*make(plain), c);
+      REQUIRE(vs.bytes.size() == 8);
+      for (size_t d = 0; d < c.doc_lens.size(); ++d) {
+        const bool verifies = c.doc_lens[d] == 3000;
+        for (const auto& [t, bytes] : vs.bytes)
+          CHECK_MESSAGE(check::document_bytes(vs, t, verified, c.doc_lens, d) ==
+                            check::document_bytes(verifies ? ps : ms, t, verified, c.doc_lens, d),
+                        "document " << d << " (" << c.doc_lens[d] << " tokens), " << t << ": verified vs "
+                                    << (verifies ? "unsegmented" : "merge"));
+      }
+    }
     // No decay: the chains fall back to the merges, the backward's with the forward's saved maps,
     // in every call form (the ckpt step's recompute saves them as the forward does).
     c.gate_value = 0.0;
     c.doc_lens = {3000, 700};
-    auto merged_layer = make(merged);
     for (bool ckpt : {false, true}) {
       c.step = ckpt ? check::Case::Step::ckpt : check::Case::Step::fwd_bwd;
       const check::Report v0 = check::run(*verified_layer, c);
@@ -874,6 +892,9 @@ TEST_SUITE("gpu_determinism") {
                       "g = 0" << (ckpt ? ", ckpt" : "") << ": verified (every chain merged) vs merge: " << out);
     }
     c.step = check::Case::Step::fwd_bwd;
+    c.repeats = 2;
+    expect_call_forms_agree(verified, c, "n_carry_verified_forms_g0");
+    c.repeats = 1;
     c.with_reference = true;
     expect_within_bounds(check::run(*verified_layer, c), "verified carry, g = 0");
     // Gates that pass the decay test on a chain that still cannot verify: with beta = 0 the state is

@@ -29,10 +29,10 @@
  * chains that never do. The prescan, the merge and the full walk then run for the marked chains
  * only. A verified document's backward walk has one unsegmented walk's bits. Chains whose gates
  * decay too slowly to verify (reverse_chain_mark, common/segments.cuh) are marked before either
- * walk and skip both; where that chain failed the forward's gate test too, the forward's prescan
- * saved its maps and the backward takes A = M^T from them (the merge carry's programs and bits:
- * slow-decay heads cost what the merge costs); for the other marked chains the prescan walks A
- * itself (dZ_ext and A in hi + lo).
+ * walk and skip both. A chain that failed the forward's gate test (whatever the reverse test
+ * says) is marked at once too: the forward's prescan saved its maps and the backward takes
+ * A = M^T from them (the merge carry's programs and bits: slow-decay heads cost what the merge
+ * costs). For the other marked chains the prescan walks A itself (dZ_ext and A in hi + lo).
  */
 #pragma once
 

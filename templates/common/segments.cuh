@@ -31,10 +31,10 @@
 
 namespace gdn {
 
-/// Cfg::SAVED_MAPS where the program has it (walk_prescan, walk_bwd_prescan, walk_merge_bwd),
-/// else false: the forward's per-segment maps (S_ext | M) are saved, the forward prescan
-/// computes every segment's transition M, and the backward takes A = M^T from them instead of
-/// walking it (compiler/ir.cpp).
+/// Cfg::SAVED_MAPS where the program has it (walk_prescan, walk_bwd_prescan, walk_merge_bwd, and
+/// under the verified carry walk_bwd_speculate and walk_bwd_verify, whose marks use it), else false: the forward's
+/// per-segment maps (S_ext | M) are saved, the forward prescan computes every segment's transition M, and the backward
+/// takes A = M^T from them instead of walking it (compiler/ir.cpp).
 template <class Cfg, class = int>
 struct SavedMaps {
   static constexpr bool value = false;
