@@ -5,6 +5,8 @@
 # STEPS picks what runs, in this order (default: all but compare):
 #   tests     the GPU doctest suites (GPU_SUITES), GDNC_DETERMINISM_REPEATS applies; each suite is
 #             stopped after SUITE_TIMEOUT seconds (400) and prints its test cases' durations.
+#             GPU_TEST_CASES='a*,b*' runs only those test cases (doctest's --test-case) and prints
+#             their failing assertions.
 #             TESTS_PARALLEL=1 runs them as four processes at once on the one GPU (determinism, kcp,
 #             layer, the rest: every suite in about 220 s on the H200 instead of about 420 s; the
 #             timed suites are not benchmarks, and the sanitizers stay serial)
@@ -67,7 +69,14 @@ if has tests; then
     [ "$2" -eq 124 ] || [ "$2" -eq 137 ] && echo "=== $1 TIMED OUT after ${SUITE_TIMEOUT:-400} s" | tee -a "$OUT/gpu_tests.log"
     [ "$2" -eq 0 ] || rc=1
   }
-  if [ "${TESTS_PARALLEL:-0}" = 1 ] && [ -z "${GPU_SUITES:-}" ]; then
+  if [ -n "${GPU_TEST_CASES:-}" ]; then
+    # Only the named test cases (doctest's --test-case filter, comma-separated, wildcards): one
+    # process; the failing assertions and the summary are printed, the whole log kept.
+    timeout -k 30 "${SUITE_TIMEOUT:-400}" "$bin/gdn_gpu_tests" --test-case="$GPU_TEST_CASES" --duration=true \
+      > "$OUT/gpu_tests.log" 2>&1
+    suite_status "test cases $GPU_TEST_CASES" "$?"
+    grep -E "ERROR|test cases:|assertions:|^[0-9.]+ s: " "$OUT/gpu_tests.log" | head -60
+  elif [ "${TESTS_PARALLEL:-0}" = 1 ] && [ -z "${GPU_SUITES:-}" ]; then
     # Four processes at once, each suite group's output reported when all are done.
     rest=$(echo "$all_suites" | tr ' ' '\n' | grep -v -x -e gpu_determinism -e gpu_kcp -e gpu_layer -e '' | paste -sd, -)
     groups=(gpu_determinism gpu_kcp gpu_layer "$rest")
