@@ -835,6 +835,8 @@ TEST_SUITE("gpu_determinism") {
     const Spec merged = spec("n_carry_merge", 4, SegmentCarry::merge);
     const Spec verified = spec("n_carry_verified", 4, SegmentCarry::verified);
     auto verified_layer = make(verified);
+    auto plain_layer = make(plain);
+    auto merged_layer = make(merged);
     REQUIRE(verified_layer->ir().verified_carry);
     check::Case c;
     c.seed = 93;
@@ -842,7 +844,7 @@ TEST_SUITE("gpu_determinism") {
     const check::Report v = check::run(*verified_layer, c);
     expect_within_bounds(v, "verified carry, logsigmoid gates");
     c.with_reference = false;
-    expect_same_bits(check::run(*make(plain), c).bytes, v, "verified vs unsegmented");
+    expect_same_bits(check::run(*plain_layer, c).bytes, v, "verified vs unsegmented");
     c.repeats = 2;
     expect_call_forms_agree(verified, c, "n_carry_verified_forms");
     // Graph replay (the marks and checkpoints live in the workspace the graph captured).
@@ -863,11 +865,10 @@ TEST_SUITE("gpu_determinism") {
     // the merges, the backward's with the forward's saved maps, so every tensor of theirs is the
     // merge carry's; the long one verifies and has the unsegmented layer's (a document's tensors
     // are its own).
-    auto merged_layer = make(merged);
     {
       const check::Report vs = check::run(*verified_layer, c);
       const check::Report ms = check::run(*merged_layer, c);
-      const check::Report ps = check::run(*make(plain), c);
+      const check::Report ps = check::run(*plain_layer, c);
       REQUIRE(vs.bytes.size() == 8);
       for (size_t d = 0; d < c.doc_lens.size(); ++d) {
         const bool verifies = c.doc_lens[d] == 3000;
@@ -906,7 +907,7 @@ TEST_SUITE("gpu_determinism") {
     c.doc_lens = {1024};  // 16 chunks: 4 segments of 4
     c.with_reference = false;
     const check::Report vb = check::run(*verified_layer, c);
-    const check::Report mb = check::run(*make(merged), c);
+    const check::Report mb = check::run(*merged_layer, c);
     for (const char* out : {"o", "ht"})
       CHECK_MESSAGE(vb.bytes.at(out) == mb.bytes.at(out), "beta = 0: verified (chain not verified) vs merge: " << out);
     c.with_reference = true;
