@@ -45,8 +45,8 @@ static std::string to_string(GridKind g) {
     case GridKind::chunk_heads: return "(NT, HV, 1)";
     case GridKind::chunk_head_groups: return fmt::format("(NT, ceil(HV / {}), 1)", GateCumsumGeometry::kHeadsPerBlock);
     case GridKind::walk: return "(V / BV, HV, N)";
-    case GridKind::walk_segments: return "(V / BV, HV * segments, N)";
-    case GridKind::walk_prescan: return "((V + K) / BV, HV * segments, N)";
+    case GridKind::walk_segments: return "(V / BV, HV * segment rows, N)";
+    case GridKind::walk_prescan: return "((V + K) / BV, HV * segment rows, N)";
     case GridKind::walk_merge: return fmt::format("(V / {}, HV, N)", WalkMergeGeometry::kColumns);
     case GridKind::finalize: return "(finalize_grid(T, H), 1, 1)";
     case GridKind::exchange: return fmt::format("({}, 1, 1)", KcpExchangeGeometry::kBlocks);
@@ -763,8 +763,11 @@ std::string to_text(const LayerIR& ir) {
     line(
         ir.seg_min_chunks > 0
             ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "
-                          "nc / {})) (its walks alone fill at most an eighth of the GPU)",
-                          s.cp_segments, s.cp_segments, ir.seg_min_chunks)
+                          "nc / {})) (its walks alone fill at most an eighth of the GPU); a call of T tokens "
+                          "launches the walks with min({}, max(1, ceil(T / {}) / {})) segment rows, and with 1 "
+                          "(T < {} tokens) leaves out every segment program",
+                          s.cp_segments, s.cp_segments, ir.seg_min_chunks, s.cp_segments, s.chunk, ir.seg_min_chunks,
+                          2LL * ir.seg_min_chunks * s.chunk - (s.chunk - 1))
             : std::string("segments: auto, 1 per document (one document's walks fill more than an eighth of the GPU)"));
   else if (s.cp_ranks > 1)
     line(

@@ -195,6 +195,13 @@ void Layer::make_plans(HostPath path) {
       kcp_backward_summaries_with_handoff_ =
           compile_plan(plan_kcp_backward(ir_, PrepRerun::no, KcpPhase::summaries), id, 8);
   }
+  if (has_unsplit_plans(ir_)) {
+    forward_unsplit_ = compile_plan(plan_forward(ir_, OutputLaunch::yes, DocSplits::none), id, 9);
+    forward_without_output_unsplit_ = compile_plan(plan_forward(ir_, OutputLaunch::no, DocSplits::none), id, 10);
+    backward_unsplit_ = compile_plan(plan_backward(ir_, PrepRerun::yes, DocSplits::none), id, 11);
+    if (ir_.spec.save_mode == SaveMode::light)
+      backward_with_handoff_unsplit_ = compile_plan(plan_backward(ir_, PrepRerun::no, DocSplits::none), id, 12);
+  }
   if (ir_.spec.save_mode == SaveMode::light) {
     backward_with_handoff_ = compile_plan(plan_backward(ir_, PrepRerun::no), id, 3);
     // A hand-off works because the recompute's tapes sit where the backward looks for them.
@@ -207,6 +214,10 @@ void Layer::make_plans(HostPath path) {
         throw std::logic_error(fmt::format("layer '{}': workspace slot {} of the forward ({}) is not the backward's",
                                            ir_.spec.name, i, fwd_names[i].first));
   }
+}
+
+const Layer::Compiled& Layer::for_frame(const Compiled& possible, const Compiled& unsplit, const CallFrame& f) const {
+  return has_unsplit_plans(ir_) && f[Frame::seg_rows] == 1 ? unsplit : possible;
 }
 
 void Layer::observe_launches(LaunchObserver observer) {
@@ -328,6 +339,11 @@ void Layer::check_common(ProblemShape s, const LayerInputs& in, size_t saved_siz
                                    sp.cp_ranks, s.T % sp.cp_ranks));
     cp_check_world(sp.cp_ranks, sp, s.T);
   }
+  if (s.max_doc_tokens < 0)
+    throw InputError(fmt::format("max_doc_tokens: {} is negative (0: no bound)", s.max_doc_tokens));
+  if (s.max_doc_tokens > 0 && s.max_doc_tokens < s.T && s.max_doc_tokens * s.N < s.T)
+    throw InputError(fmt::format("max_doc_tokens: {} documents of at most {} tokens cannot hold T={} tokens", s.N,
+                                 s.max_doc_tokens, s.T));
   require_aligned(in.q, "q");
   require_aligned(in.k, "k");
   require_aligned(in.v, "v");
@@ -382,6 +398,10 @@ CallFrame Layer::backward_frame(ProblemShape s, const LayerInputs& in, const Lay
   require_aligned(saved, "saved");
   require_aligned(ws, "workspace");
   CallFrame f = frame_of(s, in, const_cast<void*>(saved), ws, stream);
+  // The backward reads the forward's chunk table and cannot check a bound of its own: its walks
+  // take the rows that T allows.
+  f[Frame::max_doc_tokens] = 0;
+  f[Frame::seg_rows] = static_cast<uint64_t>(segment_rows(ir_, s.T));
   f[Frame::d_o] = reinterpret_cast<uint64_t>(gr.d_o);
   f[Frame::dht] = reinterpret_cast<uint64_t>(gr.dht);
   f[Frame::dq] = reinterpret_cast<uint64_t>(gr.dq);
@@ -395,12 +415,14 @@ CallFrame Layer::backward_frame(ProblemShape s, const LayerInputs& in, const Lay
 
 void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, void* saved, size_t saved_size,
                     void* ws, size_t ws_size, CUstream stream) const {
-  run(forward_, forward_frame(s, in, out, saved, saved_size, ws, ws_size, stream, OutputNeeded::yes));
+  const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws, ws_size, stream, OutputNeeded::yes);
+  run(for_frame(forward_, forward_unsplit_, f), f);
 }
 
 void Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved, size_t saved_size,
                      void* ws, size_t ws_size, CUstream stream) const {
-  run(backward_, backward_frame(s, in, gr, saved, saved_size, ws, ws_size, stream));
+  const CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws, ws_size, stream);
+  run(for_frame(backward_, backward_unsplit_, f), f);
 }
 
 void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, void* saved, size_t saved_size,
@@ -408,7 +430,7 @@ void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& o
   const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, OutputNeeded::yes);
   ++ws.calls_;
   ws.has_handoff_ = false;
-  run(forward_, f);
+  run(for_frame(forward_, forward_unsplit_, f), f);
 }
 
 HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, OutputNeeded output,
@@ -416,7 +438,9 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
   const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, output);
   ++ws.calls_;
   ws.has_handoff_ = false;
-  const Compiled& ran = output == OutputNeeded::yes ? forward_ : forward_without_output_;
+  const Compiled& ran = output == OutputNeeded::yes
+                            ? for_frame(forward_, forward_unsplit_, f)
+                            : for_frame(forward_without_output_, forward_without_output_unsplit_, f);
   run(ran, f);
   // Only a plan that ran the forward walk has tapes to hand over (the fused forward has none).
   const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes &&
@@ -439,7 +463,9 @@ HandOff Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads&
   const bool fresh = handoff_is_fresh(ws, s, stream);
   ++ws.calls_;
   ws.has_handoff_ = false;
-  run(fresh ? backward_with_handoff_ : backward_, f);
+  run(fresh ? for_frame(backward_with_handoff_, backward_with_handoff_unsplit_, f)
+            : for_frame(backward_, backward_unsplit_, f),
+      f);
   return fresh ? HandOff::taken : HandOff::not_taken;
 }
 
@@ -544,6 +570,10 @@ CallFrame Layer::frame_of(ProblemShape s, const LayerInputs& in, void* saved, vo
   std::memcpy(&bits, &scale, 4);
   f[Frame::scale_bits] = bits;
   f[Frame::stream] = reinterpret_cast<uint64_t>(stream);
+  // A bound of T or more bounds nothing; below T chunk_table checks it, and the walks' rows follow it.
+  const long long bound = s.max_doc_tokens > 0 && s.max_doc_tokens < s.T ? s.max_doc_tokens : 0;
+  f[Frame::max_doc_tokens] = static_cast<uint64_t>(bound);
+  f[Frame::seg_rows] = static_cast<uint64_t>(segment_rows(ir_, s.T, bound));
   return f;
 }
 
@@ -558,6 +588,9 @@ std::optional<std::string> device_status_error(int code, int index, long long va
     case kCuLastNotT: return fmt::format("cu_seqlens[{}]: {} must equal T ({})", index, value, expected);
     case kCuTooManyChunks:
       return fmt::format("cu_seqlens: {} chunks exceed the bound {} (empty documents?)", value, expected);
+    case kCuLongerThanBound:
+      return fmt::format("cu_seqlens: document {} has {} tokens, more than max_doc_tokens {}", index - 1, value,
+                         expected);
     case kGateNotLogDecay: {
       if (value_heads <= 0 || value < 0 || value == kStatusNoKey)
         return fmt::format("g: not a finite log decay (device status key {}, {} value heads)", value, value_heads);

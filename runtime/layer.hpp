@@ -38,6 +38,13 @@ enum class IndexType { int32, int64 };
 struct ProblemShape {
   long long T = 0;  ///< packed tokens
   int N = 0;        ///< documents (cu_seqlens has N + 1 entries)
+  /// The caller's bound on every document's tokens, like flash-attn's max_seqlen (0: none). A
+  /// forward or recompute checks it on the device (chunk_table; check_device_status() reports a
+  /// longer document and the call writes nothing else) and, under `cp.segments: "auto"`, launches
+  /// its walks with the segment rows such a document needs: none of the segment programs where no
+  /// document of the bound can split. The backward reads the forward's chunk table and cannot
+  /// check a bound of its own, so it does not use it (its rows follow T). Sizes do not depend on it.
+  long long max_doc_tokens = 0;
 };
 
 /// Device pointers. bf16 tensors are raw 16-bit data; all must be 16-byte aligned.
@@ -231,6 +238,8 @@ class Layer {
     bool writes_tapes = false;  ///< the plan runs the forward walk that leaves the backward's tapes
   };
   Compiled compile_plan(CallPlan plan, int id, int index) const;
+  /// `possible`, or its DocSplits::none twin when the frame's segment rows are 1.
+  const Compiled& for_frame(const Compiled& possible, const Compiled& unsplit, const CallFrame&) const;
   void run_eager(const Compiled&, const CallFrame&) const;
   void run(const Compiled&, const CallFrame&) const;
   CallFrame forward_frame(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
@@ -253,7 +262,10 @@ class Layer {
   Compiled forward_;
   Compiled forward_without_output_;
   Compiled backward_;
-  Compiled backward_with_handoff_;                     ///< light saves only
+  Compiled backward_with_handoff_;  ///< light saves only
+  /// The same without the segment programs, for the calls where no document can take two segments
+  /// (has_unsplit_plans: `cp.segments: "auto"` on one rank).
+  Compiled forward_unsplit_, forward_without_output_unsplit_, backward_unsplit_, backward_with_handoff_unsplit_;
   Compiled kcp_forward_summaries_, kcp_forward_walk_;  ///< cp.ranks > 1
   Compiled kcp_backward_summaries_, kcp_backward_summaries_with_handoff_, kcp_backward_walk_;
   std::shared_ptr<GraphBackend> graph_backend_;  ///< set in graph mode

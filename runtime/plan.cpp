@@ -21,9 +21,21 @@
 
 namespace gdn {
 
-int64_t Lin::eval(int64_t T, int64_t N, int chunk) const {
+int64_t Lin::eval(int64_t T, int64_t N, int chunk, int64_t seg_rows) const {
   const int64_t nt = T / chunk + N;
-  return (t * T + n * N + nt * this->nt + c + div - 1) / div;
+  return (t * T + n * N + nt * this->nt + rows * seg_rows + c + div - 1) / div;
+}
+
+bool has_unsplit_plans(const LayerIR& ir) {
+  return ir.segments_auto && ir.spec.cp_segments > 1 && ir.spec.cp_ranks <= 1 && ir.seg_min_chunks > 0;
+}
+
+int64_t segment_rows(const LayerIR& ir, int64_t T, int64_t max_doc_tokens) {
+  const int64_t most = std::max(1, ir.spec.cp_segments);
+  if (!has_unsplit_plans(ir)) return most;
+  const int64_t longest = max_doc_tokens > 0 ? std::min(T, max_doc_tokens) : T;
+  const int64_t chunks = (longest + ir.spec.chunk - 1) / ir.spec.chunk;
+  return std::clamp<int64_t>(chunks / ir.seg_min_chunks, 1, most);
 }
 
 void check_problem_size(int64_t T, int64_t N) {
@@ -103,9 +115,10 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
       for (const auto& [k, v] : p.constants)
         if (k == "BV") bv = std::stoi(v);
       const int slabs = (s.head_dim_v + (p.grid == GridKind::walk_prescan ? s.head_dim_k : 0)) / bv;
-      // Segmented: y = segment row position * HV + head, z = the document row (seg::grid_position).
-      const int rows = p.grid == GridKind::walk ? 1 : s.cp_segments;
-      return {Lin{0, 0, 0, slabs, 1}, Lin{0, 0, 0, int64_t{s.heads_v} * rows, 1}, Lin{0, 1, 0, 0, 1}};
+      // Segmented: y = segment row position * HV + head, z = the document row (seg::grid_position),
+      // with the call's segment rows (Frame::seg_rows).
+      const Lin y = p.grid == GridKind::walk || s.cp_segments <= 1 ? heads : Lin{0, 0, 0, 0, 1, s.heads_v};
+      return {Lin{0, 0, 0, slabs, 1}, y, Lin{0, 1, 0, 0, 1}};
     }
     case GridKind::walk_merge:
       return {Lin{0, 0, 0, s.head_dim_v / WalkMergeGeometry::kColumns, 1}, heads, Lin{0, 1, 0, 0, 1}};
@@ -142,6 +155,9 @@ class Builder {
   const LayerIR& ir() const { return ir_; }
   /// A rank's phases (plan_kcp_*): the exchange launches go in, and the walk phase starts at `split`.
   bool kcp = false;
+  /// The segment programs run (DocSplits::possible on a segmented layer): a document may take two or
+  /// more segments, whose entry states the prescans and merges make.
+  bool segment_programs = false;
   size_t split = 0;
   size_t size() const { return plan_.launches.size(); }
 
@@ -285,8 +301,8 @@ void bind_verified_walk(Builder& b, const ValueSource& k, const ValueSource& ht)
 void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const ValueSource& ht, bool exchange = false,
                      bool entry_states = true) {
   const bool segments = ir.spec.cp_segments > 1;
-  if (segments && entry_states && ir.verified_carry) return bind_verified_walk(b, k, ht);
-  if (segments && entry_states) bind_segment_entry_states(b, k, exchange);
+  if (b.segment_programs && entry_states && ir.verified_carry) return bind_verified_walk(b, k, ht);
+  if (b.segment_programs && entry_states) bind_segment_entry_states(b, k, exchange);
   bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }
 
@@ -325,11 +341,23 @@ void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes) {
 
 namespace {
 
-CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& split) {
+/// Checks a DocSplits::none request and gives the builder's segment_programs.
+bool segment_programs_of(const LayerIR& ir, DocSplits splits) {
+  if (splits == DocSplits::none && !has_unsplit_plans(ir))
+    throw std::logic_error(fmt::format("plan: layer '{}' has no plans without its segment programs", ir.spec.name));
+  return ir.spec.cp_segments > 1 && splits == DocSplits::possible;
+}
+
+const char* unsplit_suffix(DocSplits splits) { return splits == DocSplits::none ? "_unsplit" : ""; }
+
+CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& split,
+                      DocSplits splits = DocSplits::possible) {
   CallPlan plan;
-  plan.name = output == OutputLaunch::yes ? "forward" : "forward_without_output";
+  plan.name =
+      fmt::format("{}{}", output == OutputLaunch::yes ? "forward" : "forward_without_output", unsplit_suffix(splits));
   Builder b(ir, plan, CallForm::forward);
   b.kcp = kcp;
+  b.segment_programs = segment_programs_of(ir, splits);
   const bool norm = ir.spec.norm == Norm::l2_in_kernel;
   using F = Frame;
   {
@@ -345,6 +373,7 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
     GDN_BIND(l, P, doc_order, b.slot("doc_order"));
     GDN_BIND(l, P, num_chunks, b.slot("num_chunks"));
     GDN_BIND(l, P, status, b.slot("status"));
+    GDN_BIND(l, P, max_doc_tokens, b.frame(F::max_doc_tokens));
     if (ir.spec.cp_ranks > 1) {
       GDN_BIND(l, P, rank_local, b.frame(F::kcp_local));
       GDN_BIND(l, P, pieces_before, b.frame(F::kcp_pieces_before));
@@ -352,7 +381,7 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
     }
   }
   const bool fused = ir.spec.forward == ForwardPath::fused;
-  const bool segments = ir.spec.cp_segments > 1;
+  const bool segments = b.segment_programs;
   // The fused forward folds the norm into its products and needs only the rows' rstd (k's from
   // chunk_solve, which has K K^T's diagonal); kn only for chunk_prep's W (the prescan's, and the
   // reverse walk's under full saves or from a recompute's hand-off).
@@ -406,13 +435,19 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
   return plan;
 }
 
-CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& split) {
+CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& split,
+                       DocSplits splits = DocSplits::possible) {
   CallPlan plan;
   const bool full = ir.spec.save_mode == SaveMode::full;
   const bool norm = ir.spec.norm == Norm::l2_in_kernel;
-  plan.name = full ? "backward" : rerun == PrepRerun::yes ? "backward" : "backward_with_handoff";
+  plan.name = fmt::format("{}{}",
+                          full                      ? "backward"
+                          : rerun == PrepRerun::yes ? "backward"
+                                                    : "backward_with_handoff",
+                          unsplit_suffix(splits));
   Builder b(ir, plan, CallForm::backward);
   b.kcp = kcp;
+  b.segment_programs = segment_programs_of(ir, splits);
   using F = Frame;
   const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
@@ -426,7 +461,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     // saves); a rank of a context-parallel run chains them again from its kcp_entry.
     const bool entry_states = !ir.segment_entries_saved;
     if (ir.spec.forward == ForwardPath::fused) {  // the tapes in the fused walk's roundings
-      if (ir.spec.cp_segments > 1 && entry_states) bind_segment_entry_states(b, k);
+      if (b.segment_programs && entry_states) bind_segment_entry_states(b, k);
       bind_fused_walk(b, "walk_tape", false, true);
     } else {
       bind_state_walk(b, ir, k, b.constant(0), false, entry_states);
@@ -476,14 +511,15 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       if (checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
       GDN_BIND(l, P, seg_fail, b.slot("seg_fail"));
     };
-    if (ir.verified_carry) {
+    const bool verified = ir.verified_carry && b.segment_programs;
+    if (verified) {
       carry(b.launch("walk_bwd_speculate", sizeof(P)), true);
       carry(b.launch("walk_bwd_verify", sizeof(P)), true);
       carry(b.launch("walk_bwd_prescan", sizeof(P)), false);
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
       GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("seg_fail"));
       carry(b.launch("state_walk_bwd", sizeof(P)), false);
-    } else if (segments) {
+    } else if (b.segment_programs) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
       if (b.kcp) {
         bind_kcp_exchange(b, "seg_dzm", kKcpBackwardSend);
@@ -491,7 +527,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       }
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
     }
-    if (!ir.verified_carry) bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
+    if (!verified) bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
     if (b.ir().spec.backward_w == BackwardW::walk) {
       auto& walk = b.last();
       // On sm_90a the walk forms W from Tm and beta, in the places of w and seg_dz (no segments);
@@ -556,14 +592,14 @@ CallPlan phase_of(CallPlan plan, size_t split, KcpPhase phase, const LayerIR& ir
 
 }  // namespace
 
-CallPlan plan_forward(const LayerIR& ir, OutputLaunch output) {
+CallPlan plan_forward(const LayerIR& ir, OutputLaunch output, DocSplits splits) {
   size_t split = 0;
-  return forward_plan(ir, output, false, split);
+  return forward_plan(ir, output, false, split, splits);
 }
 
-CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun) {
+CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun, DocSplits splits) {
   size_t split = 0;
-  return backward_plan(ir, rerun, false, split);
+  return backward_plan(ir, rerun, false, split, splits);
 }
 
 CallPlan plan_kcp_forward(const LayerIR& ir, KcpPhase phase) {
@@ -591,6 +627,7 @@ void apply_target_fields(CallPlan& plan, Target target) {
 
 void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, Launcher& launcher) {
   const int64_t T = static_cast<int64_t>(frame[Frame::T]), N = static_cast<int64_t>(frame[Frame::N]);
+  const int64_t rows = static_cast<int64_t>(frame[Frame::seg_rows]);
   const auto saved = slot_offsets(plan.saved_slots, T, N, plan.chunk);
   const auto ws = slot_offsets(plan.ws_slots, T, N, plan.chunk);
   const CUstream stream = reinterpret_cast<CUstream>(frame[Frame::stream]);
@@ -605,14 +642,14 @@ void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, L
           v = s.region == RegionKind::saved ? frame[Frame::saved] + saved[static_cast<size_t>(s.slot)]
                                             : frame[Frame::ws] + ws[static_cast<size_t>(s.slot)];
           break;
-        case ValueSource::from_formula: v = static_cast<uint64_t>(s.formula.eval(T, N, plan.chunk)); break;
+        case ValueSource::from_formula: v = static_cast<uint64_t>(s.formula.eval(T, N, plan.chunk, rows)); break;
         case ValueSource::from_constant: v = static_cast<uint64_t>(s.value); break;
       }
       std::memcpy(params + f.offset, &v, f.size);  // little-endian: the low bytes
     }
-    const rt::dim3_t grid{static_cast<unsigned>(l.grid[0].eval(T, N, plan.chunk)),
-                          static_cast<unsigned>(l.grid[1].eval(T, N, plan.chunk)),
-                          static_cast<unsigned>(l.grid[2].eval(T, N, plan.chunk))};
+    const rt::dim3_t grid{static_cast<unsigned>(l.grid[0].eval(T, N, plan.chunk, rows)),
+                          static_cast<unsigned>(l.grid[1].eval(T, N, plan.chunk, rows)),
+                          static_cast<unsigned>(l.grid[2].eval(T, N, plan.chunk, rows))};
     launcher.launch(ir.programs[static_cast<size_t>(l.program)], grid, params, l.params_size, stream);
   }
 }

@@ -57,6 +57,11 @@ enum class Frame : uint8_t {
   kcp_entry_mode,     ///< KcpEntryMode of the forward merge
   kcp_send,           ///< this rank's summary record
   kcp_gathered,       ///< every rank's record, in rank order
+  /// The segment rows of this call's segmented walk grids (segment_rows()): as many segments as
+  /// its longest possible document can take, so a call of short documents launches no block
+  /// that would only exit.
+  seg_rows,
+  max_doc_tokens,  ///< the caller's bound checked by chunk_table (0: none), at most T
   count
 };
 inline constexpr int kFrameWords = static_cast<int>(Frame::count);
@@ -67,10 +72,11 @@ struct CallFrame {
   uint64_t operator[](Frame f) const { return word[static_cast<size_t>(f)]; }
 };
 
-/// ceil((t*T + n*N + nt*NT + c) / div), NT = T / chunk + N. All terms are non-negative.
+/// ceil((t*T + n*N + nt*NT + rows*R + c) / div), NT = T / chunk + N, R = Frame::seg_rows. All
+/// terms are non-negative.
 struct Lin {
-  int64_t t = 0, n = 0, nt = 0, c = 0, div = 1;
-  int64_t eval(int64_t T, int64_t N, int chunk) const;
+  int64_t t = 0, n = 0, nt = 0, c = 0, div = 1, rows = 0;
+  int64_t eval(int64_t T, int64_t N, int chunk, int64_t seg_rows = 1) const;
 };
 
 enum class RegionKind : uint8_t { saved, ws };
@@ -115,9 +121,26 @@ void apply_target_fields(CallPlan& plan, Target target);
 /// Which launches a plan contains.
 enum class OutputLaunch { yes, no };  ///< a recompute may skip the output program
 enum class PrepRerun { yes, no };     ///< a backward binds handed-off tapes instead
+/// DocSplits::none: no document of the call can take two segments (segment_rows() is 1), so the
+/// segment programs (prescans, merges, the verified carry's speculate and verify passes) are left
+/// out and every walk reads h0 or dht itself. Only for layers with `cp.segments: "auto"` on one
+/// rank; the other layers have one plan per call form.
+enum class DocSplits { possible, none };
 
-CallPlan plan_forward(const LayerIR&, OutputLaunch);
-CallPlan plan_backward(const LayerIR&, PrepRerun);
+CallPlan plan_forward(const LayerIR&, OutputLaunch, DocSplits = DocSplits::possible);
+CallPlan plan_backward(const LayerIR&, PrepRerun, DocSplits = DocSplits::possible);
+
+/// Whether a layer has the DocSplits::none plans: `cp.segments: "auto"` (more than one segment at
+/// most) on one rank.
+bool has_unsplit_plans(const LayerIR&);
+
+/// The segment rows of the segmented walk grids for a call of T tokens whose documents are at
+/// most `max_doc_tokens` long (0: unknown, T bounds them): under `cp.segments: "auto"` on one rank
+/// min(S, max(1, floor(ceil(L / chunk) / m))) for L = min(T, max_doc_tokens), S the most segments
+/// and m seg_min_chunks, which no document of the call can exceed; otherwise every document takes
+/// S (1 without segments). Batch invariance holds: the rows only decide which blocks are launched,
+/// never what a launched block computes.
+int64_t segment_rows(const LayerIR&, int64_t T, int64_t max_doc_tokens = 0);
 
 /// One rank of a context-parallel run (cp.ranks > 1): the forward and the backward cut at their
 /// all-gather. `summaries` ends with this rank's record in Frame::kcp_send; `walk` starts by copying

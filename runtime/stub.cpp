@@ -55,12 +55,13 @@ class StubEmitter {
     T_ = word(Frame::T);
     N_ = word(Frame::N);
     NT_ = b_.CreateAdd(b_.CreateSDiv(T_, b_.getInt64(plan.chunk)), N_, "nt");
+    R_ = word(Frame::seg_rows);
     auto offsets = [&](const std::vector<ByteFormula>& slots, llvm::Value* base) {
       std::vector<llvm::Value*> out;
       llvm::Value* at = base;
       for (const ByteFormula& f : slots) {
         out.push_back(at);
-        llvm::Value* bytes = linear(f.per_token, f.per_doc, f.per_chunk, f.constant);
+        llvm::Value* bytes = linear(f.per_token, f.per_doc, f.per_chunk, 0, f.constant);
         llvm::Value* aligned = b_.CreateAnd(b_.CreateAdd(bytes, b_.getInt64(255)), b_.getInt64(~int64_t{255}));
         at = b_.CreateAdd(at, aligned);
       }
@@ -106,15 +107,16 @@ class StubEmitter {
   }
 
  private:
-  llvm::Value* linear(int64_t t, int64_t n, int64_t nt, int64_t c) {
+  llvm::Value* linear(int64_t t, int64_t n, int64_t nt, int64_t rows, int64_t c) {
     llvm::Value* v = b_.getInt64(static_cast<uint64_t>(c));
     if (t) v = b_.CreateAdd(v, b_.CreateMul(T_, b_.getInt64(static_cast<uint64_t>(t))));
     if (n) v = b_.CreateAdd(v, b_.CreateMul(N_, b_.getInt64(static_cast<uint64_t>(n))));
     if (nt) v = b_.CreateAdd(v, b_.CreateMul(NT_, b_.getInt64(static_cast<uint64_t>(nt))));
+    if (rows) v = b_.CreateAdd(v, b_.CreateMul(R_, b_.getInt64(static_cast<uint64_t>(rows))));
     return v;
   }
   llvm::Value* eval(const Lin& l) {
-    llvm::Value* v = linear(l.t, l.n, l.nt, l.c + l.div - 1);
+    llvm::Value* v = linear(l.t, l.n, l.nt, l.rows, l.c + l.div - 1);
     return l.div == 1 ? v : b_.CreateSDiv(v, b_.getInt64(static_cast<uint64_t>(l.div)));
   }
 
@@ -124,6 +126,7 @@ class StubEmitter {
   llvm::Value* T_ = nullptr;
   llvm::Value* N_ = nullptr;
   llvm::Value* NT_ = nullptr;
+  llvm::Value* R_ = nullptr;  ///< Frame::seg_rows
 };
 
 std::unique_ptr<llvm::Module> build_module(llvm::LLVMContext& ctx, const CallPlan& plan, const std::string& symbol) {

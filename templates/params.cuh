@@ -33,11 +33,12 @@ constexpr int kPieceBits = 8;
 /// gate_cumsum's of g.
 enum CuSeqlensError : int {
   kCuOk = 0,
-  kCuFirstNotZero = 1,   ///< cu_seqlens[0] != 0
-  kCuDecreasing = 2,     ///< cu_seqlens[i] < cu_seqlens[i-1]
-  kCuLastNotT = 3,       ///< cu_seqlens[N] != T
-  kCuTooManyChunks = 4,  ///< more chunks than the host-side bound (cannot happen for valid input)
-  kGateNotLogDecay = 5,  ///< some g is not finite or > 0; value = the lowest t x HV + head of one
+  kCuFirstNotZero = 1,     ///< cu_seqlens[0] != 0
+  kCuDecreasing = 2,       ///< cu_seqlens[i] < cu_seqlens[i-1]
+  kCuLastNotT = 3,         ///< cu_seqlens[N] != T
+  kCuTooManyChunks = 4,    ///< more chunks than the host-side bound (cannot happen for valid input)
+  kGateNotLogDecay = 5,    ///< some g is not finite or > 0; value = the lowest t x HV + head of one
+  kCuLongerThanBound = 6,  ///< a document longer than the caller's max_doc_tokens; value = its tokens
 };
 /// chunk_table's status when cu_seqlens is valid: `value` starts at the largest key, so that
 /// gate_cumsum's blocks can lower it to the first bad gate's with atomicMin. An enumerator, not a
@@ -82,7 +83,10 @@ struct ChunkTableParams {
   int rank_local;
   int pieces_before;  ///< rank_local: the first document's pieces on earlier ranks
   int pieces_after;   ///< rank_local: the last document's pieces on later ranks
-  int pad_end;
+  /// The caller's bound on every document's tokens (0: none): a longer one is reported
+  /// (kCuLongerThanBound) and the table is left empty, as for invalid cu_seqlens, because the
+  /// call's walks were launched with the segment rows of the bound.
+  int max_doc_tokens;
   int* doc_order;  ///< [N]: the documents in the walks' launch order, longest first (seg::doc_order_key)
 };
 
@@ -139,7 +143,8 @@ struct StateWalkParams {
   bf16_t* h_tape;   ///< [nt_max, HV, K, V]: state entering each chunk
   bf16_t* v_new;    ///< [T, HV, V]
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise). Segment i of document n is grid
-  // position l = i * N + n (seg::grid_position: y = (l % SEGMENTS) * HV + head, z = l / SEGMENTS)
+  // position l = i * N + n (seg::grid_position: y = (l % R) * HV + head, z = l / R, R the call's
+  // segment rows)
   // and covers chunks [nc * i / SEGMENTS, nc * (i + 1) / SEGMENTS) of it.
   float* seg_hm;  ///< [segment slots, HV, K, V + K]: per segment, S_ext | M (walk_prescan)
   /// [segment slots, HV, K, V]: the state entering each segment (walk_merge; under the verified

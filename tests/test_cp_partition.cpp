@@ -11,6 +11,7 @@
 
 #include <random>
 #include <set>
+#include <tuple>
 #include <stdexcept>
 
 using gdn::cp_partition;
@@ -370,6 +371,35 @@ TEST_SUITE("cp") {
               CHECK(static_cast<long long>(position) * heads + head == linear);
             }
         }
+  }
+
+  // A call launches its segmented walks with R segment rows (the host's segment_rows(), at most
+  // SEGMENTS): y = HV x R, and the kernels' grid_segment() maps blocks with R where the head comes
+  // from SEGMENTS. Every (document, segment < R, head) is one block, first segments first.
+  TEST_CASE("segments: a grid of R segment rows, R at most SEGMENTS, visits every segment below R once") {
+    for (int most : {2, 16})
+      for (int rows : {1, 2, 5, most})
+        for (int heads : {1, 6})
+          for (int docs : {1, 3, 17}) {
+            CAPTURE(most);
+            CAPTURE(rows);
+            CAPTURE(heads);
+            CAPTURE(docs);
+            if (rows > most) continue;
+            std::set<std::tuple<int, int, int>> seen;
+            long long launched = 0;
+            for (int z = 0; z < docs; ++z)
+              for (int y = 0; y < heads * rows; ++y, ++launched) {
+                const int head = gdn::seg::grid_head(y, heads, most);
+                const auto [n, segment] = gdn::seg::grid_index(gdn::seg::grid_position(y, z, heads, rows), docs, rows);
+                REQUIRE(segment < rows);
+                REQUIRE(n < docs);
+                CHECK(seen.insert({n, segment, head}).second);
+                // The blocks of every first segment come first in launch order.
+                CHECK((segment == 0) == (launched < static_cast<long long>(docs) * heads));
+              }
+            CHECK(seen.size() == static_cast<size_t>(docs * rows * heads));
+          }
   }
 
   // The walks' document order (chunk_table sorts by this key, longest first): 0 for an empty

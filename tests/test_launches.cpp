@@ -7,6 +7,7 @@
 #include "tests/launch_recorder.hpp"
 
 #include "tests/golden.hpp"
+#include "common/segments.hpp"
 #include "fwd/geometry.hpp"
 #include "params.cuh"
 
@@ -107,6 +108,192 @@ TEST_SUITE("launches") {
     full.norm = Norm::none;
     full.initial_state = StateFlag::absent;
     testing::check_golden("launches_m_full_nonorm_noh0.txt", record(full, {1000, 2}));
+  }
+
+  // segment_rows(): no document of a call takes more segments than its walks' grid has rows, and
+  // the longest document the call can hold takes exactly that many.
+  TEST_CASE("segment rows: as many as the call's longest possible document takes") {
+    Spec pinned = example("n"), none = example("n"), ranks = example("n");
+    pinned.cp_segments = 5;
+    none.cp_segments = 1;
+    ranks.cp_segments = 0;
+    ranks.cp_ranks = 4;
+    const LayerIR ir = lower(example("n")), ir_pinned = lower(pinned), ir_none = lower(none), ir_ranks = lower(ranks);
+    REQUIRE(ir.segments_auto);
+    REQUIRE(has_unsplit_plans(ir));
+    CHECK_FALSE(has_unsplit_plans(ir_pinned));
+    CHECK_FALSE(has_unsplit_plans(ir_none));
+    CHECK_FALSE(has_unsplit_plans(ir_ranks));
+    const int most = ir.spec.cp_segments, m = ir.seg_min_chunks, C = ir.spec.chunk;
+    auto takes = [&](int64_t tokens) { return seg::count(static_cast<int>((tokens + C - 1) / C), most, m); };
+    for (int64_t T : {1LL, 63LL, 64LL, 4032LL, 4033LL, 4096LL, 6144LL, 8192LL, 100000LL, 1LL << 22, (1LL << 31) - 1}) {
+      CAPTURE(T);
+      const int64_t rows = segment_rows(ir, T);
+      CHECK(rows >= 1);
+      CHECK(rows <= most);
+      CHECK(rows == takes(T));  // a single document of T tokens
+      for (int64_t L = 1; L <= T; L = L < 4096 ? L + 61 : L * 3 / 2) CHECK(takes(L) <= rows);
+      CHECK(segment_rows(ir_pinned, T) == 5);
+      CHECK(segment_rows(ir_none, T) == 1);
+      CHECK(segment_rows(ir_ranks, T) == ir_ranks.spec.cp_segments);
+    }
+    CHECK(segment_rows(ir, 4032) == 1);
+    CHECK(segment_rows(ir, 4033) == 2);
+    CHECK(segment_rows(ir, 8192) == 4);
+    // The IR prints the rule with the same threshold.
+    CHECK(to_text(ir).find("with 1 (T < 4033 tokens) leaves out every segment program") != std::string::npos);
+  }
+
+  // A call whose documents cannot split runs the DocSplits::none plans: the walks alone, one
+  // segment row, every walk reading h0 or dht itself. One that can runs today's plans, with the
+  // rows its longest possible document needs.
+  TEST_CASE("segment rows: a call that cannot split a document launches no segment program") {
+    auto sequence = [](const Spec& spec, ProblemShape s, bool handoff = false) {
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(spec, rec);
+      const FakeCall f = fake_call(*layer, s);
+      void* saved = reinterpret_cast<void*>(f.saved);
+      Workspace ws(reinterpret_cast<void*>(f.ws), f.ws_size);
+      if (handoff) {
+        layer->recompute(s, f.in, f.out, OutputNeeded::no, saved, f.saved_size, ws, nullptr);
+      } else {
+        layer->forward(s, f.in, f.out, saved, f.saved_size, ws, nullptr);
+      }
+      const size_t n_fwd = rec->records.size();
+      layer->backward(s, f.in, f.grads, saved, f.saved_size, ws, nullptr);
+      std::vector<std::string> fwd, bwd;
+      std::map<std::string, unsigned> grid_y;
+      for (size_t i = 0; i < rec->records.size(); ++i) {
+        const auto& r = rec->records[i];
+        (i < n_fwd ? fwd : bwd).push_back(r.program);
+        grid_y[r.program] = r.grid.y;
+      }
+      return std::tuple{fwd, bwd, grid_y, testing::render(rec->records, f.regions)};
+    };
+    auto has = [](const std::vector<std::string>& v, const char* p) {
+      return std::find(v.begin(), v.end(), p) != v.end();
+    };
+    const char* segment_programs[] = {"walk_prescan",     "walk_merge",     "walk_speculate",     "walk_verify",
+                                      "walk_bwd_prescan", "walk_merge_bwd", "walk_bwd_speculate", "walk_bwd_verify"};
+    Spec merge = example("n"), verified = example("n"), fused = example("n"), pinned = example("n");
+    verified.cp_carry = SegmentCarry::verified;
+    fused.forward = ForwardPath::fused;
+    pinned.cp_segments = 5;
+    for (const Spec* spec : {&merge, &verified, &fused})
+      for (bool handoff : {false, true}) {
+        CAPTURE(spec->cp_carry == SegmentCarry::verified);
+        CAPTURE(spec->forward == ForwardPath::fused);
+        CAPTURE(handoff);
+        const auto [fwd, bwd, y, text] = sequence(*spec, {4032, 3}, handoff);
+        for (const char* p : segment_programs) {
+          CAPTURE(p);
+          CHECK_FALSE(has(fwd, p));
+          CHECK_FALSE(has(bwd, p));
+        }
+        const char* walk = spec->forward == ForwardPath::fused ? (handoff ? "walk_tape" : "fused_walk") : "state_walk";
+        REQUIRE(has(fwd, walk));
+        CHECK(y.at(walk) == 6);  // value heads x 1 row
+        CHECK(y.at("state_walk_bwd") == 6);
+        CHECK(has(bwd, "chunk_bwd"));
+        // Under the verified carry the walks are bound without the marks: they walk every document.
+        if (spec->cp_carry == SegmentCarry::verified) CHECK(text.find("seg_fail") == std::string::npos);
+        // One more token and a document may take two segments: today's plan, two rows.
+        const auto [fwd2, bwd2, y2, text2] = sequence(*spec, {4033, 3}, handoff);
+        CHECK(has(fwd2, spec->cp_carry == SegmentCarry::verified ? "walk_speculate" : "walk_prescan"));
+        CHECK(has(bwd2, spec->cp_carry == SegmentCarry::verified ? "walk_bwd_speculate" : "walk_bwd_prescan"));
+        CHECK(y2.at("state_walk_bwd") == 12);
+      }
+    // The fused forward's light saves need W (and kn) only for the prescan: none without it.
+    {
+      const auto [fwd, bwd, y, text] = sequence(fused, {4032, 3});
+      CHECK_FALSE(has(fwd, "chunk_prep"));
+      CHECK(std::count(fwd.begin(), fwd.end(), "l2norm") == 1);
+    }
+    // Pinned segments split every document: the full plan whatever T, with the spec's rows.
+    const auto [fwd, bwd, y, text] = sequence(pinned, {4032, 3});
+    CHECK(has(fwd, "walk_prescan"));
+    CHECK(has(bwd, "walk_bwd_prescan"));
+    CHECK(y.at("state_walk") == 30);
+  }
+
+  // ProblemShape::max_doc_tokens: chunk_table gets the bound to check, the forward's rows follow it
+  // (here none of the segment programs), and the backward, which cannot check it, keeps T's rows.
+  TEST_CASE("max_doc_tokens: the forward's walks take the bound's rows, chunk_table checks it") {
+    for (SegmentCarry carry : {SegmentCarry::merge, SegmentCarry::verified}) {
+      CAPTURE(carry == SegmentCarry::verified);
+      Spec spec = example("n");
+      spec.cp_carry = carry;
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(spec, rec);
+      auto run = [&](long long bound) {
+        const ProblemShape s{8192, 3, bound};
+        const FakeCall f = fake_call(*layer, s);
+        rec->records.clear();
+        layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                       f.ws_size, nullptr);
+        const size_t n_fwd = rec->records.size();
+        layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                        f.ws_size, nullptr);
+        std::vector<std::string> fwd, bwd;
+        std::map<std::string, unsigned> y;
+        int chunk_table_bound = -1;
+        for (size_t i = 0; i < rec->records.size(); ++i) {
+          const auto& r = rec->records[i];
+          (i < n_fwd ? fwd : bwd).push_back(r.program);
+          y[(i < n_fwd ? "" : "bwd.") + r.program] = r.grid.y;  // the light backward re-runs state_walk
+          if (r.program == "chunk_table")
+            std::memcpy(&chunk_table_bound, r.params.data() + offsetof(ChunkTableParams, max_doc_tokens), 4);
+        }
+        return std::tuple{fwd, bwd, y, chunk_table_bound};
+      };
+      auto has = [](const std::vector<std::string>& v, const char* p) {
+        return std::find(v.begin(), v.end(), p) != v.end();
+      };
+      const char* first = carry == SegmentCarry::verified ? "walk_speculate" : "walk_prescan";
+      const char* first_bwd = carry == SegmentCarry::verified ? "walk_bwd_speculate" : "walk_bwd_prescan";
+      {  // no bound: T's 4 rows
+        const auto [fwd, bwd, y, bound] = run(0);
+        CHECK(bound == 0);
+        CHECK(has(fwd, first));
+        CHECK(y.at("state_walk") == 24);
+      }
+      {  // 3142 tokens: 50 chunks, one segment at most
+        const auto [fwd, bwd, y, bound] = run(3142);
+        CHECK(bound == 3142);
+        CHECK_FALSE(has(fwd, first));
+        CHECK_FALSE(has(fwd, "walk_merge"));
+        CHECK(y.at("state_walk") == 6);
+        CHECK(has(bwd, first_bwd));  // the backward keeps T's rows
+        CHECK(y.at("bwd.state_walk") == 24);
+        CHECK(y.at("bwd.state_walk_bwd") == 24);
+      }
+      {  // 4100 tokens: 65 chunks, two segments at most
+        const auto [fwd, bwd, y, bound] = run(4100);
+        CHECK(bound == 4100);
+        CHECK(has(fwd, first));
+        CHECK(y.at("state_walk") == 12);
+      }
+      {  // a bound of T or more bounds nothing: chunk_table gets 0
+        const auto [fwd, bwd, y, bound] = run(8192);
+        CHECK(bound == 0);
+        CHECK(y.at("state_walk") == 24);
+      }
+    }
+    // Refused on the host: a negative bound, and one that cannot hold T in N documents.
+    auto layer = Layer::with_launcher(example("n"), std::make_shared<testing::RecordingLauncher>());
+    for (auto [bound, message] :
+         {std::pair<long long, const char*>{-1, "max_doc_tokens: -1 is negative (0: no bound)"},
+          {2730, "max_doc_tokens: 3 documents of at most 2730 tokens cannot hold T=8192 tokens"}}) {
+      const ProblemShape s{8192, 3, bound};
+      const FakeCall f = fake_call(*layer, s);
+      CHECK_THROWS_WITH_AS(layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size,
+                                          reinterpret_cast<void*>(f.ws), f.ws_size, nullptr),
+                           message, InputError);
+    }
+    const ProblemShape fits{8192, 3, 2731};
+    const FakeCall f = fake_call(*layer, fits);
+    CHECK_NOTHROW(layer->forward(fits, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size,
+                                 reinterpret_cast<void*>(f.ws), f.ws_size, nullptr));
   }
 
   TEST_CASE("backward_w \"walk\" on sm_90a: no chunk_prep, the reverse walk reads Tm and beta") {
@@ -449,20 +636,26 @@ TEST_SUITE("launches") {
     int compared = 0;
     for (const Spec& spec : {light, full, segmented}) {
       const LayerIR ir = lower(spec);
-      const CallPlan plans[] = {plan_forward(ir, OutputLaunch::yes), plan_forward(ir, OutputLaunch::no),
-                                plan_backward(ir, PrepRerun::yes), plan_backward(ir, PrepRerun::no)};
+      std::vector<CallPlan> plans = {plan_forward(ir, OutputLaunch::yes), plan_forward(ir, OutputLaunch::no),
+                                     plan_backward(ir, PrepRerun::yes), plan_backward(ir, PrepRerun::no)};
+      if (has_unsplit_plans(ir))
+        for (OutputLaunch o : {OutputLaunch::yes, OutputLaunch::no})
+          plans.push_back(plan_forward(ir, o, DocSplits::none));
+      if (has_unsplit_plans(ir))
+        for (PrepRerun r : {PrepRerun::yes, PrepRerun::no}) plans.push_back(plan_backward(ir, r, DocSplits::none));
       for (const CallPlan& plan : plans)
         for (auto [T, N] : {std::pair<int64_t, int64_t>{1, 1}, {8192, 3}, {262144, 4}, {32768, 5}, {777, 77}}) {
           CAPTURE(plan.name);
           CAPTURE(T);
-          const CallFrame f = some_frame(T, N);
+          CallFrame f = some_frame(T, N);
+          f[Frame::seg_rows] = static_cast<uint64_t>(segment_rows(ir, T));
           const std::string interpreted = record_plan(plan, ir, f, false);
           CHECK(!interpreted.empty());
           CHECK(record_plan(plan, ir, f, true) == interpreted);
           ++compared;
         }
     }
-    CHECK(compared == 60);
+    CHECK(compared == 80);  // light has the unsplit plans too
   }
 
   TEST_CASE("a stub calls only its runtime table") {

@@ -276,6 +276,9 @@ TEST_SUITE("runtime") {
     CHECK(device_status_error(kCuDecreasing, 2, 50, 100, 6) ==
           "cu_seqlens[2]: 50 < cu_seqlens[1] (100): must be non-decreasing");
     CHECK(device_status_error(kCuLastNotT, 2, 127, 128, 6) == "cu_seqlens[2]: 127 must equal T (128)");
+    // cu_seqlens[3] - cu_seqlens[2] is document 2's length.
+    CHECK(device_status_error(kCuLongerThanBound, 3, 3000, 2048, 6) ==
+          "cu_seqlens: document 2 has 3000 tokens, more than max_doc_tokens 2048");
     // gate_cumsum's key is t x HV + head: 777 x 6 + 3.
     CHECK(device_status_error(kGateNotLogDecay, 0, 777 * 6 + 3, 0, 6) ==
           "g[777, 3]: positive, NaN or infinite (the first such [packed token, value head]); g is the log decay, "

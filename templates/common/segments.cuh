@@ -145,20 +145,24 @@ __device__ int reverse_chain_mark(const DocSegments<Cfg>& ds, const ChunkInfo* c
   return chain_decays<Cfg, true>(ds, chunks, gc, j) ? 0 : kChainOwnMaps;
 }
 
-/// The document and segment of this block of a segmented walk grid (x: slabs, y: HV * SEGMENTS,
-/// z: N; seg::grid_position), segment-major: position segment * N + i, document doc_order[i]. Under "auto" a
-/// short document leaves its later segments idle; in this order the blocks with work come first in
-/// launch order and spread over the SMs (document-major, every SEGMENTS-th z has work, and those
-/// blocks land on SMs that are already walking while others hold only blocks that returned at
-/// once). doc_order (chunk_table) puts the longest documents first: blocks start in launch order,
-/// and a long document started last would walk alone after the others (seg::doc_order_key).
+/// The document and segment of this block of a segmented walk grid (x: slabs, y: HV * R, z: N;
+/// seg::grid_position), segment-major: position segment * N + i, document doc_order[i]. R, the
+/// call's segment rows (at most SEGMENTS), is as many segments as the call's longest possible
+/// document can take (the host's segment_rows()), so no segment a document takes is left out and
+/// a call of short documents launches fewer blocks that only return. Under "auto" a short
+/// document leaves its later segments idle; in this order the blocks with work come first in
+/// launch order and spread over the SMs (document-major, every R-th z has work, and those blocks
+/// land on SMs that are already walking while others hold only blocks that returned at once).
+/// doc_order (chunk_table) puts the longest documents first: blocks start in launch order, and a
+/// long document started last would walk alone after the others (seg::doc_order_key).
 using GridSegment = seg::GridIndex;
 
 template <int SEGMENTS, int HV>
 __device__ __forceinline__ GridSegment grid_segment(const int* doc_order) {
   const int docs = static_cast<int>(gridDim.z);
+  const int rows = SEGMENTS == 1 ? 1 : static_cast<int>(gridDim.y) / HV;
   GridSegment at = seg::grid_index(
-      seg::grid_position(static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), HV, SEGMENTS), docs, SEGMENTS);
+      seg::grid_position(static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), HV, rows), docs, rows);
   at.n = doc_order[at.n];
   return at;
 }

@@ -11,9 +11,10 @@
  * One rank of a context-parallel run (rank_local) sees only its own tokens: no cuts, every document
  * is one piece, numbered as in the whole batch (its first document's follows pieces_before pieces on
  * earlier ranks, its last document's has pieces_after more on later ranks). Invalid
- * cu_seqlens (first != 0, decreasing, last != T) are reported in DeviceStatus (the lowest failing
- * index wins, so the report is deterministic) and produce an empty table, so every later program
- * does nothing instead of reading out of bounds. It also writes the order in which the walks take
+ * cu_seqlens (first != 0, decreasing, last != T) and a document longer than the caller's bound
+ * (max_doc_tokens) are reported in DeviceStatus (the lowest failing index wins, so the report is
+ * deterministic) and produce an empty table, so every later program does nothing instead of
+ * reading out of bounds. It also writes the order in which the walks take
  * the documents, longest first (write_doc_order).
  */
 #pragma once
@@ -101,9 +102,11 @@ struct ChunkTable {
     if (tid == 0) first_bad = 0x7fffffff;
     __syncthreads();
 
-    // Index 0 checks cu[0] == 0, index N checks cu[N] == T, 1..N check monotonicity.
+    // Index 0 checks cu[0] == 0, index N checks cu[N] == T, 1..N check monotonicity and the
+    // caller's bound on document i - 1.
     for (int i = tid; i <= p.N; i += kThreads) {
       bool bad = (i == 0 && cu_at(p, 0) != 0) || (i > 0 && cu_at(p, i) < cu_at(p, i - 1)) ||
+                 (i > 0 && p.max_doc_tokens > 0 && cu_at(p, i) - cu_at(p, i - 1) > p.max_doc_tokens) ||
                  (i == p.N && cu_at(p, p.N) != p.T);
       if (bad) atomicMin(&first_bad, i);
     }
@@ -186,10 +189,14 @@ struct ChunkTable {
           st.code = kCuDecreasing;
           st.value = cu_at(p, i);
           st.expected = cu_at(p, i - 1);
-        } else {
+        } else if (i == p.N && cu_at(p, p.N) != p.T) {
           st.code = kCuLastNotT;
           st.value = cu_at(p, p.N);
           st.expected = p.T;
+        } else {
+          st.code = kCuLongerThanBound;
+          st.value = cu_at(p, i) - cu_at(p, i - 1);
+          st.expected = p.max_doc_tokens;
         }
       } else if (!fits) {
         st.code = kCuTooManyChunks;
