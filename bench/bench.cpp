@@ -121,6 +121,9 @@ const char* const kOps[] = {"fwd", "fwd+bwd", "ckpt"};
 /// (mean g about -0.03), as trained models have.
 float gate_logit_shift = 0.f;
 bool zero_gates = false;
+/// --max-doc-tokens longest: every call gets the problem's longest document as its bound
+/// (ProblemShape::max_doc_tokens), as a training loop that knows its packing would pass it.
+bool bound_documents = false;
 
 rt::DeviceBuffer random_buffer(size_t n_elems, int kind, uint64_t seed) {
   // kind 0: bf16 N(0,1); 1: fp32 gate (see gate_logit_shift); 2: fp32 sigmoid beta. Blocks of 2^20 values
@@ -238,6 +241,7 @@ Problem make_problem(const std::vector<long long>& docs, int H, int HV) {
   std::vector<int> cu = {0};
   for (auto d : docs) cu.push_back(cu.back() + static_cast<int>(d));
   p.cu_host.assign(cu.begin(), cu.end());
+  if (bound_documents) p.shape.max_doc_tokens = *std::max_element(docs.begin(), docs.end());
   p.cu = rt::DeviceBuffer::create(cu.size() * 4);
   GDN_CHECK_CU(rt::drv().cuMemcpyHtoD_v2(p.cu.handle(), cu.data(), cu.size() * 4), "upload");
   const size_t state = size_t(N) * HV * 128 * 128 * 4;
@@ -737,7 +741,13 @@ int main(int argc, char** argv) {
                  "the gates g: logsigmoid of N(0,1) (mean about -0.8), slow (logsigmoid of N(4,1): mean about "
                  "-0.03, slow-decay heads), zero (no decay)")
       ->check(CLI::IsMember({"logsigmoid", "slow", "zero"}));
+  std::string max_doc_tokens = "none";
+  app.add_option("--max-doc-tokens", max_doc_tokens,
+                 "the calls' bound on every document's tokens (ProblemShape::max_doc_tokens): none, or longest "
+                 "(the problem's longest document; the forward's walks then take its segment rows)")
+      ->check(CLI::IsMember({"none", "longest"}));
   CLI11_PARSE(app, argc, argv);
+  bound_documents = max_doc_tokens == "longest";
   gate_logit_shift = gates == "slow" ? 4.f : 0.f;
   zero_gates = gates == "zero";
   try {

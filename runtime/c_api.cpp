@@ -20,6 +20,7 @@ struct gdn_layer {
 
 struct gdn_workspace {
   gdn::Workspace ws;
+  int64_t max_doc_tokens = 0;  ///< gdn_workspace_set_max_doc_tokens
 };
 
 struct gdn_kcp_context {
@@ -191,6 +192,15 @@ int gdn_workspace_create(void* data, size_t bytes, gdn_workspace** out) {
 
 void gdn_workspace_destroy(gdn_workspace* w) { delete w; }
 
+int gdn_workspace_set_max_doc_tokens(gdn_workspace* w, int64_t max_doc_tokens) {
+  return guarded([&] {
+    if (!w) throw gdn::InputError("workspace: is null");
+    if (max_doc_tokens < 0)
+      throw gdn::InputError(fmt::format("max_doc_tokens: {} is negative (0: no bound)", max_doc_tokens));
+    w->max_doc_tokens = max_doc_tokens;
+  });
+}
+
 int gdn_layer_create(const char* spec_json, int ordinal, const char* cache_dir, gdn_layer** out) {
   return guarded([&] {
     if (!out) throw gdn::InputError("out: is null");
@@ -243,8 +253,9 @@ int gdn_layer_forward_ws(const gdn_layer* l, int64_t T, int N, const void* q, co
                          void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream) {
   return guarded([&] {
     l->ctx.make_current();
-    l->layer->forward({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved, saved_bytes,
-                      workspace_of(ws), static_cast<CUstream>(stream));
+    gdn::Workspace& w = workspace_of(ws);
+    l->layer->forward({T, N, ws->max_doc_tokens}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved,
+                      saved_bytes, w, static_cast<CUstream>(stream));
   });
 }
 
@@ -254,9 +265,11 @@ int gdn_layer_recompute(const gdn_layer* l, int64_t T, int N, const void* q, con
                         void* stream, int* handoff) {
   return guarded([&] {
     l->ctx.make_current();
-    const gdn::HandOff h = l->layer->recompute({T, N}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht},
-                                               output_needed ? gdn::OutputNeeded::yes : gdn::OutputNeeded::no, saved,
-                                               saved_bytes, workspace_of(ws), static_cast<CUstream>(stream));
+    gdn::Workspace& w = workspace_of(ws);
+    const gdn::HandOff h =
+        l->layer->recompute({T, N, ws->max_doc_tokens}, inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht},
+                            output_needed ? gdn::OutputNeeded::yes : gdn::OutputNeeded::no, saved, saved_bytes, w,
+                            static_cast<CUstream>(stream));
     if (handoff) *handoff = h == gdn::HandOff::taken;
   });
 }

@@ -934,6 +934,53 @@ TEST_SUITE("gpu_determinism") {
                      "auto verified vs unsegmented");
   }
 
+  // Segment rows (segment_rows()): a call launches its segmented walks with the rows its longest
+  // possible document needs, and none of the segment programs where no document can split (under
+  // "auto" at heads 2 / 6: T < 4033 tokens, or a caller's max_doc_tokens under 64 chunks). The walks
+  // compute the same per (document, segment) whatever the rows, so every tensor keeps its bits in
+  // both carries, every call form and graph replay; a document longer than the bound is reported by
+  // the device check.
+  TEST_CASE("segment rows and max_doc_tokens: the same bits from fewer blocks; a broken bound is reported") {
+    for (SegmentCarry carry : {SegmentCarry::merge, SegmentCarry::verified}) {
+      const bool verified = carry == SegmentCarry::verified;
+      Spec s = spec_of("n");
+      s.cp_carry = carry;
+      s.name = verified ? "n_rows_verified" : "n_rows_merge";
+      auto layer = make(s);
+      REQUIRE(has_unsplit_plans(layer->ir()));
+      check::Case c;
+      c.doc_lens = {3000, 2500, 129, 1};  // T = 5630: 2 rows by T, no document split
+      c.doc_seeds = {81, 82, 83, 84};
+      c.with_reference = false;
+      const check::Report unbounded = check::run(*layer, c);
+      REQUIRE(unbounded.bytes.size() == 8);
+      // A document alone (T < 4033: the plans without segment programs) keeps its packed bits.
+      for (size_t d = 0; d < c.doc_lens.size(); ++d)
+        expect_document_keeps_bits(*layer, unbounded, c.doc_lens, c.doc_seeds, d);
+      c.max_doc_tokens = 3000;  // 47 chunks: one row, no segment program in the forward
+      expect_same_bits(unbounded.bytes, check::run(*layer, c), s.name + ": max_doc_tokens 3000 vs none");
+      c.step = check::Case::Step::ckpt;
+      expect_same_bits(unbounded.bytes, check::run(*layer, c), s.name + ": max_doc_tokens 3000, ckpt");
+      c.step = check::Case::Step::fwd_bwd;
+      c.repeats = 2;
+      expect_call_forms_agree(s, c, s.name + "_bounded_forms");
+      Spec replayed = s;
+      replayed.graph = GraphMode::replay;
+      replayed.name = s.name + "_replay";
+      const check::Report r = check::run(*make(replayed), c);
+      for (const auto& m : r.mismatches) FAIL_CHECK(replayed.name << ": replay differs: " << m);
+      expect_same_bits(unbounded.bytes, r, replayed.name + ": max_doc_tokens 3000, replay vs eager");
+      c.repeats = 1;
+      c.with_reference = true;
+      expect_within_bounds(check::run(*layer, c), s.name + ": max_doc_tokens 3000");
+      c.with_reference = false;
+      // A bound one token short: reported by the device check, naming the document.
+      c.max_doc_tokens = 2999;
+      CHECK_THROWS_WITH_AS(check::run(*layer, c),
+                           "cu_seqlens: document 0 has 3000 tokens, more than max_doc_tokens 2999", InputError);
+    }
+  }
+
   // Users training with RL need a document's logprobs (and a trainer its gradients) not to depend
   // on what else is in the batch (a known FLA issue on GB300). Every program works per document or per (chunk, head),
   // so a document's results must keep their bits alone, packed with others and in another order.

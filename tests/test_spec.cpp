@@ -104,6 +104,12 @@ TEST_SUITE("spec") {
     CHECK(std::string(gdn_last_error()) == "/chunk: 48 is not supported (supported: 64)");
     gdn_workspace* ws = nullptr;
     CHECK(gdn_workspace_create(nullptr, 0, &ws) == GDN_OK);
+    CHECK(gdn_workspace_set_max_doc_tokens(ws, 4096) == GDN_OK);
+    CHECK(gdn_workspace_set_max_doc_tokens(ws, 0) == GDN_OK);
+    CHECK(gdn_workspace_set_max_doc_tokens(ws, -2) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()) == "max_doc_tokens: -2 is negative (0: no bound)");
+    CHECK(gdn_workspace_set_max_doc_tokens(nullptr, 1) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()) == "workspace: is null");
     gdn_workspace_destroy(ws);
   }
 }

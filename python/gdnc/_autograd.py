@@ -64,7 +64,8 @@ def _in_backward_pass():
 
 class ChunkGatedDeltaRule(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_inputs):
+    def forward(ctx, layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_inputs,
+                max_doc_tokens):
         T, N = q.shape[1], cu_seqlens.shape[0] - 1
         HV, V, K = v.shape[2], v.shape[3], q.shape[3]
         dev = q.device
@@ -73,6 +74,8 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
         saved = torch.empty(layer.saved_bytes(T, N), dtype=torch.uint8, device=dev)
         ws = _Workspace(layer.workspace_bytes(T, N), dev)
+        if max_doc_tokens:  # checked on the device by the forward; the backward does not use it
+            check(library().gdn_workspace_set_max_doc_tokens(ws.handle, max_doc_tokens))
         cu64 = int(cu_seqlens.dtype == torch.int64)
         args = (layer.handle, T, N, _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(cu_seqlens), cu64,
                 _ptr(initial_state), scale)
@@ -117,12 +120,13 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
             _ptr(dk), _ptr(dv), _ptr(dg), _ptr(dbeta), _ptr(dh0), _ptr(saved), saved.numel(), ws.handle, stream,
             ctypes.byref(handoff)))
         stats["handoffs"] += handoff.value
-        return None, dq, dk, dv, dg, dbeta, None, dh0, None, None, None
+        return None, dq, dk, dv, dg, dbeta, None, dh0, None, None, None, None
 
 
-def apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_inputs=False):
+def apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state, check_inputs=False,
+          max_doc_tokens=0):
     return ChunkGatedDeltaRule.apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, scale, output_final_state,
-                                     check_inputs)
+                                     check_inputs, max_doc_tokens)
 
 
 class _KcpWorkspace(_Workspace):

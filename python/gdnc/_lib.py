@@ -102,6 +102,7 @@ def _declare(lib):
     lib.gdn_workspace_create.argtypes = [p, sz, c.POINTER(p)]
     lib.gdn_workspace_destroy.argtypes = [p]
     lib.gdn_workspace_destroy.restype = None
+    lib.gdn_workspace_set_max_doc_tokens.argtypes = [p, i64]
     inputs = [p, i64, i32, p, p, p, p, p, p, i32, p, f32]
     lib.gdn_layer_forward_ws.argtypes = inputs + [p, p, p, sz, p, p]
     lib.gdn_layer_recompute.argtypes = inputs + [i32, p, p, p, sz, p, p, c.POINTER(i32)]
@@ -132,9 +133,9 @@ def _declare(lib):
     lib.gdn_kcp_backward_summaries.argtypes = kcp_inputs + grads + [p, sz, p, p, c.POINTER(i32)]
     lib.gdn_kcp_backward_walk.argtypes = kcp_inputs + grads + [p, sz, p, p]
     for name in ("gdn_spec_validate", "gdn_layer_create", "gdn_layer_saved_bytes", "gdn_layer_workspace_bytes",
-                 "gdn_workspace_create", "gdn_layer_forward_ws", "gdn_layer_recompute", "gdn_layer_backward_ws",
-                 "gdn_layer_check_status", "gdn_spec_region_layout", "gdn_cp_rank_view",
-                 "gdn_spec_kcp_workspace_layout", "gdn_spec_kcp_record_bytes", "gdn_kcp_context_create",
+                 "gdn_workspace_create", "gdn_workspace_set_max_doc_tokens", "gdn_layer_forward_ws",
+                 "gdn_layer_recompute", "gdn_layer_backward_ws", "gdn_layer_check_status", "gdn_spec_region_layout",
+                 "gdn_cp_rank_view", "gdn_spec_kcp_workspace_layout", "gdn_spec_kcp_record_bytes", "gdn_kcp_context_create",
                  "gdn_kcp_agreement", "gdn_kcp_check_agreement", "gdn_kcp_record_bytes", "gdn_saved_bytes_kcp",
                  "gdn_workspace_bytes_kcp", "gdn_workspace_layout_kcp", "gdn_kcp_forward_summaries",
                  "gdn_kcp_forward_walk", "gdn_kcp_recompute", "gdn_kcp_backward_summaries", "gdn_kcp_backward_walk"):

@@ -3,6 +3,7 @@
 import ctypes
 import json
 import math
+import operator
 import struct
 
 from . import spec as _spec
@@ -23,9 +24,10 @@ _UNSUPPORTED = {
 # cu_seqlens_cpu to check the values of cu_seqlens on the host, for free, when it is given.
 _HINTS = ("cu_seqlens_cpu", "chunk_indices")
 # gdnc's own options: the layer spec, and the opt-in synchronous check of cu_seqlens and g
-# (check_inputs; check_cu_seqlens is its older name); FLA's context parallelism (gdnc.cp) and,
-# with it, a caller-held workspace (gdnc.cake.WorkspaceKcp).
-_OWN = ("spec", "check_inputs", "check_cu_seqlens", "cp_context", "workspace")
+# (check_inputs; check_cu_seqlens is its older name); a bound on every document's tokens
+# (max_seqlen, as flash-attn names it); FLA's context parallelism (gdnc.cp) and, with it, a
+# caller-held workspace (gdnc.cake.WorkspaceKcp).
+_OWN = ("spec", "check_inputs", "check_cu_seqlens", "max_seqlen", "cp_context", "workspace")
 # Limits of libgdn's calls (runtime/plan.hpp, check_problem_size).
 _MAX_TOKENS = (1 << 31) - 1
 _MAX_DOCUMENTS = 65535
@@ -106,9 +108,10 @@ def host_offsets(values, source):
     return values
 
 
-def check_cu_seqlens_values(values, T, N, source="cu_seqlens_cpu"):
+def check_cu_seqlens_values(values, T, N, source="cu_seqlens_cpu", max_seqlen=None):
     """The checks the chunk-table kernel makes on the device, on a host copy: values[0] == 0,
-    non-decreasing, values[N] == T. Raises InputError with the device's words, naming cu_seqlens."""
+    non-decreasing, values[N] == T, and no document longer than max_seqlen if given. Raises
+    InputError with the device's words, naming cu_seqlens."""
     values = host_offsets(values, source)
     if len(values) != N + 1:
         raise InputError(f"{source}: {len(values)} offsets, cu_seqlens has {N + 1}")
@@ -121,6 +124,28 @@ def check_cu_seqlens_values(values, T, N, source="cu_seqlens_cpu"):
                              f"non-decreasing{where}")
     if values[N] != T:
         raise InputError(f"cu_seqlens[{N}]: {values[N]} must equal T ({T}){where}")
+    if max_seqlen is not None:
+        for i in range(1, N + 1):
+            if values[i] - values[i - 1] > max_seqlen:
+                raise InputError(f"cu_seqlens: document {i - 1} has {values[i] - values[i - 1]} tokens, more than "
+                                 f"max_seqlen {max_seqlen}{where}")
+
+
+def doc_bound(T, cu_seqlens, kwargs):
+    """The bound on every document's tokens that a call hands libgdn (0: none): max_seqlen if
+    given, else the longest document of FLA's cu_seqlens_cpu hint, else T for a batch of
+    equal-length sequences (no cu_seqlens). Under cp.segments "auto" a call whose documents
+    cannot be split then launches none of the segment programs; the forward checks the bound on
+    the device either way. Assumes check_arguments passed."""
+    if kwargs.get("max_seqlen") is not None:
+        return kwargs["max_seqlen"]
+    if cu_seqlens is None:
+        return T
+    hint = kwargs.get("cu_seqlens_cpu")
+    if hint is None:
+        return 0
+    values = hint.tolist() if hasattr(hint, "tolist") else list(hint)
+    return max(map(operator.sub, values[1:], values[:-1]))
 
 
 def check_arguments(q, k, v, g, beta, initial_state=None, cu_seqlens=None, output_final_state=False, scale=None,
@@ -147,6 +172,10 @@ def check_arguments(q, k, v, g, beta, initial_state=None, cu_seqlens=None, outpu
     _require_flag("check_cu_seqlens", kwargs.get("check_cu_seqlens", False))
     check_scale(scale)
     _spec.options_of(kwargs.get("spec"))
+    max_seqlen = kwargs.get("max_seqlen")
+    if max_seqlen is not None and (isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int) or max_seqlen < 1):
+        raise InputError(f"max_seqlen: {_spec.excerpt(max_seqlen)} must be a positive Python int or None (a tensor "
+                         "would need a host sync)")
     if len(q_shape) != 4:
         raise InputError(f"q: expected [B, T, H, K], got shape {q_shape}")
     B, T, H, K = q_shape
@@ -175,10 +204,15 @@ def check_arguments(q, k, v, g, beta, initial_state=None, cu_seqlens=None, outpu
             raise InputError(f"cu_seqlens: dtype {_dtype_name(cu_seqlens)} is not supported (int32 or int64)")
         N = cu_shape[0] - 1
         if "cu_seqlens_cpu" in kwargs and kwargs["cu_seqlens_cpu"] is not None:
-            check_cu_seqlens_values(kwargs["cu_seqlens_cpu"], T, N)
+            check_cu_seqlens_values(kwargs["cu_seqlens_cpu"], T, N, max_seqlen=max_seqlen)
+        if max_seqlen is not None and max_seqlen * N < T:
+            raise InputError(f"max_seqlen: {N} documents of at most {max_seqlen} tokens cannot hold the {T} of "
+                             "cu_seqlens")
     else:
         if kwargs.get("cu_seqlens_cpu") is not None:
             raise InputError("cu_seqlens_cpu: given without cu_seqlens")
+        if max_seqlen is not None and max_seqlen < T:
+            raise InputError(f"max_seqlen: {max_seqlen} is less than the sequences' length T={T}")
         N = B
     if N > _MAX_DOCUMENTS:
         raise InputError(f"cu_seqlens: {N} documents is out of range (1 to {_MAX_DOCUMENTS})")
@@ -338,6 +372,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     check_cu_seqlens=True), which synchronizes after the forward and raises InputError naming
     cu_seqlens[i] or the first bad g[t, head] (not allowed during CUDA graph capture).
 
+    max_seqlen= (a Python int, as flash-attn names it) bounds every document's tokens; without it
+    the bound is the longest document of cu_seqlens_cpu, or T for [B, T] sequences. Under the
+    default cp.segments "auto" a call whose documents are too short to split then launches none of
+    the segment programs. The forward checks the bound on the device: a longer document is
+    reported like a bad cu_seqlens (check_inputs=True raises InputError naming it), and the call's
+    outputs are not written.
+
     cp_context=gdnc.cp.build_cp_context(...) runs this rank of a context-parallel layer on the
     rank's tokens (gdnc.cp says how; cu_seqlens then defaults to the context's rank-local ones).
     """
@@ -363,12 +404,13 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     layer = _layer_of_call(options, H, HV, K, V, use_qk_l2norm_in_kernel, initial_state is not None,
                            output_final_state, device_index)
+    bound = doc_bound(T, cu_seqlens, kwargs)
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
     if B == 1:  # already the packed layout: no views to make
         return apply(layer, q, k, v, g, beta, cu_seqlens, initial_state, check_scale(scale), output_final_state,
-                     check_inputs)
+                     check_inputs, bound)
     o, ht = apply(layer, q.reshape(1, B * T, H, K), k.reshape(1, B * T, H, K), v.reshape(1, B * T, HV, V),
                   g.reshape(1, B * T, HV), beta.reshape(1, B * T, HV), cu_seqlens, initial_state,
-                  check_scale(scale), output_final_state, check_inputs)
+                  check_scale(scale), output_final_state, check_inputs, bound)
     return o.reshape(B, T, HV, V), ht

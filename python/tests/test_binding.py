@@ -166,6 +166,35 @@ class ArgumentTests(unittest.TestCase):
         with self.assertRaisesRegex(gdnc.InputError, "^cu_seqlens_cpu: given without cu_seqlens$"):
             call(cu_seqlens=None, initial_state=None, cu_seqlens_cpu=[0, 100])
 
+    def test_max_seqlen_is_checked_and_gives_the_call_its_bound(self):
+        cases = [
+            (dict(max_seqlen=0), "max_seqlen: 0 must be a positive Python int or None (a tensor would need a host "
+                                 "sync)"),
+            (dict(max_seqlen=True), "max_seqlen: True must be a positive Python int or None (a tensor would need a "
+                                    "host sync)"),
+            (dict(max_seqlen=FakeTensor((1,), "int32")), None),
+            (dict(max_seqlen=33), "max_seqlen: 3 documents of at most 33 tokens cannot hold the 100 of cu_seqlens"),
+            (dict(max_seqlen=39, cu_seqlens_cpu=[0, 30, 60, 100]),
+             "cu_seqlens: document 2 has 40 tokens, more than max_seqlen 39 (from cu_seqlens_cpu)"),
+            (dict(max_seqlen=99, cu_seqlens=None, initial_state=None),
+             "max_seqlen: 99 is less than the sequences' length T=100"),
+        ]
+        for over, message in cases:
+            with self.subTest(over=str(over)):
+                with self.assertRaises(gdnc.InputError) as e:
+                    call(**over)
+                if message is not None:
+                    self.assertEqual(str(e.exception), message)
+        self.assertEqual(call(max_seqlen=40, cu_seqlens_cpu=[0, 30, 60, 100])[-1], 3)
+        self.assertEqual(call(max_seqlen=34)[-1], 3)
+        from gdnc.api import doc_bound
+        cu = FakeTensor((4,), "int32")
+        self.assertEqual(doc_bound(100, cu, dict(max_seqlen=70)), 70)
+        self.assertEqual(doc_bound(100, cu, dict(cu_seqlens_cpu=[0, 30, 60, 100])), 40)
+        self.assertEqual(doc_bound(100, cu, dict(cu_seqlens_cpu=[0, 0, 100, 100])), 100)
+        self.assertEqual(doc_bound(100, cu, {}), 0)  # unknown: T bounds it inside libgdn
+        self.assertEqual(doc_bound(100, None, {}), 100)  # [B, T] sequences: T each
+
     def test_large_values_are_quoted_by_an_excerpt(self):
         with self.assertRaises(NotImplementedError) as e:
             call(head_first="x" * 100000)

@@ -207,7 +207,7 @@ Report run(const Layer& layer, const Case& c) {
   const auto do16 = round_bf16(d_o);
   const auto dht32 = round_f32(dht);
 
-  const ProblemShape shape{p.T, N};
+  const ProblemShape shape{p.T, N, c.max_doc_tokens};
   Dev q = Dev::from(q16), k = Dev::from(k16), v = Dev::from(v16), g = Dev::from(g32), beta = Dev::from(b32);
   Dev h0 = Dev::from(h032), dod = Dev::from(do16), dhtd = Dev::from(dht32);
   std::vector<int> cu32(p.cu_seqlens.begin(), p.cu_seqlens.end());

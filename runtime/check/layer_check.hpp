@@ -41,6 +41,8 @@ struct Case {
   /// an all-gather does), instead of the single-GPU proxy's one call. The results land in the
   /// same global tensors, so they compare bit for bit with the proxy's.
   bool simulated_ranks = false;
+  /// ProblemShape::max_doc_tokens of every call (0: none).
+  long long max_doc_tokens = 0;
 };
 
 struct Report {
