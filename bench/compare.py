@@ -76,7 +76,8 @@ FLOOR = {"N": (0.011, 0.043, 0.054), "M": (0.352, 1.36, 1.712), "G": (1.406, 5.4
 OPS = ("fwd", "fwd+bwd", "ckpt")
 OURS, AA = "gdnc", "gdnc A/A"
 PEERS = ("fla", "flashqla")
-EXTRA_ARMS = {"graph": "gdnc graph", "nondet": "gdnc nondet", "fused": "gdnc fused", "verified": "gdnc verified"}
+EXTRA_ARMS = {"graph": "gdnc graph", "nondet": "gdnc nondet", "fused": "gdnc fused", "verified": "gdnc verified",
+              "bounded": "gdnc max_seqlen"}
 
 
 def shape_docs(shape, tokens=None):
@@ -103,17 +104,20 @@ def inputs(shape, seed, tokens=None):
     return {
         "q": rnd(1, T, H, 128).bfloat16(), "k": rnd(1, T, H, 128).bfloat16(), "v": rnd(1, T, HV, 128).bfloat16(),
         "g": torch.nn.functional.logsigmoid(rnd(1, T, HV)), "beta": torch.sigmoid(rnd(1, T, HV)),
-        "cu64": cu, "cu32": cu.int(), "do": rnd(1, T, HV, 128).bfloat16(),
+        "cu64": cu, "cu32": cu.int(), "do": rnd(1, T, HV, 128).bfloat16(), "longest": max(docs),
     }
 
 
-def our_arm(name, **spec):
+def our_arm(name, bounded=False, **spec):
+    """bounded: the call also gets the batch's longest document as max_seqlen (flash-attn's host-side
+    hint, which a training loop that packs its batches knows; the peers take no such hint)."""
     import gdnc
     spec = dict(spec, name=name)
 
     def fn(q, k, v, g, beta, x):
+        hint = {"max_seqlen": x["longest"]} if bounded else {}
         return gdnc.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True, cu_seqlens=x["cu32"],
-                                           spec=spec)[0]
+                                           spec=spec, **hint)[0]
     return fn
 
 
@@ -384,7 +388,8 @@ def main():
     ap.add_argument("--shapes", default="N,M,G,A,L")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--extra-arms", default="",
-                    help="more gdnc arms timed beside (graph, nondet, fused, verified: cp.carry \"auto\"); not published")
+                    help="more gdnc arms timed beside (graph, nondet, fused, verified: cp.carry \"auto\", "
+                         "bounded: max_seqlen given); not published")
     ap.add_argument("--gdnc-spec", default="{}",
                     help="code options of the gdnc arm and its A/A copy, a JSON object (recorded in the run file)")
     ap.add_argument("--sustained", default="auto", choices=("auto", "off"),
@@ -438,6 +443,8 @@ def main():
         ours[EXTRA_ARMS["fused"]] = our_arm("bench_gdnc_fused", deterministic=True, forward="fused")
     if "nondet" in extra:
         ours[EXTRA_ARMS["nondet"]] = our_arm("bench_gdnc_nondet", deterministic=False)
+    if "bounded" in extra:
+        ours[EXTRA_ARMS["bounded"]] = our_arm("bench_gdnc_bounded", bounded=True, **base)
     if "verified" in extra:  # "auto": the verified carry where the layer takes it, so every shape runs
         ours[EXTRA_ARMS["verified"]] = our_arm("bench_gdnc_verified", deterministic=True, cp={"carry": "auto"})
     peer_fn, peer_version = None, None
