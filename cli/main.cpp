@@ -190,7 +190,7 @@ std::string cubin_code_sections(const std::string& elf, const fs::path& file) {
 
 /// A call plan as text: every launch's program, parameter bytes, grid formulas and fields.
 std::string plan_text(const CallPlan& plan, const LayerIR& ir) {
-  auto lin = [](const Lin& l) { return fmt::format("({},{},{},{},{})", l.t, l.n, l.nt, l.c, l.div); };
+  auto lin = [](const Lin& l) { return fmt::format("({},{},{},{},{},{})", l.t, l.n, l.nt, l.c, l.div, l.rows); };
   auto field = [&](const Field& f) {
     const ValueSource& v = f.source;
     return fmt::format("{}+{}:{}/{}/{}/{}/{}/{}/{}", f.offset, f.size, static_cast<int>(v.kind),
@@ -230,6 +230,19 @@ std::string code_digest(const LayerIR& ir, std::vector<CompiledEntry> entries) {
   all += plan_text(plan_forward(ir, OutputLaunch::no), ir);
   all += plan_text(plan_backward(ir, PrepRerun::yes), ir);
   all += plan_text(plan_backward(ir, PrepRerun::no), ir);
+  if (has_unsplit_plans(ir)) {
+    all += plan_text(plan_forward(ir, OutputLaunch::yes, DocSplits::none), ir);
+    all += plan_text(plan_forward(ir, OutputLaunch::no, DocSplits::none), ir);
+    all += plan_text(plan_backward(ir, PrepRerun::yes, DocSplits::none), ir);
+    all += plan_text(plan_backward(ir, PrepRerun::no, DocSplits::none), ir);
+  }
+  // Which plan and how many segment rows a call gets: the rule at sample sizes and bounds.
+  all += "segment rows";
+  for (int64_t T : {int64_t{1}, int64_t{4032}, int64_t{4033}, int64_t{8192}, int64_t{65536}, int64_t{1} << 20,
+                    (int64_t{1} << 31) - 1})
+    for (int64_t bound : {int64_t{0}, int64_t{3000}, int64_t{4100}, int64_t{20000}})
+      all += fmt::format(" {}", segment_rows(ir, T, bound));
+  all += '\n';
   if (ir.spec.cp_ranks > 1)
     for (KcpPhase phase : {KcpPhase::summaries, KcpPhase::walk}) {
       all += plan_text(plan_kcp_forward(ir, phase), ir);

@@ -51,7 +51,7 @@ void gdn_workspace_destroy(gdn_workspace*);
 /** A bound on every document's tokens for the forwards and recomputes made on this workspace from
  *  now on, like flash-attn's max_seqlen (0, the default: none; GDN_ERR_INPUT if negative). Such a
  *  call checks it on the device (gdn_layer_check_status reports a longer document, and the call
- *  writes nothing else) and, under `cp.segments: "auto"`, launches only the segment programs a
+ *  leaves its outputs unwritten) and, under `cp.segments: "auto"`, launches only the segment programs a
  *  document of that length needs: none where it cannot be split. The backward does not use it. */
 int gdn_workspace_set_max_doc_tokens(gdn_workspace*, int64_t max_doc_tokens);
 

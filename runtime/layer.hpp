@@ -40,7 +40,7 @@ struct ProblemShape {
   int N = 0;        ///< documents (cu_seqlens has N + 1 entries)
   /// The caller's bound on every document's tokens, like flash-attn's max_seqlen (0: none). A
   /// forward or recompute checks it on the device (chunk_table; check_device_status() reports a
-  /// longer document and the call writes nothing else) and, under `cp.segments: "auto"`, launches
+  /// longer document and the call leaves its outputs unwritten) and, under `cp.segments: "auto"`, launches
   /// its walks with the segment rows such a document needs: none of the segment programs where no
   /// document of the bound can split. The backward reads the forward's chunk table and cannot
   /// check a bound of its own, so it does not use it (its rows follow T). Sizes do not depend on it.

@@ -374,8 +374,9 @@ TEST_SUITE("cp") {
   }
 
   // A call launches its segmented walks with R segment rows (the host's segment_rows(), at most
-  // SEGMENTS): y = HV x R, and the kernels' grid_segment() maps blocks with R where the head comes
-  // from SEGMENTS. Every (document, segment < R, head) is one block, first segments first.
+  // SEGMENTS): y = HV x R. The kernels' grid_segment() maps blocks by seg::block_position (R from
+  // gridDim.y) and grid_head (from SEGMENTS). Every (document, segment < R, head) is one block,
+  // first segments first.
   TEST_CASE("segments: a grid of R segment rows, R at most SEGMENTS, visits every segment below R once") {
     for (int most : {2, 16})
       for (int rows : {1, 2, 5, most})
@@ -391,7 +392,7 @@ TEST_SUITE("cp") {
             for (int z = 0; z < docs; ++z)
               for (int y = 0; y < heads * rows; ++y, ++launched) {
                 const int head = gdn::seg::grid_head(y, heads, most);
-                const auto [n, segment] = gdn::seg::grid_index(gdn::seg::grid_position(y, z, heads, rows), docs, rows);
+                const auto [n, segment] = gdn::seg::block_position(y, z, heads * rows, docs, heads, most);
                 REQUIRE(segment < rows);
                 REQUIRE(n < docs);
                 CHECK(seen.insert({n, segment, head}).second);

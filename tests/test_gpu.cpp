@@ -24,6 +24,7 @@
 #include <limits>
 #include <map>
 #include <random>
+#include <set>
 
 namespace fs = std::filesystem;
 using namespace gdn;
@@ -958,7 +959,22 @@ TEST_SUITE("gpu_determinism") {
       for (size_t d = 0; d < c.doc_lens.size(); ++d)
         expect_document_keeps_bits(*layer, unbounded, c.doc_lens, c.doc_seeds, d);
       c.max_doc_tokens = 3000;  // 47 chunks: one row, no segment program in the forward
-      expect_same_bits(unbounded.bytes, check::run(*layer, c), s.name + ": max_doc_tokens 3000 vs none");
+      // Which forward segment programs each call launched (the backward's own have other names;
+      // its light re-run reads the saved entry states and runs none).
+      std::set<std::string> launched;
+      auto observed = make(s);
+      observed->observe_launches([&](const Program& prog, CUstream, bool after) {
+        if (!after) launched.insert(prog.name);
+      });
+      expect_same_bits(unbounded.bytes, check::run(*observed, c), s.name + ": max_doc_tokens 3000 vs none");
+      for (const char* p : {"walk_prescan", "walk_merge", "walk_speculate", "walk_verify"})
+        CHECK_MESSAGE(launched.count(p) == 0, s.name << ": the bounded forward launched " << p);
+      launched.clear();
+      c.max_doc_tokens = 0;
+      (void)check::run(*observed, c);
+      CHECK_MESSAGE(launched.count(verified ? "walk_speculate" : "walk_prescan") == 1,
+                    s.name << ": the unbounded forward (2 rows) launched no segment program");
+      c.max_doc_tokens = 3000;
       c.step = check::Case::Step::ckpt;
       expect_same_bits(unbounded.bytes, check::run(*layer, c), s.name + ": max_doc_tokens 3000, ckpt");
       c.step = check::Case::Step::fwd_bwd;

@@ -377,7 +377,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     default cp.segments "auto" a call whose documents are too short to split then launches none of
     the segment programs. The forward checks the bound on the device: a longer document is
     reported like a bad cu_seqlens (check_inputs=True raises InputError naming it), and the call's
-    outputs are not written.
+    outputs are not written: cu_seqlens_cpu must be the host copy of cu_seqlens, as in FLA. Not
+    used with cp_context.
 
     cp_context=gdnc.cp.build_cp_context(...) runs this rank of a context-parallel layer on the
     rank's tokens (gdnc.cp says how; cu_seqlens then defaults to the context's rank-local ones).

@@ -159,10 +159,8 @@ using GridSegment = seg::GridIndex;
 
 template <int SEGMENTS, int HV>
 __device__ __forceinline__ GridSegment grid_segment(const int* doc_order) {
-  const int docs = static_cast<int>(gridDim.z);
-  const int rows = SEGMENTS == 1 ? 1 : static_cast<int>(gridDim.y) / HV;
-  GridSegment at = seg::grid_index(
-      seg::grid_position(static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z), HV, rows), docs, rows);
+  GridSegment at = seg::block_position(static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z),
+                                       static_cast<int>(gridDim.y), static_cast<int>(gridDim.z), HV, SEGMENTS);
   at.n = doc_order[at.n];
   return at;
 }

@@ -43,6 +43,12 @@ constexpr GridIndex grid_index(int l, int docs, int most) {
 /// take as many documents as the z axis (65535) whatever `most` is. The host checks HV x most.
 constexpr int grid_position(int y, int z, int heads_v, int most) { return most == 1 ? z : z * most + y / heads_v; }
 constexpr int grid_head(int y, int heads_v, int most) { return most == 1 ? y : y % heads_v; }
+/// The (document row, segment) of block (y, z) of a call's segmented walk grid whose y holds
+/// grid_y = heads_v x R rows, R the call's segment rows (at most `most`; the host's segment_rows()).
+constexpr GridIndex block_position(int y, int z, int grid_y, int docs, int heads_v, int most) {
+  const int rows = most == 1 ? 1 : grid_y / heads_v;
+  return grid_index(grid_position(y, z, heads_v, rows), docs, rows);
+}
 /// The walks take documents longest first (chunk_table writes the order; each document's result
 /// does not depend on it): a short document launched first no longer leaves a long one to run
 /// alone at the end. The key is the chunk count to a quarter octave (its leading bit and the two
