@@ -52,7 +52,8 @@ void gdn_workspace_destroy(gdn_workspace*);
  *  now on, like flash-attn's max_seqlen (0, the default: none; GDN_ERR_INPUT if negative). Such a
  *  call checks it on the device (gdn_layer_check_status reports a longer document, and the call
  *  leaves its outputs unwritten) and, under `cp.segments: "auto"`, launches only the segment programs a
- *  document of that length needs: none where it cannot be split. The backward does not use it. */
+ *  document of that length needs: none where it cannot be split. A backward uses it only when it
+ *  binds the tapes of a recompute made with it (the hand-off), on the same saved region. */
 int gdn_workspace_set_max_doc_tokens(gdn_workspace*, int64_t max_doc_tokens);
 
 /** The forward on a stamped workspace (clears any pending hand-off). */

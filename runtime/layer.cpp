@@ -447,20 +447,26 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;
-  ws.handoff_ = {serial_, ws.calls_, stream, s};
+  ws.handoff_ = {serial_, ws.calls_, stream, s, saved};
   return HandOff::taken;
 }
 
-bool Layer::handoff_is_fresh(const Workspace& ws, ProblemShape s, CUstream stream) const {
+bool Layer::handoff_is_fresh(const Workspace& ws, ProblemShape s, CUstream stream, const void* saved) const {
   const Workspace::Stamp& st = ws.handoff_;
   return ws.has_handoff_ && st.layer == serial_ && st.call == ws.calls_ && st.stream == stream && st.shape.T == s.T &&
-         st.shape.N == s.N;
+         st.shape.N == s.N && st.saved == saved;
 }
 
 HandOff Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
                         size_t saved_size, Workspace& ws, CUstream stream) const {
-  const CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream);
-  const bool fresh = handoff_is_fresh(ws, s, stream);
+  CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream);
+  const bool fresh = handoff_is_fresh(ws, s, stream, saved);
+  // The recompute whose tapes it binds checked its bound on this saved region's chunk table (a
+  // longer document leaves the table empty): its rows hold for this backward too.
+  if (fresh) {
+    const long long bound = ws.handoff_.shape.max_doc_tokens;
+    f[Frame::seg_rows] = static_cast<uint64_t>(segment_rows(ir_, s.T, bound > 0 && bound < s.T ? bound : 0));
+  }
   ++ws.calls_;
   ws.has_handoff_ = false;
   run(fresh ? for_frame(backward_with_handoff_, backward_with_handoff_unsplit_, f)
@@ -524,7 +530,7 @@ HandOff Layer::kcp_recompute(const CpRankView& rank, const LayerInputs& in, cons
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;
-  ws.handoff_ = {serial_, ws.calls_, stream, s};
+  ws.handoff_ = {serial_, ws.calls_, stream, s, saved};
   return HandOff::taken;
 }
 
@@ -535,7 +541,7 @@ HandOff Layer::kcp_backward_summaries(const CpRankView& rank, const LayerInputs&
   if (!send) throw InputError("send: is null");
   CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream, &rank);
   kcp_frame(f, rank, kKcpEntryRead, send, nullptr);
-  const bool fresh = handoff_is_fresh(ws, s, stream);
+  const bool fresh = handoff_is_fresh(ws, s, stream, saved);
   ++ws.calls_;
   ws.has_handoff_ = false;
   run(fresh ? kcp_backward_summaries_with_handoff_ : kcp_backward_summaries_, f);

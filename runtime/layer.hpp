@@ -43,7 +43,9 @@ struct ProblemShape {
   /// longer document and the call leaves its outputs unwritten) and, under `cp.segments: "auto"`, launches
   /// its walks with the segment rows such a document needs: none of the segment programs where no
   /// document of the bound can split. The backward reads the forward's chunk table and cannot
-  /// check a bound of its own, so it does not use it (its rows follow T). Sizes do not depend on it.
+  /// check a bound of its own, so it does not use this field: its rows follow T, or, when it binds
+  /// a recompute's tapes, the bound that recompute checked on the same saved region. Sizes do not
+  /// depend on it.
   long long max_doc_tokens = 0;
 };
 
@@ -98,9 +100,10 @@ std::optional<std::string> device_status_error(int code, int index, long long va
                                                int value_heads);
 
 /// A caller-held workspace and its host-side stamp. A recompute that hands off stamps it with
-/// the layer, the call count, the stream and the shape; the next backward binds the tapes only if
-/// all of them still match, i.e. nothing else ran on this workspace in between and the backward
-/// is on the same stream. Not thread-safe: one workspace per stream of calls.
+/// the layer, the call count, the stream, the shape and the saved region; the next backward binds
+/// the tapes only if all of them still match, i.e. nothing else ran on this workspace in between
+/// and the backward is on the same stream and saved region. Not thread-safe: one workspace per
+/// stream of calls.
 class Workspace {
  public:
   Workspace(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
@@ -114,7 +117,8 @@ class Workspace {
     uint64_t layer = 0;  ///< Layer::serial(): unlike an address, never reused by a later layer
     uint64_t call = 0;
     CUstream stream = nullptr;
-    ProblemShape shape;
+    ProblemShape shape;  ///< with the bound the recompute's chunk_table checked
+    const void* saved = nullptr;
   };
   void* data_;
   size_t bytes_;
@@ -248,7 +252,7 @@ class Layer {
                            void* ws, size_t ws_size, CUstream, const CpRankView* = nullptr) const;
   ProblemShape kcp_shape(const CpRankView&) const;
   void kcp_frame(CallFrame&, const CpRankView&, int entry_mode, const void* send, const void* gathered) const;
-  bool handoff_is_fresh(const Workspace&, ProblemShape, CUstream) const;
+  bool handoff_is_fresh(const Workspace&, ProblemShape, CUstream, const void* saved) const;
   RegionLayout region_layout(BufferRole, CallForm, ProblemShape) const;
   CallFrame frame_of(ProblemShape, const LayerInputs&, void* saved, void* ws, CUstream) const;
   void check_common(ProblemShape, const LayerInputs&, size_t saved_size, size_t ws_size, CallForm,

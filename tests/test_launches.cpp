@@ -279,6 +279,30 @@ TEST_SUITE("launches") {
         CHECK(y.at("state_walk") == 24);
       }
     }
+    // A backward that binds a recompute's tapes takes the rows of the bound that recompute checked
+    // on the same saved region; on another saved region the stamp is stale and it re-runs.
+    for (bool same_saved : {true, false}) {
+      CAPTURE(same_saved);
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(example("n"), rec);
+      const ProblemShape s{8192, 3, 3142};
+      const FakeCall f = fake_call(*layer, s);
+      Workspace ws(reinterpret_cast<void*>(f.ws), f.ws_size);
+      void* saved = reinterpret_cast<void*>(f.saved);
+      REQUIRE(layer->recompute(s, f.in, f.out, OutputNeeded::no, saved, f.saved_size, ws, nullptr) == HandOff::taken);
+      rec->records.clear();
+      void* backward_saved = same_saved ? saved : reinterpret_cast<void*>(f.saved + 0x1000);
+      const HandOff h = layer->backward({8192, 3}, f.in, f.grads, backward_saved, f.saved_size, ws, nullptr);
+      CHECK((h == HandOff::taken) == same_saved);
+      bool prescan = false;
+      unsigned walk_y = 0;
+      for (const auto& r : rec->records) {
+        prescan = prescan || r.program == "walk_bwd_prescan";
+        if (r.program == "state_walk_bwd") walk_y = r.grid.y;
+      }
+      CHECK(prescan == !same_saved);
+      CHECK(walk_y == (same_saved ? 6u : 24u));
+    }
     // Refused on the host: a negative bound, and one that cannot hold T in N documents.
     auto layer = Layer::with_launcher(example("n"), std::make_shared<testing::RecordingLauncher>());
     for (auto [bound, message] :

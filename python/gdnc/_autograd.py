@@ -74,7 +74,8 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         ht = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev) if output_final_state else None
         saved = torch.empty(layer.saved_bytes(T, N), dtype=torch.uint8, device=dev)
         ws = _Workspace(layer.workspace_bytes(T, N), dev)
-        if max_doc_tokens:  # checked on the device by the forward; the backward does not use it
+        # Checked on the device by the forward; a backward uses it only with a recompute's hand-off.
+        if max_doc_tokens:
             check(library().gdn_workspace_set_max_doc_tokens(ws.handle, max_doc_tokens))
         cu64 = int(cu_seqlens.dtype == torch.int64)
         args = (layer.handle, T, N, _ptr(q), _ptr(k), _ptr(v), _ptr(g), _ptr(beta), _ptr(cu_seqlens), cu64,
