@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 
 namespace gdn {
 
@@ -248,23 +249,27 @@ LayerIR lower(const Spec& spec_in) {
   // its own backward records (dZ_ext | A) and keeps the old split. The verified carry
   // (docs/algorithm.md 4.7) saves the maps of the chains its forward merges and keeps the split
   // for the backward's other marked chains (common/segments.cuh, reverse_chain_mark).
+  // What keeps a segmented layer from the verified carry (cp.ranks > 1 is refused with the spec):
+  // "auto" takes the merge there, and "verified" is refused with this message.
+  const std::optional<std::string> verified_refusal =
+      fused ? std::optional<std::string>(fmt::format(
+                  "\"verified\" runs on the programs forward (forward \"programs\"; here \"{}\"{} with {} segments)",
+                  to_string(s.forward), ir.forward_auto ? " by \"auto\"" : "", segments))
+      : walk_bwd_sm90
+          ? std::optional<std::string>(fmt::format(
+                "\"verified\" runs on the portable backward walk (walk_bwd_slab 32 or 64; here {}{}, the sm_90a body)",
+                ir.walk_bwd_bv, s.walk_bwd_slab == 0 ? " by \"auto\"" : ""))
+          : std::nullopt;
   if (s.cp_carry == SegmentCarry::automatic) {
     ir.carry_auto = true;
     ir.spec.cp_carry =
-        segments > 1 && s.cp_ranks == 1 && !fused && !walk_bwd_sm90 ? SegmentCarry::verified : SegmentCarry::merge;
+        segments > 1 && s.cp_ranks == 1 && !verified_refusal ? SegmentCarry::verified : SegmentCarry::merge;
     ir.carry_auto_facts = fmt::format("{} segment{}, {} rank{}, the {} forward, the {} backward walk", segments,
                                       segments == 1 ? "" : "s", s.cp_ranks, s.cp_ranks == 1 ? "" : "s",
                                       fused ? "fused" : "programs", walk_bwd_sm90 ? "sm_90a" : "portable");
   }
   ir.verified_carry = segments > 1 && s.cp_carry == SegmentCarry::verified;
-  if (ir.verified_carry && fused)
-    throw SpecError("/cp/carry", fmt::format("\"verified\" runs on the programs forward (forward \"programs\"; "
-                                             "here \"{}\"{} with {} segments)",
-                                             to_string(s.forward), ir.forward_auto ? " by \"auto\"" : "", segments));
-  if (ir.verified_carry && walk_bwd_sm90)
-    throw SpecError("/cp/carry", fmt::format("\"verified\" runs on the portable backward walk (walk_bwd_slab 32 or "
-                                             "64; here {}{}, the sm_90a body)",
-                                             ir.walk_bwd_bv, s.walk_bwd_slab == 0 ? " by \"auto\"" : ""));
+  if (ir.verified_carry && verified_refusal) throw SpecError("/cp/carry", *verified_refusal);
   ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1;
   // Under the verified carry the backward prescan may walk a chain's transitions itself: its grid
   // and shared memory keep room for them.
