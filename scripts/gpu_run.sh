@@ -15,7 +15,9 @@
 #             cp.carry of PROGRAM_CARRIES (default merge; "merge verified" for both)
 #   host      gdn_bench --host-time
 #   sweep     gdn_bench --sweep (the sm_90a hand-off threshold)
-#   bench     gdn_bench timing table (BENCH_ARGS)
+#   bench     gdn_bench timing table (BENCH_ARGS); BENCH_RUNS='ARGS;ARGS;...' runs one table per
+#             entry instead, each headed by its arguments, all in $OUT/bench.log (e.g. the carries
+#             with and without --max-doc-tokens longest in one device call)
 #   compare   bench/compare.py: gdnc beside each peer of COMPARE_PEERS (flashqla fla) in its own
 #             process, once per arm order of COMPARE_ORDERS (forward reversed), COMPARE_ARGS passed
 #             to each (and COMPARE_ARGS_flashqla / COMPARE_ARGS_fla to one), COMPARE_BUDGET_S seconds per process (--budget-s); run files carried in
@@ -130,7 +132,16 @@ has sweep && { echo "=== sweep ($((SECONDS - t0)) s)"; bench --sweep --groups 3 
 if has bench; then
   echo "=== bench ($((SECONDS - t0)) s)"
   # A shortened protocol by default so tests and benchmark fit one 10-minute call.
-  bench ${BENCH_ARGS:---shapes N,M,G,A --groups 3 --samples 6 --warmup 4} | tee "$OUT/bench.log"
+  if [[ -n "${BENCH_RUNS:-}" ]]; then
+    IFS=';' read -r -a bench_runs <<<"$BENCH_RUNS"
+    for args in "${bench_runs[@]}"; do
+      echo "--- gdn_bench $args"
+      # shellcheck disable=SC2086  # each entry is a list of options
+      bench $args
+    done | tee "$OUT/bench.log"
+  else
+    bench ${BENCH_ARGS:---shapes N,M,G,A --groups 3 --samples 6 --warmup 4} | tee "$OUT/bench.log"
+  fi
 fi
 if has sanitize; then
   echo "=== compute-sanitizer ($((SECONDS - t0)) s)"
