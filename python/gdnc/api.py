@@ -138,7 +138,7 @@ def doc_bound(T, cu_seqlens, kwargs):
     cannot be split then launches none of the segment programs; the forward checks the bound on
     the device either way. Assumes check_arguments passed."""
     if kwargs.get("max_seqlen") is not None:
-        return kwargs["max_seqlen"]
+        return min(kwargs["max_seqlen"], _MAX_TOKENS)  # past any T it bounds nothing
     if cu_seqlens is None:
         return T
     hint = kwargs.get("cu_seqlens_cpu")

@@ -190,6 +190,7 @@ class ArgumentTests(unittest.TestCase):
         from gdnc.api import doc_bound
         cu = FakeTensor((4,), "int32")
         self.assertEqual(doc_bound(100, cu, dict(max_seqlen=70)), 70)
+        self.assertEqual(doc_bound(100, cu, dict(max_seqlen=1 << 70)), (1 << 31) - 1)  # fits the C ABI's int64
         self.assertEqual(doc_bound(100, cu, dict(cu_seqlens_cpu=[0, 30, 60, 100])), 40)
         self.assertEqual(doc_bound(100, cu, dict(cu_seqlens_cpu=[0, 0, 100, 100])), 100)
         self.assertEqual(doc_bound(100, cu, {}), 0)  # unknown: T bounds it inside libgdn
