@@ -458,6 +458,7 @@ struct CheckOverrides {
   int ranks = 0;                       ///< the spec's cp.ranks, the single-GPU proxy (0: the file's)
   bool phases = false;                 ///< run the ranks' phases in turn instead of the proxy's one call
   std::optional<ForwardPath> forward;  ///< the spec's forward (none: the file's)
+  long long max_doc_tokens = 0;        ///< ProblemShape::max_doc_tokens of the calls (0: none)
 };
 
 int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs, uint64_t seed,
@@ -495,18 +496,20 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   c.beta_value = over.beta;
   if (ckpt) c.step = check::Case::Step::ckpt;
   c.simulated_ranks = over.phases;
+  c.max_doc_tokens = over.max_doc_tokens;
   const check::Report r = check::run(*layer, c);
   long long T = 0;
   for (auto l : lens) T += l;
-  fmt::print("layer {} on {} ({}), T={} N={} seed={}{}{}{}{}{}\n", spec.name, ctx.name(), to_string(layer->target()), T,
-             lens.size(), seed,
+  fmt::print("layer {} on {} ({}), T={} N={} seed={}{}{}{}{}{}{}\n", spec.name, ctx.name(), to_string(layer->target()),
+             T, lens.size(), seed,
              ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "",
              over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
              spec.cp_ranks > 1      ? fmt::format(", ranks={} ({})", spec.cp_ranks,
                                              over.phases ? "each rank's phases in turn" : "single-GPU proxy")
              : spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments)
                                     : "",
-             layer->ir().spec.forward == ForwardPath::fused ? ", forward=fused" : "");
+             layer->ir().spec.forward == ForwardPath::fused ? ", forward=fused" : "",
+             over.max_doc_tokens > 0 ? fmt::format(", max_doc_tokens={}", over.max_doc_tokens) : "");
   bool ok = true;
   for (const auto& [name, err] : r.rel_rms) {
     const bool pass = err <= check::tolerance(name);
@@ -593,7 +596,7 @@ int main(int argc, char** argv) {
   check_cmd->add_flag("--ckpt", ckpt, "run the checkpointed step: forward, recompute, backward on one workspace");
   check_cmd->add_flag("--digests", digests,
                       "also print the SHA-256 of every result's bytes (compare builds bit for bit)");
-  std::string gate, beta, segments, ranks, forward;
+  std::string gate, beta, segments, ranks, forward, max_doc_tokens;
   check_cmd->add_option("--gate", gate,
                         "every g equal to this log decay (-10000 to 0; e.g. 0: no decay, -20), instead of random");
   check_cmd->add_option("--beta", beta, "every beta equal to this (0 to 1), instead of random");
@@ -601,6 +604,9 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--ranks", ranks,
                         "the spec's cp.ranks (the single-GPU proxy of context parallelism), instead of the file's");
   check_cmd->add_option("--forward", forward, "the spec's forward (programs, fused or auto), instead of the file's");
+  check_cmd->add_option("--max-doc-tokens", max_doc_tokens,
+                        "the calls' bound on every document's tokens (ProblemShape::max_doc_tokens; a longer document "
+                        "is reported by the device check)");
   bool phases = false;
   check_cmd->add_flag("--phases", phases,
                       "with cp.ranks > 1: run every rank's KCP phases in turn on this GPU (each on its own tokens, "
@@ -652,6 +658,8 @@ int main(int argc, char** argv) {
       }
       if (!ranks.empty()) over.ranks = whole_number<int>("--ranks", ranks, INT_MIN, INT_MAX);
       over.phases = phases;
+      if (!max_doc_tokens.empty())
+        over.max_doc_tokens = whole_number<long long>("--max-doc-tokens", max_doc_tokens, 1, kMaxTokens);
       if (forward == "programs")
         over.forward = ForwardPath::programs;
       else if (forward == "fused")

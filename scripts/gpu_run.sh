@@ -161,8 +161,11 @@ if has sanitize; then
   sed 's/"name": "shape_n"/"name": "shape_n_verified"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_verified.json"
   # A 4200-token document is split in two by cp.segments "auto" (slots, the saved segment maps).
+  # 765 tokens run the plans without segment programs (one segment row); with the bound 3000 the
+  # forward and the recompute do, and the hand-off's backward too.
   runs=("examples/n.json --docs 65,700 --seed 3" "examples/n.json --docs 65,700 --seed 3 --ckpt"
         "examples/n.json --docs 4200,65,300 --seed 3"
+        "examples/n.json --docs 3000,2500,129 --seed 3 --max-doc-tokens 3000 --ckpt"
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
         "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases" "$sdir/n_verified.json --docs 65,700,300 --seed 3"

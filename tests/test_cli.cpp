@@ -222,6 +222,8 @@ TEST_SUITE("cli") {
              {" --forward fast", 2, "--forward"},
              {" --phases", 2, "--phases: layer 'shape_n' has cp.ranks 1: give --ranks R (2 or more)"},
              {" --phases --ranks 3 --docs 1000", 2, "T: 1000 tokens do not split into cp.ranks 3 equal parts"},
+             {" --max-doc-tokens 0", 2, "--max-doc-tokens: 0 is out of range (1 to 2147483647)"},
+             {" --max-doc-tokens x", 2, "--max-doc-tokens"},
          }) {
       const Run r = gdnc("check " + src("examples/n.json") + x.args);
       CAPTURE(x.args);
@@ -234,6 +236,7 @@ TEST_SUITE("cli") {
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --forward fused --segments 4").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --segments auto").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000 --segments 1").code == 6);
+      CHECK(gdnc("check " + src("examples/n.json") + " --docs 3000,2500 --max-doc-tokens 3000 --ckpt").code == 6);
       CHECK(gdnc("check " + src("examples/m.json") + " --docs 3000 --forward auto").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 1000,2000 --ranks 3").code == 6);
       CHECK(gdnc("check " + src("examples/n.json") + " --docs 1000,2000 --ranks 3 --phases").code == 6);
