@@ -470,6 +470,10 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   validate(spec);  // names /cp/segments, /cp/ranks or /forward and the value before any GPU work
   if (over.phases && spec.cp_ranks <= 1)
     throw UsageError("--phases", fmt::format("layer '{}' has cp.ranks 1: give --ranks R (2 or more)", spec.name));
+  if (over.phases && over.max_doc_tokens > 0)
+    throw UsageError("--max-doc-tokens",
+                     "not used by the ranks' phases (each runs on its own tokens): drop it or "
+                     "--phases");
   std::vector<long long> lens = docs;
   if (lens.empty() && (tokens > 0 || n_docs > 0)) {
     if (tokens <= 0 || n_docs <= 0) throw UsageError("--tokens/--n-docs", "give both --tokens T and --n-docs N");

@@ -224,6 +224,8 @@ TEST_SUITE("cli") {
              {" --phases --ranks 3 --docs 1000", 2, "T: 1000 tokens do not split into cp.ranks 3 equal parts"},
              {" --max-doc-tokens 0", 2, "--max-doc-tokens: 0 is out of range (1 to 2147483647)"},
              {" --max-doc-tokens x", 2, "--max-doc-tokens"},
+             {" --ranks 2 --phases --docs 1000 --max-doc-tokens 600", 2,
+              "--max-doc-tokens: not used by the ranks' phases"},
          }) {
       const Run r = gdnc("check " + src("examples/n.json") + x.args);
       CAPTURE(x.args);
