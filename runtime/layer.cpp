@@ -463,10 +463,7 @@ HandOff Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads&
   const bool fresh = handoff_is_fresh(ws, s, stream, saved);
   // The recompute whose tapes it binds checked its bound on this saved region's chunk table (a
   // longer document leaves the table empty): its rows hold for this backward too.
-  if (fresh) {
-    const long long bound = ws.handoff_.shape.max_doc_tokens;
-    f[Frame::seg_rows] = static_cast<uint64_t>(segment_rows(ir_, s.T, bound > 0 && bound < s.T ? bound : 0));
-  }
+  if (fresh) f[Frame::seg_rows] = static_cast<uint64_t>(segment_rows(ir_, s.T, ws.handoff_.shape.max_doc_tokens));
   ++ws.calls_;
   ws.has_handoff_ = false;
   run(fresh ? for_frame(backward_with_handoff_, backward_with_handoff_unsplit_, f)

@@ -135,7 +135,8 @@ def _declare(lib):
     for name in ("gdn_spec_validate", "gdn_layer_create", "gdn_layer_saved_bytes", "gdn_layer_workspace_bytes",
                  "gdn_workspace_create", "gdn_workspace_set_max_doc_tokens", "gdn_layer_forward_ws",
                  "gdn_layer_recompute", "gdn_layer_backward_ws", "gdn_layer_check_status", "gdn_spec_region_layout",
-                 "gdn_cp_rank_view", "gdn_spec_kcp_workspace_layout", "gdn_spec_kcp_record_bytes", "gdn_kcp_context_create",
+                 "gdn_cp_rank_view", "gdn_spec_kcp_workspace_layout", "gdn_spec_kcp_record_bytes",
+                 "gdn_kcp_context_create",
                  "gdn_kcp_agreement", "gdn_kcp_check_agreement", "gdn_kcp_record_bytes", "gdn_saved_bytes_kcp",
                  "gdn_workspace_bytes_kcp", "gdn_workspace_layout_kcp", "gdn_kcp_forward_summaries",
                  "gdn_kcp_forward_walk", "gdn_kcp_recompute", "gdn_kcp_backward_summaries", "gdn_kcp_backward_walk"):

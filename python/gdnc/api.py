@@ -118,17 +118,19 @@ def check_cu_seqlens_values(values, T, N, source="cu_seqlens_cpu", max_seqlen=No
     where = f" (from {source})"
     if values[0] != 0:
         raise InputError(f"cu_seqlens[0]: {values[0]} must be 0{where}")
+    longest = max_seqlen if max_seqlen is not None else _MAX_TOKENS
+    bad_length = None
     for i in range(1, N + 1):
         if values[i] < values[i - 1]:
             raise InputError(f"cu_seqlens[{i}]: {values[i]} < cu_seqlens[{i - 1}] ({values[i - 1]}): must be "
                              f"non-decreasing{where}")
+        if bad_length is None and values[i] - values[i - 1] > longest:
+            bad_length = i - 1
     if values[N] != T:
         raise InputError(f"cu_seqlens[{N}]: {values[N]} must equal T ({T}){where}")
-    if max_seqlen is not None:
-        for i in range(1, N + 1):
-            if values[i] - values[i - 1] > max_seqlen:
-                raise InputError(f"cu_seqlens: document {i - 1} has {values[i] - values[i - 1]} tokens, more than "
-                                 f"max_seqlen {max_seqlen}{where}")
+    if bad_length is not None:
+        raise InputError(f"cu_seqlens: document {bad_length} has {values[bad_length + 1] - values[bad_length]} tokens, "
+                         f"more than max_seqlen {max_seqlen}{where}")
 
 
 def doc_bound(T, cu_seqlens, kwargs):
