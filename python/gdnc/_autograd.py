@@ -4,6 +4,7 @@ import ctypes
 
 import torch
 
+from ._handoff import RecomputeWorkspaces
 from ._lib import check, library
 
 
@@ -26,11 +27,9 @@ class _Workspace:
             library().gdn_workspace_destroy(self.handle)
 
 
-# A recompute's stamped workspace, by the address of the saved region it wrote. Under
-# torch.utils.checkpoint(use_reentrant=False) the recompute runs our forward again with a new ctx,
-# and autograd hands its saved tensors (our `saved` region among them) to the ORIGINAL ctx's
-# backward; this map is how that backward finds the workspace holding the recompute's tapes.
-_recompute_workspaces = {}
+# A recompute's stamped workspace, by the address of the saved region it wrote, for as long as
+# that region lives (_handoff.py says why the address alone is not enough).
+_recompute_workspaces = RecomputeWorkspaces()
 # Counters for tests and curious users: forwards run as a recompute, and backwards that bound the
 # recompute's tapes (the hand-off) instead of re-running the prep program and the walk.
 stats = {"recomputes": 0, "handoffs": 0}
@@ -87,9 +86,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
                                                 stream, ctypes.byref(handoff)))
             stats["recomputes"] += 1
             if handoff.value:
-                while len(_recompute_workspaces) >= 64:  # a backward that never came: drop the oldest
-                    _recompute_workspaces.pop(next(iter(_recompute_workspaces)))
-                _recompute_workspaces[saved.data_ptr()] = ws
+                _recompute_workspaces.remember(saved, saved.data_ptr(), ws)
         else:
             check(library().gdn_layer_forward_ws(*args, _ptr(o), _ptr(ht), _ptr(saved), saved.numel(), ws.handle,
                                                  stream))
@@ -111,7 +108,7 @@ class ChunkGatedDeltaRule(torch.autograd.Function):
         stream = _stream(dev)
         do = do.contiguous()
         dq, dk, dv, dg, dbeta, dh0 = _gradients(q, k, v, g, beta, initial_state)
-        ws = _recompute_workspaces.pop(saved.data_ptr(), None)
+        ws = _recompute_workspaces.take(saved.data_ptr())
         if ws is None:
             ws = _Workspace(layer.workspace_bytes(T, N), dev)
         handoff = ctypes.c_int(0)

@@ -434,6 +434,51 @@ class HostileSpecTests(unittest.TestCase):
         self.assertEqual(s["save_mode"], "full")
 
 
+class SavedRegion:
+    """Stands for a saved tensor: weakly referenceable, dies when its last reference goes."""
+
+
+class HandoffBookkeepingTests(unittest.TestCase):
+    """gdnc._handoff: a recompute's workspace lives exactly as long as its saved region."""
+
+    def setUp(self):
+        from gdnc._handoff import RecomputeWorkspaces
+        self.table = RecomputeWorkspaces(limit=3)
+
+    def test_backward_takes_the_workspace_once(self):
+        saved = SavedRegion()
+        self.table.remember(saved, 0x1000, "ws")
+        self.assertEqual(self.table.take(0x1000), "ws")
+        self.assertIsNone(self.table.take(0x1000))
+        del saved  # the finalizer was detached: nothing to drop, nothing raised
+        self.assertEqual(len(self.table), 0)
+
+    def test_a_freed_region_leaves_no_entry_for_its_address(self):
+        # A recompute whose backward never ran: once its region is gone, a later call that gets the
+        # same address from the allocator must not find the old tapes.
+        saved = SavedRegion()
+        self.table.remember(saved, 0x2000, "stale")
+        del saved
+        self.assertIsNone(self.table.take(0x2000))
+
+    def test_a_dead_region_does_not_drop_its_successor(self):
+        old = SavedRegion()
+        self.table.remember(old, 0x3000, "old")
+        new = SavedRegion()
+        self.table.remember(new, 0x3000, "new")  # the address reused while `old` still lives
+        del old
+        self.assertEqual(self.table.take(0x3000), "new")
+        del new
+
+    def test_the_oldest_go_past_the_limit(self):
+        regions = [SavedRegion() for _ in range(4)]
+        for i, r in enumerate(regions):
+            self.table.remember(r, 0x100 * (i + 1), i)
+        self.assertEqual(len(self.table), 3)
+        self.assertIsNone(self.table.take(0x100))
+        self.assertEqual(self.table.take(0x400), 3)
+
+
 class ErrorDesignTests(unittest.TestCase):
     def test_every_error_derives_from_gdnc_error_and_its_builtin_kind(self):
         for cls, builtin in ((gdnc.SpecError, ValueError), (gdnc.InputError, ValueError),

@@ -100,6 +100,31 @@ class GpuBindingTests(unittest.TestCase):
         for a, b in zip(*grads):
             self.assertTrue(torch.equal(a, b))
 
+    def test_a_recompute_whose_backward_never_runs_leaves_no_tapes_behind(self):
+        """torch.autograd.grad over part of a checkpointed region runs our recompute but not our
+        backward. Its workspace must go with its saved region: a later call that got the same
+        address from torch's allocator would otherwise bind this call's tapes."""
+        import gc
+        from gdnc._autograd import _recompute_workspaces, stats
+        torch.manual_seed(5)
+        q, k, v, g, beta = (t.requires_grad_() for t in unit_inputs(300, 1, 2, 128))
+        x = torch.randn(4, device="cuda", requires_grad=True)
+
+        def region(x, q, k, v, g, beta):
+            o, _ = gdnc.chunk_gated_delta_rule(q, k, v, g, beta)
+            return o.float().sum() + (x * x).sum()
+
+        waiting = len(_recompute_workspaces)
+        recomputes = stats["recomputes"]
+        out = torch.utils.checkpoint.checkpoint(region, x, q, k, v, g, beta, use_reentrant=False)
+        (dx,) = torch.autograd.grad(out, x)
+        self.assertTrue(torch.equal(dx, 2 * x.detach()))
+        self.assertEqual(stats["recomputes"] - recomputes, 1)
+        self.assertEqual(len(_recompute_workspaces), waiting + 1)  # held while the region lives
+        del out
+        gc.collect()
+        self.assertEqual(len(_recompute_workspaces), waiting)
+
     def test_inside_torch_cuda_graph_capture(self):
         """Forward captured in torch.cuda.graph, and forward + backward through
         torch.cuda.make_graphed_callables, replayed on inputs updated in place: bitwise equal to
