@@ -445,6 +445,7 @@ struct ArmKind {
   std::optional<BackwardW> backward_w{};  ///< the spec's backward_w (none: the base spec's)
   bool nondeterministic = false;          ///< the spec's determinism "nondeterministic"
   bool verified = false;                  ///< the spec's cp.carry "verified"
+  bool group_in_chunk_bwd = false;        ///< the spec's group_sum "chunk_bwd"
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -499,6 +500,8 @@ const std::map<std::string, ArmKind> kArms = {
     // portable backward walk (64 wide).
     {"verified-programs-seg4", {false, true, false, 0, 64, 4, ForwardPath::programs, 0, -1, std::nullopt, false, true}},
     {"verified-programs-seg8", {false, true, false, 0, 64, 8, ForwardPath::programs, 0, -1, std::nullopt, false, true}},
+    // group_sum "chunk_bwd": a chunk_bwd block per (chunk, q/k head) sums the group, no finalize (sm_90a)
+    {"group-sum", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
 };
 
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
@@ -523,6 +526,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
       if (kArms.at(name).backward_w) s.backward_w = *kArms.at(name).backward_w;
       if (kArms.at(name).nondeterministic) s.determinism = Determinism::nondeterministic;
       if (kArms.at(name).verified) s.cp_carry = SegmentCarry::verified;
+      if (kArms.at(name).group_in_chunk_bwd) s.group_sum = GroupSum::chunk_bwd;
       if (kArms.at(name).ranks != 0) {
         s.cp_ranks = kArms.at(name).ranks;
         s.cp_segments = 1;  // the ranks' pieces are the segments

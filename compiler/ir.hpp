@@ -27,6 +27,7 @@ enum class GridKind {
   single,             ///< (1, 1, 1)
   rows_qk,            ///< (ceil(T * H / rows per block), 1, 1)
   chunk_heads,        ///< (NT, HV, 1)
+  chunk_qk_heads,     ///< (NT, H, 1)
   chunk_head_groups,  ///< (NT, ceil(HV / heads per block), 1)
   walk,               ///< (V / BV, HV, N)
   walk_segments,      ///< (V / BV, HV * segments, N): y = segment row * HV + head (seg::grid_position)

@@ -242,6 +242,67 @@ TEST_SUITE("ir") {
         "/backward_w: \"prep\" is not supported (supported: \"chunk_prep\", \"walk\", \"auto\")", gdn::SpecError);
   }
 
+  TEST_CASE(
+      "group_sum \"chunk_bwd\": chunk_bwd_group on sm_90a, chunk_bwd and finalize elsewhere, sums in dq_v's bytes") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto plain = gdn::lower(spec);
+    auto has_program = [](const gdn::LayerIR& ir, const char* name) {
+      for (const auto& p : ir.programs)
+        if (p.name == name) return true;
+      return false;
+    };
+    CHECK_FALSE(has_program(plain, "chunk_bwd_group"));
+    CHECK(plain.program("finalize").idle_on.empty());
+    spec.group_sum = gdn::GroupSum::chunk_bwd;
+    const auto group = gdn::lower(spec);
+    const gdn::Program& g = group.program("chunk_bwd_group");
+    CHECK(g.grid == gdn::GridKind::chunk_qk_heads);
+    CHECK(g.class_name == "ChunkBwdGroup");
+    CHECK(g.smem_bytes == gdn::ChunkBwdGeometry::smem_bytes_group(128, 128, 64));
+    CHECK(g.idle_for(gdn::Target::sm_100a));
+    CHECK(g.idle_for(gdn::Target::sm_103a));
+    CHECK_FALSE(g.idle_for(gdn::Target::sm_90a));
+    for (const char* name : {"chunk_bwd", "finalize"}) {
+      CHECK_MESSAGE(group.program(name).idle_for(gdn::Target::sm_90a), name);
+      CHECK_FALSE_MESSAGE(group.program(name).idle_for(gdn::Target::sm_100a), name);
+      // The per-value-head program is the same code, only where it runs changes.
+      CHECK_MESSAGE(group.program(name).constants == plain.program(name).constants, name);
+    }
+    // dq and dk leave as [T, H, K] rows; every other operand is chunk_bwd's.
+    const auto& maps = g.tensor_maps;
+    REQUIRE(maps.size() == plain.program("chunk_bwd").tensor_maps.size());
+    for (size_t i = 0; i < maps.size(); ++i) {
+      const auto& was = plain.program("chunk_bwd").tensor_maps[i];
+      if (was.name == "dq_v" || was.name == "dk_v") {
+        CHECK(maps[i].name == (was.name == "dq_v" ? "dq" : "dk"));
+        CHECK(maps[i].row_elements == 16 * 128);
+      } else {
+        CHECK(maps[i].name == was.name);
+      }
+    }
+    // G = 3: the running sums, fp32 [T, H, K], in the bytes of dq_v and dk_v.
+    CHECK(group.buffer("dq_sum").lives_in == "dq_v");
+    CHECK(group.buffer("dk_sum").lives_in == "dk_v");
+    // G = 1: nothing to sum across value heads.
+    gdn::Spec one = spec;
+    one.heads_v = one.heads_qk;
+    CHECK_THROWS_WITH_AS(gdn::lower(one),
+                         "/group_sum: \"chunk_bwd\" sums a GVA group of value heads: heads.v / heads.qk is 1 here "
+                         "(\"finalize\" applies the norm's backward alone)",
+                         gdn::SpecError);
+    // It needs chunk_bwd's sm_90a body.
+    gdn::Spec mma = spec;
+    mma.tensor_cores = gdn::TensorCores::mma_sync;
+    CHECK_THROWS_WITH_AS(gdn::lower(mma),
+                         "/group_sum: \"chunk_bwd\" needs chunk_bwd's sm_90a body (tensor_cores \"auto\", K = V = "
+                         "128, chunk 64; here mma_sync, K = 128, V = 128, chunk 64)",
+                         gdn::SpecError);
+    // Written in the canonical form only when set: every other layer keeps its keys.
+    CHECK_FALSE(gdn::to_json(plain.spec).contains("group_sum"));
+    CHECK(gdn::to_json(group.spec).at("group_sum") == "chunk_bwd");
+    CHECK(gdn::spec_from_json(gdn::to_json(group.spec)).group_sum == gdn::GroupSum::chunk_bwd);
+  }
+
   TEST_CASE("cp.carry \"verified\": its programs and constants, saved maps, its refusals, its canonical form") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
     spec.cp_segments = 4;

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 
@@ -62,16 +63,35 @@ std::vector<std::string> sharing_conflicts(const std::vector<const CallPlan*>& s
 /// With full saves nothing passes from a forward to a backward through the workspace (the tapes
 /// are saved, there is no hand-off), so the slot-prefix rule does not apply there (with segments
 /// the forward's seg_hm is not the backward's second slot); the sequences are still checked.
+/// Per target, as the layer runs them: the launches of programs idle there dropped, the target's
+/// own fields applied.
 std::vector<std::string> all_conflicts(const LayerIR& ir) {
-  const CallPlan fwd = plan_forward(ir, OutputLaunch::yes), rec = plan_forward(ir, OutputLaunch::no);
-  const CallPlan bwd = plan_backward(ir, PrepRerun::yes), bound = plan_backward(ir, PrepRerun::no);
-  const bool light = ir.spec.save_mode == SaveMode::light;
   std::vector<std::string> out;
-  for (const auto& seq : std::vector<std::vector<const CallPlan*>>{
-           {&fwd}, {&bwd}, {&fwd, &bwd}, {&rec, &bwd}, {&fwd, &bound}, {&rec, &bound}})
-    for (auto& c : sharing_conflicts(seq, light))
-      out.push_back(fmt::format("{} then {}: {}", seq.front()->name, seq.back()->name, c));
+  for (Target t : {Target::sm_90a, Target::sm_100a, Target::sm_103a}) {
+    auto on = [&](CallPlan plan) {
+      plan.launches.erase(std::remove_if(plan.launches.begin(), plan.launches.end(),
+                                         [&](const PlannedLaunch& l) {
+                                           return ir.programs.at(static_cast<size_t>(l.program)).idle_for(t);
+                                         }),
+                          plan.launches.end());
+      apply_target_fields(plan, t);
+      return plan;
+    };
+    const CallPlan fwd = on(plan_forward(ir, OutputLaunch::yes)), rec = on(plan_forward(ir, OutputLaunch::no));
+    const CallPlan bwd = on(plan_backward(ir, PrepRerun::yes)), bound = on(plan_backward(ir, PrepRerun::no));
+    const bool light = ir.spec.save_mode == SaveMode::light;
+    for (const auto& seq : std::vector<std::vector<const CallPlan*>>{
+             {&fwd}, {&bwd}, {&fwd, &bwd}, {&rec, &bwd}, {&fwd, &bound}, {&rec, &bound}})
+      for (auto& c : sharing_conflicts(seq, light))
+        out.push_back(fmt::format("{}: {} then {}: {}", to_string(t), seq.front()->name, seq.back()->name, c));
+  }
   return out;
+}
+
+/// A buffer placed in another's bytes fits them for every T, N and NT.
+bool fits(const ByteFormula& guest, const ByteFormula& host) {
+  return guest.per_token <= host.per_token && guest.per_doc <= host.per_doc && guest.per_chunk <= host.per_chunk &&
+         guest.constant <= host.constant;
 }
 
 }  // namespace
@@ -84,28 +104,31 @@ TEST_SUITE("workspace") {
         for (Norm norm : {Norm::l2_in_kernel, Norm::none})
           for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
             for (int segments : {1, 2, 8})
-              for (ForwardPath path : {ForwardPath::programs, ForwardPath::fused}) {
-                Spec s = example(name);
-                s.forward = path;
-                s.save_mode = save;
-                s.norm = norm;
-                s.initial_state = h0;
-                s.final_state = h0;
-                s.cp_segments = segments;
-                const LayerIR ir = lower(s);
-                for (const Buffer& b : ir.buffers)
-                  if (!b.lives_in.empty()) {
-                    ++shared;
-                    CHECK_MESSAGE(b.bytes.text() == ir.buffer(b.lives_in).bytes.text(),
-                                  b.name << " is not the size of " << b.lives_in);
-                  }
-                for (const auto& c : all_conflicts(ir))
-                  FAIL_CHECK(name << " " << to_string(save) << " " << to_string(path) << " segments " << segments
-                                  << ": " << c);
-                ++variants;
-              }
-    CHECK(variants == 96);  // 2 shapes x 2 saves x 2 norms x 2 states x 3 segment counts x 2 forward paths
-    CHECK(shared > 0);      // the property was checked on real sharing, not vacuously
+              for (ForwardPath path : {ForwardPath::programs, ForwardPath::fused})
+                for (GroupSum group_sum : {GroupSum::finalize, GroupSum::chunk_bwd}) {
+                  Spec s = example(name);
+                  s.forward = path;
+                  s.group_sum = group_sum;
+                  s.save_mode = save;
+                  s.norm = norm;
+                  s.initial_state = h0;
+                  s.final_state = h0;
+                  s.cp_segments = segments;
+                  const LayerIR ir = lower(s);
+                  for (const Buffer& b : ir.buffers)
+                    if (!b.lives_in.empty()) {
+                      ++shared;
+                      CHECK_MESSAGE(fits(b.bytes, ir.buffer(b.lives_in).bytes),
+                                    b.name << " does not fit " << b.lives_in);
+                    }
+                  for (const auto& c : all_conflicts(ir))
+                    FAIL_CHECK(name << " " << to_string(save) << " " << to_string(path) << " segments " << segments
+                                    << ": " << c);
+                  ++variants;
+                }
+    CHECK(variants ==
+          192);         // 2 shapes x 2 saves x 2 norms x 2 states x 3 segment counts x 2 forward paths x 2 group sums
+    CHECK(shared > 0);  // the property was checked on real sharing, not vacuously
     // The verified carry (programs forward, portable backward walk): its own slots, saved maps.
     int verified = 0;
     for (SaveMode save : {SaveMode::light, SaveMode::full})
