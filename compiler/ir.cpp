@@ -459,7 +459,8 @@ LayerIR lower(const Spec& spec_in) {
         ChunkBwdGeometry::smem_bytes_group(K, V, C), GridKind::chunk_qk_heads);
     Program& group = ir.programs.back();
     group.idle_on = {Target::sm_100a, Target::sm_103a};
-    // The same operands; dq and dk leave as [T, H, K] rows instead of per value head.
+    // The same operands. The body writes dq and dk per thread after the group's last head (not by
+    // TMA), but the list keeps its order, so their places name the [T, H, K] outputs.
     using P = ChunkBwdParams;
     group.tensor_maps = per_value_head.tensor_maps;
     for (TensorMapOperand& m : group.tensor_maps) {
