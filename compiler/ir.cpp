@@ -458,7 +458,8 @@ LayerIR lower(const Spec& spec_in) {
     add("chunk_bwd_group", "bwd/chunk_bwd.cuh", "ChunkBwdGroup", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
         ChunkBwdGeometry::smem_bytes_group(K, V, C), GridKind::chunk_qk_heads);
     Program& group = ir.programs.back();
-    group.idle_on = {Target::sm_100a, Target::sm_103a};
+    for (Target t : kTargets)  // the body exists on sm_90a only
+      if (t != Target::sm_90a) group.idle_on.push_back(t);
     // The same operands. The body writes dq and dk per thread after the group's last head (not by
     // TMA), but the list keeps its order, so their places name the [T, H, K] outputs.
     using P = ChunkBwdParams;

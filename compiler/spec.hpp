@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <iterator>
 #include <vector>
 
 namespace gdn {
@@ -50,6 +51,8 @@ enum class GroupSum { finalize, chunk_bwd };
 enum class SegmentCarry { merge, verified, automatic };
 enum class Determinism { deterministic, nondeterministic };
 enum class Target { sm_90a, sm_100a, sm_103a };
+/// Every target gdnc generates code for (a spec's default `targets`).
+inline constexpr Target kTargets[] = {Target::sm_90a, Target::sm_100a, Target::sm_103a};
 enum class StateFlag { absent, present };
 
 std::string_view to_string(Norm);
@@ -118,7 +121,7 @@ struct Spec {
   GroupSum group_sum = GroupSum::finalize;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
-  std::vector<Target> targets = {Target::sm_90a, Target::sm_100a, Target::sm_103a};
+  std::vector<Target> targets{std::begin(kTargets), std::end(kTargets)};
   int cp_ranks = 1;
   /// Intra-card segments per document: 1 to 64 pins that many for every document; 0 is "auto" (the
   /// default): lower() picks the most per document from the layer (few value heads: the walks alone

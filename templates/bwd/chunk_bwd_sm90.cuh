@@ -369,7 +369,8 @@ struct ChunkBwdSm90 {
     }
     // Only the head index is carried from one head to the next (group_head derives the rest anew).
     // Known cost, to be measured: ptxas keeps some of the parameters' values in registers across
-    // the heads and spills them (136 bytes a thread, where run()'s single pass spills nothing;
+    // the heads and spills them (152 bytes a thread at G = 3 and 4 .. 12, 32 at G = 2, where
+    // run()'s single pass spills nothing;
     // a loop per role, a call per head (which serializes every wgmma: C7510) and a shared copy
     // of the parameters spilled more).
 #pragma unroll
@@ -380,7 +381,7 @@ struct ChunkBwdSm90 {
     __syncthreads();  // every head's sums are in
     group_finish(p);
     const int tid = static_cast<int>(threadIdx.x);
-    if ((tid == 128 || tid == 384) && p.chunks[chunk_head_of_block().chunk].len == C) pipe::bulk_wait<0>();
+    if (tid == 128 && p.chunks[chunk_head_of_block().chunk].len == C) pipe::bulk_wait<0>();  // the dv stores
   }
 
   /// kGroup: value head h G + g of the block's (chunk, q/k head h). Its position is read through
@@ -429,8 +430,11 @@ struct ChunkBwdSm90 {
       pipe::named_sync_roles(kBarTerms, 256);
       dg_and_dbeta(p, sc, m, t0, j);
     }
-    // The next head's loads overwrite the staging tiles: their TMA stores must have read them.
-    if (whole && (tid == 128 || tid == 384)) pipe::bulk_wait_read<0>();
+    // The next head's loads overwrite the tiles: the staging tiles' TMA stores must have read
+    // them, and every thread's generic reads (<S, Z>, the row sums) are ordered before the async
+    // proxy's writes.
+    if (whole && tid == 128) pipe::bulk_wait_read<0>();
+    wg::fence_smem_for_async();
   }
 
   /// kGroup: value head j's tiles (and, with qk, the q/k head's Q and K) as run() loads them.
@@ -506,41 +510,64 @@ struct ChunkBwdSm90 {
   }
 
   /// kGroup, after the last head: Finalize's arithmetic on the group's sums, one warp per row of
-  /// dq or dk (rows < m), lane l owning columns 4 l .. 4 l + 3: dx = rstd (dy - (dy . y) y) in fp32
-  /// with y the normalized row (the Q or K tile) and rstd the forward's, then bf16 dq / dk
-  /// [T, H, K]. The sums' lines are dropped from L2 afterwards: no one reads them again, and
-  /// dropped they are never written back to memory.
+  /// dq or dk (rows < m; warp w takes rows w, w + 16, ..), lane l owning columns 4 l .. 4 l + 3:
+  /// dx = rstd (dy - (dy . y) y) in fp32 with y the normalized row (the Q or K tile) and rstd the
+  /// forward's, then bf16 dq / dk [T, H, K]. Every row's loads are issued first (one round trip
+  /// for the warp's eight rows, not two per row: the tensor cores are idle meanwhile). The sums'
+  /// lines are then dropped from L2: no one reads them again, and dropped they are never written
+  /// back to memory.
   __device__ __forceinline__ static void group_finish(const ChunkBwdParams& p) {
     extern __shared__ __align__(1024) unsigned char smem[];
+    constexpr int kWarps = kThreads / 32, kRows = 2 * C / kWarps;
     const ChunkHead at = chunk_head_of_block();
     const ChunkInfo ci = p.chunks[at.chunk];
     const int h = at.head, m = ci.len, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const long long t0 = ci.start;
-    for (int job = warp; job < 2 * m; job += kThreads / 32) {
+    float d[kRows][4], rs[kRows];
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int job = warp + kWarps * i;
+      const bool key = job >= m;
+      const long long row = (t0 + (key ? job - m : job)) * H + h;
+      rs[i] = 1.f;
+      if (job < 2 * m) {
+        // Ordered after the other threads' red by the block barrier before this phase.
+        const float4 s = __ldcg(reinterpret_cast<const float4*>((key ? p.dk_sum : p.dq_sum) + row * K) + lane);
+        d[i][0] = s.x;
+        d[i][1] = s.y;
+        d[i][2] = s.z;
+        d[i][3] = s.w;
+        if constexpr (Cfg::NORM) rs[i] = (key ? p.rstd_k : p.rstd_q)[row];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRows; ++i) {
+      const int job = warp + kWarps * i;
+      if (job >= 2 * m) continue;  // the same for every lane of the warp
       const bool key = job >= m;
       const int r = key ? job - m : job;
-      const long long row = (t0 + r) * H + h;
-      float* const sum = (key ? p.dk_sum : p.dq_sum) + row * K;
-      float d[4];
-      asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                   : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-                   : "l"(sum + 4 * lane)
-                   : "memory");
       if constexpr (Cfg::NORM) {
         const uint2 yy = *reinterpret_cast<const uint2*>(smem + (key ? kOffK : kOffQ) + swz(r, 4 * lane, C));
         const float y[4] = {lo_f(yy.x), hi_f(yy.x), lo_f(yy.y), hi_f(yy.y)};
-        const float dot = warp_sum(((d[0] * y[0] + d[1] * y[1]) + d[2] * y[2]) + d[3] * y[3]);
-        const float rs = (key ? p.rstd_k : p.rstd_q)[row];
+        const float dot = warp_sum(((d[i][0] * y[0] + d[i][1] * y[1]) + d[i][2] * y[2]) + d[i][3] * y[3]);
 #pragma unroll
-        for (int e = 0; e < 4; ++e) d[e] = rs * (d[e] - dot * y[e]);
+        for (int e = 0; e < 4; ++e) d[i][e] = rs[i] * (d[i][e] - dot * y[e]);
       }
-      uint2 out;
-      out.x = pack_bf16x2(f2bf(d[0]), f2bf(d[1]));
-      out.y = pack_bf16x2(f2bf(d[2]), f2bf(d[3]));
-      *reinterpret_cast<uint2*>((key ? p.dk : p.dq) + row * K + 4 * lane) = out;
-      __syncwarp();  // every lane has read its part of the row's four 128-byte lines
-      if (lane < 4 && (reinterpret_cast<unsigned long long>(sum) & 127u) == 0u)
-        asm volatile("discard.global.L2 [%0], 128;" ::"l"(sum + 32 * lane) : "memory");
+      const u32 lo = pack_bf16x2(f2bf(d[i][0]), f2bf(d[i][1])), hi = pack_bf16x2(f2bf(d[i][2]), f2bf(d[i][3]));
+      bf16_t* const out = (key ? p.dk : p.dq) + ((t0 + r) * H + h) * K + 4 * lane;
+      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(out), "r"(lo), "r"(hi) : "memory");
+    }
+    __syncwarp();  // every lane has read its part of its rows' 128-byte lines
+    if (lane < 4) {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) {
+        const int job = warp + kWarps * i;
+        if (job >= 2 * m) continue;
+        const bool key = job >= m;
+        float* const line = (key ? p.dk_sum : p.dq_sum) + ((t0 + (key ? job - m : job)) * H + h) * K + 32 * lane;
+        if ((reinterpret_cast<unsigned long long>(line) & 127u) == 0u)
+          asm volatile("discard.global.L2 [%0], 128;" ::"l"(line) : "memory");
+      }
     }
   }
 
