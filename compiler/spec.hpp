@@ -117,7 +117,7 @@ struct Spec {
   /// program that forms W rounds it the walk's way, so the choice moves work, not bits.
   BackwardW backward_w = BackwardW::automatic;
   /// "chunk_bwd": no dq_v / dk_v round trip and no finalize on sm_90a; dq and dk get other bits
-  /// (an fp32 sum of fp32 slices instead of bf16 ones), every other tensor keeps its bits.
+  /// (an fp32 sum of fp32 slices instead of bf16 ones); o, ht, dh0 and dv keep their bits.
   GroupSum group_sum = GroupSum::finalize;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
