@@ -442,6 +442,11 @@ LayerIR lower(const Spec& spec_in) {
   // group_sum "chunk_bwd": on sm_90a one block per (chunk, q/k head) runs chunk_bwd's body for the
   // group's value heads in turn and writes dq and dk itself; chunk_bwd and finalize idle there,
   // and the other targets keep them.
+  if (s.group_sum == GroupSum::automatic) {
+    ir.group_sum_auto = true;
+    ir.spec.group_sum =
+        s.group() >= 2 && wgmma && K == 128 && V == 128 && C == 64 ? GroupSum::chunk_bwd : GroupSum::finalize;
+  }
   const bool group_in_chunk_bwd = s.group_sum == GroupSum::chunk_bwd;
   if (group_in_chunk_bwd) {
     if (s.group() < 2)
@@ -813,6 +818,12 @@ std::string to_text(const LayerIR& ir) {
         fmt::format("backward_w: auto -> {} (the reverse walk forms W where it runs its sm_90a body: fused "
                     "forward, no segments or ranks, tensor_cores \"auto\", 128-wide backward slabs, K = V = 128)",
                     to_string(s.backward_w)));
+  if (ir.group_sum_auto)
+    line(
+        fmt::format("group_sum: auto -> {} (a chunk_bwd block per chunk and q/k head sums the group's dq and dk "
+                    "where chunk_bwd's sm_90a body runs, tensor_cores \"auto\", K = V = 128, chunk 64, and "
+                    "heads.v / heads.qk >= 2)",
+                    to_string(s.group_sum)));
   if (ir.segments_auto)
     line(
         ir.seg_min_chunks > 0

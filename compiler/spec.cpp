@@ -34,6 +34,7 @@ std::string_view to_string(GroupSum v) {
   switch (v) {
     case GroupSum::finalize: return "finalize";
     case GroupSum::chunk_bwd: return "chunk_bwd";
+    case GroupSum::automatic: return "auto";
   }
   return "?";
 }
@@ -309,7 +310,8 @@ Spec read_spec(const json& j) {
            {{"programs", ForwardPath::programs}, {"fused", ForwardPath::fused}, {"auto", ForwardPath::automatic}});
   r.choice("backward_w", s.backward_w,
            {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}, {"auto", BackwardW::automatic}});
-  r.choice("group_sum", s.group_sum, {{"finalize", GroupSum::finalize}, {"chunk_bwd", GroupSum::chunk_bwd}});
+  r.choice("group_sum", s.group_sum,
+           {{"finalize", GroupSum::finalize}, {"chunk_bwd", GroupSum::chunk_bwd}, {"auto", GroupSum::automatic}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);

@@ -40,8 +40,9 @@ enum class BackwardW { chunk_prep, walk, automatic };
 /// Where a GVA group's dq and dk are summed over its value heads (and the L2 norm's backward runs):
 /// "finalize" = chunk_bwd writes them per value head and the finalize program sums them; "chunk_bwd"
 /// = on sm_90a one chunk_bwd block per (chunk, q/k head) walks the group's value heads and sums them
-/// in fp32 itself (program chunk_bwd_group; the other targets keep finalize).
-enum class GroupSum { finalize, chunk_bwd };
+/// in fp32 itself (program chunk_bwd_group; the other targets keep finalize); "auto" = "chunk_bwd"
+/// wherever the layer can take it (LayerIR::group_sum_auto), "finalize" elsewhere.
+enum class GroupSum { finalize, chunk_bwd, automatic };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
 /// once and re-walked from its predecessor's end until the two agree bit for bit (a document's

@@ -297,6 +297,21 @@ TEST_SUITE("ir") {
                          "/group_sum: \"chunk_bwd\" needs chunk_bwd's sm_90a body (tensor_cores \"auto\", K = V = "
                          "128, chunk 64; here mma_sync, K = 128, V = 128, chunk 64)",
                          gdn::SpecError);
+    // "auto": chunk_bwd where it can run, finalize elsewhere, never refused.
+    gdn::Spec automatic = spec;
+    automatic.group_sum = gdn::GroupSum::automatic;
+    const auto picked = gdn::lower(automatic);
+    CHECK(picked.group_sum_auto);
+    CHECK(picked.spec.group_sum == gdn::GroupSum::chunk_bwd);
+    CHECK(gdn::to_text(picked).find("group_sum: auto -> chunk_bwd") != std::string::npos);
+    for (auto change : {+[](gdn::Spec& x) { x.tensor_cores = gdn::TensorCores::mma_sync; },
+                        +[](gdn::Spec& x) { x.heads_v = x.heads_qk; }}) {
+      gdn::Spec other = automatic;
+      change(other);
+      const auto fallback = gdn::lower(other);
+      CHECK(fallback.spec.group_sum == gdn::GroupSum::finalize);
+      CHECK(fallback.program("finalize").idle_on.empty());
+    }
     // Written in the canonical form only when set: every other layer keeps its keys.
     CHECK_FALSE(gdn::to_json(plain.spec).contains("group_sum"));
     CHECK(gdn::to_json(group.spec).at("group_sum") == "chunk_bwd");
