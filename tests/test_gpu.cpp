@@ -1069,7 +1069,11 @@ TEST_SUITE("gpu_determinism") {
     Spec programs = spec_of("m");
     programs.name = "m_programs_batch";
     programs.forward = ForwardPath::programs;
-    for (const Spec& spec : {spec_of("n"), spec_of("m"), programs}) {
+    // group_sum "chunk_bwd": the poison check below also proves every dq and dk element written.
+    Spec group = spec_of("m");
+    group.name = "m_group_sum_batch";
+    group.group_sum = GroupSum::chunk_bwd;
+    for (const Spec& spec : {spec_of("n"), spec_of("m"), programs, group}) {
       const std::string example = spec.name;
       auto layer = make(spec);
       const auto run = [&](const std::vector<size_t>& order) {
@@ -1342,12 +1346,16 @@ TEST_SUITE("gpu_ckpt") {
 TEST_SUITE("gpu_graph") {
   /// Runs shape n eagerly once, then in graph mode `repeats` times (outputs poisoned before each
   /// repeat, so a replay that did not run would show) and checks every replay's bits.
-  void check_replays_match_eager(check::Case c, const std::string& name, int repeats) {
+  void check_replays_match_eager(check::Case c, const std::string& name, int repeats,
+                                 GroupSum group_sum = GroupSum::finalize) {
     c.with_reference = false;
     const bool legacy_stream = c.legacy_stream;
     c.legacy_stream = false;
-    const check::Report eager = check::run(*make(spec_of("n")), c);
-    Spec s = spec_of("n");
+    Spec eager_spec = spec_of("n");
+    eager_spec.group_sum = group_sum;
+    eager_spec.name = name + "_eager";
+    const check::Report eager = check::run(*make(eager_spec), c);
+    Spec s = eager_spec;
     s.graph = GraphMode::replay;
     s.name = name;
     auto layer = make(s);
@@ -1365,6 +1373,7 @@ TEST_SUITE("gpu_graph") {
     c.doc_lens = {2049, 3001, 3142};
     c.seed = 23;
     check_replays_match_eager(c, "graph_n", 4);
+    check_replays_match_eager(c, "graph_n_group_sum", 2, GroupSum::chunk_bwd);
   }
 
   TEST_CASE("graph mode on the legacy default stream: captured on the layer's own stream, replayed bitwise") {
