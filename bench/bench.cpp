@@ -13,8 +13,8 @@
  * -seg4 (the programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
  * .. kcp4r3 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather,
  * whose records stay as the last call left them), nondet (determinism "nondeterministic"), verified,
- * verified-seg11, verified-seg16 (cp.carry "verified")
- *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch)
+ * verified-seg11, verified-seg16 (cp.carry "verified"), group-sum (group_sum "chunk_bwd")
+ *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch), per --arms given
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
  *   --host-only   host time per call with launches discarded (no GPU needed)
@@ -504,6 +504,27 @@ const std::map<std::string, ArmKind> kArms = {
     {"group-sum", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
 };
 
+/// `base` with arm `name`'s spec changes.
+Spec arm_spec(Spec s, const std::string& name) {
+  const ArmKind& k = kArms.at(name);
+  if (k.graph_replay) s.graph = GraphMode::replay;
+  if (!k.handoff) s.reuse_recompute_tapes = ReuseTapes::no;
+  if (k.mma_sync) s.tensor_cores = TensorCores::mma_sync;
+  if (k.walk_slab != 0) s.walk_slab = k.walk_slab;
+  if (k.walk_bwd_slab != 0) s.walk_bwd_slab = k.walk_bwd_slab;
+  if (k.segments != 0) s.cp_segments = std::max(0, k.segments);
+  if (k.forward) s.forward = *k.forward;
+  if (k.backward_w) s.backward_w = *k.backward_w;
+  if (k.nondeterministic) s.determinism = Determinism::nondeterministic;
+  if (k.verified) s.cp_carry = SegmentCarry::verified;
+  if (k.group_in_chunk_bwd) s.group_sum = GroupSum::chunk_bwd;
+  if (k.ranks != 0) {
+    s.cp_ranks = k.ranks;
+    s.cp_segments = 1;  // the ranks' pieces are the segments
+  }
+  return s;
+}
+
 void timing_table(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
   fmt::print("{:<5} {:<8} {:<18} {:>9} {:>8} {:>9} {:>9} {:>8}\n", "shape", "op", "arm", "ms", "drift %", "FLA ms",
              "FLA/ours", "floor x");
@@ -514,23 +535,8 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
     std::vector<std::pair<std::string, Spec>> specs;
     std::vector<int> rank;
     for (const auto& name : arm_names) {
-      Spec s = base;
+      Spec s = arm_spec(base, name);
       s.name = fmt::format("{}_bench_{}", sh.name, specs.size());
-      if (kArms.at(name).graph_replay) s.graph = GraphMode::replay;
-      if (!kArms.at(name).handoff) s.reuse_recompute_tapes = ReuseTapes::no;
-      if (kArms.at(name).mma_sync) s.tensor_cores = TensorCores::mma_sync;
-      if (kArms.at(name).walk_slab != 0) s.walk_slab = kArms.at(name).walk_slab;
-      if (kArms.at(name).walk_bwd_slab != 0) s.walk_bwd_slab = kArms.at(name).walk_bwd_slab;
-      if (kArms.at(name).segments != 0) s.cp_segments = std::max(0, kArms.at(name).segments);
-      if (kArms.at(name).forward) s.forward = *kArms.at(name).forward;
-      if (kArms.at(name).backward_w) s.backward_w = *kArms.at(name).backward_w;
-      if (kArms.at(name).nondeterministic) s.determinism = Determinism::nondeterministic;
-      if (kArms.at(name).verified) s.cp_carry = SegmentCarry::verified;
-      if (kArms.at(name).group_in_chunk_bwd) s.group_sum = GroupSum::chunk_bwd;
-      if (kArms.at(name).ranks != 0) {
-        s.cp_ranks = kArms.at(name).ranks;
-        s.cp_segments = 1;  // the ranks' pieces are the segments
-      }
       specs.emplace_back(name, s);
       rank.push_back(kArms.at(name).rank);
     }
@@ -557,52 +563,57 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
 
 /// GPU time per program of an eager fwd+bwd (light saves: the backward re-runs the prep and the
 /// walk, which show as separate rows), events around every launch, L2 flushed before the call.
-void program_breakdown(Bench& b, const std::string& shapes) {
+void program_breakdown(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
   for (const Shape& sh : kShapes) {
     if (!wanted(shapes, sh.name)) continue;
-    Spec s = b.example(sh);
-    s.name = fmt::format("{}_programs", sh.name);
-    Problem p = make_problem(sh.docs, s.heads_qk, s.heads_v);
-    SharedRegions regions;
-    std::vector<Arm> one = make_arms({{"programs", s}}, p.shape, b.ctx, b.cache, regions);
-    Arm& a = one.front();
-    std::vector<std::pair<std::string, rt::Event>> marks;  // (label, event) in launch order
-    size_t next = 0;
-    bool recording = false;
-    a.layer->observe_launches([&](const Program& prog, CUstream st, bool after) {
-      if (!recording) return;
-      if (next == marks.size()) marks.emplace_back(std::string(), rt::Event::create());
-      marks[next].first = after ? std::string() : prog.name;
-      marks[next].second.record(st);
-      ++next;
-    });
-    std::map<std::string, std::vector<double>> per;  // "index name" -> samples
-    std::vector<std::string> order;
-    for (int rep = 0; rep < b.warmup + b.samples; ++rep) {
-      b.flush_l2();
-      next = 0;
-      recording = true;
-      b.e0.record(b.stream.handle());
-      enqueue_op(a, p, 1, b.stream.handle());
-      b.e1.record(b.stream.handle());
-      recording = false;
-      const double total = rt::Event::elapsed_ms(b.e0, b.e1);
-      if (rep < b.warmup) continue;
-      for (size_t i = 0; i + 1 < next; i += 2) {
-        const std::string key = fmt::format("{:02} {}", i / 2, marks[i].first);
-        if (rep == b.warmup) order.push_back(key);
-        per[key].push_back(rt::Event::elapsed_ms(marks[i].second, marks[i + 1].second));
+    for (const auto& arm : arm_names) {
+      if (kArms.at(arm).rank >= 0 || kArms.at(arm).graph_replay)
+        throw std::invalid_argument(fmt::format("--programs times eager calls of a whole layer, not arm '{}'", arm));
+      Spec s = arm_spec(b.example(sh), arm);
+      s.name = fmt::format("{}_programs_{}", sh.name, arm);
+      Problem p = make_problem(sh.docs, s.heads_qk, s.heads_v);
+      SharedRegions regions;
+      std::vector<Arm> one = make_arms({{"programs", s}}, p.shape, b.ctx, b.cache, regions);
+      Arm& a = one.front();
+      std::vector<std::pair<std::string, rt::Event>> marks;  // (label, event) in launch order
+      size_t next = 0;
+      bool recording = false;
+      a.layer->observe_launches([&](const Program& prog, CUstream st, bool after) {
+        if (!recording) return;
+        if (next == marks.size()) marks.emplace_back(std::string(), rt::Event::create());
+        marks[next].first = after ? std::string() : prog.name;
+        marks[next].second.record(st);
+        ++next;
+      });
+      std::map<std::string, std::vector<double>> per;  // "index name" -> samples
+      std::vector<std::string> order;
+      for (int rep = 0; rep < b.warmup + b.samples; ++rep) {
+        b.flush_l2();
+        next = 0;
+        recording = true;
+        b.e0.record(b.stream.handle());
+        enqueue_op(a, p, 1, b.stream.handle());
+        b.e1.record(b.stream.handle());
+        recording = false;
+        const double total = rt::Event::elapsed_ms(b.e0, b.e1);
+        if (rep < b.warmup) continue;
+        for (size_t i = 0; i + 1 < next; i += 2) {
+          const std::string key = fmt::format("{:02} {}", i / 2, marks[i].first);
+          if (rep == b.warmup) order.push_back(key);
+          per[key].push_back(rt::Event::elapsed_ms(marks[i].second, marks[i + 1].second));
+        }
+        per["total"].push_back(total);
       }
-      per["total"].push_back(total);
+      a.layer->check_device_status(a.saved, p.shape, b.stream.handle());
+      fmt::print("shape {} arm {} fwd+bwd, eager, per program (median of {} calls, L2 flushed per call)\n", sh.name,
+                 arm, b.samples);
+      double sum = 0;
+      for (const auto& key : order) sum += median(per[key]);
+      for (const auto& key : order)
+        fmt::print("  {:<28} {:>8.3f} ms {:>6.1f} %\n", key, median(per[key]), median(per[key]) / sum * 100);
+      fmt::print("  {:<28} {:>8.3f} ms (call; sum of programs {:.3f})\n", "total", median(per["total"]), sum);
+      std::fflush(stdout);
     }
-    a.layer->check_device_status(a.saved, p.shape, b.stream.handle());
-    fmt::print("shape {} fwd+bwd, eager, per program (median of {} calls, L2 flushed per call)\n", sh.name, b.samples);
-    double sum = 0;
-    for (const auto& key : order) sum += median(per[key]);
-    for (const auto& key : order)
-      fmt::print("  {:<28} {:>8.3f} ms {:>6.1f} %\n", key, median(per[key]), median(per[key]) / sum * 100);
-    fmt::print("  {:<28} {:>8.3f} ms (call; sum of programs {:.3f})\n", "total", median(per["total"]), sum);
-    std::fflush(stdout);
   }
 }
 
@@ -701,7 +712,8 @@ int main(int argc, char** argv) {
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "
-         "(the verified carry on the programs forward and the 64-wide backward walk, for F1)")
+         "(the verified carry on the programs forward and the 64-wide backward walk, for F1), group-sum "
+         "(group_sum \"chunk_bwd\")")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);
@@ -711,7 +723,8 @@ int main(int argc, char** argv) {
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed calls per visit")->check(CLI::NonNegativeNumber);
-  app.add_flag("--programs", programs, "per-program GPU time of an eager fwd+bwd");
+  app.add_flag("--programs", programs,
+               "per-program GPU time of an eager fwd+bwd (of each --arms given, else the spec)");
   app.add_flag("--host-time", host, "host time per call on the GPU (eager and replay, both host paths)");
   app.add_flag("--sweep", sweep, "ckpt with and without the tape hand-off over token counts");
   app.add_flag("--host-only", host_only_mode, "host time per call with launches discarded (no GPU)");
@@ -784,7 +797,8 @@ int main(int argc, char** argv) {
         "{}, carry {}, gates {}\n",
         b.ctx.name(), b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments, forward, backward_w, carry,
         gates);
-    if (programs) program_breakdown(b, shapes);
+    // --programs times the example spec unless --arms names others (each eager, one after another).
+    if (programs) program_breakdown(b, shapes, app.count("--arms") ? arm_names : std::vector<std::string>{"spec"});
     if (host) host_time(b);
     if (sweep) handoff_sweep(b);
     if (!programs && !host && !sweep) timing_table(b, shapes, arm_names);
