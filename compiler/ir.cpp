@@ -453,6 +453,8 @@ LayerIR lower(const Spec& spec_in) {
       throw SpecError("/group_sum", fmt::format("\"chunk_bwd\" sums a GVA group of value heads: heads.v / heads.qk "
                                                 "is {} here (\"finalize\" applies the norm's backward alone)",
                                                 s.group()));
+    if (std::find(s.targets.begin(), s.targets.end(), Target::sm_90a) == s.targets.end())
+      throw SpecError("/group_sum", "\"chunk_bwd\" runs on sm_90a only, which the targets leave out");
     if (!wgmma || K != 128 || V != 128 || C != 64)
       throw SpecError("/group_sum",
                       fmt::format("\"chunk_bwd\" needs chunk_bwd's sm_90a body (tensor_cores \"auto\", K = V = 128, "

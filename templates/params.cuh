@@ -344,7 +344,7 @@ struct ChunkBwdParams {
   bf16_t* dk;
   const float* rstd_q;  ///< [T, H]; null when the norm is off
   const float* rstd_k;
-  float* dq_sum;  ///< [T, H, K] fp32: the group's running sums between heads; null when G == 1
+  float* dq_sum;  ///< [T, H, K] fp32: the group's running sums between heads
   float* dk_sum;
 };
 

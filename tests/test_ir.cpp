@@ -297,6 +297,10 @@ TEST_SUITE("ir") {
                          "/group_sum: \"chunk_bwd\" needs chunk_bwd's sm_90a body (tensor_cores \"auto\", K = V = "
                          "128, chunk 64; here mma_sync, K = 128, V = 128, chunk 64)",
                          gdn::SpecError);
+    gdn::Spec elsewhere = spec;
+    elsewhere.targets = {gdn::Target::sm_100a};
+    CHECK_THROWS_WITH_AS(gdn::lower(elsewhere),
+                         "/group_sum: \"chunk_bwd\" runs on sm_90a only, which the targets leave out", gdn::SpecError);
     // "auto": chunk_bwd where it can run, finalize elsewhere, never refused.
     gdn::Spec automatic = spec;
     automatic.group_sum = gdn::GroupSum::automatic;
