@@ -501,11 +501,11 @@ TEST_SUITE("gpu_layer") {
       // dg and dbeta come from the same source in another kernel: reported, not required (ptxas may
       // contract an unrounded mul and add into an fma in one kernel and not the other).
       for (const char* name : {"dg", "dbeta"})
-        MESSAGE(grp.name << " " << name
-                         << (b.bytes.at(name) == a.bytes.at(name) ? ": finalize's bits" : ": other bits"));
+        MESSAGE(fmt::format("{} {}: {}", grp.name, name,
+                            b.bytes.at(name) == a.bytes.at(name) ? "finalize's bits" : "other bits"));
       for (const char* name : {"dq", "dk"})
-        MESSAGE(grp.name << " " << name << ": rel-RMS " << b.rel_rms.at(name) << " (finalize " << a.rel_rms.at(name)
-                         << ")");
+        MESSAGE(fmt::format("{} {}: rel-RMS {:.3e} (finalize {:.3e})", grp.name, name, b.rel_rms.at(name),
+                            a.rel_rms.at(name)));
       expect_within_bounds(b, grp.name + " against finalize's inputs");
     }
     // Repeats, light = full, ckpt with the hand-off = fwd+bwd, and ckpt without it, bit for bit.
