@@ -157,13 +157,7 @@ bool decide_handoff(ReuseTapes r, Target t, long long rows) {
 }
 
 Layer::Compiled Layer::compile_plan(CallPlan plan, int id, int index) const {
-  // Programs idle on this target were not compiled for it: their launches go.
-  plan.launches.erase(std::remove_if(plan.launches.begin(), plan.launches.end(),
-                                     [&](const PlannedLaunch& l) {
-                                       return ir_.programs.at(static_cast<size_t>(l.program)).idle_for(target_);
-                                     }),
-                      plan.launches.end());
-  apply_target_fields(plan, target_);
+  specialize_for_target(plan, ir_, target_);
   Compiled c;
   c.graph_id = (serial_ << 4) | static_cast<uint64_t>(index);
   if (host_path_ == HostPath::llvm_stub)

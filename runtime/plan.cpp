@@ -630,7 +630,12 @@ CallPlan plan_kcp_backward(const LayerIR& ir, PrepRerun rerun, KcpPhase phase) {
   return phase_of(std::move(plan), split, phase, ir);
 }
 
-void apply_target_fields(CallPlan& plan, Target target) {
+void specialize_for_target(CallPlan& plan, const LayerIR& ir, Target target) {
+  plan.launches.erase(std::remove_if(plan.launches.begin(), plan.launches.end(),
+                                     [&](const PlannedLaunch& l) {
+                                       return ir.programs.at(static_cast<size_t>(l.program)).idle_for(target);
+                                     }),
+                      plan.launches.end());
   for (PlannedLaunch& l : plan.launches)
     for (const auto& [t, field] : l.target_fields) {
       if (t != target) continue;

@@ -103,7 +103,7 @@ struct PlannedLaunch {
   std::array<Lin, 3> grid;
   std::vector<Field> fields;  ///< unlisted bytes are zero
   /// Fields bound otherwise on one target, whose body reads other inputs through the same
-  /// parameter bytes (the layer applies them for its own target: apply_target_fields).
+  /// parameter bytes (the layer applies them for its own target: specialize_for_target).
   std::vector<std::pair<Target, Field>> target_fields;
 };
 
@@ -115,8 +115,9 @@ struct CallPlan {
   std::vector<PlannedLaunch> launches;
 };
 
-/// The plan's fields as the layer's target binds them (PlannedLaunch::target_fields).
-void apply_target_fields(CallPlan& plan, Target target);
+/// The plan as it runs on `target`: the launches of programs idle there (not compiled for it)
+/// dropped, and the fields the target binds otherwise (PlannedLaunch::target_fields) applied.
+void specialize_for_target(CallPlan& plan, const LayerIR& ir, Target target);
 
 /// Which launches a plan contains.
 enum class OutputLaunch { yes, no };  ///< a recompute may skip the output program

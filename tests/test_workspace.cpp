@@ -67,14 +67,9 @@ std::vector<std::string> sharing_conflicts(const std::vector<const CallPlan*>& s
 /// own fields applied.
 std::vector<std::string> all_conflicts(const LayerIR& ir) {
   std::vector<std::string> out;
-  for (Target t : {Target::sm_90a, Target::sm_100a, Target::sm_103a}) {
+  for (Target t : kTargets) {
     auto on = [&](CallPlan plan) {
-      plan.launches.erase(std::remove_if(plan.launches.begin(), plan.launches.end(),
-                                         [&](const PlannedLaunch& l) {
-                                           return ir.programs.at(static_cast<size_t>(l.program)).idle_for(t);
-                                         }),
-                          plan.launches.end());
-      apply_target_fields(plan, t);
+      specialize_for_target(plan, ir, t);
       return plan;
     };
     const CallPlan fwd = on(plan_forward(ir, OutputLaunch::yes)), rec = on(plan_forward(ir, OutputLaunch::no));
