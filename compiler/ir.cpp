@@ -442,24 +442,28 @@ LayerIR lower(const Spec& spec_in) {
   // group_sum "chunk_bwd": on sm_90a one block per (chunk, q/k head) runs chunk_bwd's body for the
   // group's value heads in turn and writes dq and dk itself; chunk_bwd and finalize idle there,
   // and the other targets keep them.
+  // Why the group body cannot run for this layer, or nothing: the refusal of "chunk_bwd", and
+  // "auto"'s reason to keep finalize.
+  const std::string group_blocker =
+      s.group() < 2 ? fmt::format(
+                          "\"chunk_bwd\" sums a GVA group of value heads: heads.v / heads.qk is {} here "
+                          "(\"finalize\" applies the norm's backward alone)",
+                          s.group())
+      : std::find(s.targets.begin(), s.targets.end(), Target::sm_90a) == s.targets.end()
+          ? std::string("\"chunk_bwd\" runs on sm_90a only, which the targets leave out")
+      : !wgmma || K != 128 || V != 128 || C != 64
+          ? fmt::format(
+                "\"chunk_bwd\" needs chunk_bwd's sm_90a body (tensor_cores \"auto\", K = V = 128, chunk 64; "
+                "here {}, K = {}, V = {}, chunk {})",
+                to_string(s.tensor_cores), K, V, C)
+          : std::string();
   if (s.group_sum == GroupSum::automatic) {
     ir.group_sum_auto = true;
-    ir.spec.group_sum =
-        s.group() >= 2 && wgmma && K == 128 && V == 128 && C == 64 ? GroupSum::chunk_bwd : GroupSum::finalize;
+    ir.spec.group_sum = group_blocker.empty() ? GroupSum::chunk_bwd : GroupSum::finalize;
   }
   const bool group_in_chunk_bwd = s.group_sum == GroupSum::chunk_bwd;
   if (group_in_chunk_bwd) {
-    if (s.group() < 2)
-      throw SpecError("/group_sum", fmt::format("\"chunk_bwd\" sums a GVA group of value heads: heads.v / heads.qk "
-                                                "is {} here (\"finalize\" applies the norm's backward alone)",
-                                                s.group()));
-    if (std::find(s.targets.begin(), s.targets.end(), Target::sm_90a) == s.targets.end())
-      throw SpecError("/group_sum", "\"chunk_bwd\" runs on sm_90a only, which the targets leave out");
-    if (!wgmma || K != 128 || V != 128 || C != 64)
-      throw SpecError("/group_sum",
-                      fmt::format("\"chunk_bwd\" needs chunk_bwd's sm_90a body (tensor_cores \"auto\", K = V = 128, "
-                                  "chunk 64; here {}, K = {}, V = {}, chunk {})",
-                                  to_string(s.tensor_cores), K, V, C));
+    if (!group_blocker.empty()) throw SpecError("/group_sum", group_blocker);
     ir.programs.back().idle_on.push_back(Target::sm_90a);
     const Program per_value_head = ir.programs.back();
     add("chunk_bwd_group", "bwd/chunk_bwd.cuh", "ChunkBwdGroup", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
@@ -823,8 +827,8 @@ std::string to_text(const LayerIR& ir) {
   if (ir.group_sum_auto)
     line(
         fmt::format("group_sum: auto -> {} (a chunk_bwd block per chunk and q/k head sums the group's dq and dk "
-                    "where chunk_bwd's sm_90a body runs, tensor_cores \"auto\", K = V = 128, chunk 64, and "
-                    "heads.v / heads.qk >= 2)",
+                    "where chunk_bwd's sm_90a body runs, tensor_cores \"auto\", K = V = 128, chunk 64, "
+                    "heads.v / heads.qk >= 2 and sm_90a among the targets)",
                     to_string(s.group_sum)));
   if (ir.segments_auto)
     line(

@@ -308,8 +308,9 @@ TEST_SUITE("ir") {
     CHECK(picked.group_sum_auto);
     CHECK(picked.spec.group_sum == gdn::GroupSum::chunk_bwd);
     CHECK(gdn::to_text(picked).find("group_sum: auto -> chunk_bwd") != std::string::npos);
-    for (auto change : {+[](gdn::Spec& x) { x.tensor_cores = gdn::TensorCores::mma_sync; },
-                        +[](gdn::Spec& x) { x.heads_v = x.heads_qk; }}) {
+    for (auto change :
+         {+[](gdn::Spec& x) { x.tensor_cores = gdn::TensorCores::mma_sync; },
+          +[](gdn::Spec& x) { x.heads_v = x.heads_qk; }, +[](gdn::Spec& x) { x.targets = {gdn::Target::sm_100a}; }}) {
       gdn::Spec other = automatic;
       change(other);
       const auto fallback = gdn::lower(other);
