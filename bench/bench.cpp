@@ -13,7 +13,7 @@
  * -seg4 (the programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
  * .. kcp4r3 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather,
  * whose records stay as the last call left them), nondet (determinism "nondeterministic"), verified,
- * verified-seg11, verified-seg16 (cp.carry "verified"), group-sum (group_sum "chunk_bwd")
+ * verified-seg11, verified-seg16 (cp.carry "verified")
  *   --programs    per-program GPU time of an eager fwd+bwd (events around every launch), per --arms given
  *   --host-time   host time per layer call on the GPU: stub and interpreter eager, and replay
  *   --sweep       ckpt with and without the tape hand-off over token counts (the sm_90a threshold)
@@ -445,7 +445,6 @@ struct ArmKind {
   std::optional<BackwardW> backward_w{};  ///< the spec's backward_w (none: the base spec's)
   bool nondeterministic = false;          ///< the spec's determinism "nondeterministic"
   bool verified = false;                  ///< the spec's cp.carry "verified"
-  bool group_in_chunk_bwd = false;        ///< the spec's group_sum "chunk_bwd"
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -500,8 +499,6 @@ const std::map<std::string, ArmKind> kArms = {
     // portable backward walk (64 wide).
     {"verified-programs-seg4", {false, true, false, 0, 64, 4, ForwardPath::programs, 0, -1, std::nullopt, false, true}},
     {"verified-programs-seg8", {false, true, false, 0, 64, 8, ForwardPath::programs, 0, -1, std::nullopt, false, true}},
-    // group_sum "chunk_bwd": a chunk_bwd block per (chunk, q/k head) sums the group, no finalize (sm_90a)
-    {"group-sum", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
 };
 
 /// `base` with arm `name`'s spec changes.
@@ -517,7 +514,6 @@ Spec arm_spec(Spec s, const std::string& name) {
   if (k.backward_w) s.backward_w = *k.backward_w;
   if (k.nondeterministic) s.determinism = Determinism::nondeterministic;
   if (k.verified) s.cp_carry = SegmentCarry::verified;
-  if (k.group_in_chunk_bwd) s.group_sum = GroupSum::chunk_bwd;
   if (k.ranks != 0) {
     s.cp_ranks = k.ranks;
     s.cp_segments = 1;  // the ranks' pieces are the segments
@@ -712,8 +708,7 @@ int main(int argc, char** argv) {
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "
-         "(the verified carry on the programs forward and the 64-wide backward walk, for F1), group-sum "
-         "(group_sum \"chunk_bwd\")")
+         "(the verified carry on the programs forward and the 64-wide backward walk, for F1)")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);

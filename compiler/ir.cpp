@@ -44,7 +44,6 @@ static std::string to_string(GridKind g) {
     case GridKind::single: return "(1, 1, 1)";
     case GridKind::rows_qk: return fmt::format("(ceil(T*H / {}), 1, 1)", L2NormGeometry::kRowsPerBlock);
     case GridKind::chunk_heads: return "(NT, HV, 1)";
-    case GridKind::chunk_qk_heads: return "(NT, H, 1)";
     case GridKind::chunk_head_groups: return fmt::format("(NT, ceil(HV / {}), 1)", GateCumsumGeometry::kHeadsPerBlock);
     case GridKind::walk: return "(V / BV, HV, N)";
     case GridKind::walk_segments: return "(V / BV, HV * segment rows, N)";
@@ -439,50 +438,8 @@ LayerIR lower(const Spec& spec_in) {
     maps.push_back({"dq_v", offsetof(P, dq_v), offsetof(P, T), int64_t{HV} * K});
     maps.push_back({"dv", offsetof(P, dv), offsetof(P, T), int64_t{HV} * V});
   }
-  // group_sum "chunk_bwd": on sm_90a one block per (chunk, q/k head) runs chunk_bwd's body for the
-  // group's value heads in turn and writes dq and dk itself; chunk_bwd and finalize idle there,
-  // and the other targets keep them.
-  // Why the group body cannot run for this layer, or nothing: the refusal of "chunk_bwd", and
-  // "auto"'s reason to keep finalize.
-  const std::string group_blocker =
-      s.group() < 2 ? fmt::format(
-                          "\"chunk_bwd\" sums a GVA group of value heads: heads.v / heads.qk is {} here "
-                          "(\"finalize\" applies the norm's backward alone)",
-                          s.group())
-      : std::find(s.targets.begin(), s.targets.end(), Target::sm_90a) == s.targets.end()
-          ? std::string("\"chunk_bwd\" runs on sm_90a only, which the targets leave out")
-      : !wgmma || K != 128 || V != 128 || C != 64
-          ? fmt::format(
-                "\"chunk_bwd\" needs chunk_bwd's sm_90a body (tensor_cores \"auto\", K = V = 128, chunk 64; "
-                "here {}, K = {}, V = {}, chunk {})",
-                to_string(s.tensor_cores), K, V, C)
-          : std::string();
-  if (s.group_sum == GroupSum::automatic) {
-    ir.group_sum_auto = true;
-    ir.spec.group_sum = group_blocker.empty() ? GroupSum::chunk_bwd : GroupSum::finalize;
-  }
-  const bool group_in_chunk_bwd = s.group_sum == GroupSum::chunk_bwd;
-  if (group_in_chunk_bwd) {
-    if (!group_blocker.empty()) throw SpecError("/group_sum", group_blocker);
-    ir.programs.back().idle_on.push_back(Target::sm_90a);
-    const Program per_value_head = ir.programs.back();
-    add("chunk_bwd_group", "bwd/chunk_bwd.cuh", "ChunkBwdGroup", "ChunkBwdParams", ChunkBwdGeometry::kThreads,
-        ChunkBwdGeometry::smem_bytes_group(K, V, C), GridKind::chunk_qk_heads);
-    Program& group = ir.programs.back();
-    for (Target t : kTargets)  // the body exists on sm_90a only
-      if (t != Target::sm_90a) group.idle_on.push_back(t);
-    // The same operands. The body writes dq and dk per thread after the group's last head (not by
-    // TMA), but the list keeps its order, so their places name the [T, H, K] outputs.
-    using P = ChunkBwdParams;
-    group.tensor_maps = per_value_head.tensor_maps;
-    for (TensorMapOperand& m : group.tensor_maps) {
-      if (m.name == "dk_v") m = {"dk", offsetof(P, dk), offsetof(P, T), int64_t{H} * K};
-      if (m.name == "dq_v") m = {"dq", offsetof(P, dq), offsetof(P, T), int64_t{H} * K};
-    }
-  }
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
-  if (group_in_chunk_bwd) ir.programs.back().idle_on.push_back(Target::sm_90a);
   // One rank of a context-parallel run: its summary for the all-gather, the gathered ones into
   // the segment slots (docs/design_kcp.md 3.1). The proxy (one process) does not launch it.
   if (s.cp_ranks > 1) {
@@ -594,14 +551,6 @@ LayerIR lower(const Spec& spec_in) {
   buf("dv_new", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
   buf("dq_v", BufferRole::workspace, "bf16", "[T, HV, K]", {hv * K * 2}, bwd_only);
   buf("dk_v", BufferRole::workspace, "bf16", "[T, HV, K]", {hv * K * 2}, bwd_only);
-  // group_sum "chunk_bwd" with G > 1: the group's running fp32 sums of dq and dk between its value
-  // heads. A block's rows stay in L2 (and are dropped there); the bytes are dq_v's and dk_v's,
-  // which sm_90a does not use then (G >= 2: HV K 2 >= H K 4 bytes a token).
-  const bool group_sums = s.group_sum == GroupSum::chunk_bwd && s.group() > 1;
-  if (group_sums) {
-    buf("dq_sum", BufferRole::workspace, "fp32", "[T, H, K]", {qk * 4}, bwd_only);
-    buf("dk_sum", BufferRole::workspace, "fp32", "[T, H, K]", {qk * 4}, bwd_only);
-  }
   if (segments > 1) {
     // The backward walk's segments: per segment dZ_ext | A = M^T, then the gradient at each
     // segment's end. A document's first segment has no transition to store.
@@ -632,10 +581,6 @@ LayerIR lower(const Spec& spec_in) {
         if (!keep_seg_h0) share("seg_dz", "seg_h0");
       }
     }
-  }
-  if (group_sums) {
-    share("dq_sum", "dq_v");
-    share("dk_sum", "dk_v");
   }
   // With cp.ranks R every rank boundary inside a document starts a piece chunked from its own first
   // token: at most R - 1 chunks more than T / chunk + N (ir.extra_chunks, which NT includes).
@@ -787,13 +732,8 @@ LayerIR lower(const Spec& spec_in) {
     }
   }
   if (!ir.verified_carry) bwd.push_back({"state_walk_bwd", ""});
-  bwd.push_back({"chunk_bwd",
-                 group_in_chunk_bwd ? "dq/dk per value head (bf16); idle on sm_90a" : "dq/dk per value head (bf16)"});
-  if (group_in_chunk_bwd)
-    bwd.push_back({"chunk_bwd_group", "sm_90a: per (chunk, q/k head) over its value heads, dq/dk summed in fp32" +
-                                          std::string(norm ? " + l2norm backward" : "")});
-  bwd.push_back({"finalize", std::string(norm ? "group sum + l2norm backward" : "group sum") +
-                                 (group_in_chunk_bwd ? "; idle on sm_90a" : "")});
+  bwd.push_back({"chunk_bwd", "dq/dk per value head (bf16)"});
+  bwd.push_back({"finalize", norm ? "group sum + l2norm backward" : "group sum"});
   ir.call_forms.push_back({CallForm::backward, bwd});
   return ir;
 }
@@ -824,12 +764,6 @@ std::string to_text(const LayerIR& ir) {
         fmt::format("backward_w: auto -> {} (the reverse walk forms W where it runs its sm_90a body: fused "
                     "forward, no segments or ranks, tensor_cores \"auto\", 128-wide backward slabs, K = V = 128)",
                     to_string(s.backward_w)));
-  if (ir.group_sum_auto)
-    line(
-        fmt::format("group_sum: auto -> {} (a chunk_bwd block per chunk and q/k head sums the group's dq and dk "
-                    "where chunk_bwd's sm_90a body runs, tensor_cores \"auto\", K = V = 128, chunk 64, "
-                    "heads.v / heads.qk >= 2 and sm_90a among the targets)",
-                    to_string(s.group_sum)));
   if (ir.segments_auto)
     line(
         ir.seg_min_chunks > 0

@@ -27,7 +27,6 @@ enum class GridKind {
   single,             ///< (1, 1, 1)
   rows_qk,            ///< (ceil(T * H / rows per block), 1, 1)
   chunk_heads,        ///< (NT, HV, 1)
-  chunk_qk_heads,     ///< (NT, H, 1)
   chunk_head_groups,  ///< (NT, ceil(HV / heads per block), 1)
   walk,               ///< (V / BV, HV, N)
   walk_segments,      ///< (V / BV, HV * segments, N): y = segment row * HV + head (seg::grid_position)
@@ -137,8 +136,6 @@ struct LayerIR {
   bool forward_auto = false;
   /// backward_w "auto": spec.backward_w holds the choice lower() made (the walk wherever it can).
   bool backward_w_auto = false;
-  /// group_sum "auto": spec.group_sum holds the choice lower() made ("chunk_bwd" wherever it can).
-  bool group_sum_auto = false;
   int seg_min_chunks = 0;
   /// Intra-card segments on one rank: the forward's per-segment maps (S_ext | M, seg_hm) are in
   /// the saved region, and the backward takes each segment's transition from them (A = M^T).

@@ -30,15 +30,6 @@ std::string_view to_string(ReuseTapes v) {
 }
 std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
 std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ? "auto" : "mma_sync"; }
-std::string_view to_string(GroupSum v) {
-  switch (v) {
-    case GroupSum::finalize: return "finalize";
-    case GroupSum::chunk_bwd: return "chunk_bwd";
-    case GroupSum::automatic: return "auto";
-  }
-  return "?";
-}
-
 std::string_view to_string(BackwardW v) {
   switch (v) {
     case BackwardW::chunk_prep: return "chunk_prep";
@@ -238,13 +229,26 @@ class Reader {
 Spec read_spec(const json& j) {
   Spec s;
   Reader r(j, "");
-  r.known({"name",          "heads",         "head_dim",
-           "dtypes",        "norm",          "scale",
-           "chunk",         "save_mode",     "reuse_recompute_tapes",
-           "deterministic", "graph",         "tensor_cores",
-           "walk_slab",     "walk_bwd_slab", "forward",
-           "backward_w",    "group_sum",     "initial_state",
-           "final_state",   "targets",       "cp"});
+  r.known({"name",
+           "heads",
+           "head_dim",
+           "dtypes",
+           "norm",
+           "scale",
+           "chunk",
+           "save_mode",
+           "reuse_recompute_tapes",
+           "deterministic",
+           "graph",
+           "tensor_cores",
+           "walk_slab",
+           "walk_bwd_slab",
+           "forward",
+           "backward_w",
+           "initial_state",
+           "final_state",
+           "targets",
+           "cp"});
   r.string("name", s.name, true);
   {
     Reader h(*r.get("heads", true), "/heads");
@@ -310,8 +314,6 @@ Spec read_spec(const json& j) {
            {{"programs", ForwardPath::programs}, {"fused", ForwardPath::fused}, {"auto", ForwardPath::automatic}});
   r.choice("backward_w", s.backward_w,
            {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}, {"auto", BackwardW::automatic}});
-  r.choice("group_sum", s.group_sum,
-           {{"finalize", GroupSum::finalize}, {"chunk_bwd", GroupSum::chunk_bwd}, {"auto", GroupSum::automatic}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);
@@ -425,7 +427,6 @@ json to_json(const Spec& s) {
   // Written only when set: the canonical form of every layer without it (and so its cache and
   // graph keys) stays what it was before the field existed.
   if (s.cp_carry != SegmentCarry::merge) j["cp"]["carry"] = to_string(s.cp_carry);
-  if (s.group_sum != GroupSum::finalize) j["group_sum"] = to_string(s.group_sum);
   return j;
 }
 

@@ -37,12 +37,6 @@ enum class ForwardPath { programs, fused, automatic };
 /// Where the reverse walk's W comes from: chunk_prep's re-run, or (sm_90a) the walk itself; "auto"
 /// = the walk wherever it can (LayerIR::backward_w_auto; the same bits either way).
 enum class BackwardW { chunk_prep, walk, automatic };
-/// Where a GVA group's dq and dk are summed over its value heads (and the L2 norm's backward runs):
-/// "finalize" = chunk_bwd writes them per value head and the finalize program sums them; "chunk_bwd"
-/// = on sm_90a one chunk_bwd block per (chunk, q/k head) walks the group's value heads and sums them
-/// in fp32 itself (program chunk_bwd_group; the other targets keep finalize); "auto" = "chunk_bwd"
-/// wherever the layer can take it (LayerIR::group_sum_auto), "finalize" elsewhere.
-enum class GroupSum { finalize, chunk_bwd, automatic };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
 /// once and re-walked from its predecessor's end until the two agree bit for bit (a document's
@@ -63,7 +57,6 @@ std::string_view to_string(GraphMode);
 std::string_view to_string(TensorCores);
 std::string_view to_string(ForwardPath);
 std::string_view to_string(BackwardW);
-std::string_view to_string(GroupSum);
 std::string_view to_string(SegmentCarry);
 std::string_view to_string(Target);
 /// Parses "sm_90a" etc.; returns nullopt for anything gdnc does not support.
@@ -117,9 +110,6 @@ struct Spec {
   /// "walk": the reverse walk's sm_90a body forms W from Tm (no chunk_prep re-run on sm_90a). Every
   /// program that forms W rounds it the walk's way, so the choice moves work, not bits.
   BackwardW backward_w = BackwardW::automatic;
-  /// "chunk_bwd": no dq_v / dk_v round trip and no finalize on sm_90a; dq and dk get other bits
-  /// (an fp32 sum of fp32 slices instead of bf16 ones); o, ht, dh0 and dv keep their bits.
-  GroupSum group_sum = GroupSum::finalize;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets{std::begin(kTargets), std::end(kTargets)};

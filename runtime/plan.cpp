@@ -107,7 +107,6 @@ std::array<Lin, 3> grid_of(const LayerIR& ir, const Program& p) {
     case GridKind::single: return {one, one, one};
     case GridKind::rows_qk: return {Lin{s.heads_qk, 0, 0, 0, L2NormGeometry::kRowsPerBlock}, one, one};
     case GridKind::chunk_heads: return {chunks, heads, one};
-    case GridKind::chunk_qk_heads: return {chunks, Lin{0, 0, 0, s.heads_qk, 1}, one};
     case GridKind::chunk_head_groups: return {chunks, Lin{0, 0, 0, GateCumsumGeometry::grid_y(s.heads_v), 1}, one};
     case GridKind::walk:
     case GridKind::walk_segments:
@@ -561,21 +560,6 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     GDN_BIND(l, P, dbeta, b.frame(F::dbeta));
     GDN_BIND(l, P, dg, b.frame(F::dg));
     GDN_BIND(l, P, T, b.frame(F::T));
-  }
-  if (b.ir().spec.group_sum == GroupSum::chunk_bwd) {
-    // chunk_bwd's fields, and the group's outputs: dq and dk, the rows' rstd, the running sums.
-    PlannedLaunch per_value_head = b.last();
-    auto& l = b.launch("chunk_bwd_group", sizeof(ChunkBwdParams));
-    using P = ChunkBwdParams;
-    for (const Field& f : per_value_head.fields)  // not dq_v and dk_v: the group body writes neither
-      if (f.offset != offsetof(P, dq_v) && f.offset != offsetof(P, dk_v)) l.fields.push_back(f);
-    const bool sums = b.ir().spec.group() > 1;
-    GDN_BIND(l, P, dq, b.frame(F::dq));
-    GDN_BIND(l, P, dk, b.frame(F::dk));
-    GDN_BIND(l, P, rstd_q, norm ? b.slot("rstd_q") : b.constant(0));
-    GDN_BIND(l, P, rstd_k, norm ? b.slot("rstd_k") : b.constant(0));
-    GDN_BIND(l, P, dq_sum, sums ? b.slot("dq_sum") : b.constant(0));
-    GDN_BIND(l, P, dk_sum, sums ? b.slot("dk_sum") : b.constant(0));
   }
   {
     auto& l = b.launch("finalize", sizeof(FinalizeParams));

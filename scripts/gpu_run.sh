@@ -160,9 +160,6 @@ if has sanitize; then
   # marks it before the walks; 700 and 300 tokens verify); with g = 0 the gate test marks every chain.
   sed 's/"name": "shape_n"/"name": "shape_n_verified"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_verified.json"
-  # group_sum "chunk_bwd": chunk_bwd's body per (chunk, q/k head) over its value heads, the running
-  # sums by red in L2, the norm's backward after the last head (a whole chunk and cut ones).
-  sed 's/"name": "shape_n"/"name": "shape_n_group_sum", "group_sum": "chunk_bwd"/' examples/n.json > "$sdir/n_group_sum.json"
   # A 4200-token document is split in two by cp.segments "auto" (slots, the saved segment maps).
   # 765 tokens run the plans without segment programs (one segment row); with the bound 3000 the
   # forward and the recompute do, and the hand-off's backward too.
@@ -172,8 +169,7 @@ if has sanitize; then
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
         "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases" "$sdir/n_verified.json --docs 65,700,300 --seed 3"
-        "$sdir/n_verified.json --docs 700,300 --seed 3 --gate 0"
-        "$sdir/n_group_sum.json --docs 65,700,1 --seed 3" "$sdir/n_group_sum.json --docs 65,700,1 --seed 3 --ckpt")
+        "$sdir/n_verified.json --docs 700,300 --seed 3 --gate 0")
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
       log="$sdir/${tool}_$i.log"

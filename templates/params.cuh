@@ -338,14 +338,6 @@ struct ChunkBwdParams {
   float* dbeta;  ///< [T, HV]
   float* dg;     ///< [T, HV]: dL/dg in natural-log units (reverse cumsum done)
   long long T;   ///< the rows of q, k, v, d_o, v_new, dv_new and tm (their tensor maps' extent)
-  // The group sum variant only (program chunk_bwd_group on sm_90a: one block per chunk and q/k
-  // head sums its G value heads and applies Finalize's norm backward itself).
-  bf16_t* dq;  ///< [T, H, K]
-  bf16_t* dk;
-  const float* rstd_q;  ///< [T, H]; null when the norm is off
-  const float* rstd_k;
-  float* dq_sum;  ///< [T, H, K] fp32: the group's running sums between heads
-  float* dk_sum;
 };
 
 /// Backward B7: group sum over the HV/H value heads (fixed order) and the L2-norm backward.
@@ -372,7 +364,7 @@ static_assert(sizeof(StateWalkParams) == 128, "StateWalkParams: the host and the
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkBwdParams) == 160, "StateWalkBwdParams: the host and the kernels share this layout");
-static_assert(sizeof(ChunkBwdParams) == 200, "ChunkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 160, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 72, "WalkMergeParams: the host and the kernels share this layout");

@@ -465,68 +465,6 @@ TEST_SUITE("gpu_layer") {
 }
 
 TEST_SUITE("gpu_layer") {
-  // group_sum "chunk_bwd": on sm_90a one chunk_bwd block per (chunk, q/k head) sums its value heads'
-  // dq and dk in fp32 (the finalize path sums bf16 slices), so dq and dk get other bits and are
-  // held to fp64; every product of a value head keeps its order, so o, ht, dh0 and dv keep the
-  // finalize path's bits (dg and dbeta are expected to, and reported).
-  TEST_CASE(
-      "group_sum chunk_bwd: fp64 bounds, the finalize path's bits but dq and dk, its own bits in every call form") {
-    const uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) + 61;
-    MESSAGE("seed " << seed);
-    struct Heads {
-      int H, HV;
-      bool norm;
-    };
-    for (const Heads hd :
-         {Heads{16, 48, true}, Heads{2, 6, false}, Heads{1, 8, true}, Heads{1, 12, true}, Heads{2, 4, true}}) {
-      CAPTURE(hd.H);
-      CAPTURE(hd.HV);
-      Spec fin = spec_of("m");
-      fin.name = fmt::format("m_finalize_{}_{}", hd.H, hd.HV);
-      fin.heads_qk = hd.H;
-      fin.heads_v = hd.HV;
-      fin.norm = hd.norm ? Norm::l2_in_kernel : Norm::none;
-      Spec grp = fin;
-      grp.name = fmt::format("m_group_sum_{}_{}", hd.H, hd.HV);
-      grp.group_sum = GroupSum::chunk_bwd;
-      const auto layer = make(grp);
-      expect_case_matrix_within_bounds(*layer, seed, grp.name);
-      check::Case c;
-      c.seed = 53;
-      c.doc_lens = {1, 63, 64, 65, 3000, 700};
-      const check::Report a = check::run(*make(fin), c), b = check::run(*layer, c);
-      REQUIRE(b.bytes.size() == 8);
-      for (const char* name : {"o", "ht", "dh0", "dv"})
-        CHECK_MESSAGE(b.bytes.at(name) == a.bytes.at(name), grp.name << " vs finalize: " << name);
-      // dg and dbeta come from the same source in another kernel: reported, not required (ptxas may
-      // contract an unrounded mul and add into an fma in one kernel and not the other).
-      for (const char* name : {"dg", "dbeta"})
-        MESSAGE(fmt::format("{} {}: {}", grp.name, name,
-                            b.bytes.at(name) == a.bytes.at(name) ? "finalize's bits" : "other bits"));
-      for (const char* name : {"dq", "dk"})
-        MESSAGE(fmt::format("{} {}: rel-RMS {:.3e} (finalize {:.3e})", grp.name, name, b.rel_rms.at(name),
-                            a.rel_rms.at(name)));
-      expect_within_bounds(b, grp.name + " against finalize's inputs");
-    }
-    // Repeats, light = full, ckpt with the hand-off = fwd+bwd, and ckpt without it, bit for bit.
-    Spec grp = spec_of("m");
-    grp.group_sum = GroupSum::chunk_bwd;
-    check::Case c;
-    c.doc_lens = {1, 63, 64, 65, 3000, 700};
-    c.with_reference = false;
-    c.seed = 59;
-    c.repeats = 3;
-    const auto light = expect_call_forms_agree(grp, c, "m_group_sum_forms");
-    Spec rerun = grp;
-    rerun.name = "m_group_sum_rerun";
-    rerun.reuse_recompute_tapes = ReuseTapes::no;
-    c.repeats = 1;
-    c.step = check::Case::Step::ckpt;
-    expect_same_bits(light, check::run(*make(rerun), c), "group_sum chunk_bwd: ckpt without the hand-off");
-  }
-}
-
-TEST_SUITE("gpu_layer") {
   // Intra-card segments change the forward walk's roundings (the carry comes through the fp32
   // merge of per-segment transitions), so they are held to the fp64 bounds, not to bits.
   TEST_CASE("cp.segments (intra-card segments) against the fp64 reference") {
@@ -1069,11 +1007,7 @@ TEST_SUITE("gpu_determinism") {
     Spec programs = spec_of("m");
     programs.name = "m_programs_batch";
     programs.forward = ForwardPath::programs;
-    // group_sum "chunk_bwd": the poison check below also proves every dq and dk element written.
-    Spec group = spec_of("m");
-    group.name = "m_group_sum_batch";
-    group.group_sum = GroupSum::chunk_bwd;
-    for (const Spec& spec : {spec_of("n"), spec_of("m"), programs, group}) {
+    for (const Spec& spec : {spec_of("n"), spec_of("m"), programs}) {
       const std::string example = spec.name;
       auto layer = make(spec);
       const auto run = [&](const std::vector<size_t>& order) {
@@ -1346,16 +1280,12 @@ TEST_SUITE("gpu_ckpt") {
 TEST_SUITE("gpu_graph") {
   /// Runs shape n eagerly once, then in graph mode `repeats` times (outputs poisoned before each
   /// repeat, so a replay that did not run would show) and checks every replay's bits.
-  void check_replays_match_eager(check::Case c, const std::string& name, int repeats,
-                                 GroupSum group_sum = GroupSum::finalize) {
+  void check_replays_match_eager(check::Case c, const std::string& name, int repeats) {
     c.with_reference = false;
     const bool legacy_stream = c.legacy_stream;
     c.legacy_stream = false;
-    Spec eager_spec = spec_of("n");
-    eager_spec.group_sum = group_sum;
-    eager_spec.name = name + "_eager";
-    const check::Report eager = check::run(*make(eager_spec), c);
-    Spec s = eager_spec;
+    const check::Report eager = check::run(*make(spec_of("n")), c);
+    Spec s = spec_of("n");
     s.graph = GraphMode::replay;
     s.name = name;
     auto layer = make(s);
@@ -1373,7 +1303,6 @@ TEST_SUITE("gpu_graph") {
     c.doc_lens = {2049, 3001, 3142};
     c.seed = 23;
     check_replays_match_eager(c, "graph_n", 4);
-    check_replays_match_eager(c, "graph_n_group_sum", 2, GroupSum::chunk_bwd);
   }
 
   TEST_CASE("graph mode on the legacy default stream: captured on the layer's own stream, replayed bitwise") {

@@ -335,37 +335,6 @@ TEST_SUITE("launches") {
     CHECK(block.find("ws.w") == std::string::npos);
   }
 
-  TEST_CASE("group_sum \"chunk_bwd\" on sm_90a: a block per (chunk, q/k head) writes dq and dk, no finalize") {
-    Spec spec = example("m");
-    spec.group_sum = GroupSum::chunk_bwd;
-    const std::string text = record(spec, {1000, 2});
-    CHECK(text.find("finalize") == std::string::npos);
-    CHECK(text.find("chunk_bwd grid") == std::string::npos);
-    const size_t at = text.find("chunk_bwd_group grid=");
-    REQUIRE(at != std::string::npos);
-    const std::string block = text.substr(at);
-    // NT = 1000 / 64 + 2 chunks, one block row per q/k head (16), not per value head (48).
-    CHECK(block.rfind("chunk_bwd_group grid=(17, 16, 1)", 0) == 0);
-    auto bound = [&](size_t offset, const std::string& what) {
-      return block.find(fmt::format("[{:3}] {}", offset, what)) != std::string::npos;
-    };
-    using P = ChunkBwdParams;
-    CHECK(bound(offsetof(P, dq), "dq"));
-    CHECK(bound(offsetof(P, dk), "dk"));
-    CHECK(bound(offsetof(P, rstd_q), "saved.rstd_q"));
-    CHECK(bound(offsetof(P, rstd_k), "saved.rstd_k"));
-    CHECK(block.find("dq_sum") != std::string::npos);
-    CHECK(block.find("dk_sum") != std::string::npos);
-    CHECK_FALSE(bound(offsetof(P, dq_v), "ws"));
-    // The other targets keep chunk_bwd and finalize; chunk_bwd_group is not compiled for them (the
-    // layer runs its first target).
-    spec.targets = {Target::sm_100a, Target::sm_90a};
-    const std::string other = record(spec, {1000, 2});
-    CHECK(other.find("chunk_bwd_group") == std::string::npos);
-    CHECK(other.find("chunk_bwd grid") != std::string::npos);
-    CHECK(other.find("finalize grid") != std::string::npos);
-  }
-
   TEST_CASE("cp.carry \"verified\": the forward's walks bind the checkpoints and the marks; the re-run does not") {
     Spec spec = example("n");
     spec.cp_segments = 4;

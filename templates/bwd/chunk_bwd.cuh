@@ -375,10 +375,5 @@ struct ChunkBwdPick<Cfg, true> {
 #endif
 template <class Cfg>
 using ChunkBwd = typename ChunkBwdPick<Cfg, Cfg::WGMMA>::type;
-#if GDN_HAS_WGMMA
-/// Program chunk_bwd_group's class (sm_90a only): the sm_90a body over a q/k head's G value heads.
-template <class Cfg>
-using ChunkBwdGroup = ChunkBwdSm90<Cfg, true>;
-#endif
 
 }  // namespace gdn

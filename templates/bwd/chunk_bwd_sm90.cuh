@@ -65,12 +65,9 @@ __device__ __forceinline__ void load_sw_async(bf16_t* dst, const bf16_t* src, lo
 
 }  // namespace sm90
 
-/// kGroup: the group sum variant (docs/design_chunk_bwd_sm90.md, "A block per (chunk, q/k head)"):
-/// one block per (chunk, q/k head) runs this body for the G value heads of the q/k head in order,
-/// sums their dQ and dK in fp32 and applies Finalize's L2-norm backward itself (run_group).
-template <class Cfg, bool kGroup = false>
+template <class Cfg>
 struct ChunkBwdSm90 {
-  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G;
+  static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV;
   static constexpr int kThreads = ChunkBwdGeometry::kThreads;
   static_assert(kThreads == 512, "ChunkBwdSm90: 4 warpgroups");
   static_assert(C == 64 && K == 128 && V == 128, "ChunkBwdSm90: chunk 64 and K = V = 128 only");
@@ -191,10 +188,6 @@ struct ChunkBwdSm90 {
   }
 
   __device__ static void run(const ChunkBwdParams& p, const TensorMaps& maps) {
-    if constexpr (kGroup) {
-      run_group(p, maps);
-      return;
-    }
     // Value heads fastest in launch order: the G blocks of one (chunk, q/k head) run back to back
     // and read its Q and K tiles from L2. Measured 7 % faster for this body (the portable kernel's
     // longer blocks were 3.5 % slower so, docs/PERF.md).
@@ -268,13 +261,13 @@ struct ChunkBwdSm90 {
     // Each role's TMA stores are waited for by its issuing thread before it leaves (the shared
     // memory lives until the block's last thread has).
     if (role == 3) {
-      key_side(p, maps, smem, sc, L, m, t0, j, bars, 0, 0);
+      key_side(p, maps, smem, sc, L, m, t0, j, bars);
       if (whole && tid == 3 * 128) pipe::bulk_wait<0>();
       return;
     }
-    if (role == 2) return chain_side(smem, sc, L, m, bars, 0);
+    if (role == 2) return chain_side(smem, sc, L, m, bars);
     if (role == 1) {
-      query_side(p, maps, smem, sc, L, m, t0, j, bars, 0, 0);
+      query_side(p, maps, smem, sc, L, m, t0, j, bars);
       // A barrier of its own, synced by both sides: WG1 has nothing left to do, and racecheck
       // reported WG0's reads of sDbv against these writes when WG1 arrived and left, and (96 of
       // them) when WG1 synced at a barrier that WG3's arrive could complete.
@@ -282,19 +275,13 @@ struct ChunkBwdSm90 {
       if (whole && tid == 128) pipe::bulk_wait<0>();
       return;
     }
-    scores_and_inverse(p, smem, sc, L, m, bars, 0);
+    scores_and_inverse(p, smem, sc, L, m, bars);
     // WG0 finishes the block's per-row terms while WG3 runs the chain's last product (dK's E
     // term, which no row term needs): WG1 and WG3 reach their barriers once theirs are written.
     pipe::named_sync_roles(kBarQueryTerms, 256);
     pipe::named_sync_roles(kBarTerms, 256);
 
-    dg_and_dbeta(p, sc, m, t0, j);
-  }
-
-  /// Warpgroup 0, after every row term of value head j is in: dgam and dbeta per row, each term in
-  /// a fixed order, then B6: the reverse cumsum of dgam.
-  __device__ __forceinline__ static void dg_and_dbeta(const ChunkBwdParams& p, float* sc, int m, long long t0, int j) {
-    const int tid = threadIdx.x;
+    // dgam and dbeta per row, each term in a fixed order, then B6: the reverse cumsum of dgam.
     float* const gam = sc + sGam;
     float* const db = sc + sDb;
     if (tid < C) {
@@ -347,242 +334,18 @@ struct ChunkBwdSm90 {
   }
 
  private:
-  /// kGroup: the block of (chunk, q/k head h) runs the body for value heads h G .. h G + G - 1 in
-  /// order. Q and K are loaded once; every other tile and the scalars are reloaded per head after
-  /// a block-wide barrier (every reader of the head before is done, and the dv store has read its
-  /// staging tile), so each load set's mbarrier completes once per head (parity = head & 1). Each
-  /// head's products, row terms, dg, dbeta and dv are those of the per-value-head body; its dQ and
-  /// dK go into the group's running sums (group_accumulate), and after the last head the block
-  /// applies the norm's backward to the sums and writes dq and dk (group_finish).
-  __device__ static void run_group(const ChunkBwdParams& p, const TensorMaps& maps) {
-    extern __shared__ __align__(1024) unsigned char smem[];
-    {
-      const ChunkHead at = chunk_head_of_block();  // the grid's y is the q/k heads here
-      const int len = p.chunks[at.chunk].len;
-      if (len == 0) return;
-      if (len == C && threadIdx.x == 0) {
-        unsigned long long* const bars = reinterpret_cast<unsigned long long*>(smem + kOffBars);
-#pragma unroll
-        for (int b = 0; b < kLoadSets; ++b) pipe::mbar_init(bars + b, 1);
-        pipe::fence_mbar_init();
-      }
-    }
-    // Only the head index is carried from one head to the next (group_head derives the rest anew).
-    // Known cost, to be measured: ptxas keeps some of the parameters' values in registers across
-    // the heads and spills them (152 bytes a thread at G = 3 and 4 .. 12, 32 at G = 2, where
-    // run()'s single pass spills nothing;
-    // a loop per role, a call per head (which serializes every wgmma: C7510) and a shared copy
-    // of the parameters spilled more).
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      __syncthreads();  // the barriers' initialization; after it, head g - 1 is done
-      group_head(p, maps, g);
-    }
-    __syncthreads();  // every head's sums are in
-    group_finish(p);
-    const int tid = static_cast<int>(threadIdx.x);
-    if (tid == 128 && p.chunks[chunk_head_of_block().chunk].len == C) pipe::bulk_wait<0>();  // the dv stores
-  }
-
-  /// kGroup: value head h G + g of the block's (chunk, q/k head h). Its position is read through
-  /// volatile instructions, so the compiler keeps none of it live from the head before: the roles'
-  /// bodies use all 128 registers, and any value carried across them spills.
-  __device__ __forceinline__ static void group_head(const ChunkBwdParams& p, const TensorMaps& maps, int g) {
-    extern __shared__ __align__(1024) unsigned char smem[];
-
-    u32 tid_u, bx, by, nx, ny;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid_u));
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(bx));
-    asm volatile("mov.u32 %0, %%ctaid.y;" : "=r"(by));
-    asm volatile("mov.u32 %0, %%nctaid.x;" : "=r"(nx));
-    asm volatile("mov.u32 %0, %%nctaid.y;" : "=r"(ny));
-    const u32 linear = by * nx + bx;  // as chunk_head_of_block
-    const int chunk = static_cast<int>(linear / ny), h = static_cast<int>(linear % ny);
-    int start, m;
-    asm volatile("ld.global.v2.s32 {%0, %1}, [%2];" : "=r"(start), "=r"(m) : "l"(p.chunks + chunk));
-    const int tid = static_cast<int>(tid_u), j = h * G + g, ph = g & 1;
-    const long long t0 = start, cg = chunk;
-    const bool whole = m == C;
-    unsigned long long* const bars = reinterpret_cast<unsigned long long*>(smem + kOffBars);
-    load_head(p, maps, smem, m, t0, cg, h, j, g == 0);
-    float* const sc = reinterpret_cast<float*>(smem + kOffScalars);
-    if (tid < C) {
-      sc[sG + tid] = tid < m ? p.gc[(t0 + tid) * HV + j] : 0.f;
-      sc[sB + tid] = tid < m ? p.beta[(t0 + tid) * HV + j] : 0.f;
-    }
-    if (!whole) {
-      bwd::cp_async_wait<1>();
-      wg::fence_smem_for_async();
-    }
-    __syncthreads();  // the scalars
-    const int role = tid >> 7;
-    const Lane L(tid & 127);
-    if (role == 3) {
-      key_side(p, maps, smem, sc, L, m, t0, j, bars, ph, g);
-    } else if (role == 2) {
-      chain_side(smem, sc, L, m, bars, ph);
-    } else if (role == 1) {
-      query_side(p, maps, smem, sc, L, m, t0, j, bars, ph, g);
-      pipe::named_sync_roles(kBarQueryTerms, 256);  // as in run(): WG1's terms have their own barrier
-    } else {
-      scores_and_inverse(p, smem, sc, L, m, bars, ph);
-      pipe::named_sync_roles(kBarQueryTerms, 256);
-      pipe::named_sync_roles(kBarTerms, 256);
-      dg_and_dbeta(p, sc, m, t0, j);
-    }
-    // The next head's loads overwrite the tiles: the staging tiles' TMA stores must have read
-    // them, and every thread's generic reads (<S, Z>, the row sums) are ordered before the async
-    // proxy's writes.
-    if (whole && tid == 128) pipe::bulk_wait_read<0>();
-    wg::fence_smem_for_async();
-  }
-
-  /// kGroup: value head j's tiles (and, with qk, the q/k head's Q and K) as run() loads them.
-  __device__ __forceinline__ static void load_head(const ChunkBwdParams& p, const TensorMaps& maps, unsigned char* smem,
-                                                   int m, long long t0, long long cg, int h, int j, bool qk) {
-    bf16_t* const base = reinterpret_cast<bf16_t*>(smem);
-    auto tile = [&](int off) { return base + off / 2; };
-    unsigned long long* const bars = reinterpret_cast<unsigned long long*>(smem + kOffBars);
-    const int tid = threadIdx.x;
-    if (m == C) {
-      if (tid == 0) {
-        const int row = static_cast<int>(t0), srow = static_cast<int>((cg * HV + j) * K);
-        unsigned long long* bar = bars + kSetSDv;
-        pipe::mbar_arrive_expect_tx(bar, kSq + kTok);
-        pipe::tma_load_tile<K, V>(tile(kOffS), &maps.map[kMapS], 0, srow, bar);
-        pipe::tma_load_tile<C, V>(tile(kOffDV), &maps.map[kMapDV], j * V, row, bar);
-        bar = bars + kSetKVT;
-        pipe::mbar_arrive_expect_tx(bar, (qk ? 2 : 1) * kTok + kCC);
-        if (qk) pipe::tma_load_tile<C, K>(tile(kOffK), &maps.map[kMapK], h * K, row, bar);
-        pipe::tma_load_tile<C, V>(tile(kOffV), &maps.map[kMapV], j * V, row, bar);
-        pipe::tma_load_tile<C, C>(tile(kOffT), &maps.map[kMapT], j * C, row, bar);
-        bar = bars + kSetOVn;
-        pipe::mbar_arrive_expect_tx(bar, 2 * kTok);
-        pipe::tma_load_tile<C, V>(tile(kOffO), &maps.map[kMapO], j * V, row, bar);
-        pipe::tma_load_tile<C, V>(tile(kOffVn), &maps.map[kMapVn], j * V, row, bar);
-        bar = bars + kSetQZ;
-        pipe::mbar_arrive_expect_tx(bar, (qk ? kTok : 0) + kSq);
-        if (qk) pipe::tma_load_tile<C, K>(tile(kOffQ), &maps.map[kMapQ], h * K, row, bar);
-        pipe::tma_load_tile<K, V>(tile(kOffZ), &maps.map[kMapZ], 0, srow, bar);
-      }
-    } else {
-      const long long qs = (long long)H * K, vs = (long long)HV * V;
-      const long long st = (cg * HV + j) * K * V;
-      sm90::load_sw_async<C, V, kThreads>(tile(kOffO), p.d_o + (t0 * HV + j) * V, vs, m);
-      sm90::load_sw_async<C, V, kThreads>(tile(kOffVn), p.v_new + (t0 * HV + j) * V, vs, m);
-      sm90::load_sw_async<K, V, kThreads>(tile(kOffS), p.h_tape + st, V, K);
-      sm90::load_sw_async<C, V, kThreads>(tile(kOffDV), p.dv_new + (t0 * HV + j) * V, vs, m);
-      bwd::cp_async_commit();
-      if (qk) {
-        sm90::load_sw_async<C, K, kThreads>(tile(kOffQ), p.q + (t0 * H + h) * K, qs, m);
-        sm90::load_sw_async<C, K, kThreads>(tile(kOffK), p.k + (t0 * H + h) * K, qs, m);
-      }
-      sm90::load_sw_async<K, V, kThreads>(tile(kOffZ), p.dh_tape + st, V, K);
-      sm90::load_sw_async<C, C, kThreads>(tile(kOffT), p.tm + (t0 * HV + j) * C, (long long)HV * C, m);
-      sm90::load_sw_async<C, V, kThreads>(tile(kOffV), p.v + (t0 * HV + j) * V, vs, m);
-      bwd::cp_async_commit();
-    }
-  }
-
-  /// kGroup: value head h G + g's dQ or dK (d) into the group's running sum ([T, H, K] fp32, rows
-  /// < m): head 0 stores, the others add in L2 (`red`: no value comes back, so no register is
-  /// held for it). Every element has one writer thread, whose operations on it are ordered by
-  /// program order (morally strong, one location): the sum is ((d_0 + d_1) + d_2) .., the same
-  /// every run. red's fp32 add flushes subnormal values to zero.
-  __device__ __forceinline__ static void group_accumulate(const float (&d)[64], float* sum, const Lane& L, int m,
-                                                          long long t0, int h, int g) {
-#pragma unroll
-    for (int hh = 0; hh < 2; ++hh) {
-      const int r = L.r[hh];
-      if (r >= m) continue;
-      float* const row = sum + ((t0 + r) * H + h) * K + L.tq;
-#pragma unroll
-      for (int i = 0; i < 16; ++i) {
-        const float x = d[4 * i + 2 * hh], y = d[4 * i + 2 * hh + 1];
-        // No "memory" clobber: nothing else in the body touches these bytes, and volatile asm
-        // keeps its order; a clobber made every role reload and hold values and spill.
-        if (g == 0)
-          asm volatile("st.relaxed.gpu.global.v2.f32 [%0], {%1, %2};" ::"l"(row + 8 * i), "f"(x), "f"(y));
-        else
-          asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};" ::"l"(row + 8 * i), "f"(x), "f"(y));
-      }
-    }
-  }
-
-  /// kGroup, after the last head: Finalize's arithmetic on the group's sums, one warp per row of
-  /// dq or dk (rows < m; warp w takes rows w, w + 16, ..), lane l owning columns 4 l .. 4 l + 3:
-  /// dx = rstd (dy - (dy . y) y) in fp32 with y the normalized row (the Q or K tile) and rstd the
-  /// forward's, then bf16 dq / dk [T, H, K]. Every row's loads are issued first (one round trip
-  /// for the warp's eight rows, not two per row: the tensor cores are idle meanwhile). The sums'
-  /// lines are then dropped from L2: no one reads them again, and dropped they are never written
-  /// back to memory.
-  __device__ __forceinline__ static void group_finish(const ChunkBwdParams& p) {
-    extern __shared__ __align__(1024) unsigned char smem[];
-    constexpr int kWarps = kThreads / 32, kRows = 2 * C / kWarps;
-    const ChunkHead at = chunk_head_of_block();
-    const ChunkInfo ci = p.chunks[at.chunk];
-    const int h = at.head, m = ci.len, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const long long t0 = ci.start;
-    float d[kRows][4], rs[kRows];
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int job = warp + kWarps * i;
-      const bool key = job >= m;
-      const long long row = (t0 + (key ? job - m : job)) * H + h;
-      rs[i] = 1.f;
-      if (job < 2 * m) {
-        // Ordered after the other threads' red by the block barrier before this phase.
-        const float4 s = __ldcg(reinterpret_cast<const float4*>((key ? p.dk_sum : p.dq_sum) + row * K) + lane);
-        d[i][0] = s.x;
-        d[i][1] = s.y;
-        d[i][2] = s.z;
-        d[i][3] = s.w;
-        if constexpr (Cfg::NORM) rs[i] = (key ? p.rstd_k : p.rstd_q)[row];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kRows; ++i) {
-      const int job = warp + kWarps * i;
-      if (job >= 2 * m) continue;  // the same for every lane of the warp
-      const bool key = job >= m;
-      const int r = key ? job - m : job;
-      if constexpr (Cfg::NORM) {
-        const uint2 yy = *reinterpret_cast<const uint2*>(smem + (key ? kOffK : kOffQ) + swz(r, 4 * lane, C));
-        const float y[4] = {lo_f(yy.x), hi_f(yy.x), lo_f(yy.y), hi_f(yy.y)};
-        const float dot = warp_sum(((d[i][0] * y[0] + d[i][1] * y[1]) + d[i][2] * y[2]) + d[i][3] * y[3]);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) d[i][e] = rs[i] * (d[i][e] - dot * y[e]);
-      }
-      const u32 lo = pack_bf16x2(f2bf(d[i][0]), f2bf(d[i][1])), hi = pack_bf16x2(f2bf(d[i][2]), f2bf(d[i][3]));
-      bf16_t* const out = (key ? p.dk : p.dq) + ((t0 + r) * H + h) * K + 4 * lane;
-      asm volatile("st.global.v2.b32 [%0], {%1, %2};" ::"l"(out), "r"(lo), "r"(hi) : "memory");
-    }
-    __syncwarp();  // every lane has read its part of its rows' 128-byte lines
-    if (lane < 4) {
-#pragma unroll
-      for (int i = 0; i < kRows; ++i) {
-        const int job = warp + kWarps * i;
-        if (job >= 2 * m) continue;
-        const bool key = job >= m;
-        float* const line = (key ? p.dk_sum : p.dq_sum) + ((t0 + (key ? job - m : job)) * H + h) * K + 32 * lane;
-        if ((reinterpret_cast<unsigned long long>(line) & 127u) == 0u)
-          asm volatile("discard.global.L2 [%0], 128;" ::"l"(line) : "memory");
-      }
-    }
-  }
-
   /// A whole chunk's load sets are in (a cut chunk's first cp.async group, which holds the sets
   /// kSetSDv and kSetOVn, was waited for by every thread at the block's start).
   template <class... Sets>
-  __device__ __forceinline__ static void sets_landed(int m, int ph, unsigned long long* bars, Sets... sets) {
-    if (m == C) (pipe::mbar_wait(bars + sets, ph), ...);
+  __device__ __forceinline__ static void sets_landed(int m, unsigned long long* bars, Sets... sets) {
+    if (m == C) (pipe::mbar_wait(bars + sets, 0), ...);
   }
   /// The sets of the second cp.async group a role reads are in: their TMA bytes (a whole chunk),
   /// or every thread's cp.async (a block-wide barrier: one call per thread).
   template <class... Sets>
-  __device__ __forceinline__ static void second_group_landed(int m, int ph, unsigned long long* bars, Sets... sets) {
+  __device__ __forceinline__ static void second_group_landed(int m, unsigned long long* bars, Sets... sets) {
     if (m == C) {
-      (pipe::mbar_wait(bars + sets, ph), ...);
+      (pipe::mbar_wait(bars + sets, 0), ...);
     } else {
       bwd::cp_async_wait<0>();
       wg::fence_smem_for_async();
@@ -666,15 +429,15 @@ struct ChunkBwdSm90 {
 
   /// Warpgroup 0: dS~, the scores' gate terms, K K^T and the inverse's backward Tm^T Y -> E.
   __device__ static void scores_and_inverse(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L,
-                                            int m, unsigned long long* bars, int ph) {
+                                            int m, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
     float A[32], QK[32];
-    sets_landed(m, ph, bars, kSetOVn);
+    sets_landed(m, bars, kSetOVn);
     issue<64, 0, 0>(A, s0 + kOffO, C, s0 + kOffVn, C, V / 16, false);
     wg::commit();
-    second_group_landed(m, ph, bars, kSetKVT, kSetQZ);
+    second_group_landed(m, bars, kSetKVT, kSetQZ);
     issue<64, 0, 0>(QK, s0 + kOffQ, C, s0 + kOffK, C, K / 16, false);
     wg::commit();
     wait<1>(A);
@@ -828,15 +591,14 @@ struct ChunkBwdSm90 {
   /// Warpgroup 1: dQ = scale diag(exp2(gc)) dO S^T + dS~ K (its state part's gate term), then
   /// dvb = Tm^T dV': dv = diag(b) dvb and dbeta's rowsum(dvb .* V).
   __device__ static void query_side(const ChunkBwdParams& p, const TensorMaps& maps, unsigned char* smem, float* sc,
-                                    const Lane& L, int m, long long t0, int j, unsigned long long* bars, int ph,
-                                    int head) {
+                                    const Lane& L, int m, long long t0, int j, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     float D[64];
-    sets_landed(m, ph, bars, kSetSDv, kSetOVn);
+    sets_landed(m, bars, kSetSDv, kSetOVn);
     issue<128, 0, 0>(D, s0 + kOffO, C, s0 + kOffS, K, V / 16, false);
     wg::commit();
-    second_group_landed(m, ph, bars, kSetKVT, kSetQZ);
+    second_group_landed(m, bars, kSetKVT, kSetQZ);
     wait<0>(D);
     {
       float f[2], rs[2] = {0.f, 0.f};
@@ -863,13 +625,10 @@ struct ChunkBwdSm90 {
     // A whole chunk's dQ and dv leave by TMA from the dO and V' tiles: their readers (WG0's dS~,
     // this warpgroup's dO S^T, WG3's V' Z^T) arrived at kBarDS after their products completed.
     const bool whole = m == C;
-    if constexpr (kGroup) {
-      group_accumulate(D, p.dq_sum, L, m, t0, j / G, head);
-    } else if (whole) {
+    if (whole)
       stage_and_store(1, maps, kMapDq, j * K, t0, s0 + kOffO, D, L, nullptr);
-    } else {
+    else
       store_rows(p.dq_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
-    }
     float X[64];
     issue<128, 1, 1>(X, s0 + kOffT, C, s0 + kOffDV, C, C / 16, false);
     wg::commit();
@@ -889,8 +648,7 @@ struct ChunkBwdSm90 {
 
   /// Warpgroup 2: dW = -dV' S^T (bf16 tile), dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b))
   /// in hi + lo registers, Y = dTm Tm^T as hi + lo tiles of their own.
-  __device__ static void chain_side(unsigned char* smem, float* sc, const Lane& L, int m, unsigned long long* bars,
-                                    int ph) {
+  __device__ static void chain_side(unsigned char* smem, float* sc, const Lane& L, int m, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
@@ -899,10 +657,10 @@ struct ChunkBwdSm90 {
     float T2[32];
     {
       float W[64];
-      sets_landed(m, ph, bars, kSetSDv);
+      sets_landed(m, bars, kSetSDv);
       issue<128, 0, 0>(W, s0 + kOffDV, C, s0 + kOffS, K, V / 16, false);
       wg::commit();
-      second_group_landed(m, ph, bars, kSetKVT);
+      second_group_landed(m, bars, kSetKVT);
       issue<64, 0, 0>(T2, s0 + kOffDV, C, s0 + kOffV, C, V / 16, false);
       wg::commit();
       wait<1>(W);
@@ -967,12 +725,11 @@ struct ChunkBwdSm90 {
   /// Warpgroup 3: dK = diag(exp2(gcL - gc)) V' Z^T + dS~^T Q + diag(b Gam) Tm^T dW + (Eb + Eb^T) K,
   /// the state term's and R1's row sums, and <S, Z>.
   __device__ static void key_side(const ChunkBwdParams& p, const TensorMaps& maps, unsigned char* smem, float* sc,
-                                  const Lane& L, int m, long long t0, int j, unsigned long long* bars, int ph,
-                                  int head) {
+                                  const Lane& L, int m, long long t0, int j, unsigned long long* bars) {
     const u32 s0 = wg::smem_u32(smem);
     const float* g = sc + sG;
     const float* b = sc + sB;
-    second_group_landed(m, ph, bars, kSetOVn, kSetQZ, kSetSDv, kSetKVT);
+    second_group_landed(m, bars, kSetOVn, kSetQZ, kSetSDv, kSetKVT);
     float D[64];
     issue<128, 0, 0>(D, s0 + kOffVn, C, s0 + kOffZ, K, V / 16, false);
     wg::commit();
@@ -1047,10 +804,6 @@ struct ChunkBwdSm90 {
     issue<128, 0, 1>(D, s0 + kOffEl, C, s0 + kOffK, C, C / 16, true);
     wg::commit();
     wait<0>(D);
-    if constexpr (kGroup) {
-      group_accumulate(D, p.dk_sum, L, m, t0, j / G, head);
-      return;
-    }
     if (m < C) return store_rows(p.dk_v + (t0 * HV + j) * K, (long long)HV * K, D, L, m);
     // A whole chunk's dK by TMA from the dW tile: every reader of dW (WG2's dTm, this warpgroup's
     // Tm^T dW) finished before E, which this warpgroup waited for at kBarE.

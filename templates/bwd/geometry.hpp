@@ -144,8 +144,6 @@ struct ChunkBwdGeometry {
   static constexpr int smem_bytes_ws(int K, int V, int chunk) {
     return 2 * (7 * chunk * K + 2 * K * V + 4 * chunk * chunk) + 4 * 1156 + 32;
   }
-  /// The group sum variant (program chunk_bwd_group): the same tiles.
-  static constexpr int smem_bytes_group(int K, int V, int chunk) { return smem_bytes_ws(K, V, chunk); }
 };
 
 /// B7: one warp per (token, q/k head) row.
