@@ -119,7 +119,7 @@ TEST_SUITE("workspace") {
                 ++variants;
               }
     CHECK(variants == 96);  // 2 shapes x 2 saves x 2 norms x 2 states x 3 segment counts x 2 forward paths
-    CHECK(shared > 0);  // the property was checked on real sharing, not vacuously
+    CHECK(shared > 0);      // the property was checked on real sharing, not vacuously
     // The verified carry (programs forward, portable backward walk): its own slots, saved maps.
     int verified = 0;
     for (SaveMode save : {SaveMode::light, SaveMode::full})
