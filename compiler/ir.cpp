@@ -363,8 +363,6 @@ LayerIR lower(const Spec& spec_in) {
           StateWalkBwdGeometry::portable_smem_bytes_bv(K, C, ir.walk_bwd_bv), GridKind::walk_segments, ir.walk_bwd_bv,
           StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
       add_segment_constants();
-      // Their marks name the chains whose A the forward saved (common/segments.cuh).
-      ir.programs.back().constants.push_back(saved_maps_constant);
       add_carry_constant();
     }
   }
@@ -502,10 +500,22 @@ LayerIR lower(const Spec& spec_in) {
   const std::vector<CallForm> both = {CallForm::forward, CallForm::recompute, CallForm::backward};
   const std::vector<CallForm> fwd_only = {CallForm::forward, CallForm::recompute};
   const std::vector<CallForm> bwd_only = {CallForm::backward};
+  const std::string seg_shape =
+      ir.seg_min_chunks > 0 ? fmt::format("[NT / {}", ir.seg_min_chunks) : std::string("[N * segments");
+  auto seg_bytes = [&](long long per_slot) {
+    return ir.seg_min_chunks > 0 ? ByteFormula{0, 0, per_slot / ir.seg_min_chunks}
+                                 : ByteFormula{0, segments * per_slot};
+  };
   // With the folded norm, kn is made where programs of the separate forward read it: chunk_prep's W
   // in a recompute (handed over with the tapes), under full saves and for the prescan (segments),
   // and the backward. Before the tapes, so that a hand-off finds it in place.
   if (fold_rstd) buf("kn", BufferRole::workspace, "bf16", "[T, H, K]", {qk * 2}, both);
+  // The verified carry's walks from zero: the state (the backward's: the gradient) after each of a
+  // segment's first chunks, for each call form's own walks. Before the tapes: a chain that does
+  // not speculate writes none, and the forward's last slot is then one every call writes whole.
+  if (ir.verified_carry)
+    buf("seg_ckpt", BufferRole::workspace, "fp32", seg_shape + fmt::format(", HV, {}, K, V]", kCarryCheckpoints),
+        seg_bytes(state * kCarryCheckpoints), both);
   buf("w", tape_role, "bf16", "[T, HV, K]", {hv * K * 2}, full ? std::vector<CallForm>{} : both);
   buf("h_tape", tape_role, "bf16", "[NT, HV, K, V]", {0, 0, 1LL * HV * K * V * 2},
       full ? std::vector<CallForm>{} : both);
@@ -513,12 +523,7 @@ LayerIR lower(const Spec& spec_in) {
   buf("u", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, full ? fwd_only : both);
   // Before the backward-only slots: a hand-off needs the forward's workspace slots to be a prefix
   // of the backward's.
-  const std::string seg_shape =
-      ir.seg_min_chunks > 0 ? fmt::format("[NT / {}", ir.seg_min_chunks) : std::string("[N * segments");
-  auto seg_bytes = [&](long long per_slot) {
-    return ir.seg_min_chunks > 0 ? ByteFormula{0, 0, per_slot / ir.seg_min_chunks}
-                                 : ByteFormula{0, segments * per_slot};
-  };
+
   if (segments > 1) {
     // Every forward call form runs the prescan and the merge before its walk. A document's last
     // segment has no S_ext to store (nor an M unless the maps are saved), so one slot per
@@ -536,14 +541,10 @@ LayerIR lower(const Spec& spec_in) {
       buf("seg_h0", BufferRole::saved, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state));
     else
       buf("seg_h0", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), full ? fwd_only : both);
-    // The verified carry's walks from zero: the state (the backward's: the gradient) after each of
-    // a segment's first chunks, and per document and value head whether its chain verified. Each
-    // call form uses them for its own walks.
-    if (ir.verified_carry) {
-      buf("seg_ckpt", BufferRole::workspace, "fp32", seg_shape + fmt::format(", HV, {}, K, V]", kCarryCheckpoints),
-          seg_bytes(state * kCarryCheckpoints), both);
-      buf("seg_fail", BufferRole::workspace, "int32", "[N, HV]", {0, 1LL * HV * 4}, both);
-    }
+    // The verified carry's marks, per document and value head, whether its chain verified: the
+    // forward's saved (the backward merges with the saved maps every chain the forward merged), the
+    // backward's in its workspace (below).
+    if (ir.verified_carry) buf("fwd_fail", BufferRole::saved, "int32", "[N, HV]", {0, 1LL * HV * 4});
   }
   if (fold_rstd) buf("qn", BufferRole::workspace, "bf16", "[T, H, K]", {qk * 2}, bwd_only);
   buf("dv_local", BufferRole::workspace, "bf16", "[T, HV, V]", {hv * V * 2}, bwd_only);
@@ -557,6 +558,7 @@ LayerIR lower(const Spec& spec_in) {
     buf("seg_dzm", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V + K]", seg_bytes(HV * K * (V + K) * 4),
         bwd_only);
     buf("seg_dz", BufferRole::workspace, "fp32", seg_shape + ", HV, K, V]", seg_bytes(state), bwd_only);
+    if (ir.verified_carry) buf("seg_fail", BufferRole::workspace, "int32", "[N, HV]", {0, 1LL * HV * 4}, bwd_only);
   }
   // Reuse of dead workspace bytes in the backward (same byte formulas, K == V checked by the
   // spec): U is dead once the walk has formed V' (with a hand-off, the backward never reads
@@ -707,8 +709,8 @@ LayerIR lower(const Spec& spec_in) {
     bwd.push_back({"walk_bwd_speculate",
                    "dh_tape, dv_new of every segment, a document's last from dht, the "
                    "others from 0; the gradients after their last chunks; each segment's "
-                   "start as the previous one's end (seg_dz), dh0; chains whose gates decay too "
-                   "slowly are marked (seg_fail) and skipped"});
+                   "start as the previous one's end (seg_dz), dh0; chains the forward marked "
+                   "(fwd_fail) or whose gates decay too slowly are marked (seg_fail) and skipped"});
     bwd.push_back({"walk_bwd_verify", fmt::format("every earlier segment from its end until its gradient equals the "
                                                   "walk from 0 bit for bit (at most {} chunks, their tapes); else "
                                                   "its document's chain is marked (seg_fail)",
@@ -718,7 +720,7 @@ LayerIR lower(const Spec& spec_in) {
                    "forward saved no maps for the chain"});
     bwd.push_back({"walk_merge_bwd",
                    "the gradient at every segment's end of a marked chain, fp32, from dht; A from the "
-                   "forward's saved maps for the chains that failed its gate test"});
+                   "forward's saved maps for the chains the forward marked"});
     bwd.push_back({"state_walk_bwd", "the marked chains, every segment from its merged end gradient"});
   } else if (segments > 1) {
     if (ir.saved_segment_maps) {
@@ -793,8 +795,8 @@ std::string to_text(const LayerIR& ir) {
                     "re-walked from its neighbour's end until it equals its walk from 0 bit for bit, at most {} "
                     "chunks, forward and backward: a document whose chains verify has one unsegmented layer's "
                     "bits; the prescans, merges and full walks only for chains that do not, and at once for "
-                    "chains whose gates decay a re-walked window by less than 2^{}, whose backward takes the "
-                    "forward's saved maps)",
+                    "chains whose gates decay a re-walked window by less than 2^{}; the backward merges the "
+                    "chains the forward merged with its saved maps)",
                     kCarryCheckpoints, kCarryDecayLog2));
   else if (s.cp_carry == SegmentCarry::verified)
     line("carry: verified (no effect: one segment per document)");

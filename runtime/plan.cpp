@@ -284,14 +284,14 @@ void bind_verified_walk(Builder& b, const ValueSource& k, const ValueSource& ht)
   using P = StateWalkParams;
   auto carry = [&](PlannedLaunch& l, bool checkpoints) -> PlannedLaunch& {
     if (checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
-    GDN_BIND(l, P, seg_fail, b.slot("seg_fail"));
+    GDN_BIND(l, P, seg_fail, b.slot("fwd_fail"));  // the forward's marks are saved for the backward
     return l;
   };
   bind_walk_params(carry(b.launch("walk_speculate", sizeof(P)), true), b, k, ht, true);
   bind_walk_params(carry(b.launch("walk_verify", sizeof(P)), true), b, k, ht, true);
   bind_walk_params(carry(b.launch("walk_prescan", sizeof(P)), false), b, k, b.constant(0), true, true);
   bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
-  GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("seg_fail"));
+  GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("fwd_fail"));
   bind_walk_params(carry(b.launch("state_walk", sizeof(P)), false), b, k, ht, true);
 }
 
@@ -510,6 +510,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       bind_walk_bwd(l);
       if (checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
       GDN_BIND(l, P, seg_fail, b.slot("seg_fail"));
+      GDN_BIND(l, P, fwd_fail, b.slot("fwd_fail"));
     };
     const bool verified = ir.verified_carry && b.segment_programs;
     if (verified) {

@@ -168,9 +168,9 @@ enum : int { kCarryCheckpoints = 4 };
 /// speculative walks.
 enum : int { kCarryDecayLog2 = -52 };
 /// The backward's marks in seg_fail under the verified carry: 0 verified; kChainOwnMaps, the
-/// backward prescan walks the chain's transitions A itself; kChainSavedMaps, the chain failed the
-/// forward's gate test, so the forward's prescan walked it and saved its maps (seg_hm): the backward
-/// takes A = M^T from them, as the merge carry does.
+/// backward prescan walks the chain's transitions A itself; kChainSavedMaps, the forward marked
+/// the chain (its gate test or its verification failed), so the forward's prescan walked it and
+/// saved its maps (seg_hm): the backward takes A = M^T from them, as the merge carry does.
 enum : int { kChainOwnMaps = 1, kChainSavedMaps = 2 };
 
 /// The fused forward walk (state walk and output in one program), one program per (V slab, value
@@ -314,6 +314,9 @@ struct StateWalkBwdParams {
   /// [N, HV]: nonzero where a document's chain did not verify (the merge runs for it):
   /// kChainOwnMaps or kChainSavedMaps.
   int* seg_fail;
+  /// [N, HV] (saved): the forward's marks, nonzero where the forward's prescan walked the chain
+  /// and saved its maps.
+  const int* fwd_fail;
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -363,7 +366,7 @@ static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and th
 static_assert(sizeof(StateWalkParams) == 128, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkBwdParams) == 160, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkBwdParams) == 168, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 160, "FusedWalkParams: the host and the kernels share this layout");

@@ -901,16 +901,18 @@ TEST_SUITE("gpu_determinism") {
     expect_within_bounds(check::run(*verified_layer, c), "verified carry, g = 0");
     // Gates that pass the decay test on a chain that still cannot verify: with beta = 0 the state is
     // h0 decayed (about 1e-17 at segment 1's entry, 1e-34 after its window: never 0) while the walk
-    // from zero stays 0. The forward speculates, its verification fails, the merge walks the chain:
-    // its o and ht are the merge carry's (a chain wrongly taken as verified would leave o = 0 there).
+    // from zero stays 0. The forward speculates, its verification fails, the merge walks the chain,
+    // and the backward merges it with the forward's saved maps (its marks are saved): every tensor
+    // is the merge carry's (a chain wrongly taken as verified would leave o = 0 there).
     c.gate_value = -0.15;  // a 4-chunk window decays by 2^-55.4, past the test's 2^-52
     c.beta_value = 0.0;
     c.doc_lens = {1024};  // 16 chunks: 4 segments of 4
     c.with_reference = false;
     const check::Report vb = check::run(*verified_layer, c);
     const check::Report mb = check::run(*merged_layer, c);
-    for (const char* out : {"o", "ht"})
-      CHECK_MESSAGE(vb.bytes.at(out) == mb.bytes.at(out), "beta = 0: verified (chain not verified) vs merge: " << out);
+    REQUIRE(vb.bytes.size() == 8);
+    for (const auto& [out, bytes] : mb.bytes)
+      CHECK_MESSAGE(vb.bytes.at(out) == bytes, "beta = 0: verified (chain not verified) vs merge: " << out);
     c.with_reference = true;
     expect_within_bounds(check::run(*verified_layer, c), "verified carry, beta = 0, speculated and not verified");
     c.beta_value.reset();
@@ -1191,8 +1193,9 @@ TEST_SUITE("gpu_ckpt") {
     // With intra-card segments (light saves keep seg_h0 in the saved region) the forward's last
     // slot is seg_hm, whose last slot, the last document's last segment, has no transition to
     // store: the forward writes up to one slot before the end. The backward's last slot is
-    // seg_dz, which its merge writes whole. Under the verified carry the forward's last slot is
-    // seg_fail, which walk_speculate writes for every split document.
+    // seg_dz, which its merge writes whole. Under the verified carry the forward's checkpoints come
+    // before the tapes (a chain that does not speculate writes none) and the backward's last slot
+    // is its marks, seg_fail, which walk_bwd_speculate writes for every split document.
     for (auto [segments, carry] :
          {std::pair{1, SegmentCarry::merge}, std::pair{3, SegmentCarry::merge}, std::pair{3, SegmentCarry::verified}}) {
       Spec s = spec_of("n");

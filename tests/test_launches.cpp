@@ -352,16 +352,17 @@ TEST_SUITE("launches") {
       CAPTURE(walk);
       const std::string b = block(walk).first;
       CHECK(b.find(field(offsetof(P, seg_ckpt), "ws.seg_ckpt")) != std::string::npos);
-      CHECK(b.find(field(offsetof(P, seg_fail), "ws.seg_fail")) != std::string::npos);
+      // The forward's marks are saved: the backward merges the chains the forward merged.
+      CHECK(b.find(field(offsetof(P, seg_fail), "saved.fwd_fail")) != std::string::npos);
       CHECK(b.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
     }
-    CHECK(block("walk_prescan").first.find(field(offsetof(P, seg_fail), "ws.seg_fail")) != std::string::npos);
-    CHECK(block("walk_merge").first.find(field(offsetof(WalkMergeParams, seg_fail), "ws.seg_fail")) !=
+    CHECK(block("walk_prescan").first.find(field(offsetof(P, seg_fail), "saved.fwd_fail")) != std::string::npos);
+    CHECK(block("walk_merge").first.find(field(offsetof(WalkMergeParams, seg_fail), "saved.fwd_fail")) !=
           std::string::npos);
     // The forward's full walk works for the marked chains only; the backward's re-run (from the
     // saved entry states) walks every segment: no marks.
     const auto [forward_walk, at] = block("state_walk");
-    CHECK(forward_walk.find(field(offsetof(P, seg_fail), "ws.seg_fail")) != std::string::npos);
+    CHECK(forward_walk.find(field(offsetof(P, seg_fail), "saved.fwd_fail")) != std::string::npos);
     const std::string rerun = block("state_walk", at + 1).first;
     CHECK(rerun.find(field(offsetof(P, seg_fail), "0x0")) != std::string::npos);
     CHECK(rerun.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
@@ -373,6 +374,7 @@ TEST_SUITE("launches") {
       const std::string b = block(walk).first;
       CHECK(b.find(field(offsetof(B, seg_ckpt), "ws.seg_ckpt")) != std::string::npos);
       CHECK(b.find(field(offsetof(B, seg_fail), "ws.seg_fail")) != std::string::npos);
+      CHECK(b.find(field(offsetof(B, fwd_fail), "saved.fwd_fail")) != std::string::npos);
     }
     for (const char* walk : {"walk_bwd_prescan", "state_walk_bwd"})
       CHECK_MESSAGE(block(walk).first.find(field(offsetof(B, seg_fail), "ws.seg_fail")) != std::string::npos, walk);

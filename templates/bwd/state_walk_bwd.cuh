@@ -29,10 +29,10 @@
  * chains that never do. The prescan, the merge and the full walk then run for the marked chains
  * only. A verified document's backward walk has one unsegmented walk's bits. Chains whose gates
  * decay too slowly to verify (reverse_chain_mark, common/segments.cuh) are marked before either
- * walk and skip both. A chain that failed the forward's gate test (whatever the reverse test
- * says) is marked at once too: the forward's prescan saved its maps and the backward takes
- * A = M^T from them (the merge carry's programs and bits: slow-decay heads cost what the merge
- * costs). For the other marked chains the prescan walks A itself (dZ_ext and A in hi + lo).
+ * walk and skip both. A chain the forward marked (its gate test or its verification failed; the
+ * marks are saved) is marked at once too: the forward's prescan saved its maps and the backward
+ * takes A = M^T from them (the merge carry's programs and bits: slow-decay heads cost what the
+ * merge costs). For the other marked chains the prescan walks A itself (dZ_ext and A in hi + lo).
  */
 #pragma once
 
@@ -145,7 +145,7 @@ struct StateWalkBwdMmaSync {
     if constexpr (kSpeculate || kVerify) {
       // A chain whose gates decay too slowly to verify is marked at once: the merge walks it.
       if (ds.split()) {
-        const int mark = reverse_chain_mark<Cfg>(ds, p.chunks, p.gc, j);
+        const int mark = reverse_chain_mark<Cfg>(ds, p.chunks, p.gc, j, p.fwd_fail[(long long)n * Cfg::HV + j]);
         if (mark != 0) {
           if (kSpeculate && seg == ds.count - 1 && blockIdx.x == 0 && threadIdx.x == 0) *fail = mark;
           return;

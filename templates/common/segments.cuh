@@ -31,8 +31,8 @@
 
 namespace gdn {
 
-/// Cfg::SAVED_MAPS where the program has it (walk_prescan, walk_bwd_prescan, walk_merge_bwd, and
-/// under the verified carry walk_bwd_speculate and walk_bwd_verify, whose marks use it), else false: the forward's
+/// Cfg::SAVED_MAPS where the program has it (walk_prescan, walk_bwd_prescan, walk_merge_bwd),
+/// else false: the forward's
 /// per-segment maps (S_ext | M) are saved, the forward prescan computes every segment's transition M, and the backward
 /// takes A = M^T from them instead of walking it (compiler/ir.cpp).
 template <class Cfg, class = int>
@@ -134,14 +134,15 @@ __device__ bool chain_decays(const DocSegments<Cfg>& ds, const ChunkInfo* chunks
   return __syncthreads_and(ok);
 }
 
-/// The backward's mark of a chain before either of its walks (0: speculate on it). A chain that
-/// fails the forward's gate test was walked by the forward's prescan, which saved its maps where
-/// the layer saves them: the backward merges it with them (kChainSavedMaps, the merge carry's
-/// programs and bits) instead of walking its transitions. Else a chain that fails the reverse
-/// test walks its own (kChainOwnMaps). Every block of the chain gets the same answer.
+/// The backward's mark of a chain before either of its walks (0: speculate on it). A chain the
+/// forward marked (forward_mark, from the saved region) was walked by the forward's prescan, which
+/// saved its maps: the backward merges it with them (kChainSavedMaps, the merge carry's programs
+/// and bits) instead of speculating on it. Else a chain that fails the reverse gate test walks its
+/// own transitions (kChainOwnMaps). Every block of the chain gets the same answer.
 template <class Cfg>
-__device__ int reverse_chain_mark(const DocSegments<Cfg>& ds, const ChunkInfo* chunks, const float* gc, int j) {
-  if (SavedMaps<Cfg>::value && !chain_decays<Cfg, false>(ds, chunks, gc, j)) return kChainSavedMaps;
+__device__ int reverse_chain_mark(const DocSegments<Cfg>& ds, const ChunkInfo* chunks, const float* gc, int j,
+                                  int forward_mark) {
+  if (forward_mark != 0) return kChainSavedMaps;
   return chain_decays<Cfg, true>(ds, chunks, gc, j) ? 0 : kChainOwnMaps;
 }
 
