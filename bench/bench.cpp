@@ -383,7 +383,7 @@ struct Bench {
   int segments = 0;                                   ///< --segments: the base spec's cp.segments (0: "auto")
   ForwardPath forward = ForwardPath::automatic;       ///< --forward: the base spec's forward
   BackwardW backward_w = BackwardW::automatic;        ///< --backward-w: the base spec's backward_w
-  SegmentCarry carry = SegmentCarry::merge;           ///< --carry: the base spec's cp.carry
+  SegmentCarry carry = SegmentCarry::automatic;       ///< --carry: the base spec's cp.carry
 
   void flush_l2() {
     GDN_CHECK_CU(rt::drv().cuMemsetD8Async(flush.handle(), 0, flush.bytes(), stream.handle()), "L2 flush");
@@ -743,7 +743,7 @@ int main(int argc, char** argv) {
   app.add_option("--backward-w", backward_w,
                  "the specs' backward_w (\"walk\": the reverse walk forms W on sm_90a; \"auto\": wherever it can)")
       ->check(CLI::IsMember({"chunk_prep", "walk", "auto"}));
-  std::string carry = "merge";
+  std::string carry = "auto";
   app.add_option("--carry", carry,
                  "the specs' cp.carry (\"verified\": segments walked from 0, re-walked until equal; \"auto\": "
                  "verified where the layer allows it)")

@@ -76,7 +76,7 @@ FLOOR = {"N": (0.011, 0.043, 0.054), "M": (0.352, 1.36, 1.712), "G": (1.406, 5.4
 OPS = ("fwd", "fwd+bwd", "ckpt")
 OURS, AA = "gdnc", "gdnc A/A"
 PEERS = ("fla", "flashqla")
-EXTRA_ARMS = {"graph": "gdnc graph", "nondet": "gdnc nondet", "fused": "gdnc fused", "verified": "gdnc verified",
+EXTRA_ARMS = {"graph": "gdnc graph", "nondet": "gdnc nondet", "fused": "gdnc fused", "merge": "gdnc merge",
               "bounded": "gdnc max_seqlen"}
 
 
@@ -388,7 +388,7 @@ def main():
     ap.add_argument("--shapes", default="N,M,G,A,L")
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--extra-arms", default="",
-                    help="more gdnc arms timed beside (graph, nondet, fused, verified: cp.carry \"auto\", "
+                    help="more gdnc arms timed beside (graph, nondet, fused, merge: cp.carry \"merge\", "
                          "bounded: max_seqlen given); not published")
     ap.add_argument("--gdnc-spec", default="{}",
                     help="code options of the gdnc arm and its A/A copy, a JSON object (recorded in the run file)")
@@ -445,8 +445,8 @@ def main():
         ours[EXTRA_ARMS["nondet"]] = our_arm("bench_gdnc_nondet", deterministic=False)
     if "bounded" in extra:
         ours[EXTRA_ARMS["bounded"]] = our_arm("bench_gdnc_bounded", bounded=True, **base)
-    if "verified" in extra:  # "auto": the verified carry where the layer takes it, so every shape runs
-        ours[EXTRA_ARMS["verified"]] = our_arm("bench_gdnc_verified", deterministic=True, cp={"carry": "auto"})
+    if "merge" in extra:  # the segment carry before "auto" became the default
+        ours[EXTRA_ARMS["merge"]] = our_arm("bench_gdnc_merge", deterministic=True, cp={"carry": "merge"})
     peer_fn, peer_version = None, None
     if args.peer != "none":
         peer_fn, peer_version = (fla_arm if args.peer == "fla" else flashqla_arm)()

@@ -426,7 +426,7 @@ json to_json(const Spec& s) {
   };
   // Written only when set: the canonical form of every layer without it (and so its cache and
   // graph keys) stays what it was before the field existed.
-  if (s.cp_carry != SegmentCarry::merge) j["cp"]["carry"] = to_string(s.cp_carry);
+  if (s.cp_carry != SegmentCarry::automatic) j["cp"]["carry"] = to_string(s.cp_carry);
   return j;
 }
 

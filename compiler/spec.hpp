@@ -120,7 +120,7 @@ struct Spec {
   int cp_segments = 0;
   /// "verified": the programs forward on one rank only (lower() refuses the fused forward and
   /// cp.ranks > 1); "auto" takes it where those hold.
-  SegmentCarry cp_carry = SegmentCarry::merge;
+  SegmentCarry cp_carry = SegmentCarry::automatic;
 
   int group() const { return heads_v / heads_qk; }
   double effective_scale() const;

@@ -12,7 +12,7 @@
 #             timed suites are not benchmarks, and the sanitizers stay serial)
 #   python    the binding's unittest files (torch of the machine; FLA if .whl is carried)
 #   programs  gdn_bench --programs (per-program GPU time, PROGRAM_SHAPES, default N,M), once per
-#             cp.carry of PROGRAM_CARRIES (default merge; "merge verified" for both)
+#             cp.carry of PROGRAM_CARRIES (default auto; "merge auto" for both)
 #   host      gdn_bench --host-time
 #   sweep     gdn_bench --sweep (the sm_90a hand-off threshold)
 #   bench     gdn_bench timing table (BENCH_ARGS); BENCH_RUNS='ARGS;ARGS;...' runs one table per
@@ -123,7 +123,7 @@ fi
 bench() { "$bin/gdn_bench" "$@" 2>&1; }
 if has programs; then
   echo "=== programs ($((SECONDS - t0)) s)"
-  for carry in ${PROGRAM_CARRIES:-merge}; do
+  for carry in ${PROGRAM_CARRIES:-auto}; do
     bench --programs --shapes "${PROGRAM_SHAPES:-N,M}" --carry "$carry" --warmup 3 --samples 9
   done | tee "$OUT/programs.log"
 fi
@@ -160,6 +160,9 @@ if has sanitize; then
   # marks it before the walks; 700 and 300 tokens verify); with g = 0 the gate test marks every chain.
   sed 's/"name": "shape_n"/"name": "shape_n_verified"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_verified.json"
+  # The merge carry with its saved maps (the default "auto" takes the verified carry on n.json).
+  sed 's/"name": "shape_n"/"name": "shape_n_merge"/; s/"segments": "auto"/"segments": "auto", "carry": "merge"/' \
+    examples/n.json > "$sdir/n_merge.json"
   # A 4200-token document is split in two by cp.segments "auto" (slots, the saved segment maps).
   # 765 tokens run the plans without segment programs (one segment row); with the bound 3000 the
   # forward and the recompute do, and the hand-off's backward too.
@@ -169,7 +172,7 @@ if has sanitize; then
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
         "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases" "$sdir/n_verified.json --docs 65,700,300 --seed 3"
-        "$sdir/n_verified.json --docs 700,300 --seed 3 --gate 0")
+        "$sdir/n_verified.json --docs 700,300 --seed 3 --gate 0" "$sdir/n_merge.json --docs 4200,65,300 --seed 3")
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
       log="$sdir/${tool}_$i.log"

@@ -163,6 +163,7 @@ void expect_document_keeps_bits(const Layer& layer, const check::Report& packed,
 /// ranged 5.4e-3 .. 7.7e-3 over seeds. docs/PERF.md has the runs.
 void expect_no_worse(Spec plain, Spec split, const check::Case& c, const std::string& label) {
   plain.name = "split_baseline";
+  plain.cp_carry = SegmentCarry::merge;  // the calibration above was measured against the merge
   const check::Report base = check::run(*make(plain), c);
   const check::Report seg = check::run(*make(split), c);
   for (const auto& [name, err] : seg.rel_rms) {
@@ -177,6 +178,7 @@ void expect_no_worse(Spec plain, Spec split, const check::Case& c, const std::st
 void expect_segments_no_worse(Spec plain, int segments, const check::Case& c, const std::string& label) {
   Spec split = plain;
   split.cp_segments = segments;
+  split.cp_carry = SegmentCarry::merge;  // the merge's roundings (the verified carry keeps the plain bits)
   split.name = fmt::format("seg{}_compared", segments);
   expect_no_worse(plain, split, c, label);
 }
@@ -474,6 +476,7 @@ TEST_SUITE("gpu_layer") {
       for (SaveMode save : {SaveMode::light, SaveMode::full}) {
         Spec s = spec_of("n");
         s.cp_segments = segments;
+        s.cp_carry = SegmentCarry::merge;  // the verified carry has its own case (gpu_determinism)
         s.save_mode = save;
         s.name = fmt::format("n_seg{}_{}", segments, to_string(save));
         auto layer = make(s);
@@ -691,6 +694,7 @@ TEST_SUITE("gpu_determinism") {
       ranked.name = fmt::format("{}_ranks4_aligned", example);
       Spec segmented = spec_of(example);
       segmented.cp_segments = 4;
+      segmented.cp_carry = SegmentCarry::merge;  // the ranks' carry (the verified one keeps the plain bits)
       segmented.name = fmt::format("{}_seg4_aligned", example);
       const check::Report by_ranks = check::run(*make(ranked), one);
       const check::Report by_segments = check::run(*make(segmented), one);
@@ -715,6 +719,7 @@ TEST_SUITE("gpu_determinism") {
     s.heads_qk = 1;
     s.heads_v = 2;
     s.cp_segments = 0;
+    s.cp_carry = SegmentCarry::merge;  // the merge's saved maps (the verified carry: gpu_determinism)
     s.name = name;
     auto layer = make(s);
     REQUIRE(layer->ir().spec.cp_segments == 16);
@@ -807,6 +812,7 @@ TEST_SUITE("gpu_determinism") {
     const std::vector<uint64_t> seeds = {51, 52, 53};
     Spec s = spec_of("n");
     s.cp_segments = 3;
+    s.cp_carry = SegmentCarry::merge;
     s.name = "n_seg3_batch";
     auto layer = make(s);
     check::Case packed;

@@ -245,6 +245,7 @@ TEST_SUITE("ir") {
   TEST_CASE("cp.carry \"verified\": its programs and constants, saved maps, its refusals, its canonical form") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
     spec.cp_segments = 4;
+    spec.cp_carry = gdn::SegmentCarry::merge;
     const auto merge = gdn::lower(spec);
     CHECK_FALSE(merge.verified_carry);
     CHECK(merge.saved_segment_maps);
@@ -292,8 +293,8 @@ TEST_SUITE("ir") {
                          gdn::SpecError);
     wide.tensor_cores = gdn::TensorCores::mma_sync;  // the portable body at 128 columns
     CHECK(gdn::lower(wide).verified_carry);
-    // The canonical form names the carry only when it is not the default (other layers' keys stay).
-    CHECK_FALSE(gdn::to_json(merge.spec)["cp"].contains("carry"));
+    // The canonical form names the carry only when it is not the default ("auto").
+    CHECK(gdn::to_json(merge.spec)["cp"]["carry"] == "merge");
     CHECK(gdn::to_json(verified.spec)["cp"]["carry"] == "verified");
     CHECK(gdn::spec_from_json(gdn::to_json(verified.spec)).cp_carry == gdn::SegmentCarry::verified);
   }
@@ -343,8 +344,8 @@ TEST_SUITE("ir") {
     const auto ranked = gdn::lower(ranks);
     CHECK_FALSE(ranked.verified_carry);
     CHECK(ranked.spec.cp_carry == gdn::SegmentCarry::merge);
-    // The canonical form keeps "auto"; the spec file reads it.
-    CHECK(gdn::to_json(spec)["cp"]["carry"] == "auto");
+    // "auto" is the default: the canonical form leaves it out, and a spec without it reads as "auto".
+    CHECK_FALSE(gdn::to_json(spec)["cp"].contains("carry"));
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_carry == gdn::SegmentCarry::automatic);
   }
 

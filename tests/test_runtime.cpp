@@ -63,10 +63,13 @@ struct Rig {
   HandOff backward(CUstream s = nullptr) { return layer->backward(shape, in, grads, saved, saved_size, ws, s); }
 };
 
-// Shape n's example spec: cp.segments "auto" puts a prescan and a merge before each walk.
-const std::vector<std::string> kBackwardWithHandoff = {"dv_local",       "walk_bwd_prescan", "walk_merge_bwd",
-                                                       "state_walk_bwd", "chunk_bwd",        "finalize"};
-const std::vector<std::string> kForwardWalk = {"chunk_prep", "walk_prescan", "walk_merge", "state_walk"};
+// Shape n's example spec: cp.segments "auto" with the verified carry ("auto") puts the walk from
+// zero and its verification before the prescan, the merge and the walk of the chains that fail.
+const std::vector<std::string> kBackwardWithHandoff = {
+    "dv_local",       "walk_bwd_speculate", "walk_bwd_verify", "walk_bwd_prescan",
+    "walk_merge_bwd", "state_walk_bwd",     "chunk_bwd",       "finalize"};
+const std::vector<std::string> kForwardWalk = {"chunk_prep",   "walk_speculate", "walk_verify",
+                                               "walk_prescan", "walk_merge",     "state_walk"};
 // The backward's re-run walk starts every segment from the forward's saved seg_h0.
 const std::vector<std::string> kRerunWalk = {"chunk_prep", "state_walk"};
 const std::vector<std::string> kBackwardRerun = [] {
@@ -238,7 +241,7 @@ TEST_SUITE("runtime") {
     Rig r(example("n"));
     layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, reinterpret_cast<CUstream>(0x5));
     CHECK(layer->graph_stats().captures == 0);
-    CHECK(rec->records.size() == 10);  // the forward's launches, issued into the outer capture
+    CHECK(rec->records.size() == 12);  // the forward's launches, issued into the outer capture
   }
 
   TEST_CASE("graph mode keeps the hand-off: the recompute and the bound backward are graphs of their own") {
