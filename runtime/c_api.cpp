@@ -157,6 +157,18 @@ gdn::Workspace& workspace_of(gdn_workspace* w) {
   return w->ws;
 }
 
+/// The KCP calls run a rank's own tokens and take no document bound: a bound set on their
+/// workspace would be neither checked nor used, so it is refused instead of ignored.
+gdn::Workspace& kcp_workspace_of(gdn_workspace* w) {
+  gdn::Workspace& ws = workspace_of(w);
+  if (w->max_doc_tokens > 0)
+    throw gdn::InputError(
+        fmt::format("workspace: max_doc_tokens is {} on this workspace; the KCP calls neither check "
+                    "nor use a bound (gdn_workspace_set_max_doc_tokens(ws, 0) first)",
+                    w->max_doc_tokens));
+  return ws;
+}
+
 }  // namespace
 
 int gdn_spec_validate(const char* spec_json, char* canonical, size_t capacity) {
@@ -396,7 +408,7 @@ int gdn_kcp_forward_summaries(const gdn_kcp_context* c, const void* q, const voi
                               const float* beta, const void* cu, int cu64, const float* h0, float scale, void* saved,
                               size_t saved_bytes, gdn_workspace* ws, void* stream) {
   return guarded([&] {
-    kcp_of(c).forward_summaries(inputs(q, k, v, g, beta, cu, cu64, h0, scale), saved, saved_bytes, workspace_of(ws),
+    kcp_of(c).forward_summaries(inputs(q, k, v, g, beta, cu, cu64, h0, scale), saved, saved_bytes, kcp_workspace_of(ws),
                                 static_cast<CUstream>(stream));
   });
 }
@@ -405,8 +417,8 @@ int gdn_kcp_forward_walk(const gdn_kcp_context* c, const void* q, const void* k,
                          const float* beta, const void* cu, int cu64, const float* h0, float scale, void* o, float* ht,
                          void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream) {
   return guarded([&] {
-    kcp_of(c).forward_walk(inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved, saved_bytes, workspace_of(ws),
-                           static_cast<CUstream>(stream));
+    kcp_of(c).forward_walk(inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved, saved_bytes,
+                           kcp_workspace_of(ws), static_cast<CUstream>(stream));
   });
 }
 
@@ -417,7 +429,7 @@ int gdn_kcp_recompute(const gdn_kcp_context* c, const void* q, const void* k, co
   return guarded([&] {
     const gdn::HandOff h = kcp_of(c).recompute(inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht},
                                                output_needed ? gdn::OutputNeeded::yes : gdn::OutputNeeded::no, saved,
-                                               saved_bytes, workspace_of(ws), static_cast<CUstream>(stream));
+                                               saved_bytes, kcp_workspace_of(ws), static_cast<CUstream>(stream));
     if (handoff) *handoff = h == gdn::HandOff::taken;
   });
 }
@@ -430,7 +442,7 @@ int gdn_kcp_backward_summaries(const gdn_kcp_context* c, const void* q, const vo
   return guarded([&] {
     const gdn::HandOff h = kcp_of(c).backward_summaries(inputs(q, k, v, g, beta, cu, cu64, h0, scale),
                                                         {d_o, dht, dq, dk, dv, dg, dbeta, dh0}, saved, saved_bytes,
-                                                        workspace_of(ws), static_cast<CUstream>(stream));
+                                                        kcp_workspace_of(ws), static_cast<CUstream>(stream));
     if (handoff) *handoff = h == gdn::HandOff::taken;
   });
 }
@@ -441,7 +453,7 @@ int gdn_kcp_backward_walk(const gdn_kcp_context* c, const void* q, const void* k
                           const void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream) {
   return guarded([&] {
     kcp_of(c).backward_walk(inputs(q, k, v, g, beta, cu, cu64, h0, scale), {d_o, dht, dq, dk, dv, dg, dbeta, dh0},
-                            saved, saved_bytes, workspace_of(ws), static_cast<CUstream>(stream));
+                            saved, saved_bytes, kcp_workspace_of(ws), static_cast<CUstream>(stream));
   });
 }
 
@@ -489,7 +501,7 @@ int gdn_kcp_forward_nccl(const gdn_kcp_context* c, void* comm, const void* q, co
                          void* o, float* ht, void* saved, size_t saved_bytes, gdn_workspace* ws, void* stream) {
   return guarded([&] {
     kcp_of(c).forward_nccl(nccl(), comm_of(comm), inputs(q, k, v, g, beta, cu, cu64, h0, scale), {o, ht}, saved,
-                           saved_bytes, workspace_of(ws), static_cast<CUstream>(stream));
+                           saved_bytes, kcp_workspace_of(ws), static_cast<CUstream>(stream));
   });
 }
 
@@ -501,7 +513,7 @@ int gdn_kcp_backward_nccl(const gdn_kcp_context* c, void* comm, const void* q, c
   return guarded([&] {
     const gdn::HandOff h = kcp_of(c).backward_nccl(nccl(), comm_of(comm), inputs(q, k, v, g, beta, cu, cu64, h0, scale),
                                                    {d_o, dht, dq, dk, dv, dg, dbeta, dh0}, saved, saved_bytes,
-                                                   workspace_of(ws), static_cast<CUstream>(stream));
+                                                   kcp_workspace_of(ws), static_cast<CUstream>(stream));
     if (handoff) *handoff = h == gdn::HandOff::taken;
   });
 }

@@ -53,7 +53,8 @@ void gdn_workspace_destroy(gdn_workspace*);
  *  call checks it on the device (gdn_layer_check_status reports a longer document, and the call
  *  leaves its outputs unwritten) and, under `cp.segments: "auto"`, launches only the segment programs a
  *  document of that length needs: none where it cannot be split. A backward uses it only when it
- *  binds the tapes of a recompute made with it (the hand-off), on the same saved region. */
+ *  binds the tapes of a recompute made with it (the hand-off), on the same saved region. The KCP
+ *  calls (gdn_kcp_*) take no bound: they refuse a workspace that has one (GDN_ERR_INPUT). */
 int gdn_workspace_set_max_doc_tokens(gdn_workspace*, int64_t max_doc_tokens);
 
 /** The forward on a stamped workspace (clears any pending hand-off). */

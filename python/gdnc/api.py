@@ -111,42 +111,44 @@ def host_offsets(values, source):
 def check_cu_seqlens_values(values, T, N, source="cu_seqlens_cpu", max_seqlen=None):
     """The checks the chunk-table kernel makes on the device, on a host copy: values[0] == 0,
     non-decreasing, values[N] == T, and no document longer than max_seqlen if given. Raises
-    InputError with the device's words, naming cu_seqlens."""
+    InputError with the device's words, naming cu_seqlens, for the failure the device reports:
+    offset i checks values[i] (0: == 0; 1..N: >= values[i - 1], document i - 1 within max_seqlen;
+    N: == T), the lowest failing offset wins, and within an offset the first of those checks."""
     values = host_offsets(values, source)
     if len(values) != N + 1:
         raise InputError(f"{source}: {len(values)} offsets, cu_seqlens has {N + 1}")
     where = f" (from {source})"
-    if values[0] != 0:
-        raise InputError(f"cu_seqlens[0]: {values[0]} must be 0{where}")
     longest = max_seqlen if max_seqlen is not None else _MAX_TOKENS
-    bad_length = None
-    for i in range(1, N + 1):
-        if values[i] < values[i - 1]:
+    for i in range(N + 1):
+        if i == 0 and values[0] != 0:
+            raise InputError(f"cu_seqlens[0]: {values[0]} must be 0{where}")
+        if i > 0 and values[i] < values[i - 1]:
             raise InputError(f"cu_seqlens[{i}]: {values[i]} < cu_seqlens[{i - 1}] ({values[i - 1]}): must be "
                              f"non-decreasing{where}")
-        if bad_length is None and values[i] - values[i - 1] > longest:
-            bad_length = i - 1
-    if values[N] != T:
-        raise InputError(f"cu_seqlens[{N}]: {values[N]} must equal T ({T}){where}")
-    if bad_length is not None:
-        raise InputError(f"cu_seqlens: document {bad_length} has {values[bad_length + 1] - values[bad_length]} tokens, "
-                         f"more than max_seqlen {max_seqlen}{where}")
+        if i == N and values[N] != T:
+            raise InputError(f"cu_seqlens[{N}]: {values[N]} must equal T ({T}){where}")
+        if i > 0 and values[i] - values[i - 1] > longest:
+            raise InputError(f"cu_seqlens: document {i - 1} has {values[i] - values[i - 1]} tokens, "
+                             f"more than max_seqlen {max_seqlen}{where}")
 
 
-def doc_bound(T, cu_seqlens, kwargs):
+def doc_bound(T, cu_seqlens, kwargs, capturing=False):
     """The bound on every document's tokens that a call hands libgdn (0: none): max_seqlen if
     given, else the longest document of FLA's cu_seqlens_cpu hint, else T for a batch of
     equal-length sequences (no cu_seqlens). Under cp.segments "auto" a call whose documents
     cannot be split then launches none of the segment programs; the forward checks the bound on
-    the device either way. Assumes check_arguments passed."""
+    the device either way. While a CUDA graph is being captured the hint gives no bound: it
+    describes the captured call's documents, and a replay may bring longer ones in the same
+    cu_seqlens buffer, which the bound would leave unwritten (an explicit max_seqlen is the
+    caller's promise for every replay). Assumes check_arguments passed."""
     if kwargs.get("max_seqlen") is not None:
         return min(kwargs["max_seqlen"], _MAX_TOKENS)  # past any T it bounds nothing
     if cu_seqlens is None:
         return T
     hint = kwargs.get("cu_seqlens_cpu")
-    if hint is None:
+    if hint is None or capturing:
         return 0
-    values = hint.tolist() if hasattr(hint, "tolist") else list(hint)
+    values = host_offsets(hint, "cu_seqlens_cpu")
     return max(map(operator.sub, values[1:], values[:-1]))
 
 
@@ -375,7 +377,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     cu_seqlens[i] or the first bad g[t, head] (not allowed during CUDA graph capture).
 
     max_seqlen= (a Python int, as flash-attn names it) bounds every document's tokens; without it
-    the bound is the longest document of cu_seqlens_cpu, or T for [B, T] sequences. Under the
+    the bound is the longest document of cu_seqlens_cpu (except while a CUDA graph is captured:
+    replays may bring longer documents), or T for [B, T] sequences. Under the
     default cp.segments "auto" a call whose documents are too short to split then launches none of
     the segment programs. The forward checks the bound on the device: a longer document is
     reported like a bad cu_seqlens (check_inputs=True raises InputError naming it), and the call's
@@ -385,6 +388,9 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     cp_context=gdnc.cp.build_cp_context(...) runs this rank of a context-parallel layer on the
     rank's tokens (gdnc.cp says how; cu_seqlens then defaults to the context's rank-local ones).
     """
+    if kwargs.get("cu_seqlens_cpu") is not None:
+        # One host list for every use below (an iterator would be used up by the first).
+        kwargs["cu_seqlens_cpu"] = host_offsets(kwargs["cu_seqlens_cpu"], "cu_seqlens_cpu")
     cp_context = kwargs.get("cp_context")
     if cp_context is not None and cu_seqlens is None:
         # The rank's own documents: initial_state has a row per local document.
@@ -407,7 +413,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     device_index = q.device.index if q.device.index is not None else torch.cuda.current_device()
     layer = _layer_of_call(options, H, HV, K, V, use_qk_l2norm_in_kernel, initial_state is not None,
                            output_final_state, device_index)
-    bound = doc_bound(T, cu_seqlens, kwargs)
+    bound = doc_bound(T, cu_seqlens, kwargs, capturing=torch.cuda.is_current_stream_capturing())
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=q.device)
     if B == 1:  # already the packed layout: no views to make

@@ -158,6 +158,19 @@ class ArgumentTests(unittest.TestCase):
                 with self.assertRaises(gdnc.InputError) as e:
                     call(cu_seqlens_cpu=values)
                 self.assertEqual(str(e.exception), message)
+        # Several failures: the lowest offset's, as the device reports it (offset i checks
+        # cu_seqlens[i] and the length of document i - 1).
+        from gdnc.api import check_cu_seqlens_values
+        for values, bound, message in (
+                ([0, 50, 60], 40, "cu_seqlens: document 0 has 50 tokens, more than max_seqlen 40"),
+                ([0, 50, 40, 100], 45, "cu_seqlens: document 0 has 50 tokens, more than max_seqlen 45"),
+                ([0, 30, 20, 99], None, "cu_seqlens[2]: 20 < cu_seqlens[1] (30): must be non-decreasing"),
+                ([0, 30, 60, 99], 20, "cu_seqlens: document 0 has 30 tokens, more than max_seqlen 20"),
+                ([0, 30, 30, 200], 50, "cu_seqlens[3]: 200 must equal T (100)")):
+            with self.subTest(values=values, bound=bound):
+                with self.assertRaises(gdnc.InputError) as e:
+                    check_cu_seqlens_values(values, 100, len(values) - 1, max_seqlen=bound)
+                self.assertEqual(str(e.exception), message + " (from cu_seqlens_cpu)")
 
         class HostTensor:  # what torch gives: tolist()
             def tolist(self):
@@ -193,8 +206,13 @@ class ArgumentTests(unittest.TestCase):
         self.assertEqual(doc_bound(100, cu, dict(max_seqlen=1 << 70)), (1 << 31) - 1)  # fits the C ABI's int64
         self.assertEqual(doc_bound(100, cu, dict(cu_seqlens_cpu=[0, 30, 60, 100])), 40)
         self.assertEqual(doc_bound(100, cu, dict(cu_seqlens_cpu=[0, 0, 100, 100])), 100)
+        self.assertEqual(doc_bound(100, cu, dict(cu_seqlens_cpu=iter([0, 30, 60, 100]))), 40)
         self.assertEqual(doc_bound(100, cu, {}), 0)  # unknown: T bounds it inside libgdn
         self.assertEqual(doc_bound(100, None, {}), 100)  # [B, T] sequences: T each
+        # Under graph capture the hint describes only the captured call: no bound from it.
+        self.assertEqual(doc_bound(100, cu, dict(cu_seqlens_cpu=[0, 30, 60, 100]), capturing=True), 0)
+        self.assertEqual(doc_bound(100, cu, dict(max_seqlen=70), capturing=True), 70)
+        self.assertEqual(doc_bound(100, None, {}, capturing=True), 100)
 
     def test_large_values_are_quoted_by_an_excerpt(self):
         with self.assertRaises(NotImplementedError) as e:

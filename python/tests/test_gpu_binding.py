@@ -191,6 +191,9 @@ class GpuBindingTests(unittest.TestCase):
         o, _ = gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=good, check_cu_seqlens=True,
                                            cu_seqlens_cpu=good.cpu())
         self.assertTrue(torch.isfinite(o.float()).all())
+        # A one-shot hint (an iterator) serves both the host check and the bound.
+        o_iter, _ = gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=good, cu_seqlens_cpu=iter([0, 64, T]))
+        self.assertTrue(torch.equal(o_iter, o))
         with mock.patch.object(torch.cuda, "is_current_stream_capturing", return_value=True):
             with self.assertRaisesRegex(gdnc.InputError, "^check_cu_seqlens: True needs a host sync"):
                 gdnc.chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=good, check_cu_seqlens=True)
