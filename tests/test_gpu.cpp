@@ -9,6 +9,7 @@
 #include "runtime/bf16.hpp"
 #include "runtime/check/gdn_reference.hpp"
 #include "runtime/check/layer_check.hpp"
+#include "runtime/gdn.h"
 #include "tests/pipeline_probe.hpp"
 #include "tests/wgmma_probe.hpp"
 #include "compiler/nvrtc.hpp"
@@ -1423,6 +1424,36 @@ TEST_SUITE("gpu_graph") {
 }
 
 TEST_SUITE("gpu_errors") {
+  TEST_CASE("the KCP calls refuse a workspace that has a document bound (C ABI)") {
+    gdn_layer* layer = nullptr;
+    REQUIRE(gdn_layer_create(R"({"name":"kcp_bound","heads":{"qk":2,"v":6},"cp":{"ranks":2}})", 0, nullptr, &layer) ==
+            GDN_OK);
+    const int64_t cu[] = {0, 300, 512};
+    gdn_kcp_context* ctx = nullptr;
+    REQUIRE(gdn_kcp_context_create(layer, cu, 3, 0, 2, &ctx) == GDN_OK);
+    gdn_workspace* ws = nullptr;
+    REQUIRE(gdn_workspace_create(nullptr, 0, &ws) == GDN_OK);
+    REQUIRE(gdn_workspace_set_max_doc_tokens(ws, 300) == GDN_OK);
+    const std::string refusal =
+        "workspace: max_doc_tokens is 300 on this workspace; the KCP calls neither check nor use a bound "
+        "(gdn_workspace_set_max_doc_tokens(ws, 0) first)";
+    CHECK(gdn_kcp_forward_summaries(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0.f, nullptr,
+                                    0, ws, nullptr) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()) == refusal);
+    int handoff = 0;
+    CHECK(gdn_kcp_recompute(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0.f, 1, nullptr,
+                            nullptr, nullptr, 0, ws, nullptr, &handoff) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()) == refusal);
+    // Without the bound the same call gets as far as its own argument checks.
+    REQUIRE(gdn_workspace_set_max_doc_tokens(ws, 0) == GDN_OK);
+    CHECK(gdn_kcp_forward_summaries(ctx, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, nullptr, 0.f, nullptr,
+                                    0, ws, nullptr) != GDN_OK);
+    CHECK(std::string(gdn_last_error()) != refusal);
+    gdn_workspace_destroy(ws);
+    gdn_kcp_context_destroy(ctx);
+    gdn_layer_destroy(layer);
+  }
+
   // Shape n's forward (heads 2 / 6) over unset inputs on the given cu_seqlens, waited for: what
   // chunk_table writes (the status, the tables, the documents' order) does not depend on values.
   // The gates are checked as well: zeros (valid log decays) unless the case passes [T, 6] of its own.
