@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
 
 namespace gdn {
 
@@ -66,6 +67,42 @@ class ObservedLauncher final : public Launcher {
  private:
   std::shared_ptr<Launcher> inner_;
   Layer::LaunchObserver observer_;
+};
+
+/// The hand-offs pending on each saved region, for the whole process. A recompute that hands off
+/// records a fresh serial for its saved region. Any later forward or recompute into that region,
+/// of any layer and on any workspace, rewrites its chunk table and drops the record. A backward
+/// binds the tapes only while the record is still its stamp's. Host-side only: nothing waits for
+/// the device. A record whose backward never comes stays until its region is written again. Past
+/// kMaxPending records everything is dropped: those hand-offs fall back to the re-run, with the
+/// same bits.
+class PendingHandoffs {
+ public:
+  static PendingHandoffs& instance() {
+    static PendingHandoffs p;
+    return p;
+  }
+  void written(const void* saved) {
+    std::lock_guard<std::mutex> lock(m_);
+    pending_.erase(saved);
+  }
+  uint64_t handed_off(const void* saved) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (pending_.size() >= kMaxPending) pending_.clear();
+    return pending_[saved] = ++serial_;
+  }
+  bool pending(const void* saved, uint64_t serial) const {
+    std::lock_guard<std::mutex> lock(m_);
+    const auto it = pending_.find(saved);
+    return it != pending_.end() && it->second == serial;
+  }
+  void taken(const void* saved) { written(saved); }
+
+ private:
+  static constexpr size_t kMaxPending = 1 << 16;
+  mutable std::mutex m_;
+  std::unordered_map<const void*, uint64_t> pending_;
+  uint64_t serial_ = 0;
 };
 
 /// One JIT for the process: stubs of every layer live in it (they are a few hundred bytes each).
@@ -424,6 +461,7 @@ void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& o
   const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, OutputNeeded::yes);
   ++ws.calls_;
   ws.has_handoff_ = false;
+  PendingHandoffs::instance().written(saved);
   run(for_frame(forward_, forward_unsplit_, f), f);
 }
 
@@ -432,6 +470,7 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
   const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, output);
   ++ws.calls_;
   ws.has_handoff_ = false;
+  PendingHandoffs::instance().written(saved);
   const Compiled& ran = output == OutputNeeded::yes
                             ? for_frame(forward_, forward_unsplit_, f)
                             : for_frame(forward_without_output_, forward_without_output_unsplit_, f);
@@ -441,20 +480,21 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;
-  ws.handoff_ = {serial_, ws.calls_, stream, s, saved};
+  ws.handoff_ = {serial_, ws.calls_, stream, s, saved, PendingHandoffs::instance().handed_off(saved)};
   return HandOff::taken;
 }
 
 bool Layer::handoff_is_fresh(const Workspace& ws, ProblemShape s, CUstream stream, const void* saved) const {
   const Workspace::Stamp& st = ws.handoff_;
   return ws.has_handoff_ && st.layer == serial_ && st.call == ws.calls_ && st.stream == stream && st.shape.T == s.T &&
-         st.shape.N == s.N && st.saved == saved;
+         st.shape.N == s.N && st.saved == saved && PendingHandoffs::instance().pending(saved, st.region);
 }
 
 HandOff Layer::backward(ProblemShape s, const LayerInputs& in, const LayerGrads& gr, const void* saved,
                         size_t saved_size, Workspace& ws, CUstream stream) const {
   CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream);
   const bool fresh = handoff_is_fresh(ws, s, stream, saved);
+  if (fresh) PendingHandoffs::instance().taken(saved);
   // The recompute whose tapes it binds checked its bound on this saved region's chunk table (a
   // longer document leaves the table empty): its rows hold for this backward too.
   if (fresh) f[Frame::seg_rows] = static_cast<uint64_t>(segment_rows(ir_, s.T, ws.handoff_.shape.max_doc_tokens));
@@ -495,6 +535,7 @@ void Layer::kcp_forward_summaries(const CpRankView& rank, const LayerInputs& in,
   require_aligned(saved, "saved");
   require_aligned(ws, "workspace");
   kcp_frame(f, rank, kKcpEntryNone, send, nullptr);
+  PendingHandoffs::instance().written(saved);
   run(kcp_forward_summaries_, f);
 }
 
@@ -504,6 +545,7 @@ void Layer::kcp_forward_walk(const CpRankView& rank, const LayerInputs& in, cons
   if (!gathered) throw InputError("gathered: is null");
   CallFrame f = forward_frame(s, in, out, saved, saved_size, ws, ws_size, stream, OutputNeeded::yes, &rank);
   kcp_frame(f, rank, kKcpEntryWrite, nullptr, gathered);
+  PendingHandoffs::instance().written(saved);
   run(kcp_forward_walk_, f);
 }
 
@@ -515,13 +557,14 @@ HandOff Layer::kcp_recompute(const CpRankView& rank, const LayerInputs& in, cons
   kcp_frame(f, rank, kKcpEntryRead, nullptr, nullptr);
   ++ws.calls_;
   ws.has_handoff_ = false;
+  PendingHandoffs::instance().written(saved);
   const Compiled& ran = output == OutputNeeded::yes ? forward_ : forward_without_output_;
   run(ran, f);
   const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes &&
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;
-  ws.handoff_ = {serial_, ws.calls_, stream, s, saved};
+  ws.handoff_ = {serial_, ws.calls_, stream, s, saved, PendingHandoffs::instance().handed_off(saved)};
   return HandOff::taken;
 }
 
@@ -533,6 +576,7 @@ HandOff Layer::kcp_backward_summaries(const CpRankView& rank, const LayerInputs&
   CallFrame f = backward_frame(s, in, gr, saved, saved_size, ws.data(), ws.bytes(), stream, &rank);
   kcp_frame(f, rank, kKcpEntryRead, send, nullptr);
   const bool fresh = handoff_is_fresh(ws, s, stream, saved);
+  if (fresh) PendingHandoffs::instance().taken(saved);
   ++ws.calls_;
   ws.has_handoff_ = false;
   run(fresh ? kcp_backward_summaries_with_handoff_ : kcp_backward_summaries_, f);

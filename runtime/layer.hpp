@@ -101,9 +101,9 @@ std::optional<std::string> device_status_error(int code, int index, long long va
 
 /// A caller-held workspace and its host-side stamp. A recompute that hands off stamps it with
 /// the layer, the call count, the stream, the shape and the saved region; the next backward binds
-/// the tapes only if all of them still match, i.e. nothing else ran on this workspace in between
-/// and the backward is on the same stream and saved region. Not thread-safe: one workspace per
-/// stream of calls.
+/// the tapes only if all of them still match, i.e. nothing else ran on this workspace in between,
+/// no forward or recompute wrote the saved region since (on any workspace), and the backward is
+/// on the same stream and saved region. Not thread-safe: one workspace per stream of calls.
 class Workspace {
  public:
   Workspace(void* data, size_t bytes) : data_(data), bytes_(bytes) {}
@@ -119,6 +119,9 @@ class Workspace {
     CUstream stream = nullptr;
     ProblemShape shape;  ///< with the bound the recompute's chunk_table checked
     const void* saved = nullptr;
+    /// The recompute's record of its saved region: a later forward or recompute into the region,
+    /// on any workspace, makes the hand-off stale (layer.cpp: PendingHandoffs).
+    uint64_t region = 0;
   };
   void* data_;
   size_t bytes_;

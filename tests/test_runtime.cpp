@@ -383,6 +383,32 @@ TEST_SUITE("runtime") {
       r.recompute();
       CHECK(other->backward(r.shape, r.in, r.grads, r.saved, r.saved_size, r.ws, nullptr) == HandOff::not_taken);
     }
+    SUBCASE("a forward into the same saved region on another workspace") {
+      Rig r(example("n"));
+      r.recompute();
+      Workspace other(reinterpret_cast<void*>(0x300000000ull), r.ws.bytes());
+      r.layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, other, nullptr);
+      CHECK(r.backward() == HandOff::not_taken);
+    }
+    SUBCASE("another layer's recompute into the same saved region") {
+      Rig r(example("n"));
+      auto other = Layer::with_launcher(example("n"), r.rec);
+      Workspace ws(reinterpret_cast<void*>(0x300000000ull), r.ws.bytes());
+      r.recompute();
+      other->recompute(r.shape, r.in, r.out, OutputNeeded::no, r.saved, r.saved_size, ws, nullptr);
+      CHECK(r.backward() == HandOff::not_taken);
+      // The other layer's own hand-off is intact.
+      CHECK(other->backward(r.shape, r.in, r.grads, r.saved, r.saved_size, ws, nullptr) == HandOff::taken);
+    }
+    SUBCASE("calls on other saved regions leave the hand-off fresh") {
+      Rig r(example("n"));
+      r.recompute();
+      Workspace other(reinterpret_cast<void*>(0x300000000ull), r.ws.bytes());
+      void* elsewhere = reinterpret_cast<void*>(0x400000000ull);
+      r.layer->forward(r.shape, r.in, r.out, elsewhere, r.saved_size, other, nullptr);
+      r.layer->recompute(r.shape, r.in, r.out, OutputNeeded::no, elsewhere, r.saved_size, other, nullptr);
+      CHECK(r.backward() == HandOff::taken);
+    }
     SUBCASE("a second backward on the same hand-off") {
       Rig r(example("n"));
       r.recompute();
