@@ -499,6 +499,11 @@ const std::map<std::string, ArmKind> kArms = {
     // portable backward walk (64 wide).
     {"verified-programs-seg4", {false, true, false, 0, 64, 4, ForwardPath::programs, 0, -1, std::nullopt, false, true}},
     {"verified-programs-seg8", {false, true, false, 0, 64, 8, ForwardPath::programs, 0, -1, std::nullopt, false, true}},
+    // The verified carry on the fused forward (its own speculate and verify walks) with the
+    // portable reverse walk (64 wide), for F1.
+    {"verified-fused-seg4", {false, true, false, 0, 64, 4, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
+    {"verified-fused-seg8", {false, true, false, 0, 64, 8, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
+    {"verified-fused-seg16", {false, true, false, 0, 64, 16, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
 };
 
 /// `base` with arm `name`'s spec changes.
@@ -708,7 +713,8 @@ int main(int argc, char** argv) {
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "
-         "(the verified carry on the programs forward and the 64-wide backward walk, for F1)")
+         "(the verified carry on the programs forward and the 64-wide backward walk, for F1), verified-fused-seg4, "
+         "-seg8, -seg16 (the verified carry on the fused forward, the 64-wide backward walk)")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);

@@ -252,18 +252,17 @@ LayerIR lower(const Spec& spec_in) {
   // What keeps a segmented layer from the verified carry (cp.ranks > 1 is refused with the spec):
   // "auto" takes the merge there, and "verified" is refused with this message.
   const std::optional<std::string> verified_refusal =
-      fused ? std::optional<std::string>(fmt::format(
-                  "\"verified\" runs on the programs forward (forward \"programs\"; here \"{}\"{} with {} segments)",
-                  to_string(s.forward), ir.forward_auto ? " by \"auto\"" : "", segments))
-      : walk_bwd_sm90
+      walk_bwd_sm90
           ? std::optional<std::string>(fmt::format(
                 "\"verified\" runs on the portable backward walk (walk_bwd_slab 32 or 64; here {}{}, the sm_90a body)",
                 ir.walk_bwd_bv, s.walk_bwd_slab == 0 ? " by \"auto\"" : ""))
           : std::nullopt;
+  // "auto" takes it on the programs forward only: on the fused forward (its speculate and verify
+  // walks, docs/design_fused_fwd_sm90.md 3.11.1) it is opt-in until measured on a GPU.
   if (s.cp_carry == SegmentCarry::automatic) {
     ir.carry_auto = true;
     ir.spec.cp_carry =
-        segments > 1 && s.cp_ranks == 1 && !verified_refusal ? SegmentCarry::verified : SegmentCarry::merge;
+        segments > 1 && s.cp_ranks == 1 && !verified_refusal && !fused ? SegmentCarry::verified : SegmentCarry::merge;
     ir.carry_auto_facts = fmt::format("{} segment{}, {} rank{}, the {} forward, the {} backward walk", segments,
                                       segments == 1 ? "" : "s", s.cp_ranks, s.cp_ranks == 1 ? "" : "s",
                                       fused ? "fused" : "programs", walk_bwd_sm90 ? "sm_90a" : "portable");
@@ -280,7 +279,7 @@ LayerIR lower(const Spec& spec_in) {
   auto add_carry_constant = [&] {
     if (ir.verified_carry) ir.programs.back().constants.emplace_back("VERIFIED_CARRY", "true");
   };
-  if (ir.verified_carry) {
+  if (ir.verified_carry && !fused) {  // the fused path's own are below
     for (const char* name : {"walk_speculate", "walk_verify"}) {
       add(name, "fwd/state_walk.cuh", name == std::string("walk_speculate") ? "StateWalkSpeculate" : "StateWalkVerify",
           "StateWalkParams", StateWalkGeometry::kThreads, StateWalkGeometry::smem_bytes_bv(K, C, ir.walk_bv),
@@ -313,8 +312,8 @@ LayerIR lower(const Spec& spec_in) {
     // threads, one block per SM). The same walk leaves the backward's tapes: with the output under
     // full saves, alone (walk_tape: no Q, no P, no O) for a recompute or a light backward, so the
     // tapes have one set of roundings in every call form.
-    auto add_fused_walk = [&](const char* name, bool output, bool tapes) {
-      add(name, "fwd/fused_walk.cuh", "FusedWalk", "FusedWalkParams", FusedWalkGeometry::kThreads,
+    auto add_fused_walk = [&](const char* name, const char* cls, bool output, bool tapes) {
+      add(name, "fwd/fused_walk.cuh", cls, "FusedWalkParams", FusedWalkGeometry::kThreads,
           FusedWalkGeometry::smem_bytes(K, C), segments > 1 ? GridKind::walk_segments : GridKind::walk,
           FusedWalkGeometry::kBV, FusedWalkGeometry::kMinBlocks);
       add_segment_constants();
@@ -322,6 +321,7 @@ LayerIR lower(const Spec& spec_in) {
       ir.programs.back().constants.push_back(fold_constant);
       ir.programs.back().constants.emplace_back("OUTPUT", output ? "true" : "false");
       ir.programs.back().constants.emplace_back("TAPES", tapes ? "true" : "false");
+      add_carry_constant();
       if (wgmma) {
         ir.programs.back().max_registers = 65536 / (FusedWalkGeometry::kThreads * FusedWalkGeometry::kMinBlocks);
         // Whole chunks arrive by TMA (FusedWalkSm90Layout's operand order).
@@ -339,8 +339,16 @@ LayerIR lower(const Spec& spec_in) {
         }
       }
     };
-    add_fused_walk("fused_walk", true, s.save_mode == SaveMode::full);
-    add_fused_walk("walk_tape", false, true);
+    // The verified carry: the speculative walk and the verify walk of each, the output's (with
+    // the saved tapes under full saves) and the tapes' alone (a recompute without the output).
+    if (ir.verified_carry) {
+      add_fused_walk("fused_speculate", "FusedWalkSpeculate", true, s.save_mode == SaveMode::full);
+      add_fused_walk("fused_verify", "FusedWalkVerify", true, s.save_mode == SaveMode::full);
+      add_fused_walk("tape_speculate", "FusedWalkSpeculate", false, true);
+      add_fused_walk("tape_verify", "FusedWalkVerify", false, true);
+    }
+    add_fused_walk("fused_walk", "FusedWalk", true, s.save_mode == SaveMode::full);
+    add_fused_walk("walk_tape", "FusedWalk", false, true);
   } else
     add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
         OutputGeometry::smem_bytes(K, V, C), GridKind::chunk_heads, 0, OutputGeometry::kMinBlocks);
@@ -625,33 +633,70 @@ LayerIR lower(const Spec& spec_in) {
     // each segment. With full saves the fused walk writes the saved tapes beside o (the same
     // roundings as walk_tape's), so full and light keep the same bits. chunk_prep's W serves the
     // backward's reverse walk.
+    // The verified carry's speculative and verify walks, before the merge path of the chains
+    // they mark (prescan, merge, the walk again), as on the programs path.
+    auto push_verified = [&](std::vector<Launch>& launches, bool output, const std::string& when) {
+      if (!ir.verified_carry) return;
+      const std::string what = output ? (full ? "o and the saved tapes" : "o") : "the tapes";
+      launches.push_back({output ? "fused_speculate" : "tape_speculate",
+                          what +
+                              " of every segment, a document's first from h0, the others from 0; the states "
+                              "after their first chunks; each segment's end as the next one's entry (seg_h0)" +
+                              std::string(output ? ", ht" : "") +
+                              "; chains whose gates decay too slowly are marked (seg_fail) and skipped",
+                          when});
+      launches.push_back({output ? "fused_verify" : "tape_verify",
+                          fmt::format("every later segment from its entry over its first {} chunks, {} again; a "
+                                      "chain none of whose windows meets the walk from 0 bit for bit is marked",
+                                      kCarryCheckpoints, what),
+                          when});
+    };
+    const std::string marked = ir.verified_carry ? " of the marked chains" : "";
     if (segments > 1) {
       fwd.push_back({"chunk_prep", full ? "W, U from Tm for the prescan; W saved" : "W, U from Tm for the prescan"});
+      push_verified(fwd, true, "");
       push_segment_programs(fwd, "");
     } else if (full) {
       fwd.push_back({"chunk_prep", "W from Tm, saved for the backward"});
     }
     const std::string from_entry = segments > 1 ? ", every segment from its entry state" : "";
-    fwd.push_back({"fused_walk", full ? "o, ht and the saved tapes (h_tape, v_new)" + from_entry
-                                      : "o and ht" + from_entry + "; no tapes"});
+    fwd.push_back({"fused_walk", full ? "o, ht and the saved tapes (h_tape, v_new)" + marked + from_entry
+                                      : "o and ht" + marked + from_entry + "; no tapes"});
     const char* needed = "the output is needed";
     const char* not_needed = "the output is not needed";
     if (full) {  // the tapes alone when the output is not needed
       rec = fwd;
       for (auto& l : rec)
-        if (l.program == "fused_walk") l.when = needed;
-      rec.push_back({"walk_tape", "h_tape, v_new saved; no o, no ht", not_needed});
+        if (l.program == "fused_walk" || l.program == "fused_speculate" || l.program == "fused_verify") l.when = needed;
+      std::vector<Launch> tapes_only;
+      push_verified(tapes_only, false, not_needed);
+      // Before the prescan: the speculative walks come first, as in the forward.
+      auto at = std::find_if(rec.begin(), rec.end(), [](const Launch& l) { return l.program == "walk_prescan"; });
+      rec.insert(at, tapes_only.begin(), tapes_only.end());
+      rec.push_back({"walk_tape", "h_tape, v_new saved" + marked + "; no o, no ht", not_needed});
     } else {
       if (segments > 1) {
         rec.push_back({"chunk_prep", "W, U from Tm"});
+        push_verified(rec, false, not_needed);
+        push_verified(rec, true, needed);
         push_segment_programs(rec, "");
       } else {
         rec.push_back({"chunk_prep", "W from Tm, handed to the backward if decided", not_needed});
       }
-      rec.push_back(
-          {"walk_tape", "h_tape, v_new in the workspace, handed to the backward if decided; no o, no ht", not_needed});
-      rec.push_back({"fused_walk", "o and ht; no tapes, no hand-off", needed});
+      rec.push_back({"walk_tape",
+                     "h_tape, v_new in the workspace" + marked + ", handed to the backward if decided; no o, no ht",
+                     not_needed});
+      rec.push_back({"fused_walk", "o and ht" + marked + "; no tapes, no hand-off", needed});
     }
+    if (ir.verified_carry)
+      for (auto* launches : {&fwd, &rec})
+        for (auto& l : *launches) {
+          if (l.program == "walk_prescan")
+            l.note =
+                "S_ext of every segment but a document's last and M of every one (saved for the backward), "
+                "marked chains";
+          if (l.program == "walk_merge") l.note = "the state entering every segment of a marked chain, fp32";
+        }
   } else if (ir.verified_carry) {
     fwd.push_back({"chunk_prep", "W, U from Tm"});
     const std::string tapes = full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace";

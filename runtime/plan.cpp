@@ -306,9 +306,16 @@ void bind_state_walk(Builder& b, const LayerIR& ir, const ValueSource& k, const 
   bind_walk_params(b.launch("state_walk", sizeof(StateWalkParams)), b, k, ht, segments);
 }
 
+/// Which of the verified carry's files a fused walk binds: none (no carry, or the backward's
+/// re-run, which walks every segment), the forward's marks (the merge path: the marked chains
+/// only), or the marks and the checkpoints (the speculative and the verify walks).
+enum class FusedCarryFiles { none, marks, checkpoints };
+
 /// The fused walk: `fused_walk` (o and ht, with full saves the tapes too) or `walk_tape` (the
-/// tapes alone). Raw q and k with the rows' rstd when the norm is on (the fused path folds it).
-void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes) {
+/// tapes alone), and the verified carry's `fused_speculate` / `fused_verify` / `tape_speculate` /
+/// `tape_verify`. Raw q and k with the rows' rstd when the norm is on (the fused path folds it).
+void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes,
+                     FusedCarryFiles carry = FusedCarryFiles::none) {
   const bool norm = b.ir().spec.norm == Norm::l2_in_kernel;
   const bool segments = b.ir().spec.cp_segments > 1;
   using F = Frame;
@@ -335,6 +342,23 @@ void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes) {
   GDN_BIND(l, P, T, b.frame(Frame::T));
   GDN_BIND(l, P, nt_max, b.nt_max());
   GDN_BIND(l, P, doc_order, b.slot("doc_order"));
+  if (carry == FusedCarryFiles::checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
+  if (carry != FusedCarryFiles::none) GDN_BIND(l, P, seg_fail, b.slot("fwd_fail"));
+}
+
+/// The verified carry on the fused path (docs/design_fused_fwd_sm90.md 3.11.1): the speculative
+/// walk and the verify walk (with o, or the tapes alone), then for the chains they mark the
+/// prescan and the merge on W and U, then `walk` over those chains.
+void bind_fused_verified(Builder& b, const ValueSource& k, bool output, bool tapes, const char* walk) {
+  const FusedCarryFiles files = FusedCarryFiles::checkpoints;
+  bind_fused_walk(b, output ? "fused_speculate" : "tape_speculate", output, tapes, files);
+  bind_fused_walk(b, output ? "fused_verify" : "tape_verify", output, tapes, files);
+  auto& l = b.launch("walk_prescan", sizeof(StateWalkParams));
+  GDN_BIND(l, StateWalkParams, seg_fail, b.slot("fwd_fail"));
+  bind_walk_params(l, b, k, b.constant(0), true, true);
+  bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
+  GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("fwd_fail"));
+  bind_fused_walk(b, walk, output, tapes, FusedCarryFiles::marks);
 }
 
 }  // namespace
@@ -408,6 +432,14 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
     // W for the backward's reverse walk (saved, or handed over) and, with segments, W and U for
     // the prescan.
     if (segments || full || output == OutputLaunch::no) bind_chunk_prep(b, k);
+    if (segments && ir.verified_carry) {
+      if (output == OutputLaunch::no)
+        bind_fused_verified(b, k, false, true, "walk_tape");
+      else
+        bind_fused_verified(b, k, true, full, "fused_walk");
+      split = b.split;
+      return plan;
+    }
     if (segments) bind_segment_entry_states(b, k, b.kcp);
     if (output == OutputLaunch::no)  // the tapes for a hand-off or the saves; ht stays the forward's
       bind_fused_walk(b, "walk_tape", false, true);

@@ -160,6 +160,10 @@ if has sanitize; then
   # marks it before the walks; 700 and 300 tokens verify); with g = 0 the gate test marks every chain.
   sed 's/"name": "shape_n"/"name": "shape_n_verified"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_verified.json"
+  # The verified carry on the fused forward: its speculate and verify walks (mbarrier ring, a vote
+  # on a named barrier) and the merge path of the chains they mark (the 65-token document's).
+  sed 's/"name": "shape_n"/"name": "shape_n_fused_verified", "forward": "fused", "walk_bwd_slab": 64/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
+    examples/n.json > "$sdir/n_fused_verified.json"
   # The merge carry with its saved maps (the default "auto" takes the verified carry on n.json).
   sed 's/"name": "shape_n"/"name": "shape_n_merge"/; s/"segments": "auto"/"segments": "auto", "carry": "merge"/' \
     examples/n.json > "$sdir/n_merge.json"
@@ -172,7 +176,8 @@ if has sanitize; then
         "$sdir/n_replay.json --docs 65,700 --seed 3" "$sdir/n_fused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
         "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases" "$sdir/n_verified.json --docs 65,700,300 --seed 3"
-        "$sdir/n_verified.json --docs 700,300 --seed 3 --gate 0" "$sdir/n_merge.json --docs 4200,65,300 --seed 3")
+        "$sdir/n_verified.json --docs 700,300 --seed 3 --gate 0" "$sdir/n_merge.json --docs 4200,65,300 --seed 3"
+        "$sdir/n_fused_verified.json --docs 65,700,300 --seed 3" "$sdir/n_fused_verified.json --docs 700,300 --seed 3 --ckpt")
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
       log="$sdir/${tool}_$i.log"

@@ -203,6 +203,12 @@ struct FusedWalkParams {
   int nt_max;      ///< the h tape's chunk slots (its tensor map's extent: nt_max x HV x K rows)
   int pad_end;
   const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
+  // The verified carry on the fused path (docs/design_fused_fwd_sm90.md 3.11.1): the speculative
+  // walk's first states per segment (fused_speculate / tape_speculate write them, the verify
+  // programs compare), and the chains' marks (the forward's, saved: fwd_fail). Null elsewhere; a
+  // walk of the merge path with null marks walks every segment (the backward's re-run).
+  float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]
+  int* seg_fail;    ///< [N, HV]
 };
 
 /// Intra-card segments: the carry of each segment from the prescan's (S_ext, M), one program per
@@ -369,7 +375,7 @@ static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kern
 static_assert(sizeof(StateWalkBwdParams) == 168, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
-static_assert(sizeof(FusedWalkParams) == 160, "FusedWalkParams: the host and the kernels share this layout");
+static_assert(sizeof(FusedWalkParams) == 176, "FusedWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(WalkMergeParams) == 72, "WalkMergeParams: the host and the kernels share this layout");
 static_assert(sizeof(KcpExchangeParams) == 56, "KcpExchangeParams: the host and the kernels share this layout");
 static_assert(sizeof(TensorMap) == 128 && alignof(TensorMap) == 64, "TensorMap: the driver's CUtensorMap");

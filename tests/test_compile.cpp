@@ -132,6 +132,40 @@ TEST_SUITE("compile") {
     CHECK(prep == 1);
   }
 
+  TEST_CASE("cp.carry \"verified\" on the fused forward: its walks compile for sm_90a and sm_100a, spills bounded") {
+    auto spec = example("n");
+    spec.name = "n_fused_verified";
+    spec.forward = gdn::ForwardPath::fused;
+    spec.walk_bwd_slab = 64;
+    spec.cp_segments = 4;
+    spec.cp_carry = gdn::SegmentCarry::verified;
+    auto merged = spec;
+    merged.name = "n_fused_merge4";
+    merged.cp_carry = gdn::SegmentCarry::merge;
+    std::map<std::string, int> merge_spills;
+    for (const auto& e : gdn::compile_layer(gdn::lower(merged), {gdn::Target::sm_90a}, shared_cache(), 2))
+      merge_spills[e.program] = e.entry.manifest["info"]["spill_store_bytes"].get<int>();
+    int walks = 0;
+    for (const auto& e :
+         gdn::compile_layer(gdn::lower(spec), {gdn::Target::sm_90a, gdn::Target::sm_100a}, shared_cache(), 2)) {
+      CAPTURE(e.program);
+      CAPTURE(gdn::to_string(e.target));
+      const int spills = e.entry.manifest["info"]["spill_store_bytes"].get<int>();
+      const std::string log = e.entry.manifest["info"]["ptxas_log"].get<std::string>();
+      CHECK(log.find("C7510") == std::string::npos);  // no wgmma serialized
+      if (e.target != gdn::Target::sm_90a) continue;
+      // The merge path's walks keep their spills; the speculative walk stores its checkpoints and
+      // the verify walk compares them (known: about 160 bytes in the verify walk with the output,
+      // on a window of 4 chunks a segment; a bound, so that worse is seen).
+      if (e.program == "fused_walk" || e.program == "walk_tape") CHECK(spills <= merge_spills.at(e.program));
+      if (e.program == "tape_speculate" || e.program == "tape_verify") CHECK(spills == 0);
+      if (e.program == "fused_speculate") CHECK(spills <= 32);
+      if (e.program == "fused_verify") CHECK(spills <= 192);
+      if (e.program.find("speculate") != std::string::npos || e.program.find("verify") != std::string::npos) ++walks;
+    }
+    CHECK(walks == 6);  // fused_ and tape_speculate / _verify, walk_bwd_speculate / _verify
+  }
+
   TEST_CASE("a truncated cubin is detected and rebuilt") {
     const auto ir = gdn::lower(example("n"));
     auto entries = gdn::compile_layer(ir, {gdn::Target::sm_90a}, shared_cache(), 2);

@@ -1655,6 +1655,89 @@ TEST_SUITE("gpu_fused") {
     return s;
   }
 
+  // The verified carry on the fused forward (docs/design_fused_fwd_sm90.md 3.11.1): the fused
+  // speculative and verify walks, the merge path for the chains they mark, the portable reverse
+  // walk's verified carry. Where chains verify, a document has every bit of the unsegmented fused
+  // layer with the same reverse walk (64-wide slabs, W from chunk_prep); where they do not, the
+  // merge carry's.
+  TEST_CASE("cp.carry verified on the fused forward: the unsegmented bits where chains verify, the merge's where not") {
+    auto spec = [&](const char* name, int segments, SegmentCarry carry) {
+      Spec s = fused_of("n", name);
+      s.walk_bwd_slab = 64;
+      s.cp_segments = segments;
+      s.cp_carry = carry;
+      return s;
+    };
+    const Spec plain = spec("n_fcarry_plain", 1, SegmentCarry::merge);
+    const Spec merged = spec("n_fcarry_merge", 4, SegmentCarry::merge);
+    const Spec verified = spec("n_fcarry_verified", 4, SegmentCarry::verified);
+    auto verified_layer = make(verified);
+    auto plain_layer = make(plain);
+    auto merged_layer = make(merged);
+    REQUIRE(verified_layer->ir().verified_carry);
+    check::Case c;
+    c.seed = 95;
+    c.doc_lens = {3000, 700, 2049, 1000, 256};  // every segment at least one chunk
+    const check::Report v = check::run(*verified_layer, c);
+    expect_within_bounds(v, "fused verified carry, logsigmoid gates");
+    c.with_reference = false;
+    expect_same_bits(check::run(*plain_layer, c).bytes, v, "fused verified vs unsegmented");
+    c.repeats = 2;
+    expect_call_forms_agree(verified, c, "n_fcarry_verified_forms");
+    Spec replayed = verified;
+    replayed.graph = GraphMode::replay;
+    replayed.name = "n_fcarry_verified_replay";
+    const check::Report r = check::run(*make(replayed), c);
+    for (const auto& m : r.mismatches) FAIL_CHECK("fused verified, replay differs: " << m);
+    expect_same_bits(v.bytes, r, "fused verified: graph replay vs eager");
+    c.repeats = 1;
+    // Whole chunks and cut ones, a one-token document and documents shorter than their segments
+    // (those chains cannot verify and take the merges), beside a long one that does.
+    c.doc_lens = {100, 65, 1, 3000, 129};
+    {
+      const check::Report vs = check::run(*verified_layer, c);
+      const check::Report ms = check::run(*merged_layer, c);
+      const check::Report ps = check::run(*plain_layer, c);
+      REQUIRE(vs.bytes.size() == 8);
+      for (size_t d = 0; d < c.doc_lens.size(); ++d) {
+        const bool verifies = c.doc_lens[d] == 3000;
+        for (const auto& [t, bytes] : vs.bytes)
+          CHECK_MESSAGE(check::document_bytes(vs, t, verified, c.doc_lens, d) ==
+                            check::document_bytes(verifies ? ps : ms, t, verified, c.doc_lens, d),
+                        "document " << d << " (" << c.doc_lens[d] << " tokens), " << t << ": fused verified vs "
+                                    << (verifies ? "unsegmented" : "merge"));
+      }
+    }
+    c.with_reference = true;
+    expect_within_bounds(check::run(*verified_layer, c), "fused verified carry, short documents");
+    c.with_reference = false;
+    // No decay: every chain goes to the merges (ckpt too: its recompute runs the tape walks).
+    c.gate_value = 0.0;
+    c.doc_lens = {3000, 700};
+    for (bool ckpt : {false, true}) {
+      c.step = ckpt ? check::Case::Step::ckpt : check::Case::Step::fwd_bwd;
+      const check::Report v0 = check::run(*verified_layer, c);
+      const check::Report m0 = check::run(*merged_layer, c);
+      REQUIRE(v0.bytes.size() == 8);
+      for (const auto& [out, bytes] : m0.bytes)
+        CHECK_MESSAGE(v0.bytes.at(out) == bytes,
+                      "g = 0" << (ckpt ? ", ckpt" : "") << ": fused verified (every chain merged) vs merge: " << out);
+    }
+    c.step = check::Case::Step::fwd_bwd;
+    // Gates that pass the test on a chain that cannot verify (beta = 0): the verify walk marks it
+    // and the merge walks it; a chain wrongly taken as verified would leave o = 0 there.
+    c.gate_value = -0.15;
+    c.beta_value = 0.0;
+    c.doc_lens = {1024};
+    const check::Report vb = check::run(*verified_layer, c);
+    const check::Report mb = check::run(*merged_layer, c);
+    REQUIRE(vb.bytes.size() == 8);
+    for (const auto& [out, bytes] : mb.bytes)
+      CHECK_MESSAGE(vb.bytes.at(out) == bytes, "beta = 0: fused verified (chain not verified) vs merge: " << out);
+    c.with_reference = true;
+    expect_within_bounds(check::run(*verified_layer, c), "fused verified carry, beta = 0");
+  }
+
   TEST_CASE("fused forward against the fp64 reference over the case matrix") {
     const uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) + 101;
     MESSAGE("seed " << seed);

@@ -278,13 +278,7 @@ TEST_SUITE("ir") {
     gdn::Spec one = spec;
     one.cp_segments = 1;
     CHECK_FALSE(gdn::lower(one).verified_carry);
-    // The fused forward with segments, and the reverse walk's sm_90a body, are refused.
-    gdn::Spec fused = spec;
-    fused.forward = gdn::ForwardPath::fused;
-    CHECK_THROWS_WITH_AS(gdn::lower(fused),
-                         "/cp/carry: \"verified\" runs on the programs forward (forward \"programs\"; here "
-                         "\"fused\" with 4 segments)",
-                         gdn::SpecError);
+    // The reverse walk's sm_90a body is refused (the fused forward has its own case below).
     gdn::Spec wide = spec;
     wide.walk_bwd_slab = 128;
     CHECK_THROWS_WITH_AS(gdn::lower(wide),
@@ -297,6 +291,68 @@ TEST_SUITE("ir") {
     CHECK(gdn::to_json(merge.spec)["cp"]["carry"] == "merge");
     CHECK(gdn::to_json(verified.spec)["cp"]["carry"] == "verified");
     CHECK(gdn::spec_from_json(gdn::to_json(verified.spec)).cp_carry == gdn::SegmentCarry::verified);
+  }
+
+  TEST_CASE("cp.carry \"verified\" on the fused forward: its walks, their constants, opt-in under \"auto\"") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
+    spec.forward = gdn::ForwardPath::fused;
+    spec.cp_segments = 4;
+    spec.cp_carry = gdn::SegmentCarry::verified;
+    const auto ir = gdn::lower(spec);
+    REQUIRE(ir.verified_carry);
+    auto constant_of = [](const gdn::Program& p, const std::string& name) {
+      for (const auto& [k, v] : p.constants)
+        if (k == name) return v;
+      return std::string("(absent)");
+    };
+    // The speculative and verify walks of the output and of the tapes: the fused walk's body, its
+    // geometry and operands, a class per walk.
+    const std::map<std::string, std::pair<std::string, std::string>> walks = {
+        {"fused_speculate", {"FusedWalkSpeculate", "true"}},
+        {"fused_verify", {"FusedWalkVerify", "true"}},
+        {"tape_speculate", {"FusedWalkSpeculate", "false"}},
+        {"tape_verify", {"FusedWalkVerify", "false"}}};
+    for (const auto& [name, cls_output] : walks) {
+      CAPTURE(name);
+      const gdn::Program& p = ir.program(name);
+      const gdn::Program& twin = ir.program(cls_output.second == "true" ? "fused_walk" : "walk_tape");
+      CHECK(p.class_name == cls_output.first);
+      CHECK(p.template_path == twin.template_path);
+      CHECK(p.smem_bytes == twin.smem_bytes);
+      CHECK(p.grid == twin.grid);
+      CHECK(p.tensor_maps.size() == twin.tensor_maps.size());
+      CHECK(p.max_registers == twin.max_registers);
+      CHECK(constant_of(p, "OUTPUT") == cls_output.second);
+      CHECK(constant_of(p, "VERIFIED_CARRY") == "true");
+      CHECK(p.constants == twin.constants);
+    }
+    // The forward: the two walks, then the merge path for the chains they mark.
+    std::vector<std::string> forward;
+    for (const auto& cf : ir.call_forms)
+      if (cf.form == gdn::CallForm::forward)
+        for (const auto& l : cf.launches) forward.push_back(l.program);
+    const std::vector<std::string> tail = {"chunk_prep",   "fused_speculate", "fused_verify",
+                                           "walk_prescan", "walk_merge",      "fused_walk"};
+    REQUIRE(forward.size() >= tail.size());
+    CHECK(std::vector<std::string>(forward.end() - static_cast<long>(tail.size()), forward.end()) == tail);
+    CHECK(ir.buffer("fwd_fail").role == gdn::BufferRole::saved);
+    CHECK(ir.buffer("seg_h0").role == gdn::BufferRole::saved);
+    // The backward runs the portable reverse walk's verified carry.
+    CHECK(constant_of(ir.program("walk_bwd_speculate"), "VERIFIED_CARRY") == "true");
+    // With the reverse walk's sm_90a body (128-wide slabs, the fused path's default at 48 value
+    // heads) it is refused, and "auto" keeps the merge on the fused forward.
+    gdn::Spec wide = spec;
+    wide.walk_bwd_slab = 128;
+    CHECK_THROWS_WITH_AS(gdn::lower(wide),
+                         "/cp/carry: \"verified\" runs on the portable backward walk (walk_bwd_slab 32 or 64; "
+                         "here 128, the sm_90a body)",
+                         gdn::SpecError);
+    gdn::Spec automatic = spec;
+    automatic.cp_carry = gdn::SegmentCarry::automatic;
+    const auto picked = gdn::lower(automatic);
+    CHECK(picked.spec.cp_carry == gdn::SegmentCarry::merge);
+    CHECK_FALSE(picked.verified_carry);
+    for (const auto& p : picked.programs) CHECK_MESSAGE(constant_of(p, "VERIFIED_CARRY") == "(absent)", p.name);
   }
 
   TEST_CASE("cp.carry \"auto\": verified where the layer can take it, the merge elsewhere, and the IR says why") {

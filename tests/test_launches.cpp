@@ -386,6 +386,41 @@ TEST_SUITE("launches") {
     CHECK(merge_bwd.find(field(offsetof(WalkMergeParams, seg_hm), "ws.seg_dzm")) != std::string::npos);
   }
 
+  TEST_CASE("cp.carry \"verified\" on the fused forward: its walks bind the checkpoints and the saved marks") {
+    Spec spec = example("n");
+    spec.forward = ForwardPath::fused;
+    spec.cp_segments = 4;
+    spec.cp_carry = SegmentCarry::verified;
+    const std::string text = record(spec, {8192, 3});
+    auto block = [&](const std::string& program, size_t from = 0) {
+      const size_t at = text.find(program + " grid", from);
+      REQUIRE(at != std::string::npos);
+      const size_t end = text.find(" grid=", at + program.size() + 6);
+      return std::pair{text.substr(at, (end == std::string::npos ? text.size() : text.rfind('\n', end)) - at), at};
+    };
+    const auto field = [](size_t offset, const char* what) { return fmt::format("[{:3}] {}", offset, what); };
+    using P = FusedWalkParams;
+    for (const char* walk : {"fused_speculate", "fused_verify"}) {
+      CAPTURE(walk);
+      const std::string b = block(walk).first;
+      CHECK(b.find(field(offsetof(P, seg_ckpt), "ws.seg_ckpt")) != std::string::npos);
+      CHECK(b.find(field(offsetof(P, seg_fail), "saved.fwd_fail")) != std::string::npos);
+      CHECK(b.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
+    }
+    // The merge path: the marked chains only; the prescan and the merge likewise.
+    CHECK(block("fused_walk").first.find(field(offsetof(P, seg_fail), "saved.fwd_fail")) != std::string::npos);
+    CHECK(block("fused_walk").first.find(field(offsetof(P, seg_ckpt), "0x0")) != std::string::npos);
+    CHECK(block("walk_prescan").first.find(field(offsetof(StateWalkParams, seg_fail), "saved.fwd_fail")) !=
+          std::string::npos);
+    CHECK(block("walk_merge").first.find(field(offsetof(WalkMergeParams, seg_fail), "saved.fwd_fail")) !=
+          std::string::npos);
+    // The backward's re-run walks every segment from the saved entries: no marks (the recompute's
+    // tape walks are in "every call plan launches what the IR's call form lists").
+    const std::string rerun = block("walk_tape").first;
+    CHECK(rerun.find(field(offsetof(P, seg_fail), "0x0")) != std::string::npos);
+    CHECK(rerun.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
+  }
+
   TEST_CASE("every call plan launches what the IR's call form lists") {
     constexpr SegmentCarry merge = SegmentCarry::merge, verified = SegmentCarry::verified;
     for (auto [save, segments, path, carry] : {std::tuple{SaveMode::light, 1, ForwardPath::programs, merge},
@@ -397,7 +432,9 @@ TEST_SUITE("launches") {
                                                std::tuple{SaveMode::light, 1, ForwardPath::fused, merge},
                                                std::tuple{SaveMode::light, 4, ForwardPath::fused, merge},
                                                std::tuple{SaveMode::full, 1, ForwardPath::fused, merge},
-                                               std::tuple{SaveMode::full, 4, ForwardPath::fused, merge}}) {
+                                               std::tuple{SaveMode::full, 4, ForwardPath::fused, merge},
+                                               std::tuple{SaveMode::light, 4, ForwardPath::fused, verified},
+                                               std::tuple{SaveMode::full, 4, ForwardPath::fused, verified}}) {
       Spec spec = example("n");
       spec.save_mode = save;
       spec.cp_segments = segments;

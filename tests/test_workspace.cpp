@@ -120,26 +120,31 @@ TEST_SUITE("workspace") {
               }
     CHECK(variants == 96);  // 2 shapes x 2 saves x 2 norms x 2 states x 3 segment counts x 2 forward paths
     CHECK(shared > 0);      // the property was checked on real sharing, not vacuously
-    // The verified carry (programs forward, portable backward walk): its own slots, saved maps.
+    // The verified carry (programs or fused forward, portable backward walk): its own slots, saved
+    // maps.
     int verified = 0;
     for (SaveMode save : {SaveMode::light, SaveMode::full})
       for (Norm norm : {Norm::l2_in_kernel, Norm::none})
         for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
-          for (int segments : {2, 8, 0}) {
-            Spec s = example("n");
-            s.save_mode = save;
-            s.norm = norm;
-            s.initial_state = h0;
-            s.final_state = h0;
-            s.cp_segments = segments;
-            s.cp_carry = SegmentCarry::verified;
-            const LayerIR ir = lower(s);
-            REQUIRE(ir.verified_carry);
-            for (const auto& c : all_conflicts(ir))
-              FAIL_CHECK("verified " << to_string(save) << " segments " << segments << ": " << c);
-            ++verified;
-          }
-    CHECK(verified == 24);
+          for (int segments : {2, 8, 0})
+            for (ForwardPath path : {ForwardPath::programs, ForwardPath::fused}) {
+              Spec s = example("n");
+              s.forward = path;
+              s.walk_bwd_slab = 64;
+              s.save_mode = save;
+              s.norm = norm;
+              s.initial_state = h0;
+              s.final_state = h0;
+              s.cp_segments = segments;
+              s.cp_carry = SegmentCarry::verified;
+              const LayerIR ir = lower(s);
+              REQUIRE(ir.verified_carry);
+              for (const auto& c : all_conflicts(ir))
+                FAIL_CHECK("verified " << to_string(save) << " " << to_string(path) << " segments " << segments << ": "
+                                       << c);
+              ++verified;
+            }
+    CHECK(verified == 48);
   }
 
   TEST_CASE("the proof catches a buffer placed in bytes that are still live") {

@@ -130,6 +130,19 @@ __device__ __forceinline__ void named_arrive_roles(int id, int threads) {
 __device__ __forceinline__ void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
+/// A barrier among `threads` threads that also returns whether `pred` holds in all of them
+/// (barrier.red.and, the non-aligned form: the two walking warpgroups reach it with their own
+/// values of the same code).
+__device__ __forceinline__ bool named_all(int id, int threads, bool pred) {
+  u32 all;
+  asm volatile(
+      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.and.pred q, %2, %3, p;\n"
+      " selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(all)
+      : "r"(static_cast<u32>(pred)), "r"(id), "r"(threads)
+      : "memory");
+  return all != 0;
+}
 
 /// True in exactly one lane of the (fully active) warp.
 __device__ __forceinline__ bool elect_one() {

@@ -60,6 +60,22 @@ struct VerifiedCarry<Cfg, decltype((void)Cfg::VERIFIED_CARRY, 0)> {
   static constexpr bool value = Cfg::VERIFIED_CARRY;
 };
 
+/// Which walk of the verified carry a fused walk program runs (FusedWalkSpeculate,
+/// FusedWalkVerify): Cfg::CARRY_WALK where the program's Cfg has it, else the plain walk.
+enum class CarryWalk { walk, speculate, verify };
+template <class Cfg, CarryWalk kMode>
+struct WithCarryWalk : Cfg {
+  static constexpr CarryWalk CARRY_WALK = kMode;
+};
+template <class Cfg, class = int>
+struct CarryWalkOf {
+  static constexpr CarryWalk value = CarryWalk::walk;
+};
+template <class Cfg>
+struct CarryWalkOf<Cfg, decltype((void)Cfg::CARRY_WALK, 0)> {
+  static constexpr CarryWalk value = Cfg::CARRY_WALK;
+};
+
 template <class Cfg>
 struct DocSegments {
   int first;        ///< the document's first chunk
@@ -196,6 +212,57 @@ struct SegmentWalk {
     begin = active ? ds.begin(seg) : 0;
     end = active ? ds.begin(seg + 1) : 0;
     slot = ds.slot0 + seg;
+  }
+};
+
+/// The verified carry on a fused walk (docs/design_fused_fwd_sm90.md 3.11.1), by the program's
+/// CarryWalkOf<Cfg>:
+///  - walk: the plain walk; under VERIFIED_CARRY with marks (the forward's merge path) only the
+///    chains marked in them, every chain with null marks (the backward's re-run);
+///  - speculate: every segment at once, a split document's first from h0 and the others from 0,
+///    with o and the tapes, the state after each of a later segment's first kCarryCheckpoints
+///    chunks (seg_ckpt) and each segment's end as the next one's entry (seg_h0);
+///  - verify: each later segment of a split document from that entry over exactly
+///    min(kCarryCheckpoints, its chunks) chunks (a warp-specialized ring cannot stop early),
+///    rewriting o and the tapes there; a chain none of whose chunks met its checkpoint is marked.
+/// A chain whose gates decay too slowly to verify is marked before any walk (chain_decays).
+template <class Cfg>
+struct FusedCarry {
+  static constexpr CarryWalk kMode = CarryWalkOf<Cfg>::value;
+  static constexpr bool kSpeculate = kMode == CarryWalk::speculate, kVerify = kMode == CarryWalk::verify;
+  static_assert(kMode == CarryWalk::walk || (VerifiedCarry<Cfg>::value && Cfg::SEGMENTS > 1 && Cfg::RANKS == 1),
+                "FusedCarry: the speculate and verify walks need VERIFIED_CARRY, segments and one rank");
+
+  /// Whether this block walks. Every thread of the block calls it, before any barrier of the
+  /// body (the gate test is a block-wide vote); a verify block's range shrinks to its window.
+  __device__ static bool prepare(SegmentWalk<Cfg>& range, const int* doc_chunk_offset, const ChunkInfo* chunks,
+                                 const float* gc, int* marks, int j) {
+    if (!range.active) return false;
+    int* const fail = marks != nullptr ? marks + (long long)range.n * Cfg::HV + j : nullptr;
+    if constexpr (kMode == CarryWalk::walk) {
+      return !(VerifiedCarry<Cfg>::value && fail != nullptr && (!range.split || *fail == 0));
+    } else {
+      if (kVerify && (!range.split || range.seg == 0)) return false;
+      if (range.split) {
+        const DocSegments<Cfg> ds(doc_chunk_offset, chunks, range.n);
+        if (!chain_decays<Cfg, false>(ds, chunks, gc, j)) {
+          if (kSpeculate && range.seg == 0 && blockIdx.x == 0 && threadIdx.x == 0) *fail = 1;
+          return false;
+        }
+      }
+      if (kVerify) range.end = min(range.end, range.begin + kCarryCheckpoints);
+      return true;
+    }
+  }
+  /// speculate: a split document's later segment starts from zero.
+  __device__ static bool from_zero(const SegmentWalk<Cfg>& range) { return kSpeculate && range.split && range.seg > 0; }
+  /// The checkpoints of the segment (value head j): kCarryCheckpoints states of [K, V] floats.
+  __device__ static long long checkpoint_base(const SegmentWalk<Cfg>& range, int j) {
+    return (range.slot * Cfg::HV + j) * kCarryCheckpoints * Cfg::K * Cfg::V;
+  }
+  /// The segment's entry slot in seg_h0 (s = 0) and the next segment's (s = 1).
+  __device__ static long long entry_base(const SegmentWalk<Cfg>& range, int j, int s) {
+    return ((range.slot + s) * Cfg::HV + j) * Cfg::K * Cfg::V;
   }
 };
 

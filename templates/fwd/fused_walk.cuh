@@ -77,8 +77,11 @@ struct FusedWalkMmaSync {
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const int half = threadIdx.x / kThreads;
     unsigned char* const smem = smem_raw + half * kHalfBytes;
-    const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
-    if (!range.active) return;
+    using FC = FusedCarry<Cfg>;
+    SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
+    // Past the document's segments, or a chain this walk of the verified carry skips (every thread
+    // votes in its gate test); a verify walk's range shrinks to its window.
+    if (!FC::prepare(range, p.doc_chunk_offset, p.chunks, p.gc, p.seg_fail, walk_head<Cfg>())) return;
     const int j = walk_head<Cfg>(), n = range.n, hq = j / G, v0 = blockIdx.x * Cfg::BV + half * BV;
     const int tid = threadIdx.x % kThreads, warp = tid >> 5, lane = tid & 31;
     const auto sync = [half] { asm volatile("bar.sync %0, %1;\n" ::"r"(1 + half), "n"(kThreads) : "memory"); };
@@ -108,14 +111,30 @@ struct FusedWalkMmaSync {
       for (int hh = 0; hh < 2; ++hh) {
         float2 x = make_float2(0.f, 0.f);
         const int r = warp * 16 + gr + hh * 8;
-        if (Cfg::SEGMENTS > 1 && range.split)
+        // The speculative walk of the verified carry starts a split document's later segments
+        // from zero and its first from h0.
+        if (FC::from_zero(range)) {
+        } else if (Cfg::SEGMENTS > 1 && range.split && !FC::kSpeculate) {
           x = *reinterpret_cast<const float2*>(p.seg_h0 + (range.slot * HV + j) * K * V + v0 + (long long)r * V +
                                                nt * 8 + tq);
-        else if (Cfg::HAS_H0 && p.h0 != nullptr)
+        } else if (Cfg::HAS_H0 && p.h0 != nullptr) {
           x = *reinterpret_cast<const float2*>(p.h0 + state_base + (long long)r * V + nt * 8 + tq);
+        }
         S[nt][2 * hh] = x.x;
         S[nt][2 * hh + 1] = x.y;
       }
+    // The verified carry's files for this segment: its first states (speculate writes them, verify
+    // compares), its entry slot and the next segment's.
+    float* const ckpt = FC::kSpeculate || FC::kVerify ? p.seg_ckpt + FC::checkpoint_base(range, j) + v0 : nullptr;
+    if constexpr (FC::kSpeculate) {
+      // A split document's first segment: its entry in its slot (the backward's re-run reads
+      // every segment's), and its chain verified so far.
+      if (range.split && range.seg == 0) {
+        store_state(S, const_cast<float*>(p.seg_h0) + FC::entry_base(range, j, 0) + v0, warp, gr, tq);
+        if (threadIdx.x == 0) p.seg_fail[(long long)n * HV + j] = 0;
+      }
+    }
+    bool verified = false;
 
     if (c_begin < c_end) issue_chunk(p, c_begin, smem, j, hq, v0, tid);
     fwd::cp_async_commit();
@@ -287,8 +306,32 @@ struct FusedWalkMmaSync {
       sync();  // every tile of this chunk is free (the O rows left through global stores)
       if (c + 1 < c_end) issue_chunk(p, c + 1, smem, j, hq, v0, tid);
       fwd::cp_async_commit();
+      if constexpr (FC::kSpeculate) {
+        if (FC::from_zero(range) && c - c_begin < kCarryCheckpoints)
+          store_state(S, ckpt + (long long)(c - c_begin) * K * V, warp, gr, tq);
+      }
+      if constexpr (FC::kVerify) {
+        // Bit for bit over both halves (a -0 against +0 counts as a difference, which costs a
+        // chunk at most); the chunks after a match keep the speculative walk's bits.
+        if (__syncthreads_and(state_equals(S, ckpt + (long long)(c - c_begin) * K * V, warp, gr, tq))) {
+          verified = true;
+          break;
+        }
+      }
     }
     fwd::cp_async_wait<0>();
+    if constexpr (FC::kVerify) {
+      // No checkpoint met within the window (an empty segment never verifies): the chain goes to
+      // the merge, which walks it again with every output.
+      if (!verified && threadIdx.x == 0) atomicExch(p.seg_fail + (long long)n * HV + j, 1);
+      return;
+    }
+    if constexpr (FC::kSpeculate) {
+      if (range.split && !range.last) {  // the next segment's entry, which its verify walk checks
+        store_state(S, const_cast<float*>(p.seg_h0) + FC::entry_base(range, j, 1) + v0, warp, gr, tq);
+        return;
+      }
+    }
 
     if (Cfg::HAS_HT && p.ht != nullptr && range.last) {  // a document's final state is its last segment's
 #pragma unroll
@@ -303,6 +346,34 @@ struct FusedWalkMmaSync {
   }
 
  private:
+  /// The half's fp32 state slab (rows 16 warp + gr (+8), columns nt * 8 + tq (+1)) to dst, row
+  /// stride V.
+  __device__ __forceinline__ static void store_state(const float (&S)[NT][4], float* dst, int warp, int gr, int tq) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = warp * 16 + gr + hh * 8;
+        *reinterpret_cast<float2*>(dst + (long long)r * V + nt * 8 + tq) =
+            make_float2(S[nt][2 * hh], S[nt][2 * hh + 1]);
+      }
+  }
+  /// Whether the half's state slab equals the one at src (row stride V) bit for bit.
+  __device__ __forceinline__ static bool state_equals(const float (&S)[NT][4], const float* src, int warp, int gr,
+                                                      int tq) {
+    bool same = true;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        const int r = warp * 16 + gr + hh * 8;
+        const float2 x = *reinterpret_cast<const float2*>(src + (long long)r * V + nt * 8 + tq);
+        same = same && __float_as_uint(x.x) == __float_as_uint(S[nt][2 * hh]) &&
+               __float_as_uint(x.y) == __float_as_uint(S[nt][2 * hh + 1]);
+      }
+    return same;
+  }
+
   /// Starts the asynchronous loads of chunk c's Q, K, V slab and Tm (rows past len zero-filled).
   /// Tm needs no masking here: chunk_prep stores its rows < len zero above the diagonal (so also
   /// in the columns >= len), and its rows >= len arrive as zeros.
@@ -336,5 +407,11 @@ struct FusedWalkPick<Cfg, true> {
 #endif
 template <class Cfg>
 using FusedWalk = typename FusedWalkPick<Cfg, Cfg::WGMMA>::type;
+/// The verified carry's walks on the fused path (FusedCarry, common/segments.cuh): every segment
+/// from its speculative entry, then each later segment's checkpoint window from its predecessor's end.
+template <class Cfg>
+using FusedWalkSpeculate = FusedWalk<WithCarryWalk<Cfg, CarryWalk::speculate>>;
+template <class Cfg>
+using FusedWalkVerify = FusedWalk<WithCarryWalk<Cfg, CarryWalk::verify>>;
 
 }  // namespace gdn

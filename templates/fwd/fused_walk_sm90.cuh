@@ -90,8 +90,10 @@ struct FusedWalkSm90 {
     // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
     // (Offsetting the array itself, not an integer cast, keeps the accesses in the shared window.)
     unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
-    const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
-    if (!range.active) return;  // past the document's segments
+    SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
+    // Past the document's segments, or a chain this walk of the verified carry skips (every thread
+    // votes in its gate test); a verify walk's range shrinks to its window.
+    if (!FusedCarry<Cfg>::prepare(range, p.doc_chunk_offset, p.chunks, p.gc, p.seg_fail, walk_head<Cfg>())) return;
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
     mbar_t* const full = bars;                 // [kStages], 129 arrivals: the loader's cp.async and its TMA issue
     mbar_t* const empty = bars + kStages;      // [kStages]: the scores' (with OUTPUT) and both walks' threads
@@ -360,6 +362,28 @@ struct FusedWalkSm90 {
     if (tid == 0) pipe::bulk_wait<0>();  // the stores, before the shared memory goes
   }
 
+  /// A walk's S^T (element (v, k) at S[4 i + 2 h + e], v = v_lo + 8 h, k = 8 i + tq + e) into the
+  /// [K, V] state at dst (the slab's column 0), and whether it equals the one there bit for bit.
+  __device__ __forceinline__ static void store_state(const float (&S)[64], float* dst, int tq, int v_lo) {
+#pragma unroll
+    for (int i = 0; i < K / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) dst[(8 * i + tq + e) * V + v_lo + 8 * h] = S[4 * i + 2 * h + e];
+  }
+  __device__ __forceinline__ static bool state_equals(const float (&S)[64], const float* src, int tq, int v_lo) {
+    u32 diff = 0u;  // the OR of every element's bit differences: no early exit, no predicate chain
+#pragma unroll
+    for (int i = 0; i < K / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          diff |= __float_as_uint(src[(8 * i + tq + e) * V + v_lo + 8 * h]) ^ __float_as_uint(S[4 * i + 2 * h + e]);
+    return diff == 0u;
+  }
+
   /// The rows < rows of a transposed A-fragment tile from registers (h_tape[c] from Sb^T, v_new from
   /// Vn^T), dst at the tile's row 0, the slab's column 0: register r of k-step ks holds rows
   /// v = 16 warp + 8 (r % 2) + lane / 4 and columns 16 ks + 8 (r / 2) + tq, +1; movmatrix turns it
@@ -402,12 +426,23 @@ struct FusedWalkSm90 {
           for (int e = 0; e < 2; ++e)
             f(S[4 * i + 2 * h + e], state_base + (long long)(8 * i + tq + e) * V + (h ? v_hi : v_lo));
     };
+    using FC = FusedCarry<Cfg>;
     if constexpr (Cfg::SEGMENTS > 1) {
-      // The segment's entry state: a split document's slot (walk_merge), else h0; one load loop
-      // over a selected base.
-      const float* const src = range.split ? p.seg_h0 : Cfg::HAS_H0 ? p.h0 : nullptr;
-      const long long shift = range.split ? (range.slot - n) * HV * K * V : 0;
+      // The segment's entry state: a split document's slot (walk_merge, or the speculative walk of
+      // the segment before), else h0; one load loop over a selected base. The speculative walk
+      // starts a split document's later segments from zero and its first from h0.
+      const bool from_slot = range.split && !FC::kSpeculate;
+      const float* const src = FC::from_zero(range) ? nullptr : from_slot ? p.seg_h0 : Cfg::HAS_H0 ? p.h0 : nullptr;
+      const long long shift = from_slot ? (range.slot - n) * HV * K * V : 0;
       for_state([&](float& x, long long at) { x = src != nullptr ? src[at + shift] : 0.f; });
+      if constexpr (FC::kSpeculate) {
+        // A split document's first segment: its entry in its slot (the backward's re-run reads
+        // every segment's), and its chain verified so far.
+        if (range.split && range.seg == 0) {
+          store_state(S, const_cast<float*>(p.seg_h0) + FC::entry_base(range, j, 0) + v0, tq, v_lo);
+          if (slab == 0 && ctid == 0) p.seg_fail[(long long)n * HV + j] = 0;
+        }
+      }
     } else {
       for_state([&](float& x, long long at) { x = Cfg::HAS_H0 && p.h0 != nullptr ? p.h0[at] : 0.f; });
     }
@@ -461,6 +496,12 @@ struct FusedWalkSm90 {
         if (t < ob_len)
           *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = wg::lds_v4(tile + sw128::offset(t, c8, C));
     };
+    // The verified carry: the segment's checkpoints (speculate writes them, verify compares: after
+    // each chunk a vote of both walking warpgroups, 256 threads, on named barrier kBarVote). The
+    // thread's elements sit at 32-bit offsets from the slab's column 0 (state_offset).
+    constexpr int kBarVote = 4;  // the walks' own barriers are 1 and 2, the tape storer's 3
+    float* const ckpt = FC::kSpeculate || FC::kVerify ? p.seg_ckpt + FC::checkpoint_base(range, j) + v0 : nullptr;
+    bool verified = false;
     int s = 0, phase = 0;  // the stage of chunk u and the parity of its use count u / kStages
     ChunkInfo next = nc > 0 ? p.chunks[c_begin] : ChunkInfo{};
 #pragma unroll 1
@@ -639,6 +680,14 @@ struct FusedWalkSm90 {
         ob_t0 = t0;
         ob_len = len;
       }
+      // The verified carry's checkpoint of this chunk's state (once O is packed: fewer registers live).
+      if constexpr (FC::kSpeculate) {
+        if (FC::from_zero(range) && u < kCarryCheckpoints) store_state(S, ckpt + u * K * V, tq, v_lo);
+      }
+      if constexpr (FC::kVerify) {
+        // Bit for bit (a -0 against +0 counts as a difference, which costs a chunk at most).
+        if (!verified) verified = pipe::named_all(kBarVote, 256, state_equals(S, ckpt + u * K * V, tq, v_lo));
+      }
       // Every thread arrives after its own reads of the stage (one arrival per warp after a
       // __syncwarp orders the same, but compute-sanitizer's racecheck does not follow it).
       pipe::mbar_arrive(empty + s);
@@ -656,6 +705,18 @@ struct FusedWalkSm90 {
       if (ctid == 0) pipe::bulk_wait<0>();  // the stores, before the shared memory goes
     }
 
+    if constexpr (FC::kVerify) {
+      // No checkpoint met within the window (an empty segment never verifies): the chain goes to
+      // the merge, which walks it again with every output.
+      if (!verified && slab == 0 && ctid == 0) atomicExch(p.seg_fail + (long long)n * HV + j, 1);
+      return;
+    }
+    if constexpr (FC::kSpeculate) {
+      if (range.split && !range.last) {  // the next segment's entry, which its verify walk checks
+        store_state(S, const_cast<float*>(p.seg_h0) + FC::entry_base(range, j, 1) + v0, tq, v_lo);
+        return;
+      }
+    }
     // A document's final state is its last segment's.
     if (Cfg::HAS_HT && p.ht != nullptr && range.last) for_state([&](float& x, long long at) { p.ht[at] = x; });
   }
