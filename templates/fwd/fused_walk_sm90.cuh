@@ -497,8 +497,8 @@ struct FusedWalkSm90 {
           *reinterpret_cast<uint4*>(dst + (long long)t * HV * V) = wg::lds_v4(tile + sw128::offset(t, c8, C));
     };
     // The verified carry: the segment's checkpoints (speculate writes them, verify compares: after
-    // each chunk a vote of both walking warpgroups, 256 threads, on named barrier kBarVote). The
-    // thread's elements sit at 32-bit offsets from the slab's column 0 (state_offset).
+    // each chunk a vote of both walking warpgroups, 256 threads, on named barrier kBarVote), from
+    // the slab's column 0 (store_state, state_equals).
     constexpr int kBarVote = 4;  // the walks' own barriers are 1 and 2, the tape storer's 3
     float* const ckpt = FC::kSpeculate || FC::kVerify ? p.seg_ckpt + FC::checkpoint_base(range, j) + v0 : nullptr;
     bool verified = false;
