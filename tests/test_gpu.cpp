@@ -1677,11 +1677,18 @@ TEST_SUITE("gpu_fused") {
     REQUIRE(verified_layer->ir().verified_carry);
     check::Case c;
     c.seed = 95;
-    c.doc_lens = {3000, 700, 2049, 1000, 256};  // every segment at least one chunk
+    c.doc_lens = {3000, 700, 2049, 1000, 640};  // every segment at least two chunks
     const check::Report v = check::run(*verified_layer, c);
     expect_within_bounds(v, "fused verified carry, logsigmoid gates");
     c.with_reference = false;
-    expect_same_bits(check::run(*plain_layer, c).bytes, v, "fused verified vs unsegmented");
+    const check::Report unsegmented = check::run(*plain_layer, c);
+    expect_same_bits(unsegmented.bytes, v, "fused verified vs unsegmented");
+    // Other segment counts (3, 8): the same bits.
+    for (int segments : {3, 8}) {
+      Spec other = spec(segments == 3 ? "n_fcarry_verified3" : "n_fcarry_verified8", segments, SegmentCarry::verified);
+      expect_same_bits(unsegmented.bytes, check::run(*make(other), c),
+                       fmt::format("fused verified, {} segments, vs unsegmented", segments));
+    }
     c.repeats = 2;
     expect_call_forms_agree(verified, c, "n_fcarry_verified_forms");
     Spec replayed = verified;
