@@ -1683,11 +1683,17 @@ TEST_SUITE("gpu_fused") {
     c.with_reference = false;
     const check::Report unsegmented = check::run(*plain_layer, c);
     expect_same_bits(unsegmented.bytes, v, "fused verified vs unsegmented");
-    // Other segment counts (3, 8): the same bits.
-    for (int segments : {3, 8}) {
-      Spec other = spec(segments == 3 ? "n_fcarry_verified3" : "n_fcarry_verified8", segments, SegmentCarry::verified);
-      expect_same_bits(unsegmented.bytes, check::run(*make(other), c),
-                       fmt::format("fused verified, {} segments, vs unsegmented", segments));
+    // Other segment counts (3, 8) on documents long enough for windows of four chunks: the same bits.
+    {
+      check::Case longer = c;
+      longer.doc_lens = {3000, 2049};
+      const check::Report base = check::run(*plain_layer, longer);
+      for (int segments : {3, 8}) {
+        Spec other =
+            spec(segments == 3 ? "n_fcarry_verified3" : "n_fcarry_verified8", segments, SegmentCarry::verified);
+        expect_same_bits(base.bytes, check::run(*make(other), longer),
+                         fmt::format("fused verified, {} segments, vs unsegmented", segments));
+      }
     }
     c.repeats = 2;
     expect_call_forms_agree(verified, c, "n_fcarry_verified_forms");
