@@ -164,6 +164,16 @@ TEST_SUITE("compile") {
       if (e.program.find("speculate") != std::string::npos || e.program.find("verify") != std::string::npos) ++walks;
     }
     CHECK(walks == 6);  // fused_ and tape_speculate / _verify, walk_bwd_speculate / _verify
+    // Full saves: the output's walks also store the tapes (from registers), a little more pressure.
+    auto full = spec;
+    full.name = "n_fused_verified_full";
+    full.save_mode = gdn::SaveMode::full;
+    for (const auto& e : gdn::compile_layer(gdn::lower(full), {gdn::Target::sm_90a}, shared_cache(), 2)) {
+      CAPTURE(e.program);
+      const int spills = e.entry.manifest["info"]["spill_store_bytes"].get<int>();
+      if (e.program == "fused_speculate") CHECK(spills <= 96);
+      if (e.program == "fused_verify") CHECK(spills <= 256);
+    }
   }
 
   TEST_CASE("a truncated cubin is detected and rebuilt") {
