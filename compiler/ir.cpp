@@ -611,14 +611,21 @@ LayerIR lower(const Spec& spec_in) {
     fwd.push_back({"l2norm", "k"});
   }
   fwd.push_back({"gate_cumsum", ""});
+  // Under the verified carry (the fused path's: the programs path lists its own) they work for
+  // the marked chains only.
   auto push_segment_programs = [&](std::vector<Launch>& launches, const std::string& when) {
     if (segments <= 1) return;
     launches.push_back({"walk_prescan",
-                        ir.saved_segment_maps
+                        ir.verified_carry ? "S_ext of every segment but a document's last and M of every one (saved "
+                                            "for the backward), marked chains"
+                        : ir.saved_segment_maps
                             ? "S_ext of every segment but a document's last, M of every one (saved for the backward)"
                             : "S_ext and M of every segment but a document's last",
                         when});
-    launches.push_back({"walk_merge", "the state entering every segment, fp32", when});
+    launches.push_back({"walk_merge",
+                        ir.verified_carry ? "the state entering every segment of a marked chain, fp32"
+                                          : "the state entering every segment, fp32",
+                        when});
   };
   fwd.push_back({"chunk_solve", fold_rstd ? "Tm, and the rows' rstd of k from K K^T's diagonal" : "Tm"});
   std::vector<Launch> rec = fwd;
@@ -688,15 +695,6 @@ LayerIR lower(const Spec& spec_in) {
                      not_needed});
       rec.push_back({"fused_walk", "o and ht" + marked + "; no tapes, no hand-off", needed});
     }
-    if (ir.verified_carry)
-      for (auto* launches : {&fwd, &rec})
-        for (auto& l : *launches) {
-          if (l.program == "walk_prescan")
-            l.note =
-                "S_ext of every segment but a document's last and M of every one (saved for the backward), "
-                "marked chains";
-          if (l.program == "walk_merge") l.note = "the state entering every segment of a marked chain, fp32";
-        }
   } else if (ir.verified_carry) {
     fwd.push_back({"chunk_prep", "W, U from Tm"});
     const std::string tapes = full ? "h_tape, v_new saved" : "h_tape, v_new in the workspace";

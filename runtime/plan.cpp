@@ -278,6 +278,16 @@ void bind_segment_entry_states(Builder& b, const ValueSource& k, bool exchange =
   bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
 }
 
+/// The verified carry's prescan and merge: they work only for the chains the forward marked
+/// (fwd_fail, saved for the backward), on W and U.
+void bind_marked_entry_states(Builder& b, const ValueSource& k) {
+  auto& l = b.launch("walk_prescan", sizeof(StateWalkParams));
+  GDN_BIND(l, StateWalkParams, seg_fail, b.slot("fwd_fail"));
+  bind_walk_params(l, b, k, b.constant(0), true, true);
+  bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
+  GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("fwd_fail"));
+}
+
 /// The verified carry (docs/algorithm.md 4.7): the walk from zero and the re-walks that verify it,
 /// then the prescan, the merge and the full walk, which work only for the chains marked in seg_fail.
 void bind_verified_walk(Builder& b, const ValueSource& k, const ValueSource& ht) {
@@ -289,9 +299,7 @@ void bind_verified_walk(Builder& b, const ValueSource& k, const ValueSource& ht)
   };
   bind_walk_params(carry(b.launch("walk_speculate", sizeof(P)), true), b, k, ht, true);
   bind_walk_params(carry(b.launch("walk_verify", sizeof(P)), true), b, k, ht, true);
-  bind_walk_params(carry(b.launch("walk_prescan", sizeof(P)), false), b, k, b.constant(0), true, true);
-  bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
-  GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("fwd_fail"));
+  bind_marked_entry_states(b, k);
   bind_walk_params(carry(b.launch("state_walk", sizeof(P)), false), b, k, ht, true);
 }
 
@@ -353,11 +361,7 @@ void bind_fused_verified(Builder& b, const ValueSource& k, bool output, bool tap
   const FusedCarryFiles files = FusedCarryFiles::checkpoints;
   bind_fused_walk(b, output ? "fused_speculate" : "tape_speculate", output, tapes, files);
   bind_fused_walk(b, output ? "fused_verify" : "tape_verify", output, tapes, files);
-  auto& l = b.launch("walk_prescan", sizeof(StateWalkParams));
-  GDN_BIND(l, StateWalkParams, seg_fail, b.slot("fwd_fail"));
-  bind_walk_params(l, b, k, b.constant(0), true, true);
-  bind_walk_merge(b, "walk_merge", "seg_hm", b.frame(Frame::h0), "seg_h0");
-  GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("fwd_fail"));
+  bind_marked_entry_states(b, k);
   bind_fused_walk(b, walk, output, tapes, FusedCarryFiles::marks);
 }
 

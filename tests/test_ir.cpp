@@ -300,11 +300,6 @@ TEST_SUITE("ir") {
     spec.cp_carry = gdn::SegmentCarry::verified;
     const auto ir = gdn::lower(spec);
     REQUIRE(ir.verified_carry);
-    auto constant_of = [](const gdn::Program& p, const std::string& name) {
-      for (const auto& [k, v] : p.constants)
-        if (k == name) return v;
-      return std::string("(absent)");
-    };
     // The speculative and verify walks of the output and of the tapes: the fused walk's body, its
     // geometry and operands, a class per walk.
     const std::map<std::string, std::pair<std::string, std::string>> walks = {

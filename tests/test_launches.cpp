@@ -94,6 +94,17 @@ std::string record(const Spec& spec, ProblemShape s) {
   return testing::render(rec->records, f.regions);
 }
 
+/// One launch's lines in a recording (from "PROGRAM grid" to the next launch) and where it starts,
+/// the first at or after `from`.
+std::pair<std::string, size_t> launch_block(const std::string& text, const std::string& program, size_t from) {
+  const size_t at = text.find(program + " grid", from);
+  REQUIRE(at != std::string::npos);
+  const size_t end = text.find(" grid=", at + program.size() + 6);
+  return {text.substr(at, (end == std::string::npos ? text.size() : text.rfind('\n', end)) - at), at};
+}
+/// A bound field as a recording prints it.
+std::string field(size_t offset, const char* what) { return fmt::format("[{:3}] {}", offset, what); }
+
 Spec example(const char* name) {
   return spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples" / (std::string(name) + ".json")).string());
 }
@@ -340,13 +351,7 @@ TEST_SUITE("launches") {
     spec.cp_segments = 4;
     spec.cp_carry = SegmentCarry::verified;
     const std::string text = record(spec, {8192, 3});
-    auto block = [&](const std::string& program, size_t from = 0) {
-      const size_t at = text.find(program + " grid", from);
-      REQUIRE(at != std::string::npos);
-      const size_t end = text.find(" grid=", at + program.size() + 6);
-      return std::pair{text.substr(at, (end == std::string::npos ? text.size() : text.rfind('\n', end)) - at), at};
-    };
-    const auto field = [](size_t offset, const char* what) { return fmt::format("[{:3}] {}", offset, what); };
+    auto block = [&](const std::string& program, size_t from = 0) { return launch_block(text, program, from); };
     using P = StateWalkParams;
     for (const char* walk : {"walk_speculate", "walk_verify"}) {
       CAPTURE(walk);
@@ -392,13 +397,7 @@ TEST_SUITE("launches") {
     spec.cp_segments = 4;
     spec.cp_carry = SegmentCarry::verified;
     const std::string text = record(spec, {8192, 3});
-    auto block = [&](const std::string& program, size_t from = 0) {
-      const size_t at = text.find(program + " grid", from);
-      REQUIRE(at != std::string::npos);
-      const size_t end = text.find(" grid=", at + program.size() + 6);
-      return std::pair{text.substr(at, (end == std::string::npos ? text.size() : text.rfind('\n', end)) - at), at};
-    };
-    const auto field = [](size_t offset, const char* what) { return fmt::format("[{:3}] {}", offset, what); };
+    auto block = [&](const std::string& program, size_t from = 0) { return launch_block(text, program, from); };
     using P = FusedWalkParams;
     for (const char* walk : {"fused_speculate", "fused_verify"}) {
       CAPTURE(walk);
