@@ -249,26 +249,19 @@ LayerIR lower(const Spec& spec_in) {
   // its own backward records (dZ_ext | A) and keeps the old split. The verified carry
   // (docs/algorithm.md 4.7) saves the maps of the chains its forward merges and keeps the split
   // for the backward's other marked chains (common/segments.cuh, reverse_chain_mark).
-  // What keeps a segmented layer from the verified carry (cp.ranks > 1 is refused with the spec):
-  // "auto" takes the merge there, and "verified" is refused with this message.
-  const std::optional<std::string> verified_refusal =
-      walk_bwd_sm90
-          ? std::optional<std::string>(fmt::format(
-                "\"verified\" runs on the portable backward walk (walk_bwd_slab 32 or 64; here {}{}, the sm_90a body)",
-                ir.walk_bwd_bv, s.walk_bwd_slab == 0 ? " by \"auto\"" : ""))
-          : std::nullopt;
-  // "auto" takes it on the programs forward only: on the fused forward (its speculate and verify
-  // walks, docs/design_fused_fwd_sm90.md 3.11.1) it is opt-in until measured on a GPU.
+  // "auto" takes it on the programs forward with the portable reverse walk only: on the fused
+  // forward (its speculate and verify walks, docs/design_fused_fwd_sm90.md 3.11.1) and on the
+  // reverse walk's sm_90a body (ReverseCarry, common/segments.cuh) it is opt-in until measured on
+  // a GPU. cp.ranks > 1 is refused with the spec.
   if (s.cp_carry == SegmentCarry::automatic) {
     ir.carry_auto = true;
     ir.spec.cp_carry =
-        segments > 1 && s.cp_ranks == 1 && !verified_refusal && !fused ? SegmentCarry::verified : SegmentCarry::merge;
+        segments > 1 && s.cp_ranks == 1 && !walk_bwd_sm90 && !fused ? SegmentCarry::verified : SegmentCarry::merge;
     ir.carry_auto_facts = fmt::format("{} segment{}, {} rank{}, the {} forward, the {} backward walk", segments,
                                       segments == 1 ? "" : "s", s.cp_ranks, s.cp_ranks == 1 ? "" : "s",
                                       fused ? "fused" : "programs", walk_bwd_sm90 ? "sm_90a" : "portable");
   }
   ir.verified_carry = segments > 1 && s.cp_carry == SegmentCarry::verified;
-  if (ir.verified_carry && verified_refusal) throw SpecError("/cp/carry", *verified_refusal);
   ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1;
   // Under the verified carry the backward prescan may walk a chain's transitions itself: its grid
   // and shared memory keep room for them.
@@ -363,16 +356,40 @@ LayerIR lower(const Spec& spec_in) {
   if (walk_fuses_dv) ir.programs.back().idle_on.push_back(Target::sm_90a);
   // With segments the backward walk is segmented too: its prescan and merge run before it (under
   // the verified carry, after its own walk from zero and the re-walks, for the marked chains).
+  // The reverse walk's programs (state_walk_bwd and, under the verified carry, its speculative and
+  // verify walks): 128-wide slabs at K = V = 128 with wgmma run the warp-specialized sm_90a body
+  // (setmaxnreg: the entry's register count pinned, as for the fused walk); the other targets run
+  // the portable body in the same 512-thread blocks.
+  auto add_reverse_walk = [&](const std::string& name, std::string cls, GridKind grid) {
+    add(name, "bwd/state_walk_bwd.cuh", std::move(cls), "StateWalkBwdParams",
+        StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv), grid,
+        ir.walk_bwd_bv, StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
+    add_segment_constants();
+    add_carry_constant();
+    // The verified carry's walks on the portable body keep the constants (and sources) they had
+    // before the sm_90a body ran them.
+    if (!walk_bwd_sm90 && name != "state_walk_bwd") return;
+    ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
+    ir.programs.back().constants.emplace_back("WALK_FUSES_W", walk_fuses_w ? "true" : "false");
+    if (!walk_bwd_sm90) return;
+    ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
+    // Whole chunks arrive by TMA (StateWalkBwdSm90Layout's operand order); W's place holds Tm when
+    // the walk forms W.
+    using P = StateWalkBwdParams;
+    auto& maps = ir.programs.back().tensor_maps;
+    maps.push_back({"k", offsetof(P, k), offsetof(P, T), int64_t{H} * K});
+    maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
+    maps.push_back(walk_fuses_w ? TensorMapOperand{"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C}
+                                : TensorMapOperand{"w", offsetof(P, w), offsetof(P, T), int64_t{HV} * K});
+    maps.push_back({"d_o", offsetof(P, d_o), offsetof(P, T), int64_t{HV} * V});
+    // The walks' stores of whole chunks: dh_tape[c] (K x 64 boxes, nt_max x HV x K rows of V) and
+    // dv_new.
+    maps.push_back({"dh_tape", offsetof(P, dh_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128});
+    maps.push_back({"dv_new", offsetof(P, dv_new), offsetof(P, T), int64_t{HV} * V});
+  };
   if (ir.verified_carry) {
-    for (const char* name : {"walk_bwd_speculate", "walk_bwd_verify"}) {
-      add(name, "bwd/state_walk_bwd.cuh",
-          name == std::string("walk_bwd_speculate") ? "StateWalkBwdSpeculate" : "StateWalkBwdVerify",
-          "StateWalkBwdParams", StateWalkBwdGeometry::threads(ir.walk_bwd_bv),
-          StateWalkBwdGeometry::portable_smem_bytes_bv(K, C, ir.walk_bwd_bv), GridKind::walk_segments, ir.walk_bwd_bv,
-          StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
-      add_segment_constants();
-      add_carry_constant();
-    }
+    add_reverse_walk("walk_bwd_speculate", "StateWalkBwdSpeculate", GridKind::walk_segments);
+    add_reverse_walk("walk_bwd_verify", "StateWalkBwdVerify", GridKind::walk_segments);
   }
   if (segments > 1) {
     add("walk_bwd_prescan", "bwd/state_walk_bwd.cuh", "StateWalkBwdPrescan", "StateWalkBwdParams",
@@ -391,33 +408,7 @@ LayerIR lower(const Spec& spec_in) {
     ir.programs.back().constants.push_back(saved_maps_constant);
     add_carry_constant();
   }
-  add("state_walk_bwd", "bwd/state_walk_bwd.cuh", "StateWalkBwd", "StateWalkBwdParams",
-      StateWalkBwdGeometry::threads(ir.walk_bwd_bv), StateWalkBwdGeometry::smem_bytes_bv(K, C, ir.walk_bwd_bv),
-      segments > 1 ? GridKind::walk_segments : GridKind::walk, ir.walk_bwd_bv,
-      StateWalkBwdGeometry::min_blocks_per_sm(ir.walk_bwd_bv));
-  add_segment_constants();
-  add_carry_constant();
-  // 128-wide slabs at K = V = 128 with wgmma run the warp-specialized sm_90a body (setmaxnreg:
-  // the entry's register count pinned, as for the fused walk); the other targets run the portable
-  // body in the same 512-thread blocks.
-  ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
-  ir.programs.back().constants.emplace_back("WALK_FUSES_W", walk_fuses_w ? "true" : "false");
-  if (walk_bwd_sm90) {
-    ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
-    // Whole chunks arrive by TMA (StateWalkBwdSm90Layout's operand order); W's place holds Tm when
-    // the walk forms W.
-    using P = StateWalkBwdParams;
-    auto& maps = ir.programs.back().tensor_maps;
-    maps.push_back({"k", offsetof(P, k), offsetof(P, T), int64_t{H} * K});
-    maps.push_back({"q", offsetof(P, q), offsetof(P, T), int64_t{H} * K});
-    maps.push_back(walk_fuses_w ? TensorMapOperand{"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C}
-                                : TensorMapOperand{"w", offsetof(P, w), offsetof(P, T), int64_t{HV} * K});
-    maps.push_back({"d_o", offsetof(P, d_o), offsetof(P, T), int64_t{HV} * V});
-    // The walks' stores of whole chunks: dh_tape[c] (K x 64 boxes, nt_max x HV x K rows of V) and
-    // dv_new.
-    maps.push_back({"dh_tape", offsetof(P, dh_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128});
-    maps.push_back({"dv_new", offsetof(P, dv_new), offsetof(P, T), int64_t{HV} * V});
-  }
+  add_reverse_walk("state_walk_bwd", "StateWalkBwd", segments > 1 ? GridKind::walk_segments : GridKind::walk);
   // With wgmma the sm_90a kernel (one product per warpgroup) needs a little more shared memory;
   // the other targets' mma.sync kernel runs within it.
   add("chunk_bwd", "bwd/chunk_bwd.cuh", "ChunkBwd", "ChunkBwdParams", ChunkBwdGeometry::kThreads,

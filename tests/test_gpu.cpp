@@ -1656,14 +1656,16 @@ TEST_SUITE("gpu_fused") {
   }
 
   // The verified carry on the fused forward (docs/design_fused_fwd_sm90.md 3.11.1): the fused
-  // speculative and verify walks, the merge path for the chains they mark, the portable reverse
-  // walk's verified carry. Where chains verify, a document has every bit of the unsegmented fused
-  // layer with the same reverse walk (64-wide slabs, W from chunk_prep); where they do not, the
-  // merge carry's.
-  TEST_CASE("cp.carry verified on the fused forward: the unsegmented bits where chains verify, the merge's where not") {
+  // speculative and verify walks, the merge path for the chains they mark, and the reverse walk's
+  // verified carry in both bodies: the portable one (64-wide slabs) and the sm_90a one (128-wide,
+  // ReverseCarry: fixed 4-chunk verify windows). Where chains verify, a document has every bit of
+  // the unsegmented fused layer with the same reverse walk; where they do not, the merge carry's.
+  void fused_verified_carry_case(int slab) {
+    const std::string tag = slab == 64 ? "" : fmt::format("_bwd{}", slab);
     auto spec = [&](const char* name, int segments, SegmentCarry carry) {
-      Spec s = fused_of("n", name);
-      s.walk_bwd_slab = 64;
+      Spec s = fused_of("n", (name + tag).c_str());
+      s.walk_bwd_slab = slab;
+      s.backward_w = BackwardW::chunk_prep;  // as segments need ("walk" forms the same W)
       s.cp_segments = segments;
       s.cp_carry = carry;
       return s;
@@ -1696,10 +1698,10 @@ TEST_SUITE("gpu_fused") {
       }
     }
     c.repeats = 2;
-    expect_call_forms_agree(verified, c, "n_fcarry_verified_forms");
+    expect_call_forms_agree(verified, c, ("n_fcarry_verified_forms" + tag).c_str());
     Spec replayed = verified;
     replayed.graph = GraphMode::replay;
-    replayed.name = "n_fcarry_verified_replay";
+    replayed.name = "n_fcarry_verified_replay" + tag;
     const check::Report r = check::run(*make(replayed), c);
     for (const auto& m : r.mismatches) FAIL_CHECK("fused verified, replay differs: " << m);
     expect_same_bits(v.bytes, r, "fused verified: graph replay vs eager");
@@ -1749,6 +1751,13 @@ TEST_SUITE("gpu_fused") {
       CHECK_MESSAGE(vb.bytes.at(out) == bytes, "beta = 0: fused verified (chain not verified) vs merge: " << out);
     c.with_reference = true;
     expect_within_bounds(check::run(*verified_layer, c), "fused verified carry, beta = 0");
+  }
+
+  TEST_CASE("cp.carry verified on the fused forward: the unsegmented bits where chains verify, the merge's where not") {
+    fused_verified_carry_case(64);
+  }
+  TEST_CASE("cp.carry verified on the reverse walk's sm_90a body: the unsegmented bits where chains verify") {
+    fused_verified_carry_case(128);
   }
 
   TEST_CASE("fused forward against the fp64 reference over the case matrix") {

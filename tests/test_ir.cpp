@@ -278,15 +278,32 @@ TEST_SUITE("ir") {
     gdn::Spec one = spec;
     one.cp_segments = 1;
     CHECK_FALSE(gdn::lower(one).verified_carry);
-    // The reverse walk's sm_90a body is refused (the fused forward has its own case below).
+    // The reverse walk's sm_90a body (128-wide slabs) runs its own speculative and verify walks:
+    // the walk's shape, pinned registers and tensor maps for all three; "auto" keeps the merge there.
     gdn::Spec wide = spec;
     wide.walk_bwd_slab = 128;
-    CHECK_THROWS_WITH_AS(gdn::lower(wide),
-                         "/cp/carry: \"verified\" runs on the portable backward walk (walk_bwd_slab 32 or 64; "
-                         "here 128, the sm_90a body)",
-                         gdn::SpecError);
+    const auto sm90 = gdn::lower(wide);
+    CHECK(sm90.verified_carry);
+    const gdn::Program& walk = sm90.program("state_walk_bwd");
+    for (const char* name : {"walk_bwd_speculate", "walk_bwd_verify"}) {
+      const gdn::Program& p = sm90.program(name);
+      CHECK_MESSAGE(p.threads == walk.threads, name);
+      CHECK_MESSAGE(p.smem_bytes == walk.smem_bytes, name);
+      CHECK_MESSAGE(p.max_registers == walk.max_registers, name);
+      CHECK_MESSAGE(p.max_registers == 128, name);
+      CHECK_MESSAGE(p.tensor_maps.size() == walk.tensor_maps.size(), name);
+      CHECK_MESSAGE(p.tensor_maps.size() == 6, name);
+      CHECK_MESSAGE(constant_of(p, "WGMMA") == "true", name);
+      CHECK_MESSAGE(constant_of(p, "VERIFIED_CARRY") == "true", name);
+    }
+    gdn::Spec wide_auto = wide;
+    wide_auto.cp_carry = gdn::SegmentCarry::automatic;
+    CHECK_FALSE(gdn::lower(wide_auto).verified_carry);
     wide.tensor_cores = gdn::TensorCores::mma_sync;  // the portable body at 128 columns
-    CHECK(gdn::lower(wide).verified_carry);
+    const auto portable = gdn::lower(wide);
+    CHECK(portable.verified_carry);
+    CHECK(portable.program("walk_bwd_speculate").tensor_maps.empty());
+    CHECK(portable.program("walk_bwd_speculate").max_registers == 0);
     // The canonical form names the carry only when it is not the default ("auto").
     CHECK(gdn::to_json(merge.spec)["cp"]["carry"] == "merge");
     CHECK(gdn::to_json(verified.spec)["cp"]["carry"] == "verified");
@@ -335,13 +352,12 @@ TEST_SUITE("ir") {
     // The backward runs the portable reverse walk's verified carry.
     CHECK(constant_of(ir.program("walk_bwd_speculate"), "VERIFIED_CARRY") == "true");
     // With the reverse walk's sm_90a body (128-wide slabs, the fused path's default at 48 value
-    // heads) it is refused, and "auto" keeps the merge on the fused forward.
+    // heads) that body's own, and "auto" keeps the merge on the fused forward.
     gdn::Spec wide = spec;
     wide.walk_bwd_slab = 128;
-    CHECK_THROWS_WITH_AS(gdn::lower(wide),
-                         "/cp/carry: \"verified\" runs on the portable backward walk (walk_bwd_slab 32 or 64; "
-                         "here 128, the sm_90a body)",
-                         gdn::SpecError);
+    const auto sm90 = gdn::lower(wide);
+    CHECK(sm90.verified_carry);
+    CHECK(sm90.program("walk_bwd_verify").tensor_maps.size() == 6);
     gdn::Spec automatic = spec;
     automatic.cp_carry = gdn::SegmentCarry::automatic;
     const auto picked = gdn::lower(automatic);

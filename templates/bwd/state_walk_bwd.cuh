@@ -102,9 +102,13 @@ struct StateWalkBwdMmaSync {
 
   enum class Mode { walk, prescan, speculate, verify };
 
-  __device__ static void run(const StateWalkBwdParams& p) { walk<Mode::walk>(p); }
+  /// The program's walk: CarryWalkOf<Cfg> (StateWalkBwdSpeculate, StateWalkBwdVerify), else the plain one.
+  static constexpr Mode kProgramMode = CarryWalkOf<Cfg>::value == CarryWalk::speculate ? Mode::speculate
+                                       : CarryWalkOf<Cfg>::value == CarryWalk::verify  ? Mode::verify
+                                                                                       : Mode::walk;
+  __device__ static void run(const StateWalkBwdParams& p) { walk<kProgramMode>(p); }
   /// The entry of a layer whose sm_90a body loads by TMA (the maps are for that body only).
-  __device__ static void run(const StateWalkBwdParams& p, const TensorMaps&) { walk<Mode::walk>(p); }
+  __device__ static void run(const StateWalkBwdParams& p, const TensorMaps&) { walk<kProgramMode>(p); }
 
   /// Mode::prescan: blockIdx.x < V / BV walks slab x from Z = 0 (dZ_ext); the K / BV blocks after
   /// it walk columns of A from the identity with no dO and dv_local. No tapes; the result goes to
@@ -384,24 +388,6 @@ struct StateWalkBwdPrescan {
   }
 };
 
-/// The verified carry's first reverse walk (the file's comment): every segment at once, a
-/// document's last from dht and the others from 0, with the tapes, checkpoints and start gradients.
-template <class Cfg>
-struct StateWalkBwdSpeculate {
-  __device__ static void run(const StateWalkBwdParams& p) {
-    StateWalkBwdMmaSync<Cfg>::template walk<StateWalkBwdMmaSync<Cfg>::Mode::speculate>(p);
-  }
-};
-
-/// The verified carry's second reverse walk: each earlier segment from its successor's start
-/// gradient until it matches a checkpoint; marks the chains that do not.
-template <class Cfg>
-struct StateWalkBwdVerify {
-  __device__ static void run(const StateWalkBwdParams& p) {
-    StateWalkBwdMmaSync<Cfg>::template walk<StateWalkBwdMmaSync<Cfg>::Mode::verify>(p);
-  }
-};
-
 /// The program's class: the warp-specialized body (state_walk_bwd_sm90.cuh) on sm_90a when the
 /// spec's tensor_cores is "auto" (Cfg::WGMMA) and the block walks 128 columns at K = V = 128,
 /// chunk 64; the mma.sync one otherwise and on every other target.
@@ -415,8 +401,29 @@ struct StateWalkBwdPick<Cfg, true> {
   using type = StateWalkBwdSm90<Cfg>;
 };
 #endif
+/// Cfg::WGMMA where the program has it (state_walk_bwd always; its speculative and verify walks
+/// where the layer runs the sm_90a body, so the portable ones keep their sources), else false.
+template <class Cfg, class = int>
+struct ReverseWalkWgmma {
+  static constexpr bool value = false;
+};
 template <class Cfg>
-using StateWalkBwd = typename StateWalkBwdPick<Cfg, StateWalkBwdGeometry::sm90_body(Cfg::K, Cfg::V, Cfg::CHUNK, Cfg::BV,
-                                                                                    Cfg::WGMMA)>::type;
+struct ReverseWalkWgmma<Cfg, decltype((void)Cfg::WGMMA, 0)> {
+  static constexpr bool value = Cfg::WGMMA;
+};
+template <class Cfg>
+using StateWalkBwd =
+    typename StateWalkBwdPick<Cfg, StateWalkBwdGeometry::sm90_body(Cfg::K, Cfg::V, Cfg::CHUNK, Cfg::BV,
+                                                                   ReverseWalkWgmma<Cfg>::value)>::type;
+/// The verified carry's first reverse walk (the file's comment; ReverseCarry, common/segments.cuh):
+/// every segment at once, a document's last from dht and the others from 0, with the tapes,
+/// checkpoints and start gradients.
+template <class Cfg>
+using StateWalkBwdSpeculate = StateWalkBwd<WithCarryWalk<Cfg, CarryWalk::speculate>>;
+/// The verified carry's second reverse walk: each earlier segment from its successor's start
+/// gradient until it matches a checkpoint (the sm_90a body: over its checkpointed chunks); marks
+/// the chains that do not.
+template <class Cfg>
+using StateWalkBwdVerify = StateWalkBwd<WithCarryWalk<Cfg, CarryWalk::verify>>;
 
 }  // namespace gdn

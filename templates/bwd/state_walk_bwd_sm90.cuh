@@ -64,6 +64,7 @@ struct StateWalkBwdSm90 {
   static_assert(kLoaderRegs + kScoreRegs + 2 * kWalkRegs <= 4 * 128, "setmaxnreg: the block's pinned registers");
 
   typedef unsigned long long mbar_t;
+  using Carry = ReverseCarry<Cfg>;
 
   __device__ __forceinline__ static u32 pack(float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); }
 
@@ -81,8 +82,9 @@ struct StateWalkBwdSm90 {
     extern __shared__ unsigned char smem_raw[];
     // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
     unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
-    const SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
-    if (!range.active) return;  // past the document's segments ("auto")
+    SegmentWalk<Cfg> range(p.doc_chunk_offset, p.chunks, p.doc_order);
+    if (!range.active) return;                                // past the document's segments ("auto")
+    if (!Carry::prepare(range, p, walk_head<Cfg>())) return;  // every thread: a block-wide vote
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
     mbar_t* const full = bars;                 // [kStages], 129 arrivals: the loader's cp.async and its TMA issue
     mbar_t* const empty = bars + kStages;      // [kStages], 384 arrivals: the scores' and both walks' threads
@@ -352,10 +354,12 @@ struct StateWalkBwdSm90 {
             f(Z[4 * i + 2 * h + e], base + (long long)(8 * i + tq + e) * V + v0 + (h ? v_hi : v_lo));
     };
     if constexpr (Cfg::SEGMENTS > 1) {
-      // The gradient at the segment's end: a split document's slot (walk_merge_bwd), else dht. One
-      // load loop over a selected base (two loops spilled the ranks' variant).
-      const float* const src = range.split ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
-      const long long row = range.split ? range.slot : n;
+      // The gradient at the segment's end: a split document's slot (walk_merge_bwd, or the
+      // speculative walk of the next segment), else dht; zero for a speculative walk's earlier
+      // segments. One load loop over a selected base (two loops spilled the ranks' variant).
+      const bool from_slot = range.split && !Carry::from_dht(range);
+      const float* const src = Carry::from_zero(range) ? nullptr : from_slot ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
+      const long long row = from_slot ? range.slot : n;
       if (src != nullptr) {
         for_state((row * HV + j) * K * V, [&](float& x, long long at) { x = src[at]; });
       } else {
@@ -545,9 +549,35 @@ struct StateWalkBwdSm90 {
       if constexpr (kFusesW) pipe::mbar_arrive(wtile + 1);
       pipe::mbar_arrive(empty + s);
       if (++s == kStages) s = 0, phase ^= 1;
+      // The speculative walk's checkpoints: the gradient after each of the first chunks walked.
+      if constexpr (Carry::kSpeculate) {
+        if (Carry::from_zero(range) && u < kCarryCheckpoints)
+          for_state(Carry::checkpoint_base(range, j) + (long long)u * K * V,
+                    [&](float& x, long long at) { p.seg_ckpt[at] = x; });
+      }
     }
 
     if (ctid == 0) pipe::bulk_wait<0>();  // the stores are complete before the block's shared memory goes
+    if constexpr (Carry::kVerify) {
+      // The window's last gradient against the speculative walk's: the slab's columns evolve
+      // independently and every step is the same arithmetic, so a match at any chunk of the window
+      // is a match at its last one, and one comparison decides it. Each warpgroup votes for its
+      // 64 columns; an empty window never verifies (its chain was marked by the gate test).
+      bool same = nc > 0;
+      if (nc > 0)
+        for_state(Carry::checkpoint_base(range, j) + (long long)(nc - 1) * K * V, [&](float& x, long long at) {
+          same = same && __float_as_uint(p.seg_ckpt[at]) == __float_as_uint(x);
+        });
+      if (!pipe::named_all(barrier, 128, same) && ctid == 0) atomicExch(Carry::mark(p, range, j), kChainOwnMaps);
+      return;
+    }
+    if constexpr (Carry::kSpeculate) {
+      if (range.split && seg > 0) {  // the gradient at the previous segment's end (verified by its re-walk)
+        float* const dst = const_cast<float*>(p.seg_dz);
+        for_state(((range.slot - 1) * HV + j) * K * V, [&](float& x, long long at) { dst[at] = x; });
+        return;
+      }
+    }
     // A document's dh0 is its first segment's.
     if (Cfg::HAS_H0 && p.dh0 != nullptr && seg == 0)
       for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { p.dh0[at] = x; });

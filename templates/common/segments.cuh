@@ -266,4 +266,57 @@ struct FusedCarry {
   }
 };
 
+/// The verified carry on the reverse walk's sm_90a body (state_walk_bwd_sm90.cuh), by the program's
+/// CarryWalkOf<Cfg>; the portable body's early-stopping loop (state_walk_bwd.cuh) has the same
+/// contract:
+///  - walk: the plain walk; under VERIFIED_CARRY with marks only the marked chains of split
+///    documents;
+///  - speculate: every segment at once, a split document's last from dht and the others from 0,
+///    with the tapes, the gradient after each of a from-zero segment's first kCarryCheckpoints
+///    chunks walked (seg_ckpt) and each later segment's start gradient as its predecessor's end
+///    (seg_dz); the last segment's block clears the chain's mark, or sets it for a chain the
+///    forward marked or whose gates decay too slowly (reverse_chain_mark), which no walk takes;
+///  - verify: each earlier segment of a split document from that end over exactly
+///    min(kCarryCheckpoints, its chunks) chunks (a warp-specialized ring cannot stop early),
+///    rewriting the tapes there; a chain whose window ends off its checkpoint is marked.
+template <class Cfg>
+struct ReverseCarry {
+  static constexpr CarryWalk kMode = CarryWalkOf<Cfg>::value;
+  static constexpr bool kSpeculate = kMode == CarryWalk::speculate, kVerify = kMode == CarryWalk::verify;
+  static_assert(kMode == CarryWalk::walk || (VerifiedCarry<Cfg>::value && Cfg::SEGMENTS > 1 && Cfg::RANKS == 1),
+                "ReverseCarry: the speculate and verify walks need VERIFIED_CARRY, segments and one rank");
+
+  /// The chain's mark in seg_fail.
+  __device__ static int* mark(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, int j) {
+    return p.seg_fail + (long long)range.n * Cfg::HV + j;
+  }
+  /// Whether this block walks. Every thread of the block calls it, before any barrier of the body
+  /// (the gate test is a block-wide vote); a verify block's range shrinks to its window, the
+  /// segment's last chunks.
+  __device__ static bool prepare(SegmentWalk<Cfg>& range, const StateWalkBwdParams& p, int j) {
+    if constexpr (kMode == CarryWalk::walk) {
+      return !(VerifiedCarry<Cfg>::value && p.seg_fail != nullptr && (!range.split || *mark(p, range, j) == 0));
+    } else {
+      if (kVerify && (!range.split || range.last)) return false;
+      if (range.split) {
+        const DocSegments<Cfg> ds(p.doc_chunk_offset, p.chunks, range.n);
+        const int chain = reverse_chain_mark<Cfg>(ds, p.chunks, p.gc, j, p.fwd_fail[(long long)range.n * Cfg::HV + j]);
+        const bool writer = kSpeculate && range.last && blockIdx.x == 0 && threadIdx.x == 0;
+        if (writer) *mark(p, range, j) = chain;  // 0: the chain starts out verified
+        if (chain != 0) return false;
+      }
+      if (kVerify) range.begin = max(range.begin, range.end - kCarryCheckpoints);
+      return true;
+    }
+  }
+  /// speculate: a split document's earlier segments start from zero.
+  __device__ static bool from_zero(const SegmentWalk<Cfg>& range) { return kSpeculate && range.split && !range.last; }
+  /// The walk starts from dht (or zero without it): an unsplit document, and speculate's last segment.
+  __device__ static bool from_dht(const SegmentWalk<Cfg>& range) { return !range.split || (kSpeculate && range.last); }
+  /// The checkpoints of the segment (value head j): kCarryCheckpoints gradients of [K, V] floats.
+  __device__ static long long checkpoint_base(const SegmentWalk<Cfg>& range, int j) {
+    return (range.slot * Cfg::HV + j) * kCarryCheckpoints * Cfg::K * Cfg::V;
+  }
+};
+
 }  // namespace gdn
