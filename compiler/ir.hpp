@@ -158,6 +158,7 @@ struct LayerIR {
   std::vector<CallFormIR> call_forms;
 
   const Program& program(std::string_view name) const;
+  bool has_program(std::string_view name) const;
   const Buffer& buffer(std::string_view name) const;
 };
 

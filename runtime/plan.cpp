@@ -503,8 +503,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       bind_state_walk(b, ir, k, b.constant(0), false, entry_states);
     }
   }
-  {
-    auto& l = b.launch("dv_local", sizeof(DvLocalParams));
+  auto bind_dv_local = [&](PlannedLaunch& l) {
     using P = DvLocalParams;
     GDN_BIND(l, P, q, q);
     GDN_BIND(l, P, k, k);
@@ -514,7 +513,8 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     GDN_BIND(l, P, nt_max, b.nt_max());
     GDN_BIND(l, P, scale, b.frame(F::scale_bits));
     GDN_BIND(l, P, dv_local, b.slot("dv_local"));
-  }
+  };
+  bind_dv_local(b.launch("dv_local", sizeof(DvLocalParams)));
   {
     const bool segments = ir.spec.cp_segments > 1;
     auto bind_walk_bwd = [&](PlannedLaunch& l) {
@@ -552,6 +552,12 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     if (verified) {
       carry(b.launch("walk_bwd_speculate", sizeof(P)), true);
       carry(b.launch("walk_bwd_verify", sizeof(P)), true);
+      if (ir.has_program("dv_local_marked")) {  // on sm_90a, what the marked chains' prescan reads
+        auto& l = b.launch("dv_local_marked", sizeof(DvLocalParams));
+        bind_dv_local(l);
+        GDN_BIND(l, DvLocalParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
+        GDN_BIND(l, DvLocalParams, seg_fail, b.slot("seg_fail"));
+      }
       carry(b.launch("walk_bwd_prescan", sizeof(P)), false);
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
       GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("seg_fail"));

@@ -280,6 +280,10 @@ struct DvLocalParams {
   int nt_max;
   float scale;
   bf16_t* dv_local;  ///< [T, HV, V]
+  // dv_local_marked (Cfg::MARKED_CHAINS): only the chunks of the chains marked in seg_fail (the
+  // verified carry's; null otherwise).
+  const int* doc_chunk_offset;
+  const int* seg_fail;  ///< [N, HV]
 };
 
 /// Backward B3: reverse state walk, one program per (V slab, value head, document).
@@ -371,7 +375,7 @@ static_assert(sizeof(ChunkPrepParams) == 64, "ChunkPrepParams: the host and the 
 static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkParams) == 128, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
-static_assert(sizeof(DvLocalParams) == 56, "DvLocalParams: the host and the kernels share this layout");
+static_assert(sizeof(DvLocalParams) == 72, "DvLocalParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkBwdParams) == 168, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");

@@ -190,8 +190,11 @@ TEST_SUITE("compile") {
       if (e.program == "state_walk_bwd") merge_walk_spills = e.entry.manifest["info"]["spill_store_bytes"].get<int>();
     REQUIRE(merge_walk_spills >= 0);
     int walks = 0;
+    std::vector<std::string> dv_locals;
     for (const auto& e :
          gdn::compile_layer(gdn::lower(spec), {gdn::Target::sm_90a, gdn::Target::sm_100a}, shared_cache(), 2)) {
+      if (e.program.starts_with("dv_local"))
+        dv_locals.push_back(e.program + " " + std::string(gdn::to_string(e.target)));
       if (e.program.find("walk_bwd") == std::string::npos) continue;
       CAPTURE(e.program);
       CAPTURE(gdn::to_string(e.target));
@@ -205,6 +208,9 @@ TEST_SUITE("compile") {
       if (e.program == "walk_bwd_speculate" || e.program == "walk_bwd_verify") CHECK(spills <= 32);
     }
     CHECK(walks == 8);  // walk_bwd_speculate, _verify, _prescan and state_walk_bwd on both targets
+    // dv_local in full where the portable walk reads it, for the marked chains on sm_90a.
+    std::sort(dv_locals.begin(), dv_locals.end());
+    CHECK(dv_locals == std::vector<std::string>{"dv_local sm_100a", "dv_local_marked sm_90a"});
   }
 
   TEST_CASE("a truncated cubin is detected and rebuilt") {

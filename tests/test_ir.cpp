@@ -296,14 +296,34 @@ TEST_SUITE("ir") {
       CHECK_MESSAGE(constant_of(p, "WGMMA") == "true", name);
       CHECK_MESSAGE(constant_of(p, "VERIFIED_CARRY") == "true", name);
     }
+    // dv_local there: idle on sm_90a (the walk computes its own), dv_local_marked after the
+    // reverse walks makes the marked chains' for their prescan on sm_90a and idles elsewhere.
+    CHECK(sm90.program("dv_local").idle_for(gdn::Target::sm_90a));
+    const gdn::Program& marked = sm90.program("dv_local_marked");
+    CHECK(constant_of(marked, "MARKED_CHAINS") == "true");
+    CHECK(constant_of(marked, "SEGMENTS") == "4");
+    CHECK_FALSE(marked.idle_for(gdn::Target::sm_90a));
+    CHECK(marked.idle_for(gdn::Target::sm_100a));
+    CHECK(marked.idle_for(gdn::Target::sm_103a));
+    {
+      std::vector<std::string> order;
+      for (const auto& form : sm90.call_forms)
+        if (form.form == gdn::CallForm::backward)
+          for (const auto& launch : form.launches) order.push_back(launch.program);
+      const auto at = [&](const char* name) { return std::find(order.begin(), order.end(), name) - order.begin(); };
+      CHECK(at("walk_bwd_verify") + 1 == at("dv_local_marked"));
+      CHECK(at("dv_local_marked") + 1 == at("walk_bwd_prescan"));
+    }
     gdn::Spec wide_auto = wide;
     wide_auto.cp_carry = gdn::SegmentCarry::automatic;
     CHECK_FALSE(gdn::lower(wide_auto).verified_carry);
+    CHECK_FALSE(gdn::lower(wide_auto).has_program("dv_local_marked"));
     wide.tensor_cores = gdn::TensorCores::mma_sync;  // the portable body at 128 columns
     const auto portable = gdn::lower(wide);
     CHECK(portable.verified_carry);
     CHECK(portable.program("walk_bwd_speculate").tensor_maps.empty());
     CHECK(portable.program("walk_bwd_speculate").max_registers == 0);
+    CHECK_FALSE(portable.has_program("dv_local_marked"));
     // The canonical form names the carry only when it is not the default ("auto").
     CHECK(gdn::to_json(merge.spec)["cp"]["carry"] == "merge");
     CHECK(gdn::to_json(verified.spec)["cp"]["carry"] == "verified");

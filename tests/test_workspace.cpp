@@ -120,31 +120,32 @@ TEST_SUITE("workspace") {
               }
     CHECK(variants == 96);  // 2 shapes x 2 saves x 2 norms x 2 states x 3 segment counts x 2 forward paths
     CHECK(shared > 0);      // the property was checked on real sharing, not vacuously
-    // The verified carry (programs or fused forward, portable backward walk): its own slots, saved
-    // maps.
+    // The verified carry (programs or fused forward, the portable backward walk or the sm_90a one
+    // with dv_local_marked): its own slots, saved maps.
     int verified = 0;
-    for (SaveMode save : {SaveMode::light, SaveMode::full})
-      for (Norm norm : {Norm::l2_in_kernel, Norm::none})
-        for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
-          for (int segments : {2, 8, 0})
-            for (ForwardPath path : {ForwardPath::programs, ForwardPath::fused}) {
-              Spec s = example("n");
-              s.forward = path;
-              s.walk_bwd_slab = 64;
-              s.save_mode = save;
-              s.norm = norm;
-              s.initial_state = h0;
-              s.final_state = h0;
-              s.cp_segments = segments;
-              s.cp_carry = SegmentCarry::verified;
-              const LayerIR ir = lower(s);
-              REQUIRE(ir.verified_carry);
-              for (const auto& c : all_conflicts(ir))
-                FAIL_CHECK("verified " << to_string(save) << " " << to_string(path) << " segments " << segments << ": "
-                                       << c);
-              ++verified;
-            }
-    CHECK(verified == 48);
+    for (int slab : {64, 128})
+      for (SaveMode save : {SaveMode::light, SaveMode::full})
+        for (Norm norm : {Norm::l2_in_kernel, Norm::none})
+          for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
+            for (int segments : {2, 8, 0})
+              for (ForwardPath path : {ForwardPath::programs, ForwardPath::fused}) {
+                Spec s = example("n");
+                s.forward = path;
+                s.walk_bwd_slab = slab;
+                s.save_mode = save;
+                s.norm = norm;
+                s.initial_state = h0;
+                s.final_state = h0;
+                s.cp_segments = segments;
+                s.cp_carry = SegmentCarry::verified;
+                const LayerIR ir = lower(s);
+                REQUIRE(ir.verified_carry);
+                for (const auto& c : all_conflicts(ir))
+                  FAIL_CHECK("verified, slab " << slab << ", " << to_string(save) << " " << to_string(path)
+                                               << " segments " << segments << ": " << c);
+                ++verified;
+              }
+    CHECK(verified == 96);
   }
 
   TEST_CASE("the proof catches a buffer placed in bytes that are still live") {

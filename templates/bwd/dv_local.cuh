@@ -12,6 +12,7 @@
 #include "common/async_copy.cuh"
 #include "common/mma.cuh"
 #include "bwd/geometry.hpp"
+#include "common/segments.cuh"
 
 namespace gdn {
 namespace bwd {
@@ -209,16 +210,29 @@ struct DvLocal {
   static_assert(Cfg::HV == Cfg::H * Cfg::G, "DvLocal: HV must equal H * G");
 
   __device__ static void run(const DvLocalParams& p) {
-#if GDN_HAS_WGMMA
-    // The reverse walk's sm_90a body computes dv_local itself (bwd/state_walk_bwd_sm90.cuh) and
-    // nothing else reads it: the program does nothing on this target.
-    if (Cfg::WALK_FUSES_DV) return;
-#endif
     // Chunks fastest (blockIdx order), not value heads fastest as in the forward's chunk_heads
     // programs: measured faster on the H200 (docs/PERF.md).
     const ChunkInfo ci = p.chunks[blockIdx.x];
+    const int j = blockIdx.y;
+    if constexpr (MarkedChains<Cfg>::value) {
+#if GDN_HAS_WGMMA
+      // dv_local_marked: after the verified carry's reverse walks, for the backward prescan of the
+      // chains they marked (the sm_90a walk computes its own).
+      if (ci.len == 0 || !marked_chain(DocSegments<Cfg>(p.doc_chunk_offset, p.chunks, ci.doc), p.seg_fail, ci.doc, j))
+        return;
+#else
+      return;  // the portable walk reads every chain's: dv_local ran in full before it
+#endif
+    } else {
+#if GDN_HAS_WGMMA
+      // The reverse walk's sm_90a body computes dv_local itself (bwd/state_walk_bwd_sm90.cuh) and
+      // nothing else reads it (or dv_local_marked makes what the prescan reads): the program does
+      // nothing on this target.
+      if (Cfg::WALK_FUSES_DV) return;
+#endif
+    }
     if (ci.len == 0) return;
-    const int j = blockIdx.y, h = j / Cfg::G, m = ci.len;
+    const int h = j / Cfg::G, m = ci.len;
     extern __shared__ __align__(16) unsigned char smem[];
     bf16_t* sQ = reinterpret_cast<bf16_t*>(smem);
     bf16_t* sK = sQ + C * PK;

@@ -128,6 +128,25 @@ struct DocSegments {
   }
 };
 
+/// Cfg::MARKED_CHAINS where the program has it (dv_local_marked), else false: the program runs for
+/// the chunks of the chains the verified carry marked only (marked_chain).
+template <class Cfg, class = int>
+struct MarkedChains {
+  static constexpr bool value = false;
+};
+template <class Cfg>
+struct MarkedChains<Cfg, decltype((void)Cfg::MARKED_CHAINS, 0)> {
+  static constexpr bool value = Cfg::MARKED_CHAINS;
+};
+
+/// Whether document n's chain on value head j was marked by the verified carry's reverse walks
+/// (seg_fail nonzero): only a split document's chains have a mark, the others verify by
+/// construction (their one segment walked from dht).
+template <class Cfg>
+__device__ __forceinline__ bool marked_chain(const DocSegments<Cfg>& ds, const int* seg_fail, int n, int j) {
+  return ds.split() && seg_fail[(long long)n * Cfg::HV + j] != 0;
+}
+
 /// The verified carry's gate test: whether the gates decay every window that its verification
 /// re-walks by 2^kCarryDecayLog2 or more (the forward's: the first kCarryCheckpoints chunks of each
 /// segment but the first; the reverse walk's: the last ones of each segment but the last). A chain
