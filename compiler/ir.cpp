@@ -219,8 +219,13 @@ LayerIR lower(const Spec& spec_in) {
   // only reader on that path is that walk, idles on sm_90a. chunk_prep forms W the same way on
   // every path (Tm's columns scaled in the A operand), so the portable walk, the prescans and the
   // programs forward read the walk's bits and the choice moves work only.
+  // With segments the prescan reads chunk_prep's W; under the verified carry it walks only the
+  // chains the reverse walks mark, so on sm_90a the walks form W there too and chunk_prep_marked
+  // makes the marked chains' after them ("auto" takes the merge on the fused forward, so only an
+  // explicit "verified" gets here).
   const bool walk_bwd_sm90 = StateWalkBwdGeometry::sm90_body(K, V, C, ir.walk_bwd_bv, wgmma);
-  const bool walk_can_fuse_w = fused && s.cp_segments == 1 && s.cp_ranks == 1 && walk_bwd_sm90;
+  const bool verified_segments = s.cp_segments > 1 && s.cp_carry == SegmentCarry::verified;
+  const bool walk_can_fuse_w = fused && (s.cp_segments == 1 || verified_segments) && s.cp_ranks == 1 && walk_bwd_sm90;
   if (s.backward_w == BackwardW::automatic) {
     ir.backward_w_auto = true;
     ir.spec.backward_w = walk_can_fuse_w ? BackwardW::walk : BackwardW::chunk_prep;
@@ -229,11 +234,13 @@ LayerIR lower(const Spec& spec_in) {
   if (walk_fuses_w && !walk_can_fuse_w)
     throw SpecError(
         "/backward_w",
-        fmt::format("\"walk\" needs the fused forward (here {}), no segments or ranks (cp {} / {}) and "
-                    "the reverse walk's sm_90a body (tensor_cores \"auto\", 128-wide slabs, K = V = 128; "
-                    "here {}, slab {})",
-                    to_string(s.forward), s.cp_segments, s.cp_ranks, to_string(s.tensor_cores), ir.walk_bwd_bv));
-  if (walk_fuses_w) ir.programs.back().idle_on.push_back(Target::sm_90a);
+        fmt::format("\"walk\" needs the fused forward (here {}), one rank and either no segments or cp.carry "
+                    "\"verified\" (cp.ranks {}, cp.segments {}, cp.carry {}) and the reverse walk's sm_90a body "
+                    "(tensor_cores \"auto\", 128-wide slabs, K = V = 128; here {}, slab {})",
+                    to_string(s.forward), s.cp_ranks, s.cp_segments, to_string(s.cp_carry), to_string(s.tensor_cores),
+                    ir.walk_bwd_bv));
+  // With segments the forward's prescan reads chunk_prep's W and U on every target.
+  if (walk_fuses_w && s.cp_segments == 1) ir.programs.back().idle_on.push_back(Target::sm_90a);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
   // then walks every segment of every document as its own block.
   const int segments = s.cp_segments;
@@ -361,6 +368,25 @@ LayerIR lower(const Spec& spec_in) {
   const bool walk_fuses_dv = walk_bwd_sm90 && (s.cp_segments == 1 || marked_dv);
   ir.programs.back().constants.emplace_back("WALK_FUSES_DV", walk_fuses_dv ? "true" : "false");
   if (walk_fuses_dv) ir.programs.back().idle_on.push_back(Target::sm_90a);
+  // The backward's chunk_prep where the sm_90a walks form W under segments (light saves): the
+  // re-run before the walks for the other targets' portable walk (idle on sm_90a), and after the
+  // reverse walks on sm_90a the marked chains' W for their prescan (no U: the fused path's
+  // backward reads none).
+  if (walk_fuses_w && segments > 1 && s.save_mode == SaveMode::light) {
+    const Program prep = ir.program("chunk_prep");
+    ir.programs.push_back(prep);
+    ir.programs.back().name = "chunk_prep_rerun";
+    ir.programs.back().idle_on = {Target::sm_90a};
+    ir.programs.push_back(prep);
+    Program& marked = ir.programs.back();
+    marked.name = "chunk_prep_marked";
+    for (auto& [name, value] : marked.constants)
+      if (name == "WRITES_U") value = "false";
+    add_segment_constants();
+    marked.constants.emplace_back("MARKED_CHAINS", "true");
+    for (Target t : kTargets)
+      if (t != Target::sm_90a) marked.idle_on.push_back(t);
+  }
   if (marked_dv) {
     add("dv_local_marked", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
         DvLocalGeometry::smem_bytes(K, V, C), GridKind::chunk_heads);
@@ -744,10 +770,15 @@ LayerIR lower(const Spec& spec_in) {
     else
       bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
   }
+  const bool marked_prep = ir.has_program("chunk_prep_marked");
   if (!full) {
-    bwd.push_back({"chunk_prep",
-                   fused ? "re-run: W (and U for a prescan) from the saved Tm" : "re-run: W and U from the saved Tm",
-                   "no fresh hand-off"});
+    if (marked_prep)
+      bwd.push_back({"chunk_prep_rerun", "re-run: W, U from the saved Tm for the portable walk; nothing on sm_90a",
+                     "no fresh hand-off"});
+    else
+      bwd.push_back({"chunk_prep",
+                     fused ? "re-run: W (and U for a prescan) from the saved Tm" : "re-run: W and U from the saved Tm",
+                     "no fresh hand-off"});
     if (!keep_seg_h0) push_segment_programs(bwd, "no fresh hand-off");
     if (fused)
       bwd.push_back({"walk_tape", "re-run: h_tape, v_new (the fused walk's roundings)", "no fresh hand-off"});
@@ -767,6 +798,8 @@ LayerIR lower(const Spec& spec_in) {
                                                   kCarryCheckpoints)});
     if (ir.has_program("dv_local_marked"))
       bwd.push_back({"dv_local_marked", "on sm_90a, the marked chains' dv_local (for their prescan)"});
+    if (marked_prep)
+      bwd.push_back({"chunk_prep_marked", "on sm_90a, the marked chains' W (for their prescan)", "no fresh hand-off"});
     bwd.push_back({"walk_bwd_prescan",
                    "dZ_ext of every segment but a document's first, marked chains; A = M^T too where the "
                    "forward saved no maps for the chain"});

@@ -201,8 +201,9 @@ void bind_chunk_solve(Builder& b, const ValueSource& k, const ValueSource& rstd_
 }
 
 /// W and U from chunk_solve's Tm (in the forward, and again in the backward of light saves).
-void bind_chunk_prep(Builder& b, const ValueSource& k) {
-  auto& l = b.launch("chunk_prep", sizeof(ChunkPrepParams));
+PlannedLaunch& bind_chunk_prep(Builder& b, const ValueSource& k, const char* program = "chunk_prep",
+                               bool writes_u = true) {
+  auto& l = b.launch(program, sizeof(ChunkPrepParams));
   using P = ChunkPrepParams;
   GDN_BIND(l, P, k, k);
   GDN_BIND(l, P, v, b.frame(Frame::v));
@@ -211,7 +212,8 @@ void bind_chunk_prep(Builder& b, const ValueSource& k) {
   GDN_BIND(l, P, chunks, b.slot("chunks"));
   GDN_BIND(l, P, tm, b.slot("tm"));
   GDN_BIND(l, P, w, b.slot("w"));
-  GDN_BIND(l, P, u, b.slot("u"));
+  GDN_BIND(l, P, u, writes_u ? b.slot("u") : b.constant(0));
+  return l;
 }
 
 /// A forward walk's parameters: the prescan writes seg_hm, the segmented walk reads seg_h0.
@@ -491,8 +493,11 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     bind_l2norm(b, F::q, q, b.constant(0));
     if (full || rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));  // a hand-off brings kn
   }
+  // Where the sm_90a walks form W under segments (the verified carry), the re-run is a program of
+  // its own that idles there, and chunk_prep_marked makes the marked chains' W after the walks.
+  const bool marked_prep = ir.has_program("chunk_prep_marked");
   if (!full && rerun == PrepRerun::yes) {
-    bind_chunk_prep(b, k);  // Tm read back
+    bind_chunk_prep(b, k, marked_prep ? "chunk_prep_rerun" : "chunk_prep");  // Tm read back
     // The segments' entry states are the forward's where the IR saves them (one rank, light
     // saves); a rank of a context-parallel run chains them again from its kcp_entry.
     const bool entry_states = !ir.segment_entries_saved;
@@ -542,6 +547,13 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     using P = StateWalkBwdParams;
     // The verified carry (docs/algorithm.md 4.7): the reverse walk from zero and the re-walks that
     // verify it, then the prescan, the merge and the full walk for the chains marked in seg_fail.
+    // backward_w "walk": on sm_90a the walks form W from Tm and beta (tm in w's place); the other
+    // targets' portable walk reads chunk_prep's W. The prescan always reads chunk_prep's.
+    auto walk_forms_w = [&](PlannedLaunch& l) {
+      if (b.ir().spec.backward_w != BackwardW::walk) return;
+      l.target_fields.push_back({Target::sm_90a, Field{offsetof(P, tm), sizeof(P::tm), b.slot("tm")}});
+      GDN_BIND(l, P, beta, b.frame(F::beta));
+    };
     auto carry = [&](PlannedLaunch& l, bool checkpoints) {
       bind_walk_bwd(l);
       if (checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
@@ -551,17 +563,26 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     const bool verified = ir.verified_carry && b.segment_programs;
     if (verified) {
       carry(b.launch("walk_bwd_speculate", sizeof(P)), true);
+      walk_forms_w(b.last());
       carry(b.launch("walk_bwd_verify", sizeof(P)), true);
-      if (ir.has_program("dv_local_marked")) {  // on sm_90a, what the marked chains' prescan reads
+      walk_forms_w(b.last());
+      // On sm_90a, what the marked chains' prescan reads and the walks made for themselves.
+      if (ir.has_program("dv_local_marked")) {
         auto& l = b.launch("dv_local_marked", sizeof(DvLocalParams));
         bind_dv_local(l);
         GDN_BIND(l, DvLocalParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
         GDN_BIND(l, DvLocalParams, seg_fail, b.slot("seg_fail"));
       }
+      if (marked_prep && !full && rerun == PrepRerun::yes) {  // a hand-off brings every chain's W
+        auto& l = bind_chunk_prep(b, k, "chunk_prep_marked", false);
+        GDN_BIND(l, ChunkPrepParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
+        GDN_BIND(l, ChunkPrepParams, seg_fail, b.slot("seg_fail"));
+      }
       carry(b.launch("walk_bwd_prescan", sizeof(P)), false);
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
       GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("seg_fail"));
       carry(b.launch("state_walk_bwd", sizeof(P)), false);
+      walk_forms_w(b.last());
     } else if (b.segment_programs) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
       if (b.kcp) {
@@ -570,14 +591,9 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       }
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
     }
-    if (!verified) bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
-    if (b.ir().spec.backward_w == BackwardW::walk) {
-      auto& walk = b.last();
-      // On sm_90a the walk forms W from Tm and beta, in the places of w and seg_dz (no segments);
-      // the other targets' portable walk reads chunk_prep's W.
-      using P = StateWalkBwdParams;
-      walk.target_fields.push_back({Target::sm_90a, Field{offsetof(P, tm), sizeof(P::tm), b.slot("tm")}});
-      walk.target_fields.push_back({Target::sm_90a, Field{offsetof(P, beta), sizeof(P::beta), b.frame(F::beta)}});
+    if (!verified) {
+      bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
+      walk_forms_w(b.last());
     }
   }
   {

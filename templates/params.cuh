@@ -116,6 +116,10 @@ struct ChunkPrepParams {
   const bf16_t* tm;  ///< [T, HV, CHUNK], chunk_solve's gated inverse
   bf16_t* w;         ///< [T, HV, K]
   bf16_t* u;         ///< [T, HV, V]
+  // chunk_prep_marked (Cfg::MARKED_CHAINS): only the chunks of the chains marked in seg_fail (the
+  // verified carry's; null otherwise).
+  const int* doc_chunk_offset;
+  const int* seg_fail;  ///< [N, HV]
 };
 
 /// The forward's solve (F2): L = tril1(diag(beta)(K K^T) .* Dec), Tm = (I + L)^-1 per (chunk, value head).
@@ -309,12 +313,9 @@ struct StateWalkBwdParams {
   // as in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
   float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
-  union {
-    /// [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd; under the
-    /// verified carry walk_bwd_speculate writes it too, through a cast)
-    const float* seg_dz;
-    const float* beta;  ///< Cfg::WALK_FUSES_W (which has no segments): [T, HV]
-  };
+  /// [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd; under the
+  /// verified carry walk_bwd_speculate writes it too, through a cast)
+  const float* seg_dz;
   long long T;           ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
   long long nt_max;      ///< the chunks of dh_tape (its tensor map's extent)
   const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
@@ -327,6 +328,7 @@ struct StateWalkBwdParams {
   /// [N, HV] (saved): the forward's marks, nonzero where the forward's prescan walked the chain
   /// and saved its maps.
   const int* fwd_fail;
+  const float* beta;  ///< Cfg::WALK_FUSES_W: [T, HV]
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -371,12 +373,12 @@ struct FinalizeParams {
 static_assert(sizeof(ChunkTableParams) == 80, "ChunkTableParams: the host and the kernels share this layout");
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
 static_assert(sizeof(GateCumsumParams) == 40, "GateCumsumParams: the host and the kernels share this layout");
-static_assert(sizeof(ChunkPrepParams) == 64, "ChunkPrepParams: the host and the kernels share this layout");
+static_assert(sizeof(ChunkPrepParams) == 80, "ChunkPrepParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkParams) == 128, "StateWalkParams: the host and the kernels share this layout");
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 72, "DvLocalParams: the host and the kernels share this layout");
-static_assert(sizeof(StateWalkBwdParams) == 168, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(StateWalkBwdParams) == 176, "StateWalkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 176, "FusedWalkParams: the host and the kernels share this layout");

@@ -1664,8 +1664,7 @@ TEST_SUITE("gpu_fused") {
     const std::string tag = slab == 64 ? "" : fmt::format("_bwd{}", slab);
     auto spec = [&](const char* name, int segments, SegmentCarry carry) {
       Spec s = fused_of("n", (name + tag).c_str());
-      s.walk_bwd_slab = slab;
-      s.backward_w = BackwardW::chunk_prep;  // as segments need ("walk" forms the same W)
+      s.walk_bwd_slab = slab;  // "auto" backward_w: the walks form W at 128 (not under the merge)
       s.cp_segments = segments;
       s.cp_carry = carry;
       return s;

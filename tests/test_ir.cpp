@@ -226,7 +226,8 @@ TEST_SUITE("ir") {
     CHECK(walk.program("chunk_prep").idle_for(gdn::Target::sm_90a));
     CHECK_FALSE(walk.program("chunk_prep").idle_for(gdn::Target::sm_100a));
     CHECK(walk.program("state_walk_bwd").smem_bytes == prep.program("state_walk_bwd").smem_bytes);
-    // It needs the fused forward without segments or ranks and the sm_90a reverse walk.
+    // It needs the fused forward without segments (but the verified carry's, below) or ranks and the
+    // sm_90a reverse walk.
     for (const auto& change : walk_w_blockers()) {
       gdn::Spec bad = spec;
       change(bad);
@@ -237,6 +238,44 @@ TEST_SUITE("ir") {
         CHECK(e.pointer() == "/backward_w");
       }
     }
+    // Segments under the verified carry: the sm_90a walks form W; the forward keeps chunk_prep on
+    // every target (its prescan reads W and U); the backward re-runs it as chunk_prep_rerun, idle on
+    // sm_90a, where chunk_prep_marked makes the marked chains' W after the reverse walks.
+    gdn::Spec segmented = spec;
+    segmented.cp_segments = 4;
+    segmented.cp_carry = gdn::SegmentCarry::verified;
+    segmented.backward_w = gdn::BackwardW::automatic;
+    const auto verified = gdn::lower(segmented);
+    CHECK(verified.spec.backward_w == gdn::BackwardW::walk);
+    for (const char* name : {"walk_bwd_speculate", "walk_bwd_verify", "state_walk_bwd"})
+      CHECK_MESSAGE(constant_of(verified.program(name), "WALK_FUSES_W") == "true", name);
+    CHECK(verified.program("chunk_prep").idle_on.empty());
+    CHECK(verified.program("chunk_prep_rerun").constants == verified.program("chunk_prep").constants);
+    CHECK(verified.program("chunk_prep_rerun").idle_on == std::vector<gdn::Target>{gdn::Target::sm_90a});
+    const gdn::Program& marked = verified.program("chunk_prep_marked");
+    CHECK(constant_of(marked, "WRITES_U") == "false");
+    CHECK(constant_of(marked, "MARKED_CHAINS") == "true");
+    CHECK(marked.idle_on == std::vector<gdn::Target>{gdn::Target::sm_100a, gdn::Target::sm_103a});
+    {
+      std::vector<std::string> order;
+      for (const auto& form : verified.call_forms)
+        if (form.form == gdn::CallForm::backward)
+          for (const auto& launch : form.launches) order.push_back(launch.program);
+      const auto at = [&](const char* name) { return std::find(order.begin(), order.end(), name) - order.begin(); };
+      CHECK(at("chunk_prep_rerun") < at("walk_bwd_speculate"));
+      CHECK(at("chunk_prep") == static_cast<long>(order.size()));  // not in the backward
+      CHECK(at("dv_local_marked") + 1 == at("chunk_prep_marked"));
+      CHECK(at("chunk_prep_marked") + 1 == at("walk_bwd_prescan"));
+    }
+    // Full saves: W is saved, nothing re-runs.
+    segmented.save_mode = gdn::SaveMode::full;
+    CHECK_FALSE(gdn::lower(segmented).has_program("chunk_prep_marked"));
+    CHECK_FALSE(gdn::lower(segmented).has_program("chunk_prep_rerun"));
+    // The merge carry's prescan reads every chain's W: refused there.
+    segmented.cp_carry = gdn::SegmentCarry::merge;
+    segmented.backward_w = gdn::BackwardW::walk;
+    CHECK_THROWS_WITH_AS(gdn::lower(segmented), doctest::Contains("either no segments or cp.carry \"verified\""),
+                         gdn::SpecError);
     CHECK_THROWS_WITH_AS(
         gdn::spec_from_json(nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"backward_w":"prep"})")),
         "/backward_w: \"prep\" is not supported (supported: \"chunk_prep\", \"walk\", \"auto\")", gdn::SpecError);

@@ -16,6 +16,7 @@
 #include "common/grid.cuh"
 #include "common/mma.cuh"
 #include "common/numeric.cuh"
+#include "common/segments.cuh"
 #include "fwd/geometry.hpp"
 #include "params.cuh"
 
@@ -223,6 +224,16 @@ struct ChunkPrep {
     extern __shared__ __align__(16) unsigned char smem[];
     const ChunkBlock at = chunk_block(p.chunks);
     if (at.len == 0) return;
+    if constexpr (MarkedChains<Cfg>::value) {
+#if GDN_HAS_WGMMA
+      // chunk_prep_marked: after the verified carry's reverse walks, W for the backward prescan of
+      // the chains they marked (the sm_90a walks form their own).
+      const int doc = p.chunks[at.chunk].doc;
+      if (!marked_chain(DocSegments<Cfg>(p.doc_chunk_offset, p.chunks, doc), p.seg_fail, doc, at.head)) return;
+#else
+      return;  // the portable walk reads every chain's W: chunk_prep ran in full before it
+#endif
+    }
     const int len = at.len, j = at.head, hq = j / G;
     const long long t0 = at.start;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
