@@ -30,8 +30,9 @@
 #             logs, table JSON)
 #   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a small layer
 #             (gdnc check: fwd+bwd, ckpt, graph replay, the fused forward, the backward walk's sm_90a body,
-#             cp.ranks 2 as the proxy and as the ranks' phases); per run the ERROR SUMMARY, logs packed in
-#             $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT (300 s) fails the step
+#             cp.ranks 2 as the proxy and as the ranks' phases, the verified carry); per run the ERROR
+#             SUMMARY, logs packed in $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT
+#             (300 s) fails the step; SANITIZE_ONLY=text keeps the runs whose arguments contain it
 #   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3) and on one
 #             32768-token document: SHA-256 of every result; diff two runs' $OUT/digests.txt to show a
 #             change kept every bit (DIGESTS_BASELINE=an earlier digests.txt prints the comparison)
@@ -164,6 +165,9 @@ if has sanitize; then
   # on a named barrier) and the merge path of the chains they mark (the 65-token document's).
   sed 's/"name": "shape_n"/"name": "shape_n_fused_verified", "forward": "fused", "walk_bwd_slab": 64/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_fused_verified.json"
+  # The same on the reverse walk's sm_90a body: its own verified walks, the marked-only dv_local and W.
+  sed 's/"name": "shape_n"/"name": "shape_n_fused_verified128", "forward": "fused", "walk_bwd_slab": 128/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
+    examples/n.json > "$sdir/n_fused_verified128.json"
   # The merge carry with its saved maps (the default "auto" takes the verified carry on n.json).
   sed 's/"name": "shape_n"/"name": "shape_n_merge"/; s/"segments": "auto"/"segments": "auto", "carry": "merge"/' \
     examples/n.json > "$sdir/n_merge.json"
@@ -177,7 +181,14 @@ if has sanitize; then
         "$sdir/n_walkbwd128.json --docs 65,700,1 --seed 3" "$sdir/n_ranks2.json --docs 65,700,1 --seed 3"
         "$sdir/n_ranks2.json --docs 65,700,3 --seed 3 --phases" "$sdir/n_verified.json --docs 65,700,300 --seed 3"
         "$sdir/n_verified.json --docs 700,300 --seed 3 --gate 0" "$sdir/n_merge.json --docs 4200,65,300 --seed 3"
-        "$sdir/n_fused_verified.json --docs 65,700,300 --seed 3" "$sdir/n_fused_verified.json --docs 700,300 --seed 3 --ckpt")
+        "$sdir/n_fused_verified.json --docs 65,700,300 --seed 3" "$sdir/n_fused_verified.json --docs 700,300 --seed 3 --ckpt"
+        "$sdir/n_fused_verified128.json --docs 65,700,300 --seed 3"
+        "$sdir/n_fused_verified128.json --docs 700,300 --seed 3 --gate 0 --ckpt")
+  if [ -n "${SANITIZE_ONLY:-}" ]; then  # only the runs whose arguments contain it
+    only=()
+    for r in "${runs[@]}"; do [[ "$r" == *"$SANITIZE_ONLY"* ]] && only+=("$r"); done
+    runs=("${only[@]}")
+  fi
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
       log="$sdir/${tool}_$i.log"
