@@ -372,20 +372,31 @@ LayerIR lower(const Spec& spec_in) {
   // re-run before the walks for the other targets' portable walk (idle on sm_90a), and after the
   // reverse walks on sm_90a the marked chains' W for their prescan (no U: the fused path's
   // backward reads none).
+  // The forward's chunk_prep (W and U for the prescan of the chains the forward marks) likewise:
+  // on sm_90a chunk_prep_fwd_marked after the verify walks, and chunk_prep idles there (0.38 ms of
+  // F1's forward when every chain verifies); the other targets keep the full one before the walks,
+  // whose recompute hands every chain's W to the portable reverse walk. Under full saves W is a
+  // saved tape: whole on every target.
   if (walk_fuses_w && segments > 1 && s.save_mode == SaveMode::light) {
     const Program prep = ir.program("chunk_prep");
+    auto add_marked = [&](const char* name, bool writes_u) {
+      ir.programs.push_back(prep);
+      Program& marked = ir.programs.back();
+      marked.name = name;
+      for (auto& [constant, value] : marked.constants)
+        if (constant == "WRITES_U") value = writes_u ? "true" : "false";
+      add_segment_constants();
+      marked.constants.emplace_back("MARKED_CHAINS", "true");
+      for (Target t : kTargets)
+        if (t != Target::sm_90a) marked.idle_on.push_back(t);
+    };
     ir.programs.push_back(prep);
     ir.programs.back().name = "chunk_prep_rerun";
     ir.programs.back().idle_on = {Target::sm_90a};
-    ir.programs.push_back(prep);
-    Program& marked = ir.programs.back();
-    marked.name = "chunk_prep_marked";
-    for (auto& [name, value] : marked.constants)
-      if (name == "WRITES_U") value = "false";
-    add_segment_constants();
-    marked.constants.emplace_back("MARKED_CHAINS", "true");
-    for (Target t : kTargets)
-      if (t != Target::sm_90a) marked.idle_on.push_back(t);
+    add_marked("chunk_prep_marked", false);
+    add_marked("chunk_prep_fwd_marked", true);
+    for (Program& p : ir.programs)
+      if (p.name == "chunk_prep") p.idle_on.push_back(Target::sm_90a);
   }
   if (marked_dv) {
     add("dv_local_marked", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
@@ -690,10 +701,16 @@ LayerIR lower(const Spec& spec_in) {
                                       "chain none of whose windows meets the walk from 0 bit for bit is marked",
                                       kCarryCheckpoints, what),
                           when});
+      if (ir.has_program("chunk_prep_fwd_marked"))
+        launches.push_back(
+            {"chunk_prep_fwd_marked", "on sm_90a, W and U of the marked chains (for their prescan)", when});
     };
+    const char* prep_note = ir.has_program("chunk_prep_fwd_marked")
+                                ? "W, U from Tm for the prescan; nothing on sm_90a (chunk_prep_fwd_marked)"
+                                : "W, U from Tm for the prescan";
     const std::string marked = ir.verified_carry ? " of the marked chains" : "";
     if (segments > 1) {
-      fwd.push_back({"chunk_prep", full ? "W, U from Tm for the prescan; W saved" : "W, U from Tm for the prescan"});
+      fwd.push_back({"chunk_prep", full ? "W, U from Tm for the prescan; W saved" : prep_note});
       push_verified(fwd, true, "");
       push_segment_programs(fwd, "");
     } else if (full) {
@@ -716,7 +733,7 @@ LayerIR lower(const Spec& spec_in) {
       rec.push_back({"walk_tape", "h_tape, v_new saved" + marked + "; no o, no ht", not_needed});
     } else {
       if (segments > 1) {
-        rec.push_back({"chunk_prep", "W, U from Tm"});
+        rec.push_back({"chunk_prep", prep_note});
         push_verified(rec, false, not_needed);
         push_verified(rec, true, needed);
         push_segment_programs(rec, "");
@@ -798,8 +815,7 @@ LayerIR lower(const Spec& spec_in) {
                                                   kCarryCheckpoints)});
     if (ir.has_program("dv_local_marked"))
       bwd.push_back({"dv_local_marked", "on sm_90a, the marked chains' dv_local (for their prescan)"});
-    if (marked_prep)
-      bwd.push_back({"chunk_prep_marked", "on sm_90a, the marked chains' W (for their prescan)", "no fresh hand-off"});
+    if (marked_prep) bwd.push_back({"chunk_prep_marked", "on sm_90a, the marked chains' W (for their prescan)"});
     bwd.push_back({"walk_bwd_prescan",
                    "dZ_ext of every segment but a document's first, marked chains; A = M^T too where the "
                    "forward saved no maps for the chain"});

@@ -363,6 +363,11 @@ void bind_fused_verified(Builder& b, const ValueSource& k, bool output, bool tap
   const FusedCarryFiles files = FusedCarryFiles::checkpoints;
   bind_fused_walk(b, output ? "fused_speculate" : "tape_speculate", output, tapes, files);
   bind_fused_walk(b, output ? "fused_verify" : "tape_verify", output, tapes, files);
+  if (b.ir().has_program("chunk_prep_fwd_marked")) {  // on sm_90a, W and U of the marked chains
+    auto& l = bind_chunk_prep(b, k, "chunk_prep_fwd_marked");
+    GDN_BIND(l, ChunkPrepParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
+    GDN_BIND(l, ChunkPrepParams, seg_fail, b.slot("fwd_fail"));
+  }
   bind_marked_entry_states(b, k);
   bind_fused_walk(b, walk, output, tapes, FusedCarryFiles::marks);
 }
@@ -573,7 +578,8 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
         GDN_BIND(l, DvLocalParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
         GDN_BIND(l, DvLocalParams, seg_fail, b.slot("seg_fail"));
       }
-      if (marked_prep && !full && rerun == PrepRerun::yes) {  // a hand-off brings every chain's W
+      // With a hand-off too: the recompute made W on sm_90a for the chains the forward marked only.
+      if (marked_prep && !full) {
         auto& l = bind_chunk_prep(b, k, "chunk_prep_marked", false);
         GDN_BIND(l, ChunkPrepParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
         GDN_BIND(l, ChunkPrepParams, seg_fail, b.slot("seg_fail"));

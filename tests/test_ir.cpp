@@ -238,9 +238,11 @@ TEST_SUITE("ir") {
         CHECK(e.pointer() == "/backward_w");
       }
     }
-    // Segments under the verified carry: the sm_90a walks form W; the forward keeps chunk_prep on
-    // every target (its prescan reads W and U); the backward re-runs it as chunk_prep_rerun, idle on
-    // sm_90a, where chunk_prep_marked makes the marked chains' W after the reverse walks.
+    // Segments under the verified carry: the sm_90a walks form W; on sm_90a the forward's and the
+    // backward's chunk_prep run for the marked chains only, after the verify walks
+    // (chunk_prep_fwd_marked: W and U for the forward's prescan; chunk_prep_marked: W for the
+    // backward's); the other targets keep chunk_prep in the forward and chunk_prep_rerun in the
+    // backward.
     gdn::Spec segmented = spec;
     segmented.cp_segments = 4;
     segmented.cp_carry = gdn::SegmentCarry::verified;
@@ -249,8 +251,12 @@ TEST_SUITE("ir") {
     CHECK(verified.spec.backward_w == gdn::BackwardW::walk);
     for (const char* name : {"walk_bwd_speculate", "walk_bwd_verify", "state_walk_bwd"})
       CHECK_MESSAGE(constant_of(verified.program(name), "WALK_FUSES_W") == "true", name);
-    CHECK(verified.program("chunk_prep").idle_on.empty());
+    CHECK(verified.program("chunk_prep").idle_on == std::vector<gdn::Target>{gdn::Target::sm_90a});
     CHECK(verified.program("chunk_prep_rerun").constants == verified.program("chunk_prep").constants);
+    const gdn::Program& fwd_marked = verified.program("chunk_prep_fwd_marked");
+    CHECK(constant_of(fwd_marked, "WRITES_U") == "true");
+    CHECK(constant_of(fwd_marked, "MARKED_CHAINS") == "true");
+    CHECK(fwd_marked.idle_on == std::vector<gdn::Target>{gdn::Target::sm_100a, gdn::Target::sm_103a});
     CHECK(verified.program("chunk_prep_rerun").idle_on == std::vector<gdn::Target>{gdn::Target::sm_90a});
     const gdn::Program& marked = verified.program("chunk_prep_marked");
     CHECK(constant_of(marked, "WRITES_U") == "false");
@@ -266,11 +272,23 @@ TEST_SUITE("ir") {
       CHECK(at("chunk_prep") == static_cast<long>(order.size()));  // not in the backward
       CHECK(at("dv_local_marked") + 1 == at("chunk_prep_marked"));
       CHECK(at("chunk_prep_marked") + 1 == at("walk_bwd_prescan"));
+      for (const auto& form : verified.call_forms) {
+        if (form.form == gdn::CallForm::backward) continue;
+        std::vector<std::string> fwd;
+        for (const auto& launch : form.launches) fwd.push_back(launch.program);
+        const auto in_fwd = [&](const char* name) { return std::find(fwd.begin(), fwd.end(), name) - fwd.begin(); };
+        const char* verify = form.form == gdn::CallForm::forward ? "fused_verify" : "tape_verify";
+        CAPTURE(gdn::to_string(form.form));
+        CHECK(in_fwd("chunk_prep") < in_fwd(verify));
+        CHECK(in_fwd(verify) + 1 == in_fwd("chunk_prep_fwd_marked"));
+      }
     }
-    // Full saves: W is saved, nothing re-runs.
+    // Full saves: W is a saved tape, whole on every target; nothing re-runs.
     segmented.save_mode = gdn::SaveMode::full;
-    CHECK_FALSE(gdn::lower(segmented).has_program("chunk_prep_marked"));
-    CHECK_FALSE(gdn::lower(segmented).has_program("chunk_prep_rerun"));
+    const auto full = gdn::lower(segmented);
+    CHECK(full.program("chunk_prep").idle_on.empty());
+    for (const char* name : {"chunk_prep_marked", "chunk_prep_rerun", "chunk_prep_fwd_marked"})
+      CHECK_FALSE_MESSAGE(full.has_program(name), name);
     // The merge carry's prescan reads every chain's W: refused there.
     segmented.cp_carry = gdn::SegmentCarry::merge;
     segmented.backward_w = gdn::BackwardW::walk;
