@@ -116,8 +116,8 @@ struct ChunkPrepParams {
   const bf16_t* tm;  ///< [T, HV, CHUNK], chunk_solve's gated inverse
   bf16_t* w;         ///< [T, HV, K]
   bf16_t* u;         ///< [T, HV, V]
-  // chunk_prep_marked (Cfg::MARKED_CHAINS): only the chunks of the chains marked in seg_fail (the
-  // verified carry's; null otherwise).
+  // chunk_prep_marked, chunk_prep_fwd_marked (Cfg::MARKED_CHAINS): only the chunks of the chains
+  // marked in seg_fail (the verified carry's backward or forward marks; null otherwise).
   const int* doc_chunk_offset;
   const int* seg_fail;  ///< [N, HV]
 };

@@ -128,8 +128,9 @@ struct DocSegments {
   }
 };
 
-/// Cfg::MARKED_CHAINS where the program has it (dv_local_marked), else false: the program runs for
-/// the chunks of the chains the verified carry marked only (marked_chain).
+/// Cfg::MARKED_CHAINS where the program has it (dv_local_marked, chunk_prep_marked,
+/// chunk_prep_fwd_marked), else false: the program runs for the chunks of the chains the verified
+/// carry marked only (marked_chain).
 template <class Cfg, class = int>
 struct MarkedChains {
   static constexpr bool value = false;
@@ -139,9 +140,9 @@ struct MarkedChains<Cfg, decltype((void)Cfg::MARKED_CHAINS, 0)> {
   static constexpr bool value = Cfg::MARKED_CHAINS;
 };
 
-/// Whether document n's chain on value head j was marked by the verified carry's reverse walks
-/// (seg_fail nonzero): only a split document's chains have a mark, the others verify by
-/// construction (their one segment walked from dht).
+/// Whether document n's chain on value head j was marked by the verified carry's walks (its mark
+/// nonzero, in seg_fail or the forward's fwd_fail): only a split document's chains have a mark,
+/// the others verify by construction (their one segment walked from the true entry).
 template <class Cfg>
 __device__ __forceinline__ bool marked_chain(const DocSegments<Cfg>& ds, const int* seg_fail, int n, int j) {
   return ds.split() && seg_fail[(long long)n * Cfg::HV + j] != 0;

@@ -226,12 +226,13 @@ struct ChunkPrep {
     if (at.len == 0) return;
     if constexpr (MarkedChains<Cfg>::value) {
 #if GDN_HAS_WGMMA
-      // chunk_prep_marked: after the verified carry's reverse walks, W for the backward prescan of
-      // the chains they marked (the sm_90a walks form their own).
+      // chunk_prep_marked / chunk_prep_fwd_marked: after the verified carry's verify walks, W (and
+      // U) for the prescan of the chains they marked, the backward's or the forward's (the sm_90a
+      // walks form their own W, the fused walks take raw v).
       const int doc = p.chunks[at.chunk].doc;
       if (!marked_chain(DocSegments<Cfg>(p.doc_chunk_offset, p.chunks, doc), p.seg_fail, doc, at.head)) return;
 #else
-      return;  // the portable walk reads every chain's W: chunk_prep ran in full before it
+      return;  // the portable reverse walk reads every chain's W: chunk_prep ran in full before it
 #endif
     }
     const int len = at.len, j = at.head, hq = j / G;
