@@ -14,7 +14,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <optional>
 
 namespace gdn {
 
@@ -368,6 +367,12 @@ LayerIR lower(const Spec& spec_in) {
   const bool walk_fuses_dv = walk_bwd_sm90 && (s.cp_segments == 1 || marked_dv);
   ir.programs.back().constants.emplace_back("WALK_FUSES_DV", walk_fuses_dv ? "true" : "false");
   if (walk_fuses_dv) ir.programs.back().idle_on.push_back(Target::sm_90a);
+  // The marked-only programs run on sm_90a alone: elsewhere the portable reverse walk reads every
+  // chain's dv_local and W, made in full before it.
+  auto idle_off_sm90a = [](Program& p) {
+    for (Target t : kTargets)
+      if (t != Target::sm_90a) p.idle_on.push_back(t);
+  };
   // The backward's chunk_prep where the sm_90a walks form W under segments (light saves): the
   // re-run before the walks for the other targets' portable walk (idle on sm_90a), and after the
   // reverse walks on sm_90a the marked chains' W for their prescan (no U: the fused path's
@@ -387,8 +392,7 @@ LayerIR lower(const Spec& spec_in) {
         if (constant == "WRITES_U") value = writes_u ? "true" : "false";
       add_segment_constants();
       marked.constants.emplace_back("MARKED_CHAINS", "true");
-      for (Target t : kTargets)
-        if (t != Target::sm_90a) marked.idle_on.push_back(t);
+      idle_off_sm90a(marked);
     };
     ir.programs.push_back(prep);
     ir.programs.back().name = "chunk_prep_rerun";
@@ -404,8 +408,7 @@ LayerIR lower(const Spec& spec_in) {
     add_segment_constants();
     ir.programs.back().constants.emplace_back("WALK_FUSES_DV", "true");
     ir.programs.back().constants.emplace_back("MARKED_CHAINS", "true");
-    for (Target t : kTargets)
-      if (t != Target::sm_90a) ir.programs.back().idle_on.push_back(t);
+    idle_off_sm90a(ir.programs.back());
   }
   // With segments the backward walk is segmented too: its prescan and merge run before it (under
   // the verified carry, after its own walk from zero and the re-walks, for the marked chains).

@@ -216,6 +216,14 @@ PlannedLaunch& bind_chunk_prep(Builder& b, const ValueSource& k, const char* pro
   return l;
 }
 
+/// chunk_prep_marked / chunk_prep_fwd_marked: chunk_prep for the chains marked in `marks` (the
+/// backward's seg_fail or the forward's fwd_fail) only.
+void bind_marked_chunk_prep(Builder& b, const ValueSource& k, const char* program, const char* marks, bool writes_u) {
+  auto& l = bind_chunk_prep(b, k, program, writes_u);
+  GDN_BIND(l, ChunkPrepParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
+  GDN_BIND(l, ChunkPrepParams, seg_fail, b.slot(marks));
+}
+
 /// A forward walk's parameters: the prescan writes seg_hm, the segmented walk reads seg_h0.
 void bind_walk_params(PlannedLaunch& l, Builder& b, const ValueSource& k, const ValueSource& ht, bool segments,
                       bool prescan = false) {
@@ -363,11 +371,8 @@ void bind_fused_verified(Builder& b, const ValueSource& k, bool output, bool tap
   const FusedCarryFiles files = FusedCarryFiles::checkpoints;
   bind_fused_walk(b, output ? "fused_speculate" : "tape_speculate", output, tapes, files);
   bind_fused_walk(b, output ? "fused_verify" : "tape_verify", output, tapes, files);
-  if (b.ir().has_program("chunk_prep_fwd_marked")) {  // on sm_90a, W and U of the marked chains
-    auto& l = bind_chunk_prep(b, k, "chunk_prep_fwd_marked");
-    GDN_BIND(l, ChunkPrepParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
-    GDN_BIND(l, ChunkPrepParams, seg_fail, b.slot("fwd_fail"));
-  }
+  if (b.ir().has_program("chunk_prep_fwd_marked"))  // on sm_90a, W and U of the marked chains
+    bind_marked_chunk_prep(b, k, "chunk_prep_fwd_marked", "fwd_fail", true);
   bind_marked_entry_states(b, k);
   bind_fused_walk(b, walk, output, tapes, FusedCarryFiles::marks);
 }
@@ -580,9 +585,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       }
       // With a hand-off too: the recompute made W on sm_90a for the chains the forward marked only.
       if (marked_prep && !full) {
-        auto& l = bind_chunk_prep(b, k, "chunk_prep_marked", false);
-        GDN_BIND(l, ChunkPrepParams, doc_chunk_offset, b.slot("doc_chunk_offset"));
-        GDN_BIND(l, ChunkPrepParams, seg_fail, b.slot("seg_fail"));
+        bind_marked_chunk_prep(b, k, "chunk_prep_marked", "seg_fail", false);
       }
       carry(b.launch("walk_bwd_prescan", sizeof(P)), false);
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
