@@ -113,24 +113,40 @@ std::vector<std::pair<std::string, std::string>> layer_constants(const Spec& s, 
 
 namespace {
 
-/// cp.segments "auto". A document's walks are HV x (V / walk slab) blocks, two per SM (the fused
-/// walk: HV x (V / 128), one per SM). Where they fill at most an eighth of the H200's slots, each
-/// document is split into up to 8 segments, which shortens its chain 8 times for about 2.5x the
-/// walk's work (the prescan walks the V and K columns of every segment but one): on the H200 one
-/// 32768-token document with 6 value heads went from 4.88 to 2.79 ms (fwd+bwd), and 4 segments made
-/// one with 48 heads slower (12.6 -> 15.9 ms). Between the two (an eighth to a half of the slots)
-/// nothing was measured, and a batch of several long documents fills the GPU without segments while
-/// paying their work, so the layer keeps one segment there. Each document then takes segments by
-/// its own length only (batch invariance): one per kAutoSegmentMinChunks chunks. On the programs
-/// path up to 16: the 32768-token document with 6 value heads (24 walk blocks a segment) then ran
-/// fwd+bwd in 1.772 against 1.927 ms with 8 (forward 0.672 / 0.688, ckpt 2.163 / 2.269), though its
-/// walks then take more blocks than the slots; the fused path keeps 8 (16 there is not measured).
+/// cp.segments "auto" on the programs forward. A document's walks are HV x (V / walk slab) blocks,
+/// two per SM. Where they fill at most an eighth of the H200's slots, each document is split into
+/// up to 16 segments, which shortens its chain for about 2.5x the walk's work (the prescan walks
+/// the V and K columns of every segment but one): on the H200 one 32768-token document with 6
+/// value heads went from 4.88 to 2.79 ms (fwd+bwd) with 8, 1.927 -> 1.772 ms with 16 (forward 0.688
+/// / 0.672, ckpt 2.269 / 2.163), though its walks then take more blocks than the slots. Between an
+/// eighth and a half of the slots nothing was measured, and a batch of several long documents fills
+/// the GPU without segments while paying their work, so the layer keeps one segment there. Each
+/// document then takes segments by its own length only (batch invariance): one per
+/// kAutoSegmentMinChunks chunks.
 constexpr int kWalkSlots = 2 * 132;
-constexpr int kFusedWalkSlots = 132;
 constexpr int kAutoSegmentMinChunks = 32;
 constexpr int kAutoSegmentsPrograms = 16;
+int auto_segments_programs(int heads_v, int slabs) {
+  return kWalkSlots / (heads_v * slabs) >= 8 ? kAutoSegmentsPrograms : 1;
+}
+
+/// cp.segments "auto" on the fused forward, whose walks are HV x (V / 128) blocks, one per SM, and
+/// whose segments take the verified carry (cp.carry "auto"): a segment whose chain verifies costs
+/// the walks a 4-chunk window more, not the prescan's 2.5x. Where one document's walks fill at most a
+/// quarter of the SMs, a document takes as many segments as its walks fit in one wave (at most 8),
+/// one per kAutoSegmentMinChunksFused chunks: few enough that a batch which fills the GPU unsplit
+/// pays little, and the saved maps stay small (24 bytes per token and value head). Measured on an
+/// H100 with 4 pinned verified segments: one 32768-token document at heads 16/32 (its 32 walks fill
+/// a quarter of the SMs) fwd 1.616 -> 0.820 ms, fwd+bwd 6.417 -> 3.785, ckpt 6.710 -> 4.151; eight
+/// 4096-token documents pinned to 4 segments (16 chunks each) ran 36-125 % slower, which the
+/// 128-chunk minimum leaves unsplit.
+constexpr int kFusedWalkSlots = 132;
+constexpr int kAutoSegmentMinChunksFused = 128;
 constexpr int kAutoSegmentsFused = 8;
-int auto_segments(int heads_v, int slabs, int slots, int most) { return slots / (heads_v * slabs) >= 8 ? most : 1; }
+int auto_segments_fused(int heads_v, int slabs) {
+  const int walks = heads_v * slabs;
+  return walks * 4 <= kFusedWalkSlots ? std::min(kAutoSegmentsFused, kFusedWalkSlots / walks) : 1;
+}
 
 /// forward "auto". The fused walk is one chain per (document, value head, 128 columns) and runs one
 /// block per SM; the programs path splits a document's walk into narrower slabs and runs the output
@@ -162,12 +178,10 @@ LayerIR lower(const Spec& spec_in) {
     const int bv =
         spec_in.walk_slab != 0 ? spec_in.walk_slab : StateWalkGeometry::auto_bv(spec_in.head_dim_v, spec_in.heads_v);
     ir.segments_auto = true;
-    ir.spec.cp_segments =
-        ir.spec.forward == ForwardPath::fused
-            ? auto_segments(spec_in.heads_v, spec_in.head_dim_v / FusedWalkGeometry::kBV, kFusedWalkSlots,
-                            kAutoSegmentsFused)
-            : auto_segments(spec_in.heads_v, spec_in.head_dim_v / bv, kWalkSlots, kAutoSegmentsPrograms);
-    ir.seg_min_chunks = ir.spec.cp_segments > 1 ? kAutoSegmentMinChunks : 0;
+    const bool fused = ir.spec.forward == ForwardPath::fused;
+    ir.spec.cp_segments = fused ? auto_segments_fused(spec_in.heads_v, spec_in.head_dim_v / FusedWalkGeometry::kBV)
+                                : auto_segments_programs(spec_in.heads_v, spec_in.head_dim_v / bv);
+    ir.seg_min_chunks = ir.spec.cp_segments == 1 ? 0 : fused ? kAutoSegmentMinChunksFused : kAutoSegmentMinChunks;
   }
   // A segmented walk's grid has value heads x segments on y (seg::grid_position); the proxy's
   // segments are its ranks.
@@ -220,9 +234,21 @@ LayerIR lower(const Spec& spec_in) {
   // programs forward read the walk's bits and the choice moves work only.
   // With segments the prescan reads chunk_prep's W; under the verified carry it walks only the
   // chains the reverse walks mark, so on sm_90a the walks form W there too and chunk_prep_marked
-  // makes the marked chains' after them ("auto" takes the merge on the fused forward, so only an
-  // explicit "verified" gets here).
+  // makes the marked chains' after them.
   const bool walk_bwd_sm90 = StateWalkBwdGeometry::sm90_body(K, V, C, ir.walk_bwd_bv, wgmma);
+  // cp.carry "auto" (docs/algorithm.md 4.7) takes the verified carry on one rank where it was measured: the programs
+  // forward with the portable reverse walk, and the fused forward (its speculate and verify walks,
+  // docs/design_fused_fwd_sm90.md 3.11.1) with either reverse walk. On the programs forward with the
+  // reverse walk's sm_90a body (ReverseCarry, common/segments.cuh) it is opt-in until measured on a
+  // GPU. cp.ranks > 1 is refused with the spec.
+  if (s.cp_carry == SegmentCarry::automatic) {
+    ir.carry_auto = true;
+    ir.spec.cp_carry = s.cp_segments > 1 && s.cp_ranks == 1 && (fused || !walk_bwd_sm90) ? SegmentCarry::verified
+                                                                                         : SegmentCarry::merge;
+    ir.carry_auto_facts = fmt::format("{} segment{}, {} rank{}, the {} forward, the {} backward walk", s.cp_segments,
+                                      s.cp_segments == 1 ? "" : "s", s.cp_ranks, s.cp_ranks == 1 ? "" : "s",
+                                      fused ? "fused" : "programs", walk_bwd_sm90 ? "sm_90a" : "portable");
+  }
   const bool verified_segments = s.cp_segments > 1 && s.cp_carry == SegmentCarry::verified;
   const bool walk_can_fuse_w = fused && (s.cp_segments == 1 || verified_segments) && s.cp_ranks == 1 && walk_bwd_sm90;
   if (s.backward_w == BackwardW::automatic) {
@@ -259,18 +285,6 @@ LayerIR lower(const Spec& spec_in) {
   // its own backward records (dZ_ext | A) and keeps the old split. The verified carry
   // (docs/algorithm.md 4.7) saves the maps of the chains its forward merges and keeps the split
   // for the backward's other marked chains (common/segments.cuh, reverse_chain_mark).
-  // "auto" takes it on the programs forward with the portable reverse walk only: on the fused
-  // forward (its speculate and verify walks, docs/design_fused_fwd_sm90.md 3.11.1) and on the
-  // reverse walk's sm_90a body (ReverseCarry, common/segments.cuh) it is opt-in until measured on
-  // a GPU. cp.ranks > 1 is refused with the spec.
-  if (s.cp_carry == SegmentCarry::automatic) {
-    ir.carry_auto = true;
-    ir.spec.cp_carry =
-        segments > 1 && s.cp_ranks == 1 && !walk_bwd_sm90 && !fused ? SegmentCarry::verified : SegmentCarry::merge;
-    ir.carry_auto_facts = fmt::format("{} segment{}, {} rank{}, the {} forward, the {} backward walk", segments,
-                                      segments == 1 ? "" : "s", s.cp_ranks, s.cp_ranks == 1 ? "" : "s",
-                                      fused ? "fused" : "programs", walk_bwd_sm90 ? "sm_90a" : "portable");
-  }
   ir.verified_carry = segments > 1 && s.cp_carry == SegmentCarry::verified;
   ir.saved_segment_maps = segments > 1 && s.cp_ranks == 1;
   // Under the verified carry the backward prescan may walk a chain's transitions itself: its grid
@@ -866,21 +880,24 @@ std::string to_text(const LayerIR& ir) {
                     "{}; here {})",
                     to_string(s.forward), kAutoFusedMinWalks, FusedWalkGeometry::kBV, fused_walks_per_document(s)));
   if (ir.backward_w_auto)
-    line(
-        fmt::format("backward_w: auto -> {} (the reverse walk forms W where it runs its sm_90a body: fused "
-                    "forward, no segments or ranks, tensor_cores \"auto\", 128-wide backward slabs, K = V = 128)",
-                    to_string(s.backward_w)));
-  if (ir.segments_auto)
-    line(
-        ir.seg_min_chunks > 0
-            ? fmt::format("segments: auto, at most {} per document; a document of nc chunks takes min({}, max(1, "
-                          "nc / {})) (its walks alone fill at most an eighth of the GPU); a call of T tokens "
-                          "launches the walks with min({}, max(1, ceil(T / {}) / {})) segment rows, and with 1 "
-                          "(T < {} tokens) leaves out every segment program",
-                          s.cp_segments, s.cp_segments, ir.seg_min_chunks, s.cp_segments, s.chunk, ir.seg_min_chunks,
-                          2LL * ir.seg_min_chunks * s.chunk - (s.chunk - 1))
-            : std::string("segments: auto, 1 per document (one document's walks fill more than an eighth of the GPU)"));
-  else if (s.cp_ranks > 1)
+    line(fmt::format(
+        "backward_w: auto -> {} (the reverse walk forms W where it runs its sm_90a body: fused "
+        "forward, one rank, no segments or the verified carry, tensor_cores \"auto\", 128-wide backward slabs, "
+        "K = V = 128)",
+        to_string(s.backward_w)));
+  if (ir.segments_auto) {
+    const bool fused = s.forward == ForwardPath::fused;
+    const char* why = fused ? "one document's fused walks, value heads x V / 128, fill at most a quarter of the "
+                              "132 SMs; as many segments as fit one wave, at most 8"
+                            : "one document's walks fill at most an eighth of the GPU";
+    line(ir.seg_min_chunks > 0
+             ? fmt::format("segments: auto, at most {} per document ({}); a document of nc chunks takes min({}, "
+                           "max(1, nc / {})); a call of T tokens launches the walks with min({}, max(1, ceil(T / "
+                           "{}) / {})) segment rows, and with 1 (T < {} tokens) leaves out every segment program",
+                           s.cp_segments, why, s.cp_segments, ir.seg_min_chunks, s.cp_segments, s.chunk,
+                           ir.seg_min_chunks, 2LL * ir.seg_min_chunks * s.chunk - (s.chunk - 1))
+             : fmt::format("segments: auto, 1 per document (documents split only where {})", why));
+  } else if (s.cp_ranks > 1)
     line(
         fmt::format("ranks: {} on one GPU (the proxy of context parallelism): every document is cut at the rank "
                     "boundaries r T / {} inside it, each piece chunked from its own first token and walked as a "
@@ -890,8 +907,8 @@ std::string to_text(const LayerIR& ir) {
     line(fmt::format("segments: {} per document (pinned by the spec)", s.cp_segments));
   if (ir.carry_auto)
     line(
-        fmt::format("carry: auto -> {} (verified with segments on one rank, the programs forward and the "
-                    "portable backward walk; here {})",
+        fmt::format("carry: auto -> {} (verified with segments on one rank and either the fused forward or "
+                    "the portable backward walk; here {})",
                     to_string(s.cp_carry), ir.carry_auto_facts));
   if (ir.verified_carry)
     line(

@@ -776,8 +776,9 @@ TEST_SUITE("gpu_determinism") {
   }
 
   // The same through the fused forward and the sm_90a walk bodies: 16 value heads (fused under
-  // "auto", at most 8 segments there), 8200 one-chunk documents and one of 20000 tokens (8
-  // segments): 8201 x 8 = 65608 positions, beyond the old z limit. The packed run has no fp64
+  // "auto", at most 8 segments there, one per 128 chunks, the verified carry), 8200 one-chunk
+  // documents and one of 20000 tokens (2 segments; the call launches 8 segment rows): 8201 x 8 =
+  // 65608 positions, beyond the old z limit. The packed run has no fp64
   // reference (16 heads x 151,000 tokens); the long document runs alone against fp64, and both it
   // and a short document keep their bits packed.
   TEST_CASE("cp.segments auto on the fused path: more than 8191 documents in one call") {
@@ -789,13 +790,14 @@ TEST_SUITE("gpu_determinism") {
     auto layer = make(s);
     REQUIRE(layer->ir().spec.forward == ForwardPath::fused);
     REQUIRE(layer->ir().spec.cp_segments == 8);
+    REQUIRE(layer->ir().verified_carry);
     check::Case packed = many_documents(8200, 20000, 7000);
     packed.with_reference = false;
     const check::Report all = check::run(*layer, packed);
     check::Case alone;
     alone.doc_lens = {packed.doc_lens.back()};
     alone.doc_seeds = {packed.doc_seeds.back()};
-    expect_within_bounds(check::run(*layer, alone), "20000 tokens in 8 segments on the fused path");
+    expect_within_bounds(check::run(*layer, alone), "20000 tokens in 2 verified segments on the fused path");
     expect_long_and_short_keep_bits(*layer, all, packed);
   }
 
@@ -1759,6 +1761,48 @@ TEST_SUITE("gpu_fused") {
     fused_verified_carry_case(128);
   }
 
+  // cp.segments and cp.carry "auto" at FlashQLA's heads (16 / 32): the fused forward's 32 walks
+  // fill a quarter of the SMs, so a document takes a segment per 128 chunks (at most 4) under the
+  // verified carry. Where its chains verify (decaying gates) every tensor keeps the bits of one
+  // segment: a 33000-token document split in 4, one of 16321 tokens in 2, short ones unsplit; the
+  // checkpointed step too, and a call whose documents cannot split (the plans without the segment
+  // programs).
+  TEST_CASE("cp.segments auto on the fused forward: verified segments keep the unsegmented bits") {
+    Spec automatic = spec_of("m");
+    automatic.heads_qk = 16;
+    automatic.heads_v = 32;
+    automatic.cp_segments = 0;
+    automatic.name = "f_auto_segments";
+    Spec plain = automatic;
+    plain.cp_segments = 1;
+    plain.name = "f_one_segment";
+    auto split_layer = make(automatic);
+    auto plain_layer = make(plain);
+    REQUIRE(split_layer->ir().spec.forward == ForwardPath::fused);
+    REQUIRE(split_layer->ir().spec.cp_segments == 4);
+    REQUIRE(split_layer->ir().seg_min_chunks == 128);
+    REQUIRE(split_layer->ir().verified_carry);
+    REQUIRE(split_layer->ir().spec.backward_w == BackwardW::walk);
+    check::Case c;
+    c.seed = 97;
+    c.with_reference = false;
+    for (const auto& lens : {std::vector<long long>{33000, 700, 16321, 1}, std::vector<long long>{4096, 4096, 300}})
+      for (const auto step : {check::Case::Step::fwd_bwd, check::Case::Step::ckpt}) {
+        c.doc_lens = lens;
+        c.step = step;
+        CAPTURE(lens.front());
+        CAPTURE(step == check::Case::Step::ckpt);
+        const check::Report want = check::run(*plain_layer, c);
+        REQUIRE(want.bytes.size() == 8);
+        expect_same_bits(want.bytes, check::run(*split_layer, c), "auto verified segments vs one segment");
+      }
+    // Against fp64 on a document that splits (its reference at 32 heads is the slow part).
+    c.with_reference = true;
+    c.step = check::Case::Step::fwd_bwd;
+    c.doc_lens = {16400, 65};
+    expect_within_bounds(check::run(*split_layer, c), "auto verified segments at heads 16 / 32");
+  }
+
   TEST_CASE("fused forward against the fp64 reference over the case matrix") {
     const uint64_t seed = static_cast<uint64_t>(std::time(nullptr)) + 101;
     MESSAGE("seed " << seed);
@@ -1783,8 +1827,9 @@ TEST_SUITE("gpu_fused") {
     c.seed = seed + 1;
     c.doc_lens = {700, 333, 64, 1};
     expect_within_bounds(check::run(*m, c), "fused, shape M heads");
-    // Segments: the walk starts every segment from the merged entry state (pinned 4, with empty
-    // and one-chunk segments; "auto", 8 at most on the fused path, one per 32 chunks of a document).
+    // Segments: the walk starts every segment from its entry state (pinned 4, with empty and
+    // one-chunk segments; "auto", 8 at most on the fused path, one per 128 chunks of a document:
+    // 33000 tokens take 4, 17000 take 2; "auto" takes the verified carry on either).
     // Both bodies: tensor_cores "mma_sync" runs the portable one (every target but sm_90a).
     for (const int segments : {4, 0})
       for (const TensorCores tc : {TensorCores::automatic, TensorCores::mma_sync}) {
@@ -1794,7 +1839,7 @@ TEST_SUITE("gpu_fused") {
         if (tc == TensorCores::mma_sync) seg.name += "_portable";
         check::Case sc;
         sc.seed = seed + 2 + segments;
-        sc.doc_lens = {6000, 2100, 65, 1, 0, 130};
+        sc.doc_lens = {33000, 2100, 65, 1, 0, 17000, 130};
         expect_within_bounds(check::run(*make(seg), sc), seg.name.c_str());
       }
   }

@@ -197,16 +197,30 @@ TEST_SUITE("ir") {
     CHECK(constant_of(portable.program("dv_local"), "WALK_FUSES_DV") == "false");
     CHECK(constant_of(few.program("dv_local"), "WALK_FUSES_DV") == "false");
     for (const auto* ir : {&wide, &portable, &few}) CHECK(ir->program("dv_local").idle_on.empty());
+    // Segments under the merge: the prescan reads dv_local on every target. Under the verified
+    // carry ("auto" takes it on the fused forward) dv_local idles on sm_90a and dv_local_marked
+    // makes the marked chains' after the walks.
     spec.tensor_cores = gdn::TensorCores::automatic;
     spec.cp_segments = 4;
+    spec.cp_carry = gdn::SegmentCarry::merge;
     CHECK(constant_of(gdn::lower(spec).program("dv_local"), "WALK_FUSES_DV") == "false");
     CHECK(gdn::lower(spec).program("dv_local").idle_on.empty());
+    spec.cp_carry = gdn::SegmentCarry::automatic;
+    const auto verified = gdn::lower(spec);
+    REQUIRE(verified.verified_carry);
+    CHECK(constant_of(verified.program("dv_local"), "WALK_FUSES_DV") == "true");
+    CHECK(verified.program("dv_local").idle_for(gdn::Target::sm_90a));
+    CHECK_FALSE(verified.program("dv_local_marked").idle_for(gdn::Target::sm_90a));
   }
 
-  /// Each change keeps the reverse walk from forming W: the programs forward, segments, ranks,
-  /// mma.sync, a narrower backward slab.
+  /// Each change keeps the reverse walk from forming W: the programs forward, segments under the
+  /// merge carry, ranks, mma.sync, a narrower backward slab.
   std::vector<std::function<void(gdn::Spec&)>> walk_w_blockers() {
-    return {[](gdn::Spec& s) { s.forward = gdn::ForwardPath::programs; }, [](gdn::Spec& s) { s.cp_segments = 4; },
+    return {[](gdn::Spec& s) { s.forward = gdn::ForwardPath::programs; },
+            [](gdn::Spec& s) {
+              s.cp_segments = 4;
+              s.cp_carry = gdn::SegmentCarry::merge;
+            },
             [](gdn::Spec& s) { s.cp_ranks = 2; }, [](gdn::Spec& s) { s.tensor_cores = gdn::TensorCores::mma_sync; },
             [](gdn::Spec& s) { s.walk_bwd_slab = 64; }};
   }
@@ -429,7 +443,8 @@ TEST_SUITE("ir") {
     // The backward runs the portable reverse walk's verified carry.
     CHECK(constant_of(ir.program("walk_bwd_speculate"), "VERIFIED_CARRY") == "true");
     // With the reverse walk's sm_90a body (128-wide slabs, the fused path's default at 48 value
-    // heads) that body's own, and "auto" keeps the merge on the fused forward.
+    // heads) that body's own, and "auto" takes the verified carry on the fused forward: the same
+    // programs as pinned.
     gdn::Spec wide = spec;
     wide.walk_bwd_slab = 128;
     const auto sm90 = gdn::lower(wide);
@@ -438,9 +453,12 @@ TEST_SUITE("ir") {
     gdn::Spec automatic = spec;
     automatic.cp_carry = gdn::SegmentCarry::automatic;
     const auto picked = gdn::lower(automatic);
-    CHECK(picked.spec.cp_carry == gdn::SegmentCarry::merge);
-    CHECK_FALSE(picked.verified_carry);
-    for (const auto& p : picked.programs) CHECK_MESSAGE(constant_of(p, "VERIFIED_CARRY") == "(absent)", p.name);
+    CHECK(picked.spec.cp_carry == gdn::SegmentCarry::verified);
+    CHECK(picked.verified_carry);
+    REQUIRE(picked.programs.size() == ir.programs.size());
+    for (size_t i = 0; i < picked.programs.size(); ++i)
+      CHECK_MESSAGE(gdn::generate_source(picked.programs[i]) == gdn::generate_source(ir.programs[i]),
+                    picked.programs[i].name);
   }
 
   TEST_CASE("cp.carry \"auto\": verified where the layer can take it, the merge elsewhere, and the IR says why") {
@@ -464,8 +482,6 @@ TEST_SUITE("ir") {
     const std::vector<std::pair<std::string, std::function<void(gdn::Spec&)>>> elsewhere = {
         {"1 segment, 1 rank, the programs forward, the portable backward walk",
          [](gdn::Spec& s) { s.cp_segments = 1; }},
-        {"4 segments, 1 rank, the fused forward, the portable backward walk",
-         [](gdn::Spec& s) { s.forward = gdn::ForwardPath::fused; }},
         {"4 segments, 1 rank, the programs forward, the sm_90a backward walk",
          [](gdn::Spec& s) { s.walk_bwd_slab = 128; }},
     };
@@ -476,8 +492,8 @@ TEST_SUITE("ir") {
       CHECK_MESSAGE(ir.carry_auto, facts);
       CHECK_FALSE_MESSAGE(ir.verified_carry, facts);
       CHECK_MESSAGE(ir.spec.cp_carry == gdn::SegmentCarry::merge, facts);
-      CHECK_MESSAGE(gdn::to_text(ir).find("carry: auto -> merge (verified with segments on one rank, the programs "
-                                          "forward and the portable backward walk; here " +
+      CHECK_MESSAGE(gdn::to_text(ir).find("carry: auto -> merge (verified with segments on one rank and either the "
+                                          "fused forward or the portable backward walk; here " +
                                           facts + ")") != std::string::npos,
                     facts << "\n"
                           << gdn::to_text(ir));
@@ -793,12 +809,14 @@ TEST_SUITE("ir") {
     CHECK(gdn::to_text(few).find("segments: auto, at most 16 per document") != std::string::npos);
     CHECK(gdn::to_json(spec)["cp"]["segments"] == "auto");
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).cp_segments == 0);
-    // Between an eighth and a half of the slots "auto" keeps one segment: 12 value heads on the
-    // programs path (4 slabs of 32: 48 walks of 264) and 32 on the fused walk (32 of 132); 16 on the
-    // fused walk fill an eighth: 8 there; 8 on the programs path (32 of 264): 16.
+    // The programs path splits where one document's walks fill at most an eighth of its 264 slots:
+    // 12 value heads (4 slabs of 32: 48 walks) keep one segment, 8 (32 walks) take 16. The fused
+    // walk splits where they fill at most a quarter of its 132 SMs, into as many segments as fit one
+    // wave (at most 8): 32 value heads take 4, 16 take 8, 34 keep one.
     for (const auto& [heads_v, forward, most] :
          std::vector<std::tuple<int, gdn::ForwardPath, int>>{{12, gdn::ForwardPath::programs, 1},
-                                                             {32, gdn::ForwardPath::fused, 1},
+                                                             {32, gdn::ForwardPath::fused, 4},
+                                                             {34, gdn::ForwardPath::fused, 1},
                                                              {16, gdn::ForwardPath::fused, 8},
                                                              {8, gdn::ForwardPath::programs, 16}}) {
       auto mid = spec;
@@ -819,13 +837,20 @@ TEST_SUITE("ir") {
     for (size_t i = 0; i < many.programs.size(); ++i)
       CHECK_MESSAGE(many.programs[i].constants == pinned.programs[i].constants, many.programs[i].name);
     // The fused forward walks 128 columns per block, one block per SM: N's 6 value heads take 8
-    // there too (132 / 6), M's 48 take 1; its walk reads the merged entry states.
+    // there (132 / 6, at most 8), one per 128 chunks, under the verified carry; M's 48 take 1.
     spec.forward = gdn::ForwardPath::fused;
     const auto fused_few = gdn::lower(spec);
     CHECK(fused_few.spec.cp_segments == 8);
+    CHECK(fused_few.seg_min_chunks == 128);
+    CHECK(fused_few.verified_carry);
     CHECK(fused_few.program("fused_walk").grid == gdn::GridKind::walk_segments);
-    CHECK(constant_of(fused_few.program("fused_walk"), "SEGMENTS") == "8");
-    CHECK(constant_of(fused_few.program("fused_walk"), "SEG_MIN_CHUNKS") == "32");
+    for (const char* name : {"fused_speculate", "fused_verify", "fused_walk", "walk_bwd_speculate", "state_walk_bwd"}) {
+      CHECK_MESSAGE(constant_of(fused_few.program(name), "SEGMENTS") == "8", name);
+      CHECK_MESSAGE(constant_of(fused_few.program(name), "SEG_MIN_CHUNKS") == "128", name);
+    }
+    CHECK(fused_few.buffer("seg_ckpt").bytes.eval(32768, 1, 64) == ((32768 / 64 + 1) / 128.0) * 6 * 4 * 128 * 128 * 4);
+    CHECK(gdn::to_text(fused_few).find("segments: auto, at most 8 per document (one document's fused walks") !=
+          std::string::npos);
     m.forward = gdn::ForwardPath::fused;
     CHECK(gdn::lower(m).spec.cp_segments == 1);
     CHECK(gdn::lower(m).program("fused_walk").grid == gdn::GridKind::walk);

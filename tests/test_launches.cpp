@@ -185,6 +185,7 @@ TEST_SUITE("launches") {
       return std::find(v.begin(), v.end(), p) != v.end();
     };
     const char* segment_programs[] = {"walk_prescan",     "walk_merge",     "walk_speculate",     "walk_verify",
+                                      "fused_speculate",  "fused_verify",   "tape_speculate",     "tape_verify",
                                       "walk_bwd_prescan", "walk_merge_bwd", "walk_bwd_speculate", "walk_bwd_verify"};
     Spec merge = example("n"), verified = example("n"), fused = example("n"), pinned = example("n");
     verified.cp_carry = SegmentCarry::verified;
@@ -195,7 +196,13 @@ TEST_SUITE("launches") {
         CAPTURE(spec->cp_carry == SegmentCarry::verified);
         CAPTURE(spec->forward == ForwardPath::fused);
         CAPTURE(handoff);
-        const auto [fwd, bwd, y, text] = sequence(*spec, {4032, 3}, handoff);
+        // The longest document that takes one segment: 2 m - 1 chunks' tokens (m = 32 on the
+        // programs forward, 128 on the fused one, which takes the verified carry).
+        const LayerIR ir = lower(*spec);
+        const bool verified_carry = ir.verified_carry;
+        const int64_t unsplit = (2LL * ir.seg_min_chunks - 1) * ir.spec.chunk;
+        CHECK(unsplit == (spec->forward == ForwardPath::fused ? 16320 : 4032));
+        const auto [fwd, bwd, y, text] = sequence(*spec, {unsplit, 3}, handoff);
         for (const char* p : segment_programs) {
           CAPTURE(p);
           CHECK_FALSE(has(fwd, p));
@@ -207,11 +214,14 @@ TEST_SUITE("launches") {
         CHECK(y.at("state_walk_bwd") == 6);
         CHECK(has(bwd, "chunk_bwd"));
         // Under the verified carry the walks are bound without the marks: they walk every document.
-        if (spec->cp_carry == SegmentCarry::verified) CHECK(text.find("seg_fail") == std::string::npos);
+        if (verified_carry) CHECK(text.find("seg_fail") == std::string::npos);
         // One more token and a document may take two segments: today's plan, two rows.
-        const auto [fwd2, bwd2, y2, text2] = sequence(*spec, {4033, 3}, handoff);
-        CHECK(has(fwd2, spec->cp_carry == SegmentCarry::verified ? "walk_speculate" : "walk_prescan"));
-        CHECK(has(bwd2, spec->cp_carry == SegmentCarry::verified ? "walk_bwd_speculate" : "walk_bwd_prescan"));
+        const auto [fwd2, bwd2, y2, text2] = sequence(*spec, {unsplit + 1, 3}, handoff);
+        const char* speculate = spec->forward != ForwardPath::fused ? "walk_speculate"
+                                : handoff                           ? "tape_speculate"
+                                                                    : "fused_speculate";
+        CHECK(has(fwd2, verified_carry ? speculate : "walk_prescan"));
+        CHECK(has(bwd2, verified_carry ? "walk_bwd_speculate" : "walk_bwd_prescan"));
         CHECK(y2.at("state_walk_bwd") == 12);
       }
     // The fused forward's light saves need W (and kn) only for the prescan: none without it.
