@@ -437,6 +437,22 @@ TEST_SUITE("cp") {
   // min(8, max(1, chunks / 32)) by its length alone, and the storage slots are distinct and fit
   // the workspace the IR sizes (NT / 32 slots with "auto", where only documents of two or more
   // segments take slots; N * segments pinned).
+  // seg::begin splits the product chunks x s to stay in 32-bit divisions: it must give the floor of
+  // the exact quotient for every count up to the grid's 64 segments, up to the largest documents.
+  TEST_CASE("segments: a segment's first chunk is first + floor(chunks s / segments)") {
+    std::mt19937 rng(11);
+    for (int trial = 0; trial < 200000; ++trial) {
+      const int chunks = trial % 4 == 0 ? static_cast<int>(rng() % (1u << 25)) : static_cast<int>(rng() % 5000);
+      const int segments = 1 + static_cast<int>(rng() % 64), s = static_cast<int>(rng() % (segments + 1));
+      const int first = static_cast<int>(rng() % (1u << 20));
+      const long long want = first + static_cast<long long>(chunks) * s / segments;
+      if (gdn::seg::begin(first, chunks, segments, s) != want)
+        FAIL("chunks " << chunks << ", segments " << segments << ", s " << s << ": "
+                       << gdn::seg::begin(first, chunks, segments, s) << " != " << want);
+    }
+    CHECK(gdn::seg::begin(0, (1 << 25) - 1, 64, 63) == static_cast<int>((((1LL << 25) - 1) * 63) / 64));
+  }
+
   TEST_CASE("segments: counts, bounds and storage slots over random batches") {
     std::mt19937 rng(7);
     for (int trial = 0; trial < 2000; ++trial) {
