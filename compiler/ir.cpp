@@ -415,6 +415,21 @@ LayerIR lower(const Spec& spec_in) {
     add_marked("chunk_prep_fwd_marked", true);
     for (Program& p : ir.programs)
       if (p.name == "chunk_prep") p.idle_on.push_back(Target::sm_90a);
+    // kn likewise (0.09 ms at 32768 tokens and 16 q/k heads): the forward's k launch is a program
+    // of its own (l2norm_k, the same code as l2norm) so that it can idle on sm_90a, where
+    // l2norm_k_marked makes the marked chains' rows after the verify walks. A recompute that hands
+    // its tapes over keeps the full l2norm (the backward reads every row of the handed kn); one
+    // whose output is needed hands nothing over and takes the forward's plan.
+    if (norm) {
+      Program l2norm_k = ir.program("l2norm");
+      l2norm_k.name = "l2norm_k";
+      ir.programs.push_back(std::move(l2norm_k));
+      ir.programs.back().idle_on = {Target::sm_90a};
+      add("l2norm_k_marked", "prep/l2norm.cuh", "L2NormMarked", "L2NormMarkedParams", L2NormGeometry::kThreads,
+          L2NormGeometry::smem_bytes(), GridKind::chunk_heads);
+      add_segment_constants();
+      idle_off_sm90a(ir.programs.back());
+    }
   }
   if (marked_dv) {
     add("dv_local_marked", "bwd/dv_local.cuh", "DvLocal", "DvLocalParams", DvLocalGeometry::kThreads,
@@ -664,7 +679,9 @@ LayerIR lower(const Spec& spec_in) {
   std::vector<Launch> fwd = {{"chunk_table", "cu_seqlens -> chunks, checked on the device"}};
   if (norm && fold_rstd) {
     fwd.push_back({"l2norm", "q: the rows' rstd only (folded into the fused products)"});
-    if (segments > 1 || full)
+    if (ir.has_program("l2norm_k_marked"))
+      fwd.push_back({"l2norm_k", "k: kn for the prescan's W; nothing on sm_90a (l2norm_k_marked)"});
+    else if (segments > 1 || full)
       fwd.push_back({"l2norm", segments > 1 ? "k: kn for the prescan's W (the rows' rstd come from chunk_solve)"
                                             : "k: kn for the saved W (the rows' rstd come from chunk_solve)"});
   } else if (norm) {
@@ -690,6 +707,14 @@ LayerIR lower(const Spec& spec_in) {
   };
   fwd.push_back({"chunk_solve", fold_rstd ? "Tm, and the rows' rstd of k from K K^T's diagonal" : "Tm"});
   std::vector<Launch> rec = fwd;
+  // A recompute that hands its tapes over makes every row of kn (the backward reads them all).
+  for (size_t i = 0; i < rec.size(); ++i)
+    if (rec[i].program == "l2norm_k") {
+      rec[i].when = "the output is needed";
+      rec.insert(rec.begin() + static_cast<long>(i),
+                 {"l2norm", "k: kn for the prescan's W and the hand-off", "the output is not needed"});
+      break;
+    }
   if (fold_rstd && segments <= 1 && !full)
     rec.insert(rec.begin() + 2, {"l2norm", "k: kn for chunk_prep's W (the rows' rstd come from chunk_solve)",
                                  "the output is not needed"});
@@ -718,6 +743,8 @@ LayerIR lower(const Spec& spec_in) {
                                       "chain none of whose windows meets the walk from 0 bit for bit is marked",
                                       kCarryCheckpoints, what),
                           when});
+      if (output && ir.has_program("l2norm_k_marked"))
+        launches.push_back({"l2norm_k_marked", "on sm_90a, kn of the marked chains (for their W and prescan)", when});
       if (ir.has_program("chunk_prep_fwd_marked"))
         launches.push_back(
             {"chunk_prep_fwd_marked", "on sm_90a, W and U of the marked chains (for their prescan)", when});

@@ -178,8 +178,8 @@ class Builder {
   (L).fields.push_back(Field{static_cast<uint32_t>(offsetof(P, field)), sizeof(P::field), (src)})
 
 /// Rows of x L2-normalized into y and their rstd; either output may be the constant 0 (not written).
-void bind_l2norm(Builder& b, Frame x, const ValueSource& y, const ValueSource& rstd) {
-  auto& l = b.launch("l2norm", sizeof(L2NormParams));
+void bind_l2norm(Builder& b, Frame x, const ValueSource& y, const ValueSource& rstd, const char* program = "l2norm") {
+  auto& l = b.launch(program, sizeof(L2NormParams));
   using P = L2NormParams;
   GDN_BIND(l, P, x, b.frame(x));
   GDN_BIND(l, P, y, y);
@@ -371,6 +371,15 @@ void bind_fused_verified(Builder& b, const ValueSource& k, bool output, bool tap
   const FusedCarryFiles files = FusedCarryFiles::checkpoints;
   bind_fused_walk(b, output ? "fused_speculate" : "tape_speculate", output, tapes, files);
   bind_fused_walk(b, output ? "fused_verify" : "tape_verify", output, tapes, files);
+  if (output && b.ir().has_program("l2norm_k_marked")) {  // on sm_90a, kn of the marked chains
+    auto& l = b.launch("l2norm_k_marked", sizeof(L2NormMarkedParams));
+    using P = L2NormMarkedParams;
+    GDN_BIND(l, P, x, b.frame(Frame::k));
+    GDN_BIND(l, P, y, k);
+    GDN_BIND(l, P, chunks, b.slot("chunks"));
+    GDN_BIND(l, P, doc_chunk_offset, b.slot("doc_chunk_offset"));
+    GDN_BIND(l, P, seg_fail, b.slot("fwd_fail"));
+  }
   if (b.ir().has_program("chunk_prep_fwd_marked"))  // on sm_90a, W and U of the marked chains
     bind_marked_chunk_prep(b, k, "chunk_prep_fwd_marked", "fwd_fail", true);
   bind_marked_entry_states(b, k);
@@ -430,7 +439,11 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
   const bool kn_needed = !fold || segments || full || output == OutputLaunch::no;
   if (norm) {
     bind_l2norm(b, F::q, fold ? b.constant(0) : b.slot("qn"), b.slot("rstd_q"));
-    if (kn_needed) bind_l2norm(b, F::k, b.slot("kn"), fold ? b.constant(0) : b.slot("rstd_k"));
+    // The forward's plan (output launched) makes kn on sm_90a for the verified carry's marked
+    // chains only, after the verify walks (l2norm_k idles there, l2norm_k_marked runs).
+    const bool marked_kn = segments && output == OutputLaunch::yes && ir.has_program("l2norm_k_marked");
+    if (kn_needed)
+      bind_l2norm(b, F::k, b.slot("kn"), fold ? b.constant(0) : b.slot("rstd_k"), marked_kn ? "l2norm_k" : "l2norm");
   }
   const ValueSource q = norm && !fold ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm && kn_needed ? b.slot("kn") : b.frame(F::k);

@@ -97,6 +97,17 @@ struct L2NormParams {
   long long rows;
 };
 
+/// l2norm_k_marked: kn for the rows of the chains the forward's verified carry marked (fwd_fail),
+/// after its verify walks; a block per (chunk, value head), the first value head of a q/k head's
+/// group writing that head's rows when any head of the group is marked.
+struct L2NormMarkedParams {
+  const bf16_t* x;  ///< [T, H, K] raw k
+  bf16_t* y;        ///< [T, H, K] kn
+  const ChunkInfo* chunks;
+  const int* doc_chunk_offset;
+  const int* seg_fail;  ///< [N, HV]
+};
+
 struct GateCumsumParams {
   const float* g;  ///< [T, HV]
   float* gc;       ///< [T, HV]: chunk-local inclusive cumsum, times 1/ln 2
@@ -372,6 +383,7 @@ struct FinalizeParams {
 // Sizes pinned: a change here changes the ABI between the host and every cached kernel.
 static_assert(sizeof(ChunkTableParams) == 80, "ChunkTableParams: the host and the kernels share this layout");
 static_assert(sizeof(L2NormParams) == 32, "L2NormParams: the host and the kernels share this layout");
+static_assert(sizeof(L2NormMarkedParams) == 40, "L2NormMarkedParams: the host and the kernels share this layout");
 static_assert(sizeof(GateCumsumParams) == 40, "GateCumsumParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkPrepParams) == 80, "ChunkPrepParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkSolveParams) == 48, "ChunkSolveParams: the host and the kernels share this layout");

@@ -294,14 +294,30 @@ TEST_SUITE("ir") {
         const char* verify = form.form == gdn::CallForm::forward ? "fused_verify" : "tape_verify";
         CAPTURE(gdn::to_string(form.form));
         CHECK(in_fwd("chunk_prep") < in_fwd(verify));
-        CHECK(in_fwd(verify) + 1 == in_fwd("chunk_prep_fwd_marked"));
+        // The forward makes the marked chains' kn between the verify walk and their W; a
+        // recompute that hands its tapes over makes every row before the walks.
+        const bool forward = form.form == gdn::CallForm::forward;
+        CHECK(in_fwd(verify) + (forward ? 2 : 1) == in_fwd("chunk_prep_fwd_marked"));
+        if (forward) CHECK(in_fwd(verify) + 1 == in_fwd("l2norm_k_marked"));
+        CHECK(in_fwd("l2norm_k") < in_fwd("chunk_solve"));
+        CHECK(std::count(fwd.begin(), fwd.end(), "l2norm") == (forward ? 1 : 2));
       }
     }
+    // kn: the forward's k launch is l2norm_k (l2norm's code, idle on sm_90a) and l2norm_k_marked
+    // runs on sm_90a alone.
+    CHECK(verified.program("l2norm_k").class_name == verified.program("l2norm").class_name);
+    CHECK(verified.program("l2norm_k").constants == verified.program("l2norm").constants);
+    CHECK(verified.program("l2norm_k").idle_on == std::vector<gdn::Target>{gdn::Target::sm_90a});
+    CHECK(verified.program("l2norm_k_marked").class_name == "L2NormMarked");
+    CHECK(verified.program("l2norm_k_marked").grid == gdn::GridKind::chunk_heads);
+    CHECK(verified.program("l2norm_k_marked").idle_on ==
+          std::vector<gdn::Target>{gdn::Target::sm_100a, gdn::Target::sm_103a});
     // Full saves: W is a saved tape, whole on every target; nothing re-runs.
     segmented.save_mode = gdn::SaveMode::full;
     const auto full = gdn::lower(segmented);
     CHECK(full.program("chunk_prep").idle_on.empty());
-    for (const char* name : {"chunk_prep_marked", "chunk_prep_rerun", "chunk_prep_fwd_marked"})
+    for (const char* name :
+         {"chunk_prep_marked", "chunk_prep_rerun", "chunk_prep_fwd_marked", "l2norm_k", "l2norm_k_marked"})
       CHECK_FALSE_MESSAGE(full.has_program(name), name);
     // The merge carry's prescan reads every chain's W: refused there.
     segmented.cp_carry = gdn::SegmentCarry::merge;

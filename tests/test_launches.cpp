@@ -428,6 +428,17 @@ TEST_SUITE("launches") {
     const std::string rerun = block("walk_tape").first;
     CHECK(rerun.find(field(offsetof(P, seg_fail), "0x0")) != std::string::npos);
     CHECK(rerun.find(field(offsetof(P, seg_h0), "saved.seg_h0")) != std::string::npos);
+    // With the reverse walk's sm_90a body (which forms W) the forward makes kn for the marked
+    // chains only, from raw k, after the verify walk.
+    spec.walk_bwd_slab = 128;
+    const std::string sm90 = record(spec, {8192, 3});
+    const auto [marked, at] = launch_block(sm90, "l2norm_k_marked", 0);
+    using M = L2NormMarkedParams;
+    CHECK(marked.find(field(offsetof(M, x), "k")) != std::string::npos);
+    CHECK(marked.find(field(offsetof(M, y), "ws.kn")) != std::string::npos);
+    CHECK(marked.find(field(offsetof(M, seg_fail), "saved.fwd_fail")) != std::string::npos);
+    CHECK(at > launch_block(sm90, "fused_verify", 0).second);
+    CHECK(sm90.find("l2norm_k grid") == std::string::npos);  // idle on sm_90a
   }
 
   TEST_CASE("every call plan launches what the IR's call form lists") {
@@ -443,13 +454,18 @@ TEST_SUITE("launches") {
                                                std::tuple{SaveMode::full, 1, ForwardPath::fused, merge},
                                                std::tuple{SaveMode::full, 4, ForwardPath::fused, merge},
                                                std::tuple{SaveMode::light, 4, ForwardPath::fused, verified},
-                                               std::tuple{SaveMode::full, 4, ForwardPath::fused, verified}}) {
+                                               std::tuple{SaveMode::full, 4, ForwardPath::fused, verified},
+                                               // the sm_90a reverse walk's marked-only programs
+                                               std::tuple{SaveMode::light, 5, ForwardPath::fused, verified},
+                                               std::tuple{SaveMode::full, 5, ForwardPath::fused, verified}}) {
       Spec spec = example("n");
       spec.save_mode = save;
       spec.cp_segments = segments;
       spec.forward = path;
       spec.cp_carry = carry;
+      if (segments == 5) spec.walk_bwd_slab = 128;
       const LayerIR ir = lower(spec);
+      if (segments == 5 && save == SaveMode::light) REQUIRE(ir.has_program("l2norm_k_marked"));
       CAPTURE(segments);
       CAPTURE(to_string(path));
       CAPTURE(to_string(carry));
