@@ -236,11 +236,12 @@ LayerIR lower(const Spec& spec_in) {
   // chains the reverse walks mark, so on sm_90a the walks form W there too and chunk_prep_marked
   // makes the marked chains' after them.
   const bool walk_bwd_sm90 = StateWalkBwdGeometry::sm90_body(K, V, C, ir.walk_bwd_bv, wgmma);
-  // cp.carry "auto" (docs/algorithm.md 4.7) takes the verified carry on one rank where it was measured: the programs
-  // forward with the portable reverse walk, and the fused forward (its speculate and verify walks,
-  // docs/design_fused_fwd_sm90.md 3.11.1) with either reverse walk. On the programs forward with the
-  // reverse walk's sm_90a body (ReverseCarry, common/segments.cuh) it is opt-in until measured on a
-  // GPU. cp.ranks > 1 is refused with the spec.
+  // cp.carry "auto" (docs/algorithm.md 4.7) takes the verified carry on one rank where it was
+  // measured: the programs forward with the portable reverse walk, and the fused forward (its
+  // speculate and verify walks, docs/design_fused_fwd_sm90.md 3.11.1) with either reverse walk. On
+  // the programs forward with the reverse walk's sm_90a body (ReverseCarry, common/segments.cuh) it
+  // is opt-in until measured on a GPU. cp.ranks > 1 is refused with the spec. Decided before
+  // backward_w, which it lets the sm_90a reverse walk take.
   if (s.cp_carry == SegmentCarry::automatic) {
     ir.carry_auto = true;
     ir.spec.cp_carry = s.cp_segments > 1 && s.cp_ranks == 1 && (fused || !walk_bwd_sm90) ? SegmentCarry::verified
