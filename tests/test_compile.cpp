@@ -176,6 +176,38 @@ TEST_SUITE("compile") {
     }
   }
 
+  // Under cp.segments "auto" a segment's count and bounds are run-time values: a 64-bit division
+  // by the count was a called routine that made the walks spill (fused_speculate 208 bytes against
+  // 16 pinned, the reverse walk's wgmma serialized) and ran 50 % slower. The auto layer's walks
+  // must compile as well as the pinned layer's.
+  TEST_CASE("cp.segments \"auto\" on the fused forward: the walks spill no more than with pinned segments") {
+    auto automatic = example("m");
+    automatic.heads_qk = 16;
+    automatic.heads_v = 32;
+    automatic.cp_segments = 0;
+    automatic.name = "f_auto_spills";
+    const auto ir = gdn::lower(automatic);
+    REQUIRE(ir.verified_carry);
+    REQUIRE(ir.seg_min_chunks == 128);
+    auto pinned = automatic;
+    pinned.name = "f_pinned_spills";
+    pinned.cp_segments = ir.spec.cp_segments;
+    pinned.cp_carry = gdn::SegmentCarry::verified;
+    std::map<std::string, int> pinned_spills;
+    for (const auto& e : gdn::compile_layer(gdn::lower(pinned), {gdn::Target::sm_90a}, shared_cache(), 2))
+      pinned_spills[e.program] = e.entry.manifest["info"]["spill_store_bytes"].get<int>();
+    int walks = 0;
+    for (const auto& e : gdn::compile_layer(ir, {gdn::Target::sm_90a}, shared_cache(), 2)) {
+      if (e.program.find("speculate") == std::string::npos && e.program.find("verify") == std::string::npos) continue;
+      CAPTURE(e.program);
+      ++walks;
+      const int spills = e.entry.manifest["info"]["spill_store_bytes"].get<int>();
+      CHECK(spills <= pinned_spills.at(e.program) + 8);
+      CHECK(e.entry.manifest["info"]["ptxas_log"].get<std::string>().find("C7520") == std::string::npos);
+    }
+    CHECK(walks == 6);  // fused_ and tape_speculate / _verify, walk_bwd_speculate / _verify
+  }
+
   TEST_CASE("cp.carry \"verified\" on the reverse walk's sm_90a body: its walks compile, spills bounded") {
     auto spec = example("n");
     spec.name = "n_bwd128_verified";
