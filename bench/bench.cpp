@@ -506,6 +506,9 @@ const std::map<std::string, ArmKind> kArms = {
     {"verified-fused-seg16", {false, true, false, 0, 64, 16, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
     // The same with the reverse walk's default slab (128 wide where the sm_90a body runs: its own
     // speculative and verify walks).
+    // 48 value heads on one wave (96 blocks): whether two verified segments pay where "auto" splits
+    // nothing (M1, A).
+    {"verified-fused128-seg2", {false, true, false, 0, 0, 2, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
     {"verified-fused128-seg4", {false, true, false, 0, 0, 4, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
     {"verified-fused128-seg8", {false, true, false, 0, 0, 8, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
 };
@@ -718,8 +721,8 @@ int main(int argc, char** argv) {
          "(backward_w \"walk\", \"chunk_prep\"), nondet (determinism \"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "
          "(the verified carry on the programs forward and the 64-wide backward walk, for F1), verified-fused-seg4, "
-         "-seg8, -seg16 (the verified carry on the fused forward, the 64-wide backward walk), verified-fused128-seg4, "
-         "-seg8 (the same, the backward walk's default slab: the sm_90a body's verified walks)")
+         "-seg8, -seg16 (the verified carry on the fused forward, the 64-wide backward walk), verified-fused128-seg2, "
+         "-seg4, -seg8 (the same, the backward walk's default slab: the sm_90a body's verified walks)")
       ->check(CLI::IsMember([] {
         std::vector<std::string> names;
         for (const auto& [name, kind] : kArms) names.push_back(name);
