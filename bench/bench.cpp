@@ -505,9 +505,8 @@ const std::map<std::string, ArmKind> kArms = {
     {"verified-fused-seg8", {false, true, false, 0, 64, 8, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
     {"verified-fused-seg16", {false, true, false, 0, 64, 16, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
     // The same with the reverse walk's default slab (128 wide where the sm_90a body runs: its own
-    // speculative and verify walks).
-    // 48 value heads on one wave (96 blocks): whether two verified segments pay where "auto" splits
-    // nothing (M1, A).
+    // speculative and verify walks); seg2 for 48 value heads, whose two segments still fit one wave
+    // (96 blocks) where "auto" splits nothing (M1, A).
     {"verified-fused128-seg2", {false, true, false, 0, 0, 2, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
     {"verified-fused128-seg4", {false, true, false, 0, 0, 4, ForwardPath::fused, 0, -1, std::nullopt, false, true}},
     {"verified-fused128-seg8", {false, true, false, 0, 0, 8, ForwardPath::fused, 0, -1, std::nullopt, false, true}},

@@ -432,11 +432,6 @@ TEST_SUITE("cp") {
       }
   }
 
-  // Intra-card segments (templates/common/segments.hpp, the kernels' arithmetic): on random
-  // batches every document's segments tile its chunks in order, "auto" gives each document
-  // min(8, max(1, chunks / 32)) by its length alone, and the storage slots are distinct and fit
-  // the workspace the IR sizes (NT / 32 slots with "auto", where only documents of two or more
-  // segments take slots; N * segments pinned).
   // seg::begin splits the product chunks x s to stay in 32-bit divisions: it must give the floor of
   // the exact quotient for every count up to the grid's 64 segments, up to the largest documents.
   TEST_CASE("segments: a segment's first chunk is first + floor(chunks s / segments)") {
@@ -453,6 +448,11 @@ TEST_SUITE("cp") {
     CHECK(gdn::seg::begin(0, (1 << 25) - 1, 64, 63) == static_cast<int>((((1LL << 25) - 1) * 63) / 64));
   }
 
+  // Intra-card segments (templates/common/segments.hpp, the kernels' arithmetic): on random
+  // batches every document's segments tile its chunks in order, "auto" gives each document
+  // min(most, max(1, chunks / m)) by its length alone (m = 32 on the programs forward, 128 on the
+  // fused one), and the storage slots are distinct and fit the workspace the IR sizes (NT / m slots
+  // with "auto", where only documents of two or more segments take slots; N * segments pinned).
   TEST_CASE("segments: counts, bounds and storage slots over random batches") {
     std::mt19937 rng(7);
     for (int trial = 0; trial < 2000; ++trial) {
@@ -466,7 +466,8 @@ TEST_SUITE("cp") {
         chunks[n] = static_cast<int>((len + 63) / 64);
       }
       const long long nt_bound = T / 64 + N;  // the IR's NT
-      for (const auto& [most, min_chunks] : {std::pair{8, 32}, std::pair{3, 0}, std::pair{1, 0}}) {
+      for (const auto& [most, min_chunks] : {std::pair{16, 32}, std::pair{8, 32}, std::pair{8, 128}, std::pair{4, 128},
+                                             std::pair{3, 0}, std::pair{1, 0}}) {
         INFO("trial " << trial << ", most " << most << ", min_chunks " << min_chunks);
         std::set<long long> slots;
         int first = 0;

@@ -417,7 +417,7 @@ TEST_SUITE("ir") {
     CHECK(gdn::spec_from_json(gdn::to_json(verified.spec)).cp_carry == gdn::SegmentCarry::verified);
   }
 
-  TEST_CASE("cp.carry \"verified\" on the fused forward: its walks, their constants, opt-in under \"auto\"") {
+  TEST_CASE("cp.carry \"verified\" on the fused forward: its walks, their constants, taken by \"auto\"") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/n.json").string());
     spec.forward = gdn::ForwardPath::fused;
     spec.cp_segments = 4;
@@ -466,15 +466,24 @@ TEST_SUITE("ir") {
     const auto sm90 = gdn::lower(wide);
     CHECK(sm90.verified_carry);
     CHECK(sm90.program("walk_bwd_verify").tensor_maps.size() == 6);
-    gdn::Spec automatic = spec;
-    automatic.cp_carry = gdn::SegmentCarry::automatic;
-    const auto picked = gdn::lower(automatic);
-    CHECK(picked.spec.cp_carry == gdn::SegmentCarry::verified);
-    CHECK(picked.verified_carry);
-    REQUIRE(picked.programs.size() == ir.programs.size());
-    for (size_t i = 0; i < picked.programs.size(); ++i)
-      CHECK_MESSAGE(gdn::generate_source(picked.programs[i]) == gdn::generate_source(ir.programs[i]),
-                    picked.programs[i].name);
+    // "auto" decides the carry before backward_w, so with the sm_90a reverse walk the walks form W
+    // under it and the marked-only programs come with it, as pinned.
+    for (const auto& [base, pinned] : {std::pair{&spec, &ir}, std::pair{&wide, &sm90}}) {
+      gdn::Spec automatic = *base;
+      automatic.cp_carry = gdn::SegmentCarry::automatic;
+      const auto picked = gdn::lower(automatic);
+      CAPTURE(automatic.walk_bwd_slab);
+      CHECK(picked.spec.cp_carry == gdn::SegmentCarry::verified);
+      CHECK(picked.verified_carry);
+      CHECK(picked.spec.backward_w == pinned->spec.backward_w);
+      REQUIRE(picked.programs.size() == pinned->programs.size());
+      for (size_t i = 0; i < picked.programs.size(); ++i)
+        CHECK_MESSAGE(gdn::generate_source(picked.programs[i]) == gdn::generate_source(pinned->programs[i]),
+                      picked.programs[i].name);
+    }
+    CHECK(sm90.spec.backward_w == gdn::BackwardW::walk);
+    CHECK(sm90.has_program("chunk_prep_fwd_marked"));
+    CHECK(sm90.has_program("l2norm_k_marked"));
   }
 
   TEST_CASE("cp.carry \"auto\": verified where the layer can take it, the merge elsewhere, and the IR says why") {
