@@ -1761,6 +1761,56 @@ TEST_SUITE("gpu_fused") {
     fused_verified_carry_case(128);
   }
 
+  // The marked-only programs on sm_90a (dv_local_marked, chunk_prep_marked, chunk_prep_fwd_marked,
+  // l2norm_k_marked) when one value head of a q/k group is marked and the others verify: N's
+  // heads (G = 3) with value head 1's gates at 0. Head 1 must have every bit of the merge carry
+  // (its prescans read the kn rows of q/k head 0, which l2norm_k_marked writes because one head of
+  // the group is marked), every other head those of one segment; fp64 bounds for the whole.
+  TEST_CASE("cp.carry verified, sm_90a reverse walk: one marked value head of a q/k group") {
+    auto spec = [](const char* name, int segments, SegmentCarry carry) {
+      Spec s = fused_of("n", name);
+      s.walk_bwd_slab = 128;
+      s.cp_segments = segments;
+      s.cp_carry = carry;
+      return s;
+    };
+    const Spec verified = spec("n_fcarry_head_verified", 4, SegmentCarry::verified);
+    auto verified_layer = make(verified);
+    auto merged_layer = make(spec("n_fcarry_head_merge", 4, SegmentCarry::merge));
+    auto plain_layer = make(spec("n_fcarry_head_plain", 1, SegmentCarry::merge));
+    REQUIRE(verified_layer->ir().has_program("l2norm_k_marked"));
+    REQUIRE(verified.heads_v / verified.heads_qk == 3);
+    check::Case c;
+    c.seed = 99;
+    c.doc_lens = {3000, 2049};
+    c.with_reference = false;
+    c.zero_gate_heads = {1};
+    for (const auto step : {check::Case::Step::fwd_bwd, check::Case::Step::ckpt}) {
+      c.step = step;
+      CAPTURE(step == check::Case::Step::ckpt);
+      const check::Report v = check::run(*verified_layer, c), m = check::run(*merged_layer, c),
+                          u = check::run(*plain_layer, c);
+      const long long T = 3000 + 2049, N = 2, HV = verified.heads_v;
+      // Value head j's bytes of a [T, HV, ...] or [N, HV, ...] tensor.
+      auto head = [&](const std::string& bytes, bool per_token, int j) {
+        const long long rows = per_token ? T : N, width = static_cast<long long>(bytes.size()) / (rows * HV);
+        std::string out;
+        for (long long r = 0; r < rows; ++r) out += bytes.substr(static_cast<size_t>((r * HV + j) * width), width);
+        return out;
+      };
+      for (const auto& [tensor, per_token] : std::vector<std::pair<std::string, bool>>{
+               {"o", true}, {"dv", true}, {"dg", true}, {"dbeta", true}, {"ht", false}, {"dh0", false}})
+        for (int j = 0; j < HV; ++j) {
+          const check::Report& want = j == 1 ? m : u;
+          CHECK_MESSAGE(head(v.bytes.at(tensor), per_token, j) == head(want.bytes.at(tensor), per_token, j),
+                        tensor << ", value head " << j << ": verified vs " << (j == 1 ? "merge" : "one segment"));
+        }
+    }
+    c.step = check::Case::Step::fwd_bwd;
+    c.with_reference = true;
+    expect_within_bounds(check::run(*verified_layer, c), "verified carry, one marked head of a group");
+  }
+
   // cp.segments and cp.carry "auto" at FlashQLA's heads (16 / 32): the fused forward's 32 walks
   // fill a quarter of the SMs, so a document takes a segment per 128 chunks (at most 4) under the
   // verified carry. Where its chains verify (decaying gates) every tensor keeps the bits of one

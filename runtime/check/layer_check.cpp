@@ -201,6 +201,11 @@ Report run(const Layer& layer, const Case& c) {
     }
   }
   if (c.gate_value) std::fill(in.g.begin(), in.g.end(), *c.gate_value);
+  for (const int j : c.zero_gate_heads) {
+    if (j < 0 || j >= p.HV)
+      throw std::invalid_argument(fmt::format("zero_gate_heads: value head {} is outside 0 .. {}", j, p.HV - 1));
+    for (long long t = 0; t < p.T; ++t) in.g[static_cast<size_t>(t * p.HV + j)] = 0.0;
+  }
   if (c.beta_value) std::fill(in.beta.begin(), in.beta.end(), *c.beta_value);
   const auto q16 = round_bf16(in.q), k16 = round_bf16(in.k), v16 = round_bf16(in.v);
   const auto g32 = round_f32(in.g), b32 = round_f32(in.beta), h032 = round_f32(in.h0);

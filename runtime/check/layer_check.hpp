@@ -25,6 +25,9 @@ struct Case {
   double gate_shift = 0;             ///< g = logsigmoid(x) - gate_shift
   std::optional<double> gate_value;  ///< every g equal to this (e.g. 0 or -20)
   std::optional<double> beta_value;  ///< every beta equal to this (e.g. 0 or 1)
+  /// Value heads whose every g is 0 (after gate_value): no decay there, so under the verified carry
+  /// their chains go to the merge beside heads that verify.
+  std::vector<int> zero_gate_heads;
   bool backward = true;
   bool with_reference = true;  ///< false: run the GPU only (determinism, timing)
   IndexType cu_type = IndexType::int32;
