@@ -52,6 +52,16 @@ Spec spec_of(const char* example) {
   return spec_from_file((fs::path(source_dir()) / "examples" / (std::string(example) + ".json")).string());
 }
 
+/// `example`'s layer at heads H / HV under cp.segments "auto", named `name`.
+Spec auto_segments_of(const char* example, int heads_qk, int heads_v, const char* name) {
+  Spec s = spec_of(example);
+  s.heads_qk = heads_qk;
+  s.heads_v = heads_v;
+  s.cp_segments = 0;
+  s.name = name;
+  return s;
+}
+
 std::unique_ptr<Layer> make(Spec s) {
   s.targets = {Target::sm_90a};
   return Layer::create(s, context(), kernel_cache());
@@ -716,12 +726,8 @@ TEST_SUITE("gpu_determinism") {
   // fp64, repeats and ckpt bitwise, and each document's bits alone equal to its bits packed.
   /// N's layer at heads 1 / 2 under cp.segments "auto": 16 segments at most, one per 32 chunks.
   std::unique_ptr<Layer> auto_segments_layer(const std::string& name) {
-    Spec s = spec_of("n");
-    s.heads_qk = 1;
-    s.heads_v = 2;
-    s.cp_segments = 0;
+    Spec s = auto_segments_of("n", 1, 2, name.c_str());
     s.cp_carry = SegmentCarry::merge;  // the merge's saved maps (the verified carry: gpu_determinism)
-    s.name = name;
     auto layer = make(s);
     REQUIRE(layer->ir().spec.cp_segments == 16);
     REQUIRE(layer->ir().seg_min_chunks == 32);
@@ -782,12 +788,7 @@ TEST_SUITE("gpu_determinism") {
   // reference (16 heads x 151,000 tokens); the long document runs alone against fp64, and both it
   // and a short document keep their bits packed.
   TEST_CASE("cp.segments auto on the fused path: more than 8191 documents in one call") {
-    Spec s = spec_of("m");
-    s.heads_qk = 4;
-    s.heads_v = 16;
-    s.cp_segments = 0;
-    s.name = "m16_auto_many_docs";
-    auto layer = make(s);
+    auto layer = make(auto_segments_of("m", 4, 16, "m16_auto_many_docs"));
     REQUIRE(layer->ir().spec.forward == ForwardPath::fused);
     REQUIRE(layer->ir().spec.cp_segments == 8);
     REQUIRE(layer->ir().verified_carry);
@@ -1818,11 +1819,7 @@ TEST_SUITE("gpu_fused") {
   // checkpointed step too, and a call whose documents cannot split (the plans without the segment
   // programs).
   TEST_CASE("cp.segments auto on the fused forward: verified segments keep the unsegmented bits") {
-    Spec automatic = spec_of("m");
-    automatic.heads_qk = 16;
-    automatic.heads_v = 32;
-    automatic.cp_segments = 0;
-    automatic.name = "f_auto_segments";
+    const Spec automatic = auto_segments_of("m", 16, 32, "f_auto_segments");
     Spec plain = automatic;
     plain.cp_segments = 1;
     plain.name = "f_one_segment";
