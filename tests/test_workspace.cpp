@@ -89,6 +89,19 @@ bool fits(const ByteFormula& guest, const ByteFormula& host) {
          guest.constant <= host.constant;
 }
 
+/// `example`'s layer with the variant's forward path, saves, norm, states (h0 and ht together) and
+/// segment count.
+Spec variant(const char* example_name, ForwardPath path, SaveMode save, Norm norm, StateFlag states, int segments) {
+  Spec s = example(example_name);
+  s.forward = path;
+  s.save_mode = save;
+  s.norm = norm;
+  s.initial_state = states;
+  s.final_state = states;
+  s.cp_segments = segments;
+  return s;
+}
+
 }  // namespace
 
 TEST_SUITE("workspace") {
@@ -100,14 +113,7 @@ TEST_SUITE("workspace") {
           for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
             for (int segments : {1, 2, 8})
               for (ForwardPath path : {ForwardPath::programs, ForwardPath::fused}) {
-                Spec s = example(name);
-                s.forward = path;
-                s.save_mode = save;
-                s.norm = norm;
-                s.initial_state = h0;
-                s.final_state = h0;
-                s.cp_segments = segments;
-                const LayerIR ir = lower(s);
+                const LayerIR ir = lower(variant(name, path, save, norm, h0, segments));
                 for (const Buffer& b : ir.buffers)
                   if (!b.lives_in.empty()) {
                     ++shared;
@@ -129,14 +135,8 @@ TEST_SUITE("workspace") {
           for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
             for (int segments : {2, 8, 0})
               for (ForwardPath path : {ForwardPath::programs, ForwardPath::fused}) {
-                Spec s = example("n");
-                s.forward = path;
+                Spec s = variant("n", path, save, norm, h0, segments);
                 s.walk_bwd_slab = slab;
-                s.save_mode = save;
-                s.norm = norm;
-                s.initial_state = h0;
-                s.final_state = h0;
-                s.cp_segments = segments;
                 s.cp_carry = SegmentCarry::verified;
                 const LayerIR ir = lower(s);
                 REQUIRE(ir.verified_carry);
