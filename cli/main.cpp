@@ -462,7 +462,8 @@ struct CheckOverrides {
 };
 
 int cmd_check(const std::string& path, const std::vector<long long>& docs, long long tokens, int n_docs, uint64_t seed,
-              bool forward_only, bool ckpt, bool digests, const CheckOverrides& over) {
+              bool forward_only, check::Case::Step step, bool digests, const CheckOverrides& over) {
+  const bool ckpt = step != check::Case::Step::fwd_bwd;
   Spec spec = spec_from_file(path);
   if (over.segments) spec.cp_segments = *over.segments;
   if (over.ranks != 0) spec.cp_ranks = over.ranks;
@@ -498,22 +499,25 @@ int cmd_check(const std::string& path, const std::vector<long long>& docs, long 
   c.backward = !forward_only;
   c.gate_value = over.gate;
   c.beta_value = over.beta;
-  if (ckpt) c.step = check::Case::Step::ckpt;
+  c.step = step;
   c.simulated_ranks = over.phases;
   c.max_doc_tokens = over.max_doc_tokens;
   const check::Report r = check::run(*layer, c);
   long long T = 0;
   for (auto l : lens) T += l;
-  fmt::print("layer {} on {} ({}), T={} N={} seed={}{}{}{}{}{}{}\n", spec.name, ctx.name(), to_string(layer->target()),
-             T, lens.size(), seed,
-             ckpt ? fmt::format(", ckpt (hand-off {})", r.handoff == HandOff::taken ? "taken" : "not taken") : "",
-             over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
-             spec.cp_ranks > 1      ? fmt::format(", ranks={} ({})", spec.cp_ranks,
-                                             over.phases ? "each rank's phases in turn" : "single-GPU proxy")
-             : spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments)
-                                    : "",
-             layer->ir().spec.forward == ForwardPath::fused ? ", forward=fused" : "",
-             over.max_doc_tokens > 0 ? fmt::format(", max_doc_tokens={}", over.max_doc_tokens) : "");
+  fmt::print(
+      "layer {} on {} ({}), T={} N={} seed={}{}{}{}{}{}{}\n", spec.name, ctx.name(), to_string(layer->target()), T,
+      lens.size(), seed,
+      ckpt ? fmt::format(", ckpt{} (hand-off {})", step == check::Case::Step::ckpt_with_output ? " with output" : "",
+                         r.handoff == HandOff::taken ? "taken" : "not taken")
+           : "",
+      over.gate ? fmt::format(", g={}", *over.gate) : "", over.beta ? fmt::format(", beta={}", *over.beta) : "",
+      spec.cp_ranks > 1      ? fmt::format(", ranks={} ({})", spec.cp_ranks,
+                                      over.phases ? "each rank's phases in turn" : "single-GPU proxy")
+      : spec.cp_segments > 1 ? fmt::format(", segments={}", spec.cp_segments)
+                             : "",
+      layer->ir().spec.forward == ForwardPath::fused ? ", forward=fused" : "",
+      over.max_doc_tokens > 0 ? fmt::format(", max_doc_tokens={}", over.max_doc_tokens) : "");
   bool ok = true;
   for (const auto& [name, err] : r.rel_rms) {
     const bool pass = err <= check::tolerance(name);
@@ -589,7 +593,7 @@ int main(int argc, char** argv) {
   sizes->add_option("--docs", size_docs, "documents N (1 to 65535)")->required();
   sizes->add_flag("--json", as_json, "machine-readable output");
   std::string n_docs, seed = std::to_string(std::time(nullptr));
-  bool forward_only = false, ckpt = false, digests = false;
+  bool forward_only = false, ckpt = false, ckpt_output = false, digests = false;
   auto* check_cmd = app.add_subcommand("check", "Run the layer on the GPU on random inputs against the fp64 reference");
   check_cmd->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
   check_cmd->add_option("--docs", docs, "document lengths (default 1,63,64,65,700,2049)")->delimiter(',');
@@ -598,6 +602,10 @@ int main(int argc, char** argv) {
   check_cmd->add_option("--seed", seed, "random seed (default: the time)");
   check_cmd->add_flag("--forward-only", forward_only, "skip the backward");
   check_cmd->add_flag("--ckpt", ckpt, "run the checkpointed step: forward, recompute, backward on one workspace");
+  check_cmd
+      ->add_flag("--ckpt-output", ckpt_output,
+                 "the checkpointed step whose recompute writes the output again (torch.utils.checkpoint's)")
+      ->excludes("--ckpt");
   check_cmd->add_flag("--digests", digests,
                       "also print the SHA-256 of every result's bytes (compare builds bit for bit)");
   std::string gate, beta, segments, ranks, forward, max_doc_tokens;
@@ -675,7 +683,11 @@ int main(int argc, char** argv) {
                                                   printable_excerpt(forward, 40)));
       return cmd_check(spec_path, lens, tokens.empty() ? 0 : whole_number<long long>("--tokens", tokens, 1, kMaxTokens),
                        n_docs.empty() ? 0 : whole_number<int>("--n-docs", n_docs, 1, 65535),
-                       whole_number<uint64_t>("--seed", seed, 0, UINT64_MAX), forward_only, ckpt, digests, over);
+                       whole_number<uint64_t>("--seed", seed, 0, UINT64_MAX), forward_only,
+                       ckpt          ? check::Case::Step::ckpt
+                       : ckpt_output ? check::Case::Step::ckpt_with_output
+                                     : check::Case::Step::fwd_bwd,
+                       digests, over);
     }
   } catch (const SpecError& e) {
     fmt::print(stderr, "gdnc: invalid spec: {}\n", e.what());

@@ -218,6 +218,8 @@ LayerIR lower(const Spec& spec_in) {
   // The fused forward folds the L2 norm into its products (raw q and k, their rows' rstd in fp32):
   // it writes no normalized copy, the backward makes its own.
   const bool fold_rstd = fused && norm;
+  ir.recompute_output_tapes =
+      fused && s.save_mode == SaveMode::light && s.cp_ranks == 1 && s.reuse_recompute_tapes != ReuseTapes::no;
   const std::pair<std::string, std::string> fold_constant{"FOLD_RSTD", fold_rstd ? "true" : "false"};
   add("chunk_solve", "fwd/chunk_solve.cuh", "ChunkSolve", "ChunkSolveParams", ChunkSolveGeometry::kThreads,
       ChunkSolveGeometry::kSmemBytes, GridKind::chunk_heads, 0, ChunkSolveGeometry::kMinBlocks);
@@ -358,14 +360,21 @@ LayerIR lower(const Spec& spec_in) {
       }
     };
     // The verified carry: the speculative walk and the verify walk of each, the output's (with
-    // the saved tapes under full saves) and the tapes' alone (a recompute without the output).
+    // the saved tapes under full saves, or a recompute's to hand over) and the tapes' alone (a
+    // recompute without the output). The output walks' tape stores run where the call binds the
+    // tapes, except the speculative walk's: compiled in, they made the light forward's hottest
+    // walk spill 68 bytes instead of 16 (sm_90a, heads 16/32), so a recompute that hands its tapes
+    // over has a speculative walk of its own (fused_speculate_tapes).
+    const bool full = s.save_mode == SaveMode::full;
+    const bool output_tapes = full || ir.recompute_output_tapes;
     if (ir.verified_carry) {
-      add_fused_walk("fused_speculate", "FusedWalkSpeculate", true, s.save_mode == SaveMode::full);
-      add_fused_walk("fused_verify", "FusedWalkVerify", true, s.save_mode == SaveMode::full);
+      add_fused_walk("fused_speculate", "FusedWalkSpeculate", true, full);
+      if (ir.recompute_output_tapes) add_fused_walk("fused_speculate_tapes", "FusedWalkSpeculate", true, true);
+      add_fused_walk("fused_verify", "FusedWalkVerify", true, output_tapes);
       add_fused_walk("tape_speculate", "FusedWalkSpeculate", false, true);
       add_fused_walk("tape_verify", "FusedWalkVerify", false, true);
     }
-    add_fused_walk("fused_walk", "FusedWalk", true, s.save_mode == SaveMode::full);
+    add_fused_walk("fused_walk", "FusedWalk", true, output_tapes);
     add_fused_walk("walk_tape", "FusedWalk", false, true);
   } else
     add("output", "fwd/output.cuh", "Output", "OutputParams", OutputGeometry::kThreads,
@@ -708,31 +717,43 @@ LayerIR lower(const Spec& spec_in) {
   };
   fwd.push_back({"chunk_solve", fold_rstd ? "Tm, and the rows' rstd of k from K K^T's diagonal" : "Tm"});
   std::vector<Launch> rec = fwd;
-  // A recompute that hands its tapes over makes every row of kn (the backward reads them all).
+  // A recompute that hands its tapes over makes every row of kn (the backward reads them all);
+  // with recompute_output_tapes one whose output is needed hands them over too.
+  const std::string tapes_when = ir.recompute_output_tapes ? "" : "the output is not needed";
   for (size_t i = 0; i < rec.size(); ++i)
     if (rec[i].program == "l2norm_k") {
+      if (ir.recompute_output_tapes) {
+        rec[i] = {"l2norm", "k: kn for the prescan's W and the hand-off"};
+        break;
+      }
       rec[i].when = "the output is needed";
       rec.insert(rec.begin() + static_cast<long>(i),
                  {"l2norm", "k: kn for the prescan's W and the hand-off", "the output is not needed"});
       break;
     }
   if (fold_rstd && segments <= 1 && !full)
-    rec.insert(rec.begin() + 2, {"l2norm", "k: kn for chunk_prep's W (the rows' rstd come from chunk_solve)",
-                                 "the output is not needed"});
+    rec.insert(
+        rec.begin() + 2,
+        {"l2norm", "k: kn for chunk_prep's W and the hand-off (the rows' rstd come from chunk_solve)", tapes_when});
   if (fused) {
     // The fused forward of light saves leaves no tapes. A recompute whose output is not needed runs
     // the walk without it (walk_tape), so the backward can bind its tapes (the hand-off); it leaves
-    // ht as the forward wrote it. One whose output is needed runs the fused forward and hands
-    // nothing over. With segments, the prescan (on W and U) and the merge give the state entering
-    // each segment. With full saves the fused walk writes the saved tapes beside o (the same
-    // roundings as walk_tape's), so full and light keep the same bits. chunk_prep's W serves the
-    // backward's reverse walk.
-    // The verified carry's speculative and verify walks, before the merge path of the chains
-    // they mark (prescan, merge, the walk again), as on the programs path.
-    auto push_verified = [&](std::vector<Launch>& launches, bool output, const std::string& when) {
+    // ht as the forward wrote it. One whose output is needed (torch.utils.checkpoint's, whose
+    // recomputed o later operations of the region read) runs the fused forward with the tapes
+    // beside o, the full saves' walks, and hands them over as well (recompute_output_tapes;
+    // nothing with reuse_recompute_tapes false). With segments, the prescan (on W and U) and the merge give the state
+    // entering each segment. With full saves the fused walk writes the saved tapes beside o (the same roundings as
+    // walk_tape's), so full and light keep the same bits. chunk_prep's W serves the backward's reverse walk. The
+    // verified carry's speculative and verify walks, before the merge path of the chains they mark (prescan, merge, the
+    // walk again), as on the programs path.
+    auto push_verified = [&](std::vector<Launch>& launches, bool output, const std::string& when,
+                             bool handoff = false) {
       if (!ir.verified_carry) return;
-      const std::string what = output ? (full ? "o and the saved tapes" : "o") : "the tapes";
-      launches.push_back({output ? "fused_speculate" : "tape_speculate",
+      const std::string what = output ? (full      ? "o and the saved tapes"
+                                         : handoff ? "o and the tapes to hand over"
+                                                   : "o")
+                                      : "the tapes";
+      launches.push_back({output ? (handoff ? "fused_speculate_tapes" : "fused_speculate") : "tape_speculate",
                           what +
                               " of every segment, a document's first from h0, the others from 0; the states "
                               "after their first chunks; each segment's end as the next one's entry (seg_h0)" +
@@ -744,7 +765,7 @@ LayerIR lower(const Spec& spec_in) {
                                       "chain none of whose windows meets the walk from 0 bit for bit is marked",
                                       kCarryCheckpoints, what),
                           when});
-      if (output && ir.has_program("l2norm_k_marked"))
+      if (output && !handoff && ir.has_program("l2norm_k_marked"))
         launches.push_back({"l2norm_k_marked", "on sm_90a, kn of the marked chains (for their W and prescan)", when});
       if (ir.has_program("chunk_prep_fwd_marked"))
         launches.push_back(
@@ -780,15 +801,19 @@ LayerIR lower(const Spec& spec_in) {
       if (segments > 1) {
         rec.push_back({"chunk_prep", prep_note});
         push_verified(rec, false, not_needed);
-        push_verified(rec, true, needed);
+        push_verified(rec, true, needed, ir.recompute_output_tapes);
         push_segment_programs(rec, "");
       } else {
-        rec.push_back({"chunk_prep", "W from Tm, handed to the backward if decided", not_needed});
+        rec.push_back({"chunk_prep", "W from Tm, handed to the backward if decided", tapes_when});
       }
       rec.push_back({"walk_tape",
                      "h_tape, v_new in the workspace" + marked + ", handed to the backward if decided; no o, no ht",
                      not_needed});
-      rec.push_back({"fused_walk", "o and ht" + marked + "; no tapes, no hand-off", needed});
+      rec.push_back({"fused_walk",
+                     ir.recompute_output_tapes
+                         ? "o, ht and h_tape, v_new in the workspace" + marked + ", handed to the backward if decided"
+                         : "o and ht" + marked + "; no tapes, no hand-off",
+                     needed});
     }
   } else if (ir.verified_carry) {
     fwd.push_back({"chunk_prep", "W, U from Tm"});

@@ -200,11 +200,7 @@ Layer::Compiled Layer::compile_plan(CallPlan plan, int id, int index) const {
   if (host_path_ == HostPath::llvm_stub)
     c.stub = stub_compiler().compile(plan, fmt::format("gdn_stub_{}_{}_{}", id, ir_.spec.name, plan.name));
   c.plan = std::move(plan);
-  // The forward walk that leaves the backward's tapes: state_walk, or walk_tape on the fused path.
-  c.writes_tapes = std::any_of(c.plan.launches.begin(), c.plan.launches.end(), [&](const PlannedLaunch& l) {
-    const std::string& name = ir_.programs.at(l.program).name;
-    return name == "state_walk" || name == "walk_tape";
-  });
+  c.writes_tapes = c.plan.leaves_tapes;
   return c;
 }
 
@@ -215,6 +211,7 @@ void Layer::make_plans(HostPath path) {
   const int id = static_cast<int>(serial_);
   forward_ = compile_plan(plan_forward(ir_, OutputLaunch::yes), id, 0);
   forward_without_output_ = compile_plan(plan_forward(ir_, OutputLaunch::no), id, 1);
+  if (ir_.recompute_output_tapes) recompute_with_output_ = compile_plan(plan_recompute(ir_, OutputLaunch::yes), id, 13);
   backward_ = compile_plan(plan_backward(ir_, PrepRerun::yes), id, 2);
   if (graph_backend_) graphs_ = std::make_unique<GraphCache>(GraphCache::Limits{});
   if (ir_.spec.cp_ranks > 1) {
@@ -229,6 +226,8 @@ void Layer::make_plans(HostPath path) {
   if (has_unsplit_plans(ir_)) {
     forward_unsplit_ = compile_plan(plan_forward(ir_, OutputLaunch::yes, DocSplits::none), id, 9);
     forward_without_output_unsplit_ = compile_plan(plan_forward(ir_, OutputLaunch::no, DocSplits::none), id, 10);
+    if (ir_.recompute_output_tapes)
+      recompute_with_output_unsplit_ = compile_plan(plan_recompute(ir_, OutputLaunch::yes, DocSplits::none), id, 14);
     backward_unsplit_ = compile_plan(plan_backward(ir_, PrepRerun::yes, DocSplits::none), id, 11);
     if (ir_.spec.save_mode == SaveMode::light)
       backward_with_handoff_unsplit_ = compile_plan(plan_backward(ir_, PrepRerun::no, DocSplits::none), id, 12);
@@ -471,11 +470,12 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
   ++ws.calls_;
   ws.has_handoff_ = false;
   PendingHandoffs::instance().written(saved);
-  const Compiled& ran = output == OutputNeeded::yes
-                            ? for_frame(forward_, forward_unsplit_, f)
-                            : for_frame(forward_without_output_, forward_without_output_unsplit_, f);
+  const Compiled& ran =
+      output == OutputNeeded::no   ? for_frame(forward_without_output_, forward_without_output_unsplit_, f)
+      : ir_.recompute_output_tapes ? for_frame(recompute_with_output_, recompute_with_output_unsplit_, f)
+                                   : for_frame(forward_, forward_unsplit_, f);
   run(ran, f);
-  // Only a plan that ran the forward walk has tapes to hand over (the fused forward has none).
+  // Only a plan whose walk wrote the tapes has them to hand over (the fused forward has none).
   const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes &&
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
   if (!take) return HandOff::not_taken;

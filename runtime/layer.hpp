@@ -268,11 +268,13 @@ class Layer {
   uint64_t serial_ = 0;
   Compiled forward_;
   Compiled forward_without_output_;
+  Compiled recompute_with_output_;  ///< LayerIR::recompute_output_tapes only
   Compiled backward_;
   Compiled backward_with_handoff_;  ///< light saves only
   /// The same without the segment programs, for the calls where no document can take two segments
   /// (has_unsplit_plans: `cp.segments: "auto"` on one rank).
   Compiled forward_unsplit_, forward_without_output_unsplit_, backward_unsplit_, backward_with_handoff_unsplit_;
+  Compiled recompute_with_output_unsplit_;
   Compiled kcp_forward_summaries_, kcp_forward_walk_;  ///< cp.ranks > 1
   Compiled kcp_backward_summaries_, kcp_backward_summaries_with_handoff_, kcp_backward_walk_;
   std::shared_ptr<GraphBackend> graph_backend_;  ///< set in graph mode

@@ -369,9 +369,15 @@ void bind_fused_walk(Builder& b, const char* program, bool output, bool tapes,
 /// prescan and the merge on W and U, then `walk` over those chains.
 void bind_fused_verified(Builder& b, const ValueSource& k, bool output, bool tapes, const char* walk) {
   const FusedCarryFiles files = FusedCarryFiles::checkpoints;
-  bind_fused_walk(b, output ? "fused_speculate" : "tape_speculate", output, tapes, files);
+  const bool handoff = output && tapes && b.ir().spec.save_mode == SaveMode::light;  // recompute_output_tapes
+  bind_fused_walk(b,
+                  handoff  ? "fused_speculate_tapes"
+                  : output ? "fused_speculate"
+                           : "tape_speculate",
+                  output, tapes, files);
   bind_fused_walk(b, output ? "fused_verify" : "tape_verify", output, tapes, files);
-  if (output && b.ir().has_program("l2norm_k_marked")) {  // on sm_90a, kn of the marked chains
+  // On sm_90a, kn of the marked chains (a recompute that hands its tapes over made every row).
+  if (output && !handoff && b.ir().has_program("l2norm_k_marked")) {
     auto& l = b.launch("l2norm_k_marked", sizeof(L2NormMarkedParams));
     using P = L2NormMarkedParams;
     GDN_BIND(l, P, x, b.frame(Frame::k));
@@ -399,11 +405,16 @@ bool segment_programs_of(const LayerIR& ir, DocSplits splits) {
 
 const char* unsplit_suffix(DocSplits splits) { return splits == DocSplits::none ? "_unsplit" : ""; }
 
+/// `handoff_tapes`: a recompute whose output is needed, writing the tapes beside o to hand them
+/// over (LayerIR::recompute_output_tapes).
 CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& split,
-                      DocSplits splits = DocSplits::possible) {
+                      DocSplits splits = DocSplits::possible, bool handoff_tapes = false) {
   CallPlan plan;
-  plan.name =
-      fmt::format("{}{}", output == OutputLaunch::yes ? "forward" : "forward_without_output", unsplit_suffix(splits));
+  plan.name = fmt::format("{}{}",
+                          handoff_tapes                 ? "recompute_with_output"
+                          : output == OutputLaunch::yes ? "forward"
+                                                        : "forward_without_output",
+                          unsplit_suffix(splits));
   Builder b(ir, plan, CallForm::forward);
   b.kcp = kcp;
   b.segment_programs = segment_programs_of(ir, splits);
@@ -436,12 +447,14 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
   // reverse walk's under full saves or from a recompute's hand-off).
   const bool full = ir.spec.save_mode == SaveMode::full;
   const bool fold = norm && fused;
-  const bool kn_needed = !fold || segments || full || output == OutputLaunch::no;
+  const bool tapes = full || output == OutputLaunch::no || handoff_tapes;  // the fused path's
+  const bool kn_needed = !fold || segments || tapes;
   if (norm) {
     bind_l2norm(b, F::q, fold ? b.constant(0) : b.slot("qn"), b.slot("rstd_q"));
     // The forward's plan (output launched) makes kn on sm_90a for the verified carry's marked
     // chains only, after the verify walks (l2norm_k idles there, l2norm_k_marked runs).
-    const bool marked_kn = segments && output == OutputLaunch::yes && ir.has_program("l2norm_k_marked");
+    const bool marked_kn =
+        segments && output == OutputLaunch::yes && !handoff_tapes && ir.has_program("l2norm_k_marked");
     if (kn_needed)
       bind_l2norm(b, F::k, b.slot("kn"), fold ? b.constant(0) : b.slot("rstd_k"), marked_kn ? "l2norm_k" : "l2norm");
   }
@@ -460,12 +473,13 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
   if (fused) {
     // W for the backward's reverse walk (saved, or handed over) and, with segments, W and U for
     // the prescan.
-    if (segments || full || output == OutputLaunch::no) bind_chunk_prep(b, k);
+    if (segments || tapes) bind_chunk_prep(b, k);
+    plan.leaves_tapes = tapes;
     if (segments && ir.verified_carry) {
       if (output == OutputLaunch::no)
         bind_fused_verified(b, k, false, true, "walk_tape");
       else
-        bind_fused_verified(b, k, true, full, "fused_walk");
+        bind_fused_verified(b, k, true, full || handoff_tapes, "fused_walk");
       split = b.split;
       return plan;
     }
@@ -473,12 +487,13 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
     if (output == OutputLaunch::no)  // the tapes for a hand-off or the saves; ht stays the forward's
       bind_fused_walk(b, "walk_tape", false, true);
     else
-      bind_fused_walk(b, "fused_walk", true, full);
+      bind_fused_walk(b, "fused_walk", true, full || handoff_tapes);
     split = b.split;
     return plan;
   }
   bind_chunk_prep(b, k);
   bind_state_walk(b, ir, k, b.frame(F::ht), b.kcp);
+  plan.leaves_tapes = true;
   if (output == OutputLaunch::yes) {
     auto& l = b.launch("output", sizeof(OutputParams));
     using P = OutputParams;
@@ -676,6 +691,12 @@ CallPlan phase_of(CallPlan plan, size_t split, KcpPhase phase, const LayerIR& ir
 CallPlan plan_forward(const LayerIR& ir, OutputLaunch output, DocSplits splits) {
   size_t split = 0;
   return forward_plan(ir, output, false, split, splits);
+}
+
+CallPlan plan_recompute(const LayerIR& ir, OutputLaunch output, DocSplits splits) {
+  size_t split = 0;
+  const bool handoff_tapes = output == OutputLaunch::yes && ir.recompute_output_tapes;
+  return forward_plan(ir, output, false, split, splits, handoff_tapes);
 }
 
 CallPlan plan_backward(const LayerIR& ir, PrepRerun rerun, DocSplits splits) {

@@ -113,6 +113,9 @@ struct CallPlan {
   std::vector<ByteFormula> saved_slots;  ///< in region order (256-byte aligned each)
   std::vector<ByteFormula> ws_slots;
   std::vector<PlannedLaunch> launches;
+  /// A forward's: its walk writes the backward's tapes (state_walk; walk_tape; the fused output
+  /// walks where they bind h_tape and v_new), so a recompute running it can hand them over.
+  bool leaves_tapes = false;
 };
 
 /// The plan as it runs on `target`: the launches of programs idle there (not compiled for it)
@@ -129,6 +132,9 @@ enum class PrepRerun { yes, no };     ///< a backward binds handed-off tapes ins
 enum class DocSplits { possible, none };
 
 CallPlan plan_forward(const LayerIR&, OutputLaunch, DocSplits = DocSplits::possible);
+/// A checkpointed step's recompute: the forward's plan, except that where the IR says so
+/// (recompute_output_tapes) one whose output is needed also writes the tapes to hand over.
+CallPlan plan_recompute(const LayerIR&, OutputLaunch, DocSplits = DocSplits::possible);
 CallPlan plan_backward(const LayerIR&, PrepRerun, DocSplits = DocSplits::possible);
 
 /// Whether a layer has the DocSplits::none plans: `cp.segments: "auto"` (more than one segment at

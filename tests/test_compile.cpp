@@ -159,11 +159,14 @@ TEST_SUITE("compile") {
       // on a window of 4 chunks a segment; a bound, so that worse is seen).
       if (e.program == "fused_walk" || e.program == "walk_tape") CHECK(spills <= merge_spills.at(e.program));
       if (e.program == "tape_speculate" || e.program == "tape_verify") CHECK(spills == 0);
+      // The verify walk carries the tape stores a recompute binds; the speculative walk's are a
+      // program of their own (fused_speculate_tapes), since they made the forward's spill more.
       if (e.program == "fused_speculate") CHECK(spills <= 32);
-      if (e.program == "fused_verify") CHECK(spills <= 192);
+      if (e.program == "fused_speculate_tapes") CHECK(spills <= 96);
+      if (e.program == "fused_verify") CHECK(spills <= 256);
       if (e.program.find("speculate") != std::string::npos || e.program.find("verify") != std::string::npos) ++walks;
     }
-    CHECK(walks == 6);  // fused_ and tape_speculate / _verify, walk_bwd_speculate / _verify
+    CHECK(walks == 7);  // fused_, fused_speculate_tapes, tape_speculate / _verify, walk_bwd_speculate / _verify
     // Full saves: the output's walks also store the tapes (from registers), a little more pressure.
     auto full = spec;
     full.name = "n_fused_verified_full";
@@ -210,7 +213,7 @@ TEST_SUITE("compile") {
       CHECK(spills <= pinned_spills.at(e.program) + 8);
       CHECK(e.entry.manifest["info"]["ptxas_log"].get<std::string>().find("C7520") == std::string::npos);
     }
-    CHECK(walks == 6);  // fused_ and tape_speculate / _verify, walk_bwd_speculate / _verify
+    CHECK(walks == 7);  // fused_ and tape_speculate / _verify, fused_speculate_tapes, walk_bwd_speculate / _verify
     CHECK(segmented > walks);
   }
 

@@ -1786,9 +1786,9 @@ TEST_SUITE("gpu_fused") {
     c.doc_lens = {3000, 2049};
     c.with_reference = false;
     c.zero_gate_heads = {1};
-    for (const auto step : {check::Case::Step::fwd_bwd, check::Case::Step::ckpt}) {
+    for (const auto step : {check::Case::Step::fwd_bwd, check::Case::Step::ckpt, check::Case::Step::ckpt_with_output}) {
       c.step = step;
-      CAPTURE(step == check::Case::Step::ckpt);
+      CAPTURE(static_cast<int>(step));
       const check::Report v = check::run(*verified_layer, c), m = check::run(*merged_layer, c),
                           u = check::run(*plain_layer, c);
       const long long T = 3000 + 2049, N = 2, HV = verified.heads_v;
@@ -1833,16 +1833,27 @@ TEST_SUITE("gpu_fused") {
     check::Case c;
     c.seed = 97;
     c.with_reference = false;
-    for (const auto& lens : {std::vector<long long>{33000, 700, 16321, 1}, std::vector<long long>{4096, 4096, 300}})
-      for (const auto step : {check::Case::Step::fwd_bwd, check::Case::Step::ckpt}) {
-        c.doc_lens = lens;
+    // The checkpointed step both ways: its recompute without the output, and with it (the
+    // fused walks write the tapes beside o and hand them over); both keep fwd+bwd's bits.
+    using Step = check::Case::Step;
+    for (const auto& lens : {std::vector<long long>{33000, 700, 16321, 1}, std::vector<long long>{4096, 4096, 300}}) {
+      c.doc_lens = lens;
+      c.step = Step::fwd_bwd;
+      CAPTURE(lens.front());
+      const check::Report want = check::run(*plain_layer, c);
+      REQUIRE(want.bytes.size() == 8);
+      for (const auto step : {Step::fwd_bwd, Step::ckpt, Step::ckpt_with_output}) {
         c.step = step;
-        CAPTURE(lens.front());
-        CAPTURE(step == check::Case::Step::ckpt);
-        const check::Report want = check::run(*plain_layer, c);
-        REQUIRE(want.bytes.size() == 8);
-        expect_same_bits(want.bytes, check::run(*split_layer, c), "auto verified segments vs one segment");
+        CAPTURE(static_cast<int>(step));
+        const check::Report split = check::run(*split_layer, c);
+        CHECK((split.handoff == HandOff::taken) == (step != Step::fwd_bwd));
+        expect_same_bits(want.bytes, split, "auto verified segments vs one segment");
+        if (step == Step::fwd_bwd) continue;
+        const check::Report plain = check::run(*plain_layer, c);
+        CHECK(plain.handoff == HandOff::taken);
+        expect_same_bits(want.bytes, plain, "one segment, checkpointed vs fwd+bwd");
       }
+    }
     // Against fp64 on a document that splits (its reference at 32 heads is the slow part).
     c.with_reference = true;
     c.step = check::Case::Step::fwd_bwd;

@@ -295,12 +295,14 @@ TEST_SUITE("ir") {
         CAPTURE(gdn::to_string(form.form));
         CHECK(in_fwd("chunk_prep") < in_fwd(verify));
         // The forward makes the marked chains' kn between the verify walk and their W; a
-        // recompute that hands its tapes over makes every row before the walks.
+        // recompute hands its tapes over, with or without the output, and makes every row
+        // before the walks.
         const bool forward = form.form == gdn::CallForm::forward;
         CHECK(in_fwd(verify) + (forward ? 2 : 1) == in_fwd("chunk_prep_fwd_marked"));
         if (forward) CHECK(in_fwd(verify) + 1 == in_fwd("l2norm_k_marked"));
-        CHECK(in_fwd("l2norm_k") < in_fwd("chunk_solve"));
-        CHECK(std::count(fwd.begin(), fwd.end(), "l2norm") == (forward ? 1 : 2));
+        if (forward) CHECK(in_fwd("l2norm_k") < in_fwd("chunk_solve"));
+        CHECK(std::count(fwd.begin(), fwd.end(), "l2norm_k_marked") == (forward ? 1 : 0));
+        CHECK(std::count(fwd.begin(), fwd.end(), "l2norm") == 2 - forward);
       }
     }
     // kn: the forward's k launch is l2norm_k (l2norm's code, idle on sm_90a) and l2norm_k_marked
@@ -426,11 +428,18 @@ TEST_SUITE("ir") {
     REQUIRE(ir.verified_carry);
     // The speculative and verify walks of the output and of the tapes: the fused walk's body, its
     // geometry and operands, a class per walk.
+    // The output walks carry the tape stores a recompute binds (light saves), but the forward's
+    // speculative walk: the recompute's is fused_speculate_tapes.
     const std::map<std::string, std::pair<std::string, std::string>> walks = {
         {"fused_speculate", {"FusedWalkSpeculate", "true"}},
+        {"fused_speculate_tapes", {"FusedWalkSpeculate", "true"}},
         {"fused_verify", {"FusedWalkVerify", "true"}},
         {"tape_speculate", {"FusedWalkSpeculate", "false"}},
         {"tape_verify", {"FusedWalkVerify", "false"}}};
+    const auto without_tapes = [](std::vector<std::pair<std::string, std::string>> c) {
+      c.erase(std::remove_if(c.begin(), c.end(), [](const auto& kv) { return kv.first == "TAPES"; }), c.end());
+      return c;
+    };
     for (const auto& [name, cls_output] : walks) {
       CAPTURE(name);
       const gdn::Program& p = ir.program(name);
@@ -443,7 +452,8 @@ TEST_SUITE("ir") {
       CHECK(p.max_registers == twin.max_registers);
       CHECK(constant_of(p, "OUTPUT") == cls_output.second);
       CHECK(constant_of(p, "VERIFIED_CARRY") == "true");
-      CHECK(p.constants == twin.constants);
+      CHECK(constant_of(p, "TAPES") == (name == "fused_speculate" ? "false" : "true"));
+      CHECK(without_tapes(p.constants) == without_tapes(twin.constants));
     }
     // The forward: the two walks, then the merge path for the chains they mark.
     std::vector<std::string> forward;
@@ -597,10 +607,27 @@ TEST_SUITE("ir") {
     // made only for the tape pair.
     CHECK(launches(gdn::CallForm::forward) ==
           std::vector<std::string>{"chunk_table", "l2norm", "gate_cumsum", "chunk_solve", "fused_walk"});
+    // A recompute leaves the tapes to hand over in either case: walk_tape without the output, the
+    // fused walk with its tape stores bound with it (kn and W for the hand-off both ways).
+    CHECK(fused.recompute_output_tapes);
     CHECK(launches(gdn::CallForm::recompute) ==
-          std::vector<std::string>{"chunk_table", "l2norm", "l2norm [the output is not needed]", "gate_cumsum",
-                                   "chunk_solve", "chunk_prep [the output is not needed]",
+          std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum", "chunk_solve", "chunk_prep",
                                    "walk_tape [the output is not needed]", "fused_walk [the output is needed]"});
+    {  // without the hand-off, the recompute whose output is needed is the forward
+      auto no_reuse = spec;
+      no_reuse.reuse_recompute_tapes = gdn::ReuseTapes::no;
+      const gdn::LayerIR ir = gdn::lower(no_reuse);
+      CHECK_FALSE(ir.recompute_output_tapes);
+      CHECK(constant_of(ir.program("fused_walk"), "TAPES") == "false");
+      std::vector<std::string> rec;
+      for (const auto& cf : ir.call_forms)
+        if (cf.form == gdn::CallForm::recompute)
+          for (const auto& l : cf.launches) rec.push_back(l.program + (l.when.empty() ? "" : " [" + l.when + "]"));
+      CHECK(rec == std::vector<std::string>{"chunk_table", "l2norm", "l2norm [the output is not needed]", "gate_cumsum",
+                                            "chunk_solve", "chunk_prep [the output is not needed]",
+                                            "walk_tape [the output is not needed]",
+                                            "fused_walk [the output is needed]"});
+    }
     // The backward is the programs path's after its own L2 norm (the fused forward folds the norm
     // into its products and saves no qn, kn), with the tapes from the fused walk without its
     // output: walk_tape instead of state_walk, the same program as the recompute's.
@@ -618,7 +645,7 @@ TEST_SUITE("ir") {
     CHECK(constant_of(tape, "OUTPUT") == "false");
     CHECK(constant_of(tape, "TAPES") == "true");
     CHECK(constant_of(fw, "OUTPUT") == "true");
-    CHECK(constant_of(fw, "TAPES") == "false");
+    CHECK(constant_of(fw, "TAPES") == "true");  // stores bound by the recompute alone
     CHECK(tape.class_name == fw.class_name);
     CHECK(tape.smem_bytes == fw.smem_bytes);
     CHECK(tape.max_registers == fw.max_registers);

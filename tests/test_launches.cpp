@@ -401,6 +401,79 @@ TEST_SUITE("launches") {
     CHECK(merge_bwd.find(field(offsetof(WalkMergeParams, seg_hm), "ws.seg_dzm")) != std::string::npos);
   }
 
+  TEST_CASE("a recompute whose output is needed binds the fused walks' tapes where walk_tape's go; the forward none") {
+    for (const bool verified : {false, true}) {
+      CAPTURE(verified);
+      Spec spec = example("n");
+      spec.forward = ForwardPath::fused;
+      spec.cp_segments = verified ? 5 : 1;
+      spec.cp_carry = verified ? SegmentCarry::verified : SegmentCarry::merge;
+      if (verified) spec.walk_bwd_slab = 128;  // the sm_90a reverse walk's marked-only programs
+      const ProblemShape s{8192, 3};
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(spec, rec);
+      REQUIRE(layer->ir().recompute_output_tapes);
+      const FakeCall f = fake_call(*layer, s);
+      Workspace ws(reinterpret_cast<void*>(f.ws), f.ws_size);
+      void* saved = reinterpret_cast<void*>(f.saved);
+      auto call = [&](auto&& run) {
+        const size_t from = rec->records.size();
+        run();
+        return testing::render(
+            std::vector<testing::LaunchRecord>(rec->records.begin() + static_cast<long>(from), rec->records.end()),
+            f.regions);
+      };
+      const std::string forward = call([&] { layer->forward(s, f.in, f.out, saved, f.saved_size, ws, nullptr); });
+      HandOff with_output = HandOff::not_taken, without = HandOff::not_taken;
+      const std::string rec_out = call(
+          [&] { with_output = layer->recompute(s, f.in, f.out, OutputNeeded::yes, saved, f.saved_size, ws, nullptr); });
+      const std::string rec_tapes =
+          call([&] { without = layer->recompute(s, f.in, f.out, OutputNeeded::no, saved, f.saved_size, ws, nullptr); });
+      CHECK(with_output == HandOff::taken);
+      CHECK(without == HandOff::taken);
+      using P = FusedWalkParams;
+      // The bound line of a field in a launch block.
+      auto line = [](const std::string& block, size_t offset) {
+        const std::string key = fmt::format("[{:3}] ", offset);
+        const size_t at = block.find(key);
+        REQUIRE(at != std::string::npos);
+        return block.substr(at, block.find('\n', at) - at);
+      };
+      for (const char* walk : verified ? std::vector<const char*>{"fused_speculate", "fused_verify", "fused_walk"}
+                                       : std::vector<const char*>{"fused_walk"}) {
+        CAPTURE(walk);
+        const std::string tape_walk = verified ? (std::string(walk) == "fused_walk"        ? "walk_tape"
+                                                  : std::string(walk) == "fused_speculate" ? "tape_speculate"
+                                                                                           : "tape_verify")
+                                               : "walk_tape";
+        const std::string fwd = launch_block(forward, walk, 0).first;
+        // The speculative walk with the tape stores is a program of its own (the forward's spills less).
+        const std::string out =
+            launch_block(rec_out, std::string(walk) == "fused_speculate" ? "fused_speculate_tapes" : walk, 0).first;
+        const std::string tapes = launch_block(rec_tapes, tape_walk, 0).first;
+        for (size_t off : {offsetof(P, h_tape), offsetof(P, v_new)}) {
+          CHECK(line(fwd, off) == field(off, "0x0"));
+          CHECK(line(out, off) == line(tapes, off));
+          CHECK(line(out, off).find("ws.") != std::string::npos);
+        }
+        CHECK(line(out, offsetof(P, o)) == line(fwd, offsetof(P, o)));
+        CHECK(line(out, offsetof(P, o)) != field(offsetof(P, o), "0x0"));
+      }
+      CHECK(forward.find("fused_speculate_tapes grid") == std::string::npos);
+      // Every row of kn and W for the hand-off, as the recompute without the output makes them.
+      CHECK(rec_out.find("l2norm_k_marked grid") == std::string::npos);
+      auto count = [](const std::string& text, const std::string& program) {
+        size_t n = 0;
+        for (size_t at = text.find(program + " grid"); at != std::string::npos;
+             at = text.find(program + " grid", at + 1))
+          ++n;
+        return n;
+      };
+      CHECK(count(rec_out, "l2norm") == count(rec_tapes, "l2norm"));
+      CHECK(count(rec_out, "chunk_prep") == count(rec_tapes, "chunk_prep"));
+    }
+  }
+
   TEST_CASE("cp.carry \"verified\" on the fused forward: its walks bind the checkpoints and the saved marks") {
     Spec spec = example("n");
     spec.forward = ForwardPath::fused;
@@ -487,8 +560,9 @@ TEST_SUITE("launches") {
         return out;
       };
       CHECK(names(plan_forward(ir, OutputLaunch::yes)) == listed(CallForm::forward, true));
-      CHECK(names(plan_forward(ir, OutputLaunch::yes)) == listed(CallForm::recompute, true));
-      CHECK(names(plan_forward(ir, OutputLaunch::no)) == listed(CallForm::recompute, false));
+      CHECK(names(plan_recompute(ir, OutputLaunch::yes)) == listed(CallForm::recompute, true));
+      CHECK(names(plan_recompute(ir, OutputLaunch::no)) == listed(CallForm::recompute, false));
+      CHECK(names(plan_recompute(ir, OutputLaunch::no)) == names(plan_forward(ir, OutputLaunch::no)));
       CHECK(names(plan_backward(ir, PrepRerun::yes)) == listed(CallForm::backward, true));
       CHECK(names(plan_backward(ir, PrepRerun::no)) == listed(CallForm::backward, false));
     }

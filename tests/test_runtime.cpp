@@ -309,32 +309,47 @@ TEST_SUITE("runtime") {
     CHECK(r.ws.calls() == 3);
   }
 
-  TEST_CASE("forward fused: only the recompute without the output leaves tapes to hand over") {
+  TEST_CASE("forward fused: a recompute hands its tapes over with or without the output; the forward has none") {
     Spec spec = example("n");
     spec.forward = ForwardPath::fused;
     spec.cp_segments = 1;  // segments take the norm fold away (the prescans read qn, kn)
     Rig r(spec);
+    // The forward's fused walk leaves no tapes: the backward normalizes q and k itself (the fused
+    // forward folds the norm and saves no qn, kn) and makes its tapes with the fused walk without
+    // the output (walk_tape), in the re-run as in a recompute.
     size_t mark = r.rec->records.size();
-    CHECK(r.recompute(nullptr, OutputNeeded::yes) == HandOff::not_taken);
+    r.layer->forward(r.shape, r.in, r.out, r.saved, r.saved_size, r.ws, nullptr);
     CHECK(r.programs_since(mark) ==
           std::vector<std::string>{"chunk_table", "l2norm", "gate_cumsum", "chunk_solve", "fused_walk"});
-    // The fused forward folds the norm and saves no qn, kn: the backward normalizes q and k itself
-    // (k only without a hand-off, which brings kn from the recompute's tape pair).
-    // Its tapes come from the fused walk without the output (walk_tape), in the re-run as in a
-    // recompute.
     mark = r.rec->records.size();
     CHECK(r.backward() == HandOff::not_taken);
     const std::vector<std::string> rerun = {"l2norm",   "l2norm",         "chunk_prep", "walk_tape",
                                             "dv_local", "state_walk_bwd", "chunk_bwd",  "finalize"};
     CHECK(r.programs_since(mark) == rerun);
+    // A recompute whose output is needed (torch.utils.checkpoint's) writes the tapes beside o, with
+    // kn and W, and hands them over; the backward skips its re-run and normalizes q alone.
+    const std::vector<std::string> handoff = {"l2norm", "dv_local", "state_walk_bwd", "chunk_bwd", "finalize"};
+    mark = r.rec->records.size();
+    CHECK(r.recompute(nullptr, OutputNeeded::yes) == HandOff::taken);
+    CHECK(r.programs_since(mark) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
+                                                             "chunk_solve", "chunk_prep", "fused_walk"});
+    mark = r.rec->records.size();
+    CHECK(r.backward() == HandOff::taken);
+    CHECK(r.programs_since(mark) == handoff);
     mark = r.rec->records.size();
     CHECK(r.recompute(nullptr, OutputNeeded::no) == HandOff::taken);
     CHECK(r.programs_since(mark) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
                                                              "chunk_solve", "chunk_prep", "walk_tape"});
     mark = r.rec->records.size();
     CHECK(r.backward() == HandOff::taken);
-    const std::vector<std::string> handoff = {"l2norm", "dv_local", "state_walk_bwd", "chunk_bwd", "finalize"};
     CHECK(r.programs_since(mark) == handoff);
+    // reuse_recompute_tapes false: the recompute whose output is needed is the forward.
+    spec.reuse_recompute_tapes = ReuseTapes::no;
+    Rig no(spec);
+    mark = no.rec->records.size();
+    CHECK(no.recompute(nullptr, OutputNeeded::yes) == HandOff::not_taken);
+    CHECK(no.programs_since(mark) ==
+          std::vector<std::string>{"chunk_table", "l2norm", "gate_cumsum", "chunk_solve", "fused_walk"});
   }
 
   TEST_CASE("the hand-off backward launches what the re-run backward launches, minus the re-run") {

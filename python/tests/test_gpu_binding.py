@@ -87,18 +87,27 @@ class GpuBindingTests(unittest.TestCase):
             self.assertTrue(torch.isfinite(x.float()).all())
 
     def test_checkpoint_gives_the_same_gradient_bits(self):
+        """Both forwards: the programs' and the fused one, whose recompute writes the tapes beside
+        o to hand them over. The checkpointed region reads o after the layer (tanh), so the
+        recomputed o must have the forward's bits too."""
         from gdnc._autograd import stats
-        grads = []
-        for ckpt in (False, True):
-            before = dict(stats)
-            grads.append(train_tiny_model(gdnc_layer, ckpt))
-            recomputes = stats["recomputes"] - before["recomputes"]
-            handoffs = stats["handoffs"] - before["handoffs"]
-            # 3 steps x 2 layers; with light saves and sm_90a's threshold 0 every recompute hands off
-            self.assertEqual(recomputes, 6 if ckpt else 0)
-            self.assertEqual(handoffs, recomputes)
-        for a, b in zip(*grads):
-            self.assertTrue(torch.equal(a, b))
+        for forward in ("programs", "fused"):
+            def layer(q, k, v, g, beta):
+                o = gdnc.chunk_gated_delta_rule(q, k, v, g, beta, use_qk_l2norm_in_kernel=True,
+                                                spec={"deterministic": True, "forward": forward})[0]
+                return torch.tanh(o.float())
+            grads = []
+            for ckpt in (False, True):
+                before = dict(stats)
+                grads.append(train_tiny_model(layer, ckpt))
+                recomputes = stats["recomputes"] - before["recomputes"]
+                handoffs = stats["handoffs"] - before["handoffs"]
+                # 3 steps x 2 layers; with light saves and sm_90a's threshold 0 every recompute
+                # hands off
+                self.assertEqual(recomputes, 6 if ckpt else 0, forward)
+                self.assertEqual(handoffs, recomputes, forward)
+            for a, b in zip(*grads):
+                self.assertTrue(torch.equal(a, b), forward)
 
     def test_a_recompute_whose_backward_never_runs_leaves_no_tapes_behind(self):
         """torch.autograd.grad over part of a checkpointed region runs our recompute but not our

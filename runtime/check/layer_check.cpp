@@ -318,13 +318,13 @@ Report run(const Layer& layer, const Case& c) {
     if (!c.simulated_ranks) return layer.check_device_status(saved.get(), shape, s);
     for (Rank& rk : ranks) layer.check_device_status(rk.saved.get(), shape_of(rk), s);
   };
-  const auto recompute = [&](Workspace& stamped, const LayerOutputs& out, CUstream s) {
+  const auto recompute = [&](Workspace& stamped, const LayerOutputs& out, OutputNeeded output, CUstream s) {
     if (!c.simulated_ranks) {
-      layer.recompute(shape, li, out, OutputNeeded::no, saved.get(), saved.buf.bytes(), stamped, s);
+      layer.recompute(shape, li, out, output, saved.get(), saved.buf.bytes(), stamped, s);
       return;
     }
     for (Rank& rk : ranks)
-      layer.kcp_recompute(rk.view, local_inputs(rk), local_outputs(rk, out), OutputNeeded::no, rk.saved.get(),
+      layer.kcp_recompute(rk.view, local_inputs(rk), local_outputs(rk, out), output, rk.saved.get(),
                           rk.saved.buf.bytes(), *rk.stamped, s);
   };
   const auto backward = [&](Workspace& stamped, const LayerGrads& gr, CUstream s) {
@@ -362,9 +362,11 @@ Report run(const Layer& layer, const Case& c) {
                     static_cast<float*>(db.get()),
                     p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
       CUstream backward_stream = run_on;
-      if (c.step != Case::Step::fwd_bwd) {
+      if (c.step == Case::Step::ckpt_with_output) {
+        recompute(stamped, lo, OutputNeeded::yes, run_on);
+      } else if (c.step != Case::Step::fwd_bwd) {
         const LayerOutputs no_output{nullptr, lo.ht};
-        recompute(stamped, no_output, run_on);
+        recompute(stamped, no_output, OutputNeeded::no, run_on);
       }
       if (c.step == Case::Step::ckpt_intervening) forward(stamped, lo, run_on);
       if (c.step == Case::Step::ckpt_other_stream) {

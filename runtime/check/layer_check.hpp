@@ -37,8 +37,9 @@ struct Case {
   /// backward on one stamped Workspace, as a checkpointed step runs them. The stale variants make
   /// the hand-off stale on purpose: ckpt_intervening runs another forward (same inputs) on the
   /// workspace between the recompute and the backward; ckpt_other_stream runs the backward on a
-  /// second stream (after the first is drained).
-  enum class Step { fwd_bwd, ckpt, ckpt_intervening, ckpt_other_stream } step = Step::fwd_bwd;
+  /// second stream (after the first is drained). ckpt_with_output: the recompute whose output is
+  /// needed (torch.utils.checkpoint's), writing o and ht again over the forward's.
+  enum class Step { fwd_bwd, ckpt, ckpt_intervening, ckpt_other_stream, ckpt_with_output } step = Step::fwd_bwd;
   /// A layer with cp.ranks R > 1: run its R ranks' phases in turn on one GPU, each on its own
   /// tokens and regions, every rank's record placed in one gathered buffer between the phases (what
   /// an all-gather does), instead of the single-GPU proxy's one call. The results land in the

@@ -26,7 +26,8 @@
  *
  * Cfg::TAPES adds the backward's tapes, the separate walk's h_tape[c] = bf16(S entering chunk c)
  * and v_new = bf16(V') (this walk's V', so its roundings); without Cfg::OUTPUT (the walk_tape
- * program) Q, P and O are skipped.
+ * program) Q, P and O are skipped. With the output, only where the call binds h_tape (full saves,
+ * a light recompute handing its tapes over).
  */
 #pragma once
 
@@ -297,7 +298,7 @@ struct FusedWalkMmaSync {
           }
         }
       }
-      if (kTapes) {  // bf16(S) entering the chunk and Vn stay until the barrier below
+      if (kTapes && (!kOutput || p.h_tape)) {  // bf16(S) entering the chunk and Vn stay until the barrier below
         fwd::tile_to_global<kThreads>(p.h_tape + ((long long)c * HV + j) * K * V + v0, V, sS, LDS, BV, K, tid,
                                       kThreads);
         fwd::tile_to_global<kThreads>(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, sVn, LDS, BV, len, tid,

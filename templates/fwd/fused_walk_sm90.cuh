@@ -34,9 +34,10 @@
  * `tfull`), and warpgroup 1 stores them by TMA (a chunk cut short: copies of its rows) and frees
  * them (`tempty`) while the walk goes on: the HBM writes are off the walks' chain (stores from the walks
  * themselves, before or beside their products, made walk_tape 0.83-0.90 ms at M, slower than
- * the separate state_walk). With the output (full saves) those tiles are taken: each fragment is
- * transposed across the warp (movmatrix) into rows of contiguous columns and stored from
- * registers.
+ * the separate state_walk). With the output (full saves, or a light recompute that hands its tapes
+ * over) those tiles are taken: each fragment is transposed across the warp (movmatrix) into rows
+ * of contiguous columns and stored from registers. With the output the tapes are written where
+ * they are bound: the light forward's call binds none and skips the stores.
  */
 #pragma once
 
@@ -525,7 +526,7 @@ struct FusedWalkSm90 {
       u32 Sb[K / 16][4];
 #pragma unroll
       for (int ks = 0; ks < K / 16; ++ks) to_a(Sb[ks], S, ks, [](float x, int, int) { return x; });
-      if (kTapes && kOutput)
+      if (kTapes && kOutput && p.h_tape)
         store_transposed(p.h_tape + ((long long)(c_begin + u) * HV + j) * K * V + v0, V, Sb, K, warp, lane);
       if (kTapes && !kOutput) {  // bf16(S) to the storer once it has copied the chunk before's
         if (u > 0) pipe::mbar_wait(pempty + 2 * slab, (u - 1) & 1);
@@ -653,7 +654,8 @@ struct FusedWalkSm90 {
         for (int ks = 0; ks < C / 16; ++ks) wg::mma_rs_k16<64, 0>(O, Vn[ks], wg::desc_k_major(p_addr, C, ks), 1);
       }
       wg::commit();
-      if (kTapes && kOutput) store_transposed(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, Vn, len, warp, lane);
+      if (kTapes && kOutput && p.v_new)
+        store_transposed(p.v_new + (t0 * HV + j) * V + v0, (long long)HV * V, Vn, len, warp, lane);
       if (kTapes && !kOutput) {  // V' to the storer, likewise
         if (u > 0) pipe::mbar_wait(pempty + 2 * slab + 1, (u - 1) & 1);
 #pragma unroll
