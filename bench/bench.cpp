@@ -279,6 +279,7 @@ struct Arm {
   size_t saved_bytes = 0;
   std::unique_ptr<Workspace> stamp;
   std::optional<RankSlice> slice;  ///< a kcp arm: one rank's phases
+  bool recompute_output = false;   ///< ckpt's recompute writes o again (torch.utils.checkpoint's)
   ProblemShape shape(const ProblemShape& whole) const { return slice ? slice->kcp->shape() : whole; }
 };
 
@@ -365,7 +366,9 @@ void enqueue_op(Arm& a, const Problem& p, int op, CUstream stream) {
     return;
   }
   a.layer->forward(p.shape, p.in(), p.out(), a.saved, a.saved_bytes, *a.stamp, stream);
-  if (op == 2)
+  if (op == 2 && a.recompute_output)
+    a.layer->recompute(p.shape, p.in(), p.out(), OutputNeeded::yes, a.saved, a.saved_bytes, *a.stamp, stream);
+  else if (op == 2)
     a.layer->recompute(p.shape, p.in(), p.no_output(), OutputNeeded::no, a.saved, a.saved_bytes, *a.stamp, stream);
   if (op >= 1) a.layer->backward(p.shape, p.in(), p.grads(), a.saved, a.saved_bytes, *a.stamp, stream);
 }
@@ -445,11 +448,15 @@ struct ArmKind {
   std::optional<BackwardW> backward_w{};  ///< the spec's backward_w (none: the base spec's)
   bool nondeterministic = false;          ///< the spec's determinism "nondeterministic"
   bool verified = false;                  ///< the spec's cp.carry "verified"
+  bool recompute_output = false;          ///< ckpt's recompute with the output needed
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
     {"spec-aa", {false, true, false}},
     {"no-handoff", {false, false, false}},
+    // ckpt as torch.utils.checkpoint runs it: the recompute writes o again (the output needed)
+    {"ckpt-output", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
+    {"ckpt-output-no-handoff", {false, false, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
     {"graph", {true, true, false}},
     {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
@@ -549,6 +556,7 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
     }
     SharedRegions regions;
     std::vector<Arm> arms = make_arms(specs, p.shape, b.ctx, b.cache, regions, &p, rank);
+    for (size_t j = 0; j < arms.size(); ++j) arms[j].recompute_output = kArms.at(arm_names[j]).recompute_output;
     for (auto& a : arms) {
       b.time_op(a, p, 2);
       a.layer->check_device_status(a.saved, a.shape(p.shape), b.stream.handle());

@@ -10,7 +10,8 @@
 #             TESTS_PARALLEL=1 runs them as four processes at once on the one GPU (determinism, kcp,
 #             layer, the rest: every suite in about 220 s on the H200 instead of about 420 s; the
 #             timed suites are not benchmarks, and the sanitizers stay serial)
-#   python    the binding's unittest files (torch of the machine; FLA if .whl is carried)
+#   python    the binding's unittest files (torch of the machine; FLA if .whl is carried;
+#             PYTHON_PATTERN picks files, default test_*.py)
 #   programs  gdn_bench --programs (per-program GPU time, PROGRAM_SHAPES, default N,M), once per
 #             cp.carry of PROGRAM_CARRIES (default auto; "merge auto" for both)
 #   host      gdn_bench --host-time
@@ -118,7 +119,7 @@ if has python || has compare; then
 fi
 if has python; then
   echo "=== python binding ($((SECONDS - t0)) s)"
-  python3 -m unittest discover -s python/tests -p "test_*.py" -v 2>&1 | tee -a "$OUT/python.log" | tail -25
+  python3 -m unittest discover -s python/tests -p "${PYTHON_PATTERN:-test_*.py}" -v 2>&1 | tee -a "$OUT/python.log" | tail -25
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 bench() { "$bin/gdn_bench" "$@" 2>&1; }
