@@ -741,11 +741,12 @@ LayerIR lower(const Spec& spec_in) {
     // ht as the forward wrote it. One whose output is needed (torch.utils.checkpoint's, whose
     // recomputed o later operations of the region read) runs the fused forward with the tapes
     // beside o, the full saves' walks, and hands them over as well (recompute_output_tapes;
-    // nothing with reuse_recompute_tapes false). With segments, the prescan (on W and U) and the merge give the state
-    // entering each segment. With full saves the fused walk writes the saved tapes beside o (the same roundings as
-    // walk_tape's), so full and light keep the same bits. chunk_prep's W serves the backward's reverse walk. The
-    // verified carry's speculative and verify walks, before the merge path of the chains they mark (prescan, merge, the
-    // walk again), as on the programs path.
+    // nothing with reuse_recompute_tapes false). With segments, the prescan (on W and U) and the
+    // merge give the state entering each segment. With full saves the fused walk writes the saved
+    // tapes beside o (the same roundings as walk_tape's), so full and light keep the same bits.
+    // chunk_prep's W serves the backward's reverse walk.
+    // The verified carry's speculative and verify walks, before the merge path of the chains
+    // they mark (prescan, merge, the walk again), as on the programs path.
     auto push_verified = [&](std::vector<Launch>& launches, bool output, const std::string& when,
                              bool handoff = false) {
       if (!ir.verified_carry) return;

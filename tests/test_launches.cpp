@@ -593,6 +593,10 @@ TEST_SUITE("launches") {
         const FakeCall f = fake_call(*layer, s);
         layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
                        f.ws_size, nullptr);
+        // Both recomputes too (with the output, the fused path writes the tapes beside o).
+        Workspace ws(reinterpret_cast<void*>(f.ws), f.ws_size);
+        for (const OutputNeeded o : {OutputNeeded::yes, OutputNeeded::no})
+          layer->recompute(s, f.in, f.out, o, reinterpret_cast<void*>(f.saved), f.saved_size, ws, nullptr);
         layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
                         f.ws_size, nullptr);
         // Each slot's end: its offset plus its own byte formula (before alignment).
@@ -795,14 +799,18 @@ TEST_SUITE("launches") {
     full.initial_state = StateFlag::absent;
     full.final_state = StateFlag::absent;
     segmented.cp_segments = 5;
+    const Spec fused = example("m");  // the fused forward, whose recompute with the output has a plan of its own
     int compared = 0;
-    for (const Spec& spec : {light, full, segmented}) {
+    for (const Spec& spec : {light, full, segmented, fused}) {
       const LayerIR ir = lower(spec);
       std::vector<CallPlan> plans = {plan_forward(ir, OutputLaunch::yes), plan_forward(ir, OutputLaunch::no),
-                                     plan_backward(ir, PrepRerun::yes), plan_backward(ir, PrepRerun::no)};
+                                     plan_recompute(ir, OutputLaunch::yes), plan_backward(ir, PrepRerun::yes),
+                                     plan_backward(ir, PrepRerun::no)};
       if (has_unsplit_plans(ir))
-        for (OutputLaunch o : {OutputLaunch::yes, OutputLaunch::no})
+        for (OutputLaunch o : {OutputLaunch::yes, OutputLaunch::no}) {
           plans.push_back(plan_forward(ir, o, DocSplits::none));
+          plans.push_back(plan_recompute(ir, o, DocSplits::none));
+        }
       if (has_unsplit_plans(ir))
         for (PrepRerun r : {PrepRerun::yes, PrepRerun::no}) plans.push_back(plan_backward(ir, r, DocSplits::none));
       for (const CallPlan& plan : plans)
@@ -817,7 +825,7 @@ TEST_SUITE("launches") {
           ++compared;
         }
     }
-    CHECK(compared == 80);  // light has the unsplit plans too
+    CHECK(compared == 130);  // 26 plans x 5 sizes: light has the unsplit plans too (11), the others 5 each
   }
 
   TEST_CASE("a stub calls only its runtime table") {
