@@ -218,8 +218,7 @@ LayerIR lower(const Spec& spec_in) {
   // The fused forward folds the L2 norm into its products (raw q and k, their rows' rstd in fp32):
   // it writes no normalized copy, the backward makes its own.
   const bool fold_rstd = fused && norm;
-  ir.recompute_output_tapes =
-      fused && s.save_mode == SaveMode::light && s.cp_ranks == 1 && s.reuse_recompute_tapes != ReuseTapes::no;
+  ir.recompute_output_tapes = fused && s.save_mode == SaveMode::light && s.reuse_recompute_tapes != ReuseTapes::no;
   const std::pair<std::string, std::string> fold_constant{"FOLD_RSTD", fold_rstd ? "true" : "false"};
   add("chunk_solve", "fwd/chunk_solve.cuh", "ChunkSolve", "ChunkSolveParams", ChunkSolveGeometry::kThreads,
       ChunkSolveGeometry::kSmemBytes, GridKind::chunk_heads, 0, ChunkSolveGeometry::kMinBlocks);

@@ -153,7 +153,7 @@ struct LayerIR {
   /// Segments on one rank with light saves: the state entering each segment is saved (seg_h0), so
   /// the backward's re-run walk needs no prescan and no merge.
   bool segment_entries_saved = false;
-  /// The fused forward with light saves on one rank, tapes reusable: a recompute whose output is
+  /// The fused forward with light saves, tapes reusable: a recompute whose output is
   /// needed (torch.utils.checkpoint's) writes the backward's tapes beside o and ht and hands them
   /// over like one without the output. The output walks carry the tape stores (TAPES), and only
   /// that call binds h_tape and v_new; the forward skips them.

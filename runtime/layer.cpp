@@ -558,7 +558,9 @@ HandOff Layer::kcp_recompute(const CpRankView& rank, const LayerInputs& in, cons
   ++ws.calls_;
   ws.has_handoff_ = false;
   PendingHandoffs::instance().written(saved);
-  const Compiled& ran = output == OutputNeeded::yes ? forward_ : forward_without_output_;
+  const Compiled& ran = output == OutputNeeded::no   ? forward_without_output_
+                        : ir_.recompute_output_tapes ? recompute_with_output_
+                                                     : forward_;
   run(ran, f);
   const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes &&
                     decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);

@@ -634,6 +634,10 @@ TEST_SUITE("gpu_kcp") {
           c.repeats = 1;
           c.step = check::Case::Step::ckpt;
           expect_ranks_give_proxy_bits(s, c, s.name + " ckpt");
+          // torch.utils.checkpoint's recompute (the output needed): on m's fused forward it
+          // writes the tapes beside o and hands them over, on every rank as in the proxy.
+          c.step = check::Case::Step::ckpt_with_output;
+          expect_ranks_give_proxy_bits(s, c, s.name + " ckpt with the output");
         }
       }
     // One document over every rank, an empty document on a rank boundary (its ht = h0 has an

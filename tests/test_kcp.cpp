@@ -141,6 +141,31 @@ TEST_SUITE("kcp") {
     }
   }
 
+  TEST_CASE("a rank's recompute hands its tapes over with or without the output, on the fused forward too") {
+    const std::vector<int64_t> cu = {0, 2500, 2600, 3000, 4096};
+    for (const char* name : {"n", "m"}) {
+      CAPTURE(name);
+      RankRig r(example(name, 2), cu, 1);
+      const KcpContext& k = *r.kcp;
+      const bool fused = r.layer->ir().spec.forward == ForwardPath::fused;
+      CHECK(r.layer->ir().recompute_output_tapes == fused);
+      const size_t saved_size = k.saved_bytes();
+      k.forward_summaries(r.in, r.saved, saved_size, r.ws, nullptr);
+      k.forward_walk(r.in, r.out, r.saved, saved_size, r.ws, nullptr);
+      for (const OutputNeeded o : {OutputNeeded::yes, OutputNeeded::no}) {
+        CAPTURE(o == OutputNeeded::yes);
+        const size_t from = r.rec->records.size();
+        CHECK(k.recompute(r.in, o == OutputNeeded::yes ? r.out : LayerOutputs{nullptr, r.out.ht}, o, r.saved,
+                          saved_size, r.ws, nullptr) == HandOff::taken);
+        // o is written only when it is needed; the tapes' walk runs either way.
+        CHECK(r.passes(from, fused ? (o == OutputNeeded::yes ? "fused_walk" : "walk_tape") : "state_walk", r.out.o) ==
+              (o == OutputNeeded::yes && fused));
+        CHECK(k.backward_summaries(r.in, r.grads, r.saved, saved_size, r.ws, nullptr) == HandOff::taken);
+        k.backward_walk(r.in, r.grads, r.saved, saved_size, r.ws, nullptr);
+      }
+    }
+  }
+
   TEST_CASE("the NCCL path gathers in place between the phases, on the caller's stream") {
     const rt::Nccl& nccl = rt::Nccl::load(GDN_FAKE_NCCL_OK);
     const std::vector<int64_t> cu = {0, 700, 2048};
