@@ -34,8 +34,8 @@
 #             cp.ranks 2 as the proxy and as the ranks' phases, the verified carry); per run the ERROR
 #             SUMMARY, logs packed in $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT
 #             (300 s) fails the step; SANITIZE_ONLY=text keeps the runs whose arguments contain it
-#   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3) and on one
-#             32768-token document: SHA-256 of every result; diff two runs' $OUT/digests.txt to show a
+#   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3), on one
+#             32768-token document and M's ckpt both ways (held to its fwd+bwd bits): SHA-256 of every result; diff two runs' $OUT/digests.txt to show a
 #             change kept every bit (DIGESTS_BASELINE=an earlier digests.txt prints the comparison)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -210,11 +210,23 @@ if has digests; then
   : > "$OUT/digests.txt"
   for args in "examples/n.json --docs 2049,3001,3142 --seed 1" "examples/n.json --docs 1,15,63,64,65,700,2000 --seed 2" \
               "examples/n.json --docs 1500,2700 --seed 3 --ckpt" "examples/m.json --docs 1097,64,33 --seed 4" \
-              "examples/n.json --docs 32768 --seed 11"; do
+              "examples/n.json --docs 32768 --seed 11" "examples/m.json --docs 1097,64,33 --seed 4 --ckpt" \
+              "examples/m.json --docs 1097,64,33 --seed 4 --ckpt-output"; do
     echo "--- gdnc check $args --digests" | tee -a "$OUT/digests.txt"
     # shellcheck disable=SC2086  # the arguments are meant to split
     "$bin/gdnc" check $args --digests 2>&1 | tee -a "$OUT/digests.txt"
     [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+  done
+  # The checkpointed step, with and without the recompute's output, has fwd+bwd's bits.
+  m_run() { awk -v want="--- gdnc check examples/m.json --docs 1097,64,33 --seed 4$1 --digests" \
+    '/^---/ { on = ($0 == want) } on && /sha256/' "$OUT/digests.txt"; }
+  for step in " --ckpt" " --ckpt-output"; do
+    if [ -n "$(m_run "")" ] && [ "$(m_run "$step")" = "$(m_run "")" ]; then
+      echo "digests: m$step has fwd+bwd's bits" | tee -a "$OUT/digests.txt"
+    else
+      echo "digests: m$step DIFFERS from fwd+bwd" | tee -a "$OUT/digests.txt"
+      rc=1
+    fi
   done
   if [ -n "${DIGESTS_BASELINE:-}" ]; then
     # Only the runs both files have: a baseline without the long document compares the rest.
