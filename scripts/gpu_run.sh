@@ -35,8 +35,9 @@
 #             SUMMARY, logs packed in $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT
 #             (300 s) fails the step; SANITIZE_ONLY=text keeps the runs whose arguments contain it
 #   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3), on one
-#             32768-token document and M's ckpt both ways (held to its fwd+bwd bits): SHA-256 of every result; diff two runs' $OUT/digests.txt to show a
-#             change kept every bit (DIGESTS_BASELINE=an earlier digests.txt prints the comparison)
+#             32768-token document, and M's ckpt with and without the recompute's output (each held
+#             to M's fwd+bwd bits): SHA-256 of every result; diff two runs' $OUT/digests.txt to show
+#             a change kept every bit (DIGESTS_BASELINE=an earlier digests.txt prints the comparison)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 OUT="${OUT:-$PWD/out}"
