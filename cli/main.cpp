@@ -228,11 +228,13 @@ std::string code_digest(const LayerIR& ir, std::vector<CompiledEntry> entries) {
   all += '\n';
   all += plan_text(plan_forward(ir, OutputLaunch::yes), ir);
   all += plan_text(plan_forward(ir, OutputLaunch::no), ir);
+  if (ir.recompute_output_tapes) all += plan_text(plan_recompute(ir, OutputLaunch::yes), ir);
   all += plan_text(plan_backward(ir, PrepRerun::yes), ir);
   all += plan_text(plan_backward(ir, PrepRerun::no), ir);
   if (has_unsplit_plans(ir)) {
     all += plan_text(plan_forward(ir, OutputLaunch::yes, DocSplits::none), ir);
     all += plan_text(plan_forward(ir, OutputLaunch::no, DocSplits::none), ir);
+    if (ir.recompute_output_tapes) all += plan_text(plan_recompute(ir, OutputLaunch::yes, DocSplits::none), ir);
     all += plan_text(plan_backward(ir, PrepRerun::yes, DocSplits::none), ir);
     all += plan_text(plan_backward(ir, PrepRerun::no, DocSplits::none), ir);
   }

@@ -470,14 +470,15 @@ HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutpu
   ++ws.calls_;
   ws.has_handoff_ = false;
   PendingHandoffs::instance().written(saved);
+  const bool decided = decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
+  // With the output, the tapes beside o only for a hand-off that will be taken.
   const Compiled& ran =
-      output == OutputNeeded::no   ? for_frame(forward_without_output_, forward_without_output_unsplit_, f)
-      : ir_.recompute_output_tapes ? for_frame(recompute_with_output_, recompute_with_output_unsplit_, f)
-                                   : for_frame(forward_, forward_unsplit_, f);
+      output == OutputNeeded::no              ? for_frame(forward_without_output_, forward_without_output_unsplit_, f)
+      : ir_.recompute_output_tapes && decided ? for_frame(recompute_with_output_, recompute_with_output_unsplit_, f)
+                                              : for_frame(forward_, forward_unsplit_, f);
   run(ran, f);
   // Only a plan whose walk wrote the tapes has them to hand over (the fused forward has none).
-  const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes &&
-                    decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
+  const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes && decided;
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;
   ws.handoff_ = {serial_, ws.calls_, stream, s, saved, PendingHandoffs::instance().handed_off(saved)};
@@ -558,12 +559,12 @@ HandOff Layer::kcp_recompute(const CpRankView& rank, const LayerInputs& in, cons
   ++ws.calls_;
   ws.has_handoff_ = false;
   PendingHandoffs::instance().written(saved);
-  const Compiled& ran = output == OutputNeeded::no   ? forward_without_output_
-                        : ir_.recompute_output_tapes ? recompute_with_output_
-                                                     : forward_;
+  const bool decided = decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
+  const Compiled& ran = output == OutputNeeded::no              ? forward_without_output_
+                        : ir_.recompute_output_tapes && decided ? recompute_with_output_
+                                                                : forward_;
   run(ran, f);
-  const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes &&
-                    decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
+  const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes && decided;
   if (!take) return HandOff::not_taken;
   ws.has_handoff_ = true;
   ws.handoff_ = {serial_, ws.calls_, stream, s, saved, PendingHandoffs::instance().handed_off(saved)};

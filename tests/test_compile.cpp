@@ -159,11 +159,13 @@ TEST_SUITE("compile") {
       // on a window of 4 chunks a segment; a bound, so that worse is seen).
       if (e.program == "fused_walk" || e.program == "walk_tape") CHECK(spills <= merge_spills.at(e.program));
       if (e.program == "tape_speculate" || e.program == "tape_verify") CHECK(spills == 0);
-      // The verify walk carries the tape stores a recompute binds; the speculative walk's are a
-      // program of their own (fused_speculate_tapes), since they made the forward's spill more.
+      // The output walks carry the tape stores a recompute binds, the forward's main walk at its
+      // 8 bytes; the speculative walk's are a program of their own (fused_speculate_tapes: 60
+      // bytes), since compiled in they made the forward's spill more (16 -> 68 at heads 16/32).
+      if (e.program == "fused_walk") CHECK(spills <= 8);
       if (e.program == "fused_speculate") CHECK(spills <= 32);
-      if (e.program == "fused_speculate_tapes") CHECK(spills <= 96);
-      if (e.program == "fused_verify") CHECK(spills <= 256);
+      if (e.program == "fused_speculate_tapes") CHECK(spills <= 64);
+      if (e.program == "fused_verify") CHECK(spills <= 192);
       if (e.program.find("speculate") != std::string::npos || e.program.find("verify") != std::string::npos) ++walks;
     }
     CHECK(walks == 7);  // fused_, fused_speculate_tapes, tape_speculate / _verify, walk_bwd_speculate / _verify

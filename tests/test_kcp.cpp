@@ -157,9 +157,15 @@ TEST_SUITE("kcp") {
         const size_t from = r.rec->records.size();
         CHECK(k.recompute(r.in, o == OutputNeeded::yes ? r.out : LayerOutputs{nullptr, r.out.ht}, o, r.saved,
                           saved_size, r.ws, nullptr) == HandOff::taken);
-        // o is written only when it is needed; the tapes' walk runs either way.
-        CHECK(r.passes(from, fused ? (o == OutputNeeded::yes ? "fused_walk" : "walk_tape") : "state_walk", r.out.o) ==
-              (o == OutputNeeded::yes && fused));
+        // o is written only when it is needed; the walk writes the tapes where the backward reads
+        // them either way.
+        const char* walk = fused ? (o == OutputNeeded::yes ? "fused_walk" : "walk_tape") : "state_walk";
+        CHECK(r.passes(from, walk, r.out.o) == (o == OutputNeeded::yes && fused));
+        for (const char* tape : {"h_tape", "v_new"}) {
+          CAPTURE(tape);
+          CHECK(r.passes(from, walk,
+                         static_cast<char*>(r.ws.data()) + k.workspace_layout(CallForm::forward).offset.at(tape)));
+        }
         CHECK(k.backward_summaries(r.in, r.grads, r.saved, saved_size, r.ws, nullptr) == HandOff::taken);
         k.backward_walk(r.in, r.grads, r.saved, saved_size, r.ws, nullptr);
       }

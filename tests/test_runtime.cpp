@@ -343,13 +343,23 @@ TEST_SUITE("runtime") {
     mark = r.rec->records.size();
     CHECK(r.backward() == HandOff::taken);
     CHECK(r.programs_since(mark) == handoff);
-    // reuse_recompute_tapes false: the recompute whose output is needed is the forward.
+    // Where no hand-off will be taken the recompute whose output is needed is the forward:
+    // reuse_recompute_tapes false, or "auto" below the target's threshold (sm_100a: 61440 rows;
+    // 8192 tokens x 6 value heads are fewer).
+    const std::vector<std::string> plain_forward = {"chunk_table", "l2norm", "gate_cumsum", "chunk_solve",
+                                                    "fused_walk"};
+    Spec below = spec;
+    below.targets = {Target::sm_100a};
+    Rig small(below);
+    REQUIRE(small.shape.T * below.heads_v < handoff_threshold_rows(Target::sm_100a));
+    mark = small.rec->records.size();
+    CHECK(small.recompute(nullptr, OutputNeeded::yes) == HandOff::not_taken);
+    CHECK(small.programs_since(mark) == plain_forward);
     spec.reuse_recompute_tapes = ReuseTapes::no;
     Rig no(spec);
     mark = no.rec->records.size();
     CHECK(no.recompute(nullptr, OutputNeeded::yes) == HandOff::not_taken);
-    CHECK(no.programs_since(mark) ==
-          std::vector<std::string>{"chunk_table", "l2norm", "gate_cumsum", "chunk_solve", "fused_walk"});
+    CHECK(no.programs_since(mark) == plain_forward);
   }
 
   TEST_CASE("the hand-off backward launches what the re-run backward launches, minus the re-run") {

@@ -363,6 +363,9 @@ Report run(const Layer& layer, const Case& c) {
                     p.has_h0 ? static_cast<float*>(dh0.get()) : nullptr};
       CUstream backward_stream = run_on;
       if (c.step == Case::Step::ckpt_with_output) {
+        // Poisoned again, so that what the recompute leaves unwritten shows.
+        for (Dev* d : {&o, &ht})
+          GDN_CHECK_CU(rt::drv().cuMemsetD8Async(d->buf.handle(), 0xFF, d->buf.bytes(), run_on), "poison");
         recompute(stamped, lo, OutputNeeded::yes, run_on);
       } else if (c.step != Case::Step::fwd_bwd) {
         const LayerOutputs no_output{nullptr, lo.ht};
