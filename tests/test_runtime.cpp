@@ -327,22 +327,19 @@ TEST_SUITE("runtime") {
                                             "dv_local", "state_walk_bwd", "chunk_bwd",  "finalize"};
     CHECK(r.programs_since(mark) == rerun);
     // A recompute whose output is needed (torch.utils.checkpoint's) writes the tapes beside o, with
-    // kn and W, and hands them over; the backward skips its re-run and normalizes q alone.
+    // kn and W, and hands them over, as one without the output does with walk_tape; the backward
+    // skips its re-run and normalizes q alone.
     const std::vector<std::string> handoff = {"l2norm", "dv_local", "state_walk_bwd", "chunk_bwd", "finalize"};
-    mark = r.rec->records.size();
-    CHECK(r.recompute(nullptr, OutputNeeded::yes) == HandOff::taken);
-    CHECK(r.programs_since(mark) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
-                                                             "chunk_solve", "chunk_prep", "fused_walk"});
-    mark = r.rec->records.size();
-    CHECK(r.backward() == HandOff::taken);
-    CHECK(r.programs_since(mark) == handoff);
-    mark = r.rec->records.size();
-    CHECK(r.recompute(nullptr, OutputNeeded::no) == HandOff::taken);
-    CHECK(r.programs_since(mark) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
-                                                             "chunk_solve", "chunk_prep", "walk_tape"});
-    mark = r.rec->records.size();
-    CHECK(r.backward() == HandOff::taken);
-    CHECK(r.programs_since(mark) == handoff);
+    for (const auto& [output, walk] : {std::pair{OutputNeeded::yes, "fused_walk"}, {OutputNeeded::no, "walk_tape"}}) {
+      CAPTURE(walk);
+      mark = r.rec->records.size();
+      CHECK(r.recompute(nullptr, output) == HandOff::taken);
+      CHECK(r.programs_since(mark) == std::vector<std::string>{"chunk_table", "l2norm", "l2norm", "gate_cumsum",
+                                                               "chunk_solve", "chunk_prep", walk});
+      mark = r.rec->records.size();
+      CHECK(r.backward() == HandOff::taken);
+      CHECK(r.programs_since(mark) == handoff);
+    }
     // Where no hand-off will be taken the recompute whose output is needed is the forward:
     // reuse_recompute_tapes false, or "auto" below the target's threshold (sm_100a: 61440 rows;
     // 8192 tokens x 6 value heads are fewer).
