@@ -6,7 +6,7 @@
 #   tests     the GPU doctest suites (GPU_SUITES), GDNC_DETERMINISM_REPEATS applies; each suite is
 #             stopped after SUITE_TIMEOUT seconds (400) and prints its test cases' durations.
 #             GPU_TEST_CASES='a*,b*' runs only those test cases (doctest's --test-case) and prints
-#             their failing assertions.
+#             their failing assertions; a comma inside a name is written '\,'.
 #             TESTS_PARALLEL=1 runs them as four processes at once on the one GPU (determinism, kcp,
 #             layer, the rest: every suite in about 220 s on the H200 instead of about 420 s; the
 #             timed suites are not benchmarks, and the sanitizers stay serial)
