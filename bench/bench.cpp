@@ -578,7 +578,8 @@ void timing_table(Bench& b, const std::string& shapes, const std::vector<std::st
 
 /// GPU time per program of an eager fwd+bwd (light saves: the backward re-runs the prep and the
 /// walk, which show as separate rows), events around every launch, L2 flushed before the call.
-void program_breakdown(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names) {
+/// `op`: 0 fwd, 1 fwd+bwd, 2 ckpt (with the ckpt-output arms the recompute writes o).
+void program_breakdown(Bench& b, const std::string& shapes, const std::vector<std::string>& arm_names, int op) {
   for (const Shape& sh : kShapes) {
     if (!wanted(shapes, sh.name)) continue;
     for (const auto& arm : arm_names) {
@@ -590,6 +591,7 @@ void program_breakdown(Bench& b, const std::string& shapes, const std::vector<st
       SharedRegions regions;
       std::vector<Arm> one = make_arms({{"programs", s}}, p.shape, b.ctx, b.cache, regions);
       Arm& a = one.front();
+      a.recompute_output = kArms.at(arm).recompute_output;
       std::vector<std::pair<std::string, rt::Event>> marks;  // (label, event) in launch order
       size_t next = 0;
       bool recording = false;
@@ -607,7 +609,7 @@ void program_breakdown(Bench& b, const std::string& shapes, const std::vector<st
         next = 0;
         recording = true;
         b.e0.record(b.stream.handle());
-        enqueue_op(a, p, 1, b.stream.handle());
+        enqueue_op(a, p, op, b.stream.handle());
         b.e1.record(b.stream.handle());
         recording = false;
         const double total = rt::Event::elapsed_ms(b.e0, b.e1);
@@ -620,8 +622,8 @@ void program_breakdown(Bench& b, const std::string& shapes, const std::vector<st
         per["total"].push_back(total);
       }
       a.layer->check_device_status(a.saved, p.shape, b.stream.handle());
-      fmt::print("shape {} arm {} fwd+bwd, eager, per program (median of {} calls, L2 flushed per call)\n", sh.name,
-                 arm, b.samples);
+      fmt::print("shape {} arm {} {}, eager, per program (median of {} calls, L2 flushed per call)\n", sh.name, arm,
+                 kOps[op], b.samples);
       double sum = 0;
       for (const auto& key : order) sum += median(per[key]);
       for (const auto& key : order)
@@ -739,8 +741,10 @@ int main(int argc, char** argv) {
   app.add_option("--groups", groups, "groups of mirrored visits")->check(CLI::PositiveNumber);
   app.add_option("--samples", samples, "timed calls per visit")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed calls per visit")->check(CLI::NonNegativeNumber);
-  app.add_flag("--programs", programs,
-               "per-program GPU time of an eager fwd+bwd (of each --arms given, else the spec)");
+  app.add_flag("--programs", programs, "per-program GPU time of an eager call (of each --arms given, else the spec)");
+  std::string programs_op = "fwd+bwd";
+  app.add_option("--programs-op", programs_op, "the call --programs times")
+      ->check(CLI::IsMember({"fwd", "fwd+bwd", "ckpt"}));
   app.add_flag("--host-time", host, "host time per call on the GPU (eager and replay, both host paths)");
   app.add_flag("--sweep", sweep, "ckpt with and without the tape hand-off over token counts");
   app.add_flag("--host-only", host_only_mode, "host time per call with launches discarded (no GPU)");
@@ -814,7 +818,9 @@ int main(int argc, char** argv) {
         b.ctx.name(), b.ctx.sm_count(), tensor_cores, walk_slab, walk_bwd_slab, segments, forward, backward_w, carry,
         gates);
     // --programs times the example spec unless --arms names others (each eager, one after another).
-    if (programs) program_breakdown(b, shapes, app.count("--arms") ? arm_names : std::vector<std::string>{"spec"});
+    if (programs)
+      program_breakdown(b, shapes, app.count("--arms") ? arm_names : std::vector<std::string>{"spec"},
+                        static_cast<int>(std::find(std::begin(kOps), std::end(kOps), programs_op) - std::begin(kOps)));
     if (host) host_time(b);
     if (sweep) handoff_sweep(b);
     if (!programs && !host && !sweep) timing_table(b, shapes, arm_names);
