@@ -635,9 +635,19 @@ TEST_SUITE("gpu_kcp") {
           c.step = check::Case::Step::ckpt;
           expect_ranks_give_proxy_bits(s, c, s.name + " ckpt");
           // torch.utils.checkpoint's recompute (the output needed): on m's fused forward it
-          // writes the tapes beside o and hands them over, on every rank as in the proxy.
+          // writes the tapes beside o and hands them over, on every rank as in the proxy, and
+          // keeps fwd+bwd's bits.
           c.step = check::Case::Step::ckpt_with_output;
           expect_ranks_give_proxy_bits(s, c, s.name + " ckpt with the output");
+          if (save == SaveMode::light) {
+            auto layer = make(s);
+            c.with_reference = false;
+            c.simulated_ranks = true;
+            const check::Report step = check::run(*layer, c);
+            CHECK_MESSAGE(step.handoff == HandOff::taken, s.name);
+            c.step = check::Case::Step::fwd_bwd;
+            expect_same_bits(check::run(*layer, c).bytes, step, s.name + " ranks' ckpt with the output vs fwd+bwd");
+          }
         }
       }
     // One document over every rank, an empty document on a rank boundary (its ht = h0 has an
