@@ -811,7 +811,9 @@ LayerIR lower(const Spec& spec_in) {
                      not_needed});
       rec.push_back({"fused_walk",
                      ir.recompute_output_tapes
-                         ? "o, ht and h_tape, v_new in the workspace" + marked + ", handed to the backward if decided"
+                         ? "o, ht and h_tape, v_new in the workspace" + marked +
+                               ", handed to the backward (where no hand-off will be taken, \"auto\" below the "
+                               "target's threshold, the forward's launches instead)"
                          : "o and ht" + marked + "; no tapes, no hand-off",
                      needed});
     }
