@@ -467,11 +467,17 @@ void Layer::forward(ProblemShape s, const LayerInputs& in, const LayerOutputs& o
 HandOff Layer::recompute(ProblemShape s, const LayerInputs& in, const LayerOutputs& out, OutputNeeded output,
                          void* saved, size_t saved_size, Workspace& ws, CUstream stream) const {
   const CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, output);
+  return recompute_frame(f, s, output, saved, ws, stream);
+}
+
+HandOff Layer::recompute_frame(const CallFrame& f, ProblemShape s, OutputNeeded output, void* saved, Workspace& ws,
+                               CUstream stream) const {
   ++ws.calls_;
   ws.has_handoff_ = false;
   PendingHandoffs::instance().written(saved);
   const bool decided = decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
-  // With the output, the tapes beside o only for a hand-off that will be taken.
+  // With the output, the tapes beside o only for a hand-off that will be taken. (A rank of a KCP
+  // layer has no plans without the segment programs: for_frame gives it the others.)
   const Compiled& ran =
       output == OutputNeeded::no              ? for_frame(forward_without_output_, forward_without_output_unsplit_, f)
       : ir_.recompute_output_tapes && decided ? for_frame(recompute_with_output_, recompute_with_output_unsplit_, f)
@@ -556,19 +562,7 @@ HandOff Layer::kcp_recompute(const CpRankView& rank, const LayerInputs& in, cons
   const ProblemShape s = kcp_shape(rank);
   CallFrame f = forward_frame(s, in, out, saved, saved_size, ws.data(), ws.bytes(), stream, output, &rank);
   kcp_frame(f, rank, kKcpEntryRead, nullptr, nullptr);
-  ++ws.calls_;
-  ws.has_handoff_ = false;
-  PendingHandoffs::instance().written(saved);
-  const bool decided = decide_handoff(ir_.spec.reuse_recompute_tapes, target_, s.T * ir_.spec.heads_v);
-  const Compiled& ran = output == OutputNeeded::no              ? forward_without_output_
-                        : ir_.recompute_output_tapes && decided ? recompute_with_output_
-                                                                : forward_;
-  run(ran, f);
-  const bool take = ir_.spec.save_mode == SaveMode::light && ran.writes_tapes && decided;
-  if (!take) return HandOff::not_taken;
-  ws.has_handoff_ = true;
-  ws.handoff_ = {serial_, ws.calls_, stream, s, saved, PendingHandoffs::instance().handed_off(saved)};
-  return HandOff::taken;
+  return recompute_frame(f, s, output, saved, ws, stream);
 }
 
 HandOff Layer::kcp_backward_summaries(const CpRankView& rank, const LayerInputs& in, const LayerGrads& gr,

@@ -247,6 +247,9 @@ class Layer {
   Compiled compile_plan(CallPlan plan, int id, int index) const;
   /// `possible`, or its DocSplits::none twin when the frame's segment rows are 1.
   const Compiled& for_frame(const Compiled& possible, const Compiled& unsplit, const CallFrame&) const;
+  /// A recompute (one rank's too) on its frame: the plan for its output and the hand-off
+  /// decision, then the workspace's stamp if the tapes are handed over.
+  HandOff recompute_frame(const CallFrame&, ProblemShape, OutputNeeded, void* saved, Workspace&, CUstream) const;
   void run_eager(const Compiled&, const CallFrame&) const;
   void run(const Compiled&, const CallFrame&) const;
   CallFrame forward_frame(ProblemShape, const LayerInputs&, const LayerOutputs&, void* saved, size_t saved_size,
