@@ -266,6 +266,14 @@ LayerIR lower(const Spec& spec_in) {
                     "(tensor_cores \"auto\", 128-wide slabs, K = V = 128; here {}, slab {})",
                     to_string(s.forward), s.cp_ranks, s.cp_segments, to_string(s.cp_carry), to_string(s.tensor_cores),
                     ir.walk_bwd_bv));
+  // walk_bwd_layout "z_owner" (the fused backward's roles in the reverse walk's sm_90a body) is
+  // built for the unsegmented walk that forms W: its other walks (speculate, verify) keep the split.
+  const bool walk_z_owner = s.walk_bwd_layout == WalkBwdLayout::z_owner;
+  if (walk_z_owner && !(walk_fuses_w && s.cp_segments == 1 && s.cp_ranks == 1))
+    throw SpecError("/walk_bwd_layout",
+                    fmt::format("\"z_owner\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
+                                "here {}), one segment and one rank (cp.segments {}, cp.ranks {})",
+                                to_string(ir.spec.backward_w), s.cp_segments, s.cp_ranks));
   // With segments the forward's prescan reads chunk_prep's W and U on every target.
   if (walk_fuses_w && s.cp_segments == 1) ir.programs.back().idle_on.push_back(Target::sm_90a);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
@@ -467,6 +475,12 @@ LayerIR lower(const Spec& spec_in) {
     ir.programs.back().constants.emplace_back("WALK_FUSES_W", walk_fuses_w ? "true" : "false");
     if (!walk_bwd_sm90) return;
     ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
+    // Written only when set: the other layers' programs keep their sources and cache keys.
+    if (walk_z_owner && name == "state_walk_bwd") {
+      ir.programs.back().constants.emplace_back("WALK_Z_OWNER", "true");
+      ir.programs.back().smem_bytes =
+          std::max(ir.programs.back().smem_bytes, StateWalkBwdSm90Layout::zo_smem_bytes(K, C));
+    }
     // Whole chunks arrive by TMA (StateWalkBwdSm90Layout's operand order); W's place holds Tm when
     // the walk forms W.
     using P = StateWalkBwdParams;

@@ -30,6 +30,7 @@ std::string_view to_string(ReuseTapes v) {
 }
 std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
 std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ? "auto" : "mma_sync"; }
+std::string_view to_string(WalkBwdLayout v) { return v == WalkBwdLayout::z_owner ? "z_owner" : "split"; }
 std::string_view to_string(BackwardW v) {
   switch (v) {
     case BackwardW::chunk_prep: return "chunk_prep";
@@ -245,6 +246,7 @@ Spec read_spec(const json& j) {
            "walk_bwd_slab",
            "forward",
            "backward_w",
+           "walk_bwd_layout",
            "initial_state",
            "final_state",
            "targets",
@@ -314,6 +316,8 @@ Spec read_spec(const json& j) {
            {{"programs", ForwardPath::programs}, {"fused", ForwardPath::fused}, {"auto", ForwardPath::automatic}});
   r.choice("backward_w", s.backward_w,
            {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}, {"auto", BackwardW::automatic}});
+  r.choice("walk_bwd_layout", s.walk_bwd_layout,
+           {{"split", WalkBwdLayout::split}, {"z_owner", WalkBwdLayout::z_owner}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);
@@ -427,6 +431,7 @@ json to_json(const Spec& s) {
   // Written only when set: the canonical form of every layer without it (and so its cache and
   // graph keys) stays what it was before the field existed.
   if (s.cp_carry != SegmentCarry::automatic) j["cp"]["carry"] = to_string(s.cp_carry);
+  if (s.walk_bwd_layout != WalkBwdLayout::split) j["walk_bwd_layout"] = to_string(s.walk_bwd_layout);
   return j;
 }
 

@@ -37,6 +37,11 @@ enum class ForwardPath { programs, fused, automatic };
 /// Where the reverse walk's W comes from: chunk_prep's re-run, or (sm_90a) the walk itself; "auto"
 /// = the walk wherever it can (LayerIR::backward_w_auto; the same bits either way).
 enum class BackwardW { chunk_prep, walk, automatic };
+/// How the reverse walk's sm_90a body shares out its warpgroups: "split" = two walking warpgroups
+/// of 64 columns, each with its half of the gradient and all of its products; "z_owner" = one
+/// warpgroup owns the whole gradient and its update from shared memory, another computes D,
+/// dv_local and dV' (the fused backward's roles, docs/design_fused_bwd_sm90.md 3.7). Same bits.
+enum class WalkBwdLayout { split, z_owner };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
 /// once and re-walked from its predecessor's end until the two agree bit for bit (a document's
@@ -57,6 +62,7 @@ std::string_view to_string(GraphMode);
 std::string_view to_string(TensorCores);
 std::string_view to_string(ForwardPath);
 std::string_view to_string(BackwardW);
+std::string_view to_string(WalkBwdLayout);
 std::string_view to_string(SegmentCarry);
 std::string_view to_string(Target);
 /// Parses "sm_90a" etc.; returns nullopt for anything gdnc does not support.
@@ -110,6 +116,9 @@ struct Spec {
   /// "walk": the reverse walk's sm_90a body forms W from Tm (no chunk_prep re-run on sm_90a). Every
   /// program that forms W rounds it the walk's way, so the choice moves work, not bits.
   BackwardW backward_w = BackwardW::automatic;
+  /// "z_owner" (opt-in): the sm_90a reverse walk in the fused backward's roles; needs W from the
+  /// walk, one segment and one rank.
+  WalkBwdLayout walk_bwd_layout = WalkBwdLayout::split;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets{std::begin(kTargets), std::end(kTargets)};

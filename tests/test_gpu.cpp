@@ -1988,6 +1988,46 @@ TEST_SUITE("gpu_fused") {
     expect_same_bits(light, check::run(*make(rerun), c), "backward_w walk: ckpt without the hand-off");
   }
 
+  // walk_bwd_layout "z_owner" (docs/design_fused_bwd_sm90.md 3.7): the reverse walk's sm_90a body
+  // with one warpgroup owning the whole gradient (its update from shared memory, W negated) and
+  // another computing D, dv_local and dV' for all 128 columns. Every product keeps its operands and
+  // k order, so every result has the split layout's bits: on M's and N's heads, tails, one-token,
+  // empty and cut documents, g = 0 and g = -20 with beta = 1, and in the call forms.
+  TEST_CASE("walk_bwd_layout z_owner: the split layout's bits, and fp64 bounds") {
+    for (const char* example : {"m", "n"}) {
+      CAPTURE(example);
+      Spec split = fused_of(example, "zo_split");
+      split.backward_w = BackwardW::walk;
+      split.cp_segments = 1;
+      Spec zo = split;
+      zo.name = "zo_owner";
+      zo.walk_bwd_layout = WalkBwdLayout::z_owner;
+      const auto a = make(split), b = make(zo);
+      for (const std::optional<double> gate :
+           {std::optional<double>{}, std::optional<double>{0.0}, std::optional<double>{-20.0}}) {
+        CAPTURE(gate.value_or(1.0));
+        check::Case c;
+        c.seed = 83 + static_cast<uint64_t>(gate.value_or(1.0) * 10);
+        c.doc_lens = {1, 63, 64, 65, 0, 700, 2000, 129};
+        c.gate_value = gate;
+        if (gate) c.beta_value = 1.0;
+        const check::Report want = check::run(*a, c);
+        const check::Report got = check::run(*b, c);
+        expect_within_bounds(got, "z_owner");
+        expect_same_bits(want.bytes, got, "z_owner vs split");
+      }
+    }
+    check::Case c;
+    c.doc_lens = {1, 63, 64, 65, 3000, 700};
+    c.with_reference = false;
+    c.seed = 89;
+    c.repeats = 3;
+    Spec zo = fused_of("m", "zo_forms");
+    zo.backward_w = BackwardW::walk;
+    zo.walk_bwd_layout = WalkBwdLayout::z_owner;
+    expect_call_forms_agree(zo, c, "zo_forms");  // repeats, full = light, ckpt (hand-off) = fwd+bwd
+  }
+
   // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores
   // "mma_sync" runs the portable body. Every product keeps its k order and every element its
   // rounding, so o and ht must come out with the same bits (tails, empty and one-token documents).

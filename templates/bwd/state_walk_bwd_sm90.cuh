@@ -36,6 +36,16 @@
 
 namespace gdn {
 
+/// Cfg::WALK_Z_OWNER where the program has it (walk_bwd_layout "z_owner"), else false.
+template <class Cfg, class = int>
+struct WalkZOwner {
+  static constexpr bool value = false;
+};
+template <class Cfg>
+struct WalkZOwner<Cfg, decltype((void)Cfg::WALK_Z_OWNER, 0)> {
+  static constexpr bool value = Cfg::WALK_Z_OWNER;
+};
+
 template <class Cfg>
 struct StateWalkBwdSm90 {
   static_assert(Cfg::K == 128 && Cfg::V == 128 && Cfg::CHUNK == 64 && Cfg::BV == 128,
@@ -50,18 +60,37 @@ struct StateWalkBwdSm90 {
   static constexpr bool kFusesW = Cfg::WALK_FUSES_W;
   static constexpr int kStage = kFusesW ? L::fw_stage_bytes(K, C) : L::stage_bytes(K, C);
   static constexpr int kOffK = L::off_k(K, C), kOffQ = L::off_q(K, C), kOffW = L::off_w(K, C);
-  static constexpr int kOffT = L::fw_off_t(K, C), kOffB = L::fw_off_b(K, C), kOffWTile = L::fw_off_w(K, C);
+  /// The fused backward's roles (walk_bwd_layout "z_owner"): warpgroup 3 owns all of Z^T (128 x
+  /// 128 fp32) and its update from shared memory, warpgroup 2 computes D, dv_local and dV' for the
+  /// 128 columns; loader and scores as before. Same products, k orders and roundings: same bits.
+  enum : int { kZo = WalkZOwner<Cfg>::value ? 1 : 0 };
+  static_assert(!kZo || (kFusesW && Cfg::SEGMENTS == 1 && Cfg::RANKS == 1),
+                "StateWalkBwdSm90: the z_owner layout takes W from the walk, one segment and one rank");
+  static constexpr int kOffT = L::fw_off_t(K, C), kOffB = L::fw_off_b(K, C);
+  // Enumerators, not static members: the default body's constant bank (and code digest) stays.
+  enum : int {
+    kOffWTile = kZo ? L::zo_off_w(K, C) : L::fw_off_w(K, C),
+    kOffZb = L::zo_off_zb(K, C),
+    kOffDvTile = L::zo_off_dv(K, C),
+    kOffHi = L::zo_off_hi(K, C),
+    kOffLo = L::zo_off_lo(K, C)
+  };
   static constexpr int kOffO = kFusesW ? L::fw_off_o(K, C) : L::off_o(K, C);
   static constexpr int kOffG = kFusesW ? L::fw_off_g(K, C) : L::off_g(K, C);
   static constexpr int kOffStaging = kFusesW ? L::fw_off_staging(K, C) : L::off_staging(K, C);
-  static constexpr int kOffP = kFusesW ? L::fw_off_p(K, C) : L::off_p(K, C);
-  static constexpr int kOffBar = kFusesW ? L::fw_off_bar(K, C) : L::off_bar(K, C);
-  static constexpr int kOffVec = kFusesW ? L::fw_off_vec(K, C) : L::off_vec(K, C);
+  static constexpr int kOffP = kZo ? L::zo_off_p(K, C) : kFusesW ? L::fw_off_p(K, C) : L::off_p(K, C);
+  static constexpr int kOffBar = kZo ? L::zo_off_bar(K, C) : kFusesW ? L::fw_off_bar(K, C) : L::off_bar(K, C);
+  static constexpr int kOffVec = kZo ? L::zo_off_vec(K, C) : kFusesW ? L::fw_off_vec(K, C) : L::off_vec(K, C);
   static constexpr int kStagingBytes = L::staging_bytes(K), kVecBytes = L::vec_bytes(C);
-  static constexpr int kPTiles = L::kPTiles;
+  static constexpr int kPTiles = kZo ? 1 : L::kPTiles;
   // 32 + 80 + 2 x 200 = 4 x the pinned 128; the walks spill at 192, the scores at 72.
   static constexpr int kLoaderRegs = 32, kScoreRegs = 80, kWalkRegs = 200;
   static_assert(kLoaderRegs + kScoreRegs + 2 * kWalkRegs <= 4 * 128, "setmaxnreg: the block's pinned registers");
+  // z_owner: the gradient's owner holds 128 accumulators (160 measured without spills for its
+  // code), the value side D and dv_local for 128 columns (128 accumulators).
+  enum : int { kZoOwnerRegs = 168, kZoValueRegs = 232 };
+  static_assert(kLoaderRegs + kScoreRegs + kZoOwnerRegs + kZoValueRegs <= 4 * 128,
+                "setmaxnreg: the block's pinned registers");
 
   typedef unsigned long long mbar_t;
   using Carry = ReverseCarry<Cfg>;
@@ -91,6 +120,11 @@ struct StateWalkBwdSm90 {
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
     mbar_t* const wtile = pempty + kPTiles;    // kFusesW: [0] wfull (128: the scores), [1] wempty (256: the walks)
+    // z_owner: [0] zfull (128: the owner, bf16(Z) staged), [1] zempty (128: the value side, D read
+    // it), [2] dvfull (128: the value side, dV' staged), [3] dvempty (128: the owner, its update read it).
+    mbar_t* const ztile = wtile + 2;
+    // A tile's readers: both walks, or (z_owner) one warpgroup.
+    constexpr int kReaders = kZo ? 128 : 256;
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         pipe::mbar_init(full + s, 129);
@@ -98,16 +132,28 @@ struct StateWalkBwdSm90 {
       }
       for (int b = 0; b < kPTiles; ++b) {
         pipe::mbar_init(pfull + b, 128);
-        pipe::mbar_init(pempty + b, 256);
+        pipe::mbar_init(pempty + b, kReaders);
       }
       if (kFusesW) {
         pipe::mbar_init(wtile, 128);
-        pipe::mbar_init(wtile + 1, 256);
+        pipe::mbar_init(wtile + 1, kReaders);
       }
+      if (kZo)
+        for (int b = 0; b < 4; ++b) pipe::mbar_init(ztile + b, 128);
       pipe::fence_mbar_init();
     }
     __syncthreads();
     const int role = threadIdx.x / 128;
+    if constexpr (kZo) {
+      if (role == 2) {
+        pipe::setmaxnreg_inc<kZoValueRegs>();
+        return value_side(p, maps, range, smem, full, empty, pfull, pempty, ztile);
+      }
+      if (role == 3) {
+        pipe::setmaxnreg_inc<kZoOwnerRegs>();
+        return z_owner(p, maps, range, smem, full, empty, wtile, ztile);
+      }
+    }
     if (role == 0) {
       pipe::setmaxnreg_dec<kLoaderRegs>();
       loader(p, maps, range, smem, full, empty);
@@ -206,7 +252,7 @@ struct StateWalkBwdSm90 {
     int next_len = nc > 0 ? p.chunks[c_last].len : 0;
 #pragma unroll 1
     for (int u = 0; u < nc; ++u) {
-      const int b = u & 1;
+      const int b = kPTiles == 1 ? 0 : u & 1;
       const int len = next_len;  // read one chunk ahead: its latency is off the loop
       if (u + 1 < nc) next_len = p.chunks[c_last - u - 1].len;
       const u32 p_addr = wg::smem_u32(smem + kOffP + b * C * C * 2);
@@ -232,7 +278,8 @@ struct StateWalkBwdSm90 {
       }
       wg::wait<0>();
       wg::fence_acc(P);
-      if (u >= kPTiles) pipe::mbar_wait(pempty + b, ((u >> 1) - 1) & 1);
+      // Tile b's previous scores (chunk u - kPTiles) have been read.
+      if (u >= kPTiles) pipe::mbar_wait(pempty + b, (kPTiles == 1 ? u - 1 : (u >> 1) - 1) & 1);
 #pragma unroll
       for (int i = 0; i < C / 8; ++i) {
         const int col = i * 8 + tq;
@@ -272,6 +319,9 @@ struct StateWalkBwdSm90 {
   /// 32-column quarters of fp32 accumulators (16 beside the 16 A registers fit the warpgroup's 80)
   /// rounded to bf16 pairs. Tm is zero above the diagonal and in rows past the length
   /// (chunk_solve's store, the loader's zero fill), so W's rows there are zero.
+  /// z_owner: W is stored negated (flipping a bf16's sign is exact), so the owner's update takes
+  /// dV' as staged for dv_new: (-dV')^T W and dV'^T (-W) are the same products, the same bits.
+  enum : u32 { kWSign = kZo ? 0x80008000u : 0u };
   __device__ __forceinline__ static void form_w(unsigned char* smem, int s, int len, int warp, int lane) {
     const u32 t_addr = wg::smem_u32(tile(smem, s, kOffT)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
     const u32 sg = wg::smem_u32(smem + s * kStage + kOffG), sb = wg::smem_u32(smem + s * kStage + kOffB);
@@ -314,7 +364,7 @@ struct StateWalkBwdSm90 {
 #pragma unroll
         for (int h = 0; h < 2; ++h)
           wg::sts_u32(w_addr + sw128::offset(h ? r_hi : r_lo, 32 * quarter + 8 * i + tq, C),
-                      pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]));
+                      pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]) ^ kWSign);
     }
   }
 
@@ -325,6 +375,263 @@ struct StateWalkBwdSm90 {
     a[1] = pack(acc[8 * ks + 2], acc[8 * ks + 3]);
     a[2] = pack(acc[8 * ks + 4], acc[8 * ks + 5]);
     a[3] = pack(acc[8 * ks + 6], acc[8 * ks + 7]);
+  }
+
+  /// z_owner, warpgroup 2: for the 128 columns D^T = bf16(Z)^T K^T and dv_local^T = dO^T P~ (two
+  /// m64 halves each, the walk's products), dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) into the
+  /// dV' tile as [t][v] rows (dv_new, and the owner's operand), stored by TMA (a whole chunk) or by
+  /// rows (a chunk cut short).
+  __device__ __forceinline__ static void value_side(const StateWalkBwdParams& p, const TensorMaps& maps,
+                                                    const SegmentWalk<Cfg>& range, unsigned char* smem, mbar_t* full,
+                                                    mbar_t* empty, mbar_t* pfull, mbar_t* pempty, mbar_t* ztile) {
+    const int ctid = threadIdx.x - 256, warp = ctid >> 5, lane = ctid & 31;
+    const int j = walk_head<Cfg>();
+    const int c_last = range.end - 1, nc = range.end - range.begin;
+    const int tq = (lane & 3) * 2, m_lane = lane >> 3;
+    const u32 zb = wg::smem_u32(smem + kOffZb), dv_addr = wg::smem_u32(smem + kOffDvTile);
+    const u32 p_addr = wg::smem_u32(smem + kOffP), vec0 = wg::smem_u32(smem + kOffVec);
+    const int c8 = 16 * warp + 8 * (lane & 1);  // the 16-byte piece a lane stores, per row and half
+    constexpr int kBar = 1;                     // this warpgroup's named barrier
+    int s = 0, phase = 0;
+    ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
+#pragma unroll 1
+    for (int u = 0; u < nc; ++u) {
+      const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the chain
+      if (u + 1 < nc) next = p.chunks[c_last - u - 1];
+      const int len = ci.len;
+      const long long t0 = ci.start;
+      const u32 vec = vec0 + (u & 1) * C * 4;
+      const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
+      const u32 k_addr = wg::smem_u32(tile(smem, s, kOffK)), o_addr = wg::smem_u32(tile(smem, s, kOffO));
+      pipe::mbar_wait(full + s, phase);
+      if (ctid < C) {  // exp2(gcL - gc_t), once per token
+        const float gl = wg::lds_f32(sg + 4 * (len - 1));
+        wg::sts_f32(vec + 4 * ctid, gate_exp2(gl - wg::lds_f32(sg + 4 * ctid), true));
+      }
+      wg::fence_smem_for_async();  // the cp.async writes (short chunks) are read by wgmma
+      pipe::named_sync(kBar, 128);
+      float D0[32], D1[32], L0[32], L1[32];
+      pipe::mbar_wait(ztile, u & 1);  // zfull: bf16(Z) is staged
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks)
+        wg::mma_m64n64k16<1, 0>(D0, wg::desc_mn_major(zb, K, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
+#pragma unroll
+      for (int ks = 0; ks < K / 16; ++ks)
+        wg::mma_m64n64k16<1, 0>(D1, wg::desc_mn_major(zb + K * 128, K, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
+      wg::commit();
+      pipe::mbar_wait(pfull, u & 1);
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks)
+        wg::mma_m64n64k16<1, 1>(L0, wg::desc_mn_major(o_addr, C, ks), wg::desc_mn_major(p_addr, C, ks), ks > 0);
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks)
+        wg::mma_m64n64k16<1, 1>(L1, wg::desc_mn_major(o_addr + C * 128, C, ks), wg::desc_mn_major(p_addr, C, ks),
+                                ks > 0);
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_acc(D0);
+      wg::fence_acc(D1);
+      wg::fence_acc(L0);
+      wg::fence_acc(L1);
+      pipe::mbar_arrive(ztile + 1);  // zempty
+      pipe::mbar_arrive(pempty);
+      // The dV' tile is free once the owner's update of the chunk before and its store have read it.
+      if (u > 0) {
+        if (ctid == 0) pipe::bulk_wait_read<0>();
+        pipe::mbar_wait(ztile + 3, (u - 1) & 1);  // dvempty
+        pipe::named_sync(kBar, 128);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float* D = half ? D1 : D0;
+        const float* Lc = half ? L1 : L0;
+#pragma unroll
+        for (int ks = 0; ks < C / 16; ++ks) {
+          u32 d4[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int t = 16 * ks + 8 * (q >> 1) + tq;
+            const int at = 8 * ks + 2 * q;
+            const float2 e = wg::lds_f32x2(vec + 4 * t);
+            const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
+            const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
+            d4[q] = pack(y0, y1);
+          }
+          const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = 64 * half + 16 * warp + 8 * (m_lane & 1);
+          wg::stsm_x4_trans(dv_addr + sw128::offset(r, v, C), d4);
+        }
+      }
+      wg::fence_smem_for_async();
+      pipe::mbar_arrive(ztile + 2);  // dvfull
+      if (len == C) {
+        pipe::named_sync(kBar, 128);
+        if (ctid == 0) {
+#pragma unroll
+          for (int half = 0; half < 2; ++half)
+            pipe::tma_store_2d(&maps.map[kMapDv], j * V + 64 * half, static_cast<int>(t0), dv_addr + half * C * 128);
+          pipe::bulk_commit();
+        }
+      } else {  // each warp stores the rows below the length from its own columns
+        __syncwarp();
+        bf16_t* const dst = p.dv_new + (t0 * HV + j) * V;
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll 2
+          for (int r = lane >> 1; r < C; r += 16)
+            if (r < len)
+              bwd::st_global_v4(dst + (long long)r * HV * V + 64 * half + c8,
+                                wg::lds_v4(dv_addr + sw128::offset(r, 64 * half + c8, C)));
+      }
+      pipe::mbar_arrive(empty + s);  // K and dO were read (wait<0> above)
+      if (++s == kStages) s = 0, phase ^= 1;
+    }
+    if (ctid == 0) pipe::bulk_wait<0>();  // the stores are complete before the block's shared memory goes
+  }
+
+  /// z_owner, warpgroup 3: Z^T (128 x 128 fp32, the two m64 halves of its rows) from dht, per chunk
+  /// bf16(Z) staged as [k][v] rows (the dh tape, D's operand), dOs = scale exp2(min(gc_t, 0)) dO_t
+  /// split into hi and lo tiles, and the update Z^T = exp2(gcL) Z^T + (dOs hi)^T Q + (dOs lo)^T Q
+  /// + dV'^T (-W) from shared memory, in the walk's order; dh0 at the end.
+  __device__ __forceinline__ static void z_owner(const StateWalkBwdParams& p, const TensorMaps& maps,
+                                                 const SegmentWalk<Cfg>& range, unsigned char* smem, mbar_t* full,
+                                                 mbar_t* empty, mbar_t* wtile, mbar_t* ztile) {
+    const int ctid = threadIdx.x - 384, warp = ctid >> 5, lane = ctid & 31;
+    const int j = walk_head<Cfg>(), n = range.n;
+    const int c_last = range.end - 1, nc = range.end - range.begin;
+    const int tq = (lane & 3) * 2, m_lane = lane >> 3;
+    const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;
+    const u32 zb = wg::smem_u32(smem + kOffZb), dv_addr = wg::smem_u32(smem + kOffDvTile);
+    const u32 hi_addr = wg::smem_u32(smem + kOffHi), lo_addr = wg::smem_u32(smem + kOffLo);
+    const u32 w_addr = wg::smem_u32(smem + kOffWTile), vec0 = wg::smem_u32(smem + kOffVec) + 2 * C * 4;
+    constexpr int kBar = 2;  // this warpgroup's named barrier
+    const float scale = p.scale;
+
+    // Z^T, half h: element (v, k) at Zh[4 i + 2 hh + e], v = 64 h + (hh ? v_hi : v_lo), k = 8 i + tq + e.
+    float Z0[64], Z1[64];
+    auto for_state = [&](long long base, auto&& f) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int i = 0; i < K / 8; ++i)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              f((half ? Z1 : Z0)[4 * i + 2 * hh + e],
+                base + (long long)(8 * i + tq + e) * V + 64 * half + (hh ? v_hi : v_lo));
+    };
+    if (Cfg::HAS_HT && p.dht != nullptr) {
+      for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { x = p.dht[at]; });
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) Z0[i] = Z1[i] = 0.f;
+    }
+
+    int s = 0, phase = 0;
+    ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
+#pragma unroll 1
+    for (int u = 0; u < nc; ++u) {
+      const int c = c_last - u;
+      const ChunkInfo ci = next;
+      if (u + 1 < nc) next = p.chunks[c - 1];
+      const int len = ci.len;
+      const u32 vec = vec0 + (u & 1) * C * 4;
+      const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
+      const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), o_addr = wg::smem_u32(tile(smem, s, kOffO));
+
+      // bf16(Z^T) as [k][v] rows once the value side's D of the chunk before and its dh store read
+      // the tile; then the dh tape by TMA (two K x 64 boxes).
+      if (u > 0) {
+        if (ctid == 0) pipe::bulk_wait_read<0>();
+        pipe::mbar_wait(ztile + 1, (u - 1) & 1);  // zempty
+        pipe::named_sync(kBar, 128);
+      }
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int ks = 0; ks < K / 16; ++ks) {
+          u32 zf[4];
+          to_a(zf, half ? Z1 : Z0, ks);
+          const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = 64 * half + 16 * warp + 8 * (m_lane & 1);
+          wg::stsm_x4_trans(zb + sw128::offset(r, v, K), zf);
+        }
+      wg::fence_smem_for_async();
+      pipe::mbar_arrive(ztile);  // zfull
+      pipe::named_sync(kBar, 128);
+      if (ctid == 0) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          pipe::tma_store_2d(&maps.map[kMapDh], 64 * half, (c * HV + j) * K, zb + half * K * 128);
+        pipe::bulk_commit();
+      }
+
+      pipe::mbar_wait(full + s, phase);
+      const float gl = wg::lds_f32(sg + 4 * (len - 1));
+      if (ctid < C) wg::sts_f32(vec + 4 * ctid, scale * exp2f(fminf(wg::lds_f32(sg + 4 * ctid), 0.f)));
+      pipe::named_sync(kBar, 128);
+      // dOs in hi and lo at dO's positions: a 16-byte piece at byte x of the tile holds 8 columns of
+      // row (x mod 64-column block) / 128 (the swizzle moves pieces within their row). The owner's
+      // own update of the chunk before read these tiles (its wait<0>).
+#pragma unroll 2
+      for (int i = 0; i < C * V * 2 / 16 / 128; ++i) {
+        const u32 x = static_cast<u32>(i * 128 + ctid) * 16u;
+        const int t = static_cast<int>((x % static_cast<u32>(C * 128)) >> 7);
+        const float f = wg::lds_f32(vec + 4 * t);
+        const uint4 o = wg::lds_v4(o_addr + x);
+        const u32 ow[4] = {o.x, o.y, o.z, o.w};
+        u32 hw[4], lw[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          bf16_t h0, l0, h1, l1;
+          split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] & 0xffffu)), h0, l0);
+          split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] >> 16)), h1, l1);
+          hw[e] = pack_bf16x2(h0, h1);
+          lw[e] = pack_bf16x2(l0, l1);
+        }
+        wg::sts_v4(hi_addr + x, make_uint4(hw[0], hw[1], hw[2], hw[3]));
+        wg::sts_v4(lo_addr + x, make_uint4(lw[0], lw[1], lw[2], lw[3]));
+      }
+      wg::fence_smem_for_async();
+      pipe::named_sync(kBar, 128);
+      const float decay = gate_exp2(gl, true);
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        Z0[i] *= decay;
+        Z1[i] *= decay;
+      }
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(hi_addr, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(hi_addr + C * 128, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
+      }
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(lo_addr, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(lo_addr + C * 128, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
+      }
+      wg::commit();
+      pipe::mbar_wait(ztile + 2, u & 1);  // dvfull
+      pipe::mbar_wait(wtile, u & 1);      // wfull: -W of this chunk
+      wg::fence();
+#pragma unroll
+      for (int ks = 0; ks < C / 16; ++ks) {
+        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(dv_addr, C, ks), wg::desc_mn_major(w_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(dv_addr + C * 128, C, ks), wg::desc_mn_major(w_addr, C, ks), 1);
+      }
+      wg::commit();
+      wg::wait<0>();
+      wg::fence_acc(Z0);
+      wg::fence_acc(Z1);
+      pipe::mbar_arrive(ztile + 3);  // dvempty
+      pipe::mbar_arrive(wtile + 1);  // wempty
+      pipe::mbar_arrive(empty + s);  // Q and dO were read
+      if (++s == kStages) s = 0, phase ^= 1;
+    }
+    if (ctid == 0) pipe::bulk_wait<0>();
+    if (Cfg::HAS_H0 && p.dh0 != nullptr && range.seg == 0)
+      for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { p.dh0[at] = x; });
   }
 
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).
