@@ -159,8 +159,8 @@ struct WalkBwdFusedSm90Layout {
     kOffW = kOffDv + kTok,  ///< -W (the owner's update), then dW, then dk's staging
     kOffLo = kOffW + kTok,  ///< dOs lo, then Y hi + lo, then E hi + lo
     kTileBytes = kOffLo + kTok,
-    kOffVectors = kTileBytes,  ///< gc, beta and the row terms of dgam and dbeta (fp32)
-    kVectorBytes = 12 * 64 * 4,
+    kOffVectors = kTileBytes,            ///< gc, beta and the row terms of dgam and dbeta (fp32)
+    kVectorBytes = (2 * 64 + 1156) * 4,  ///< gc, beta, and chunk_bwd's sm_90a scalars (kScalarFloats)
     kOffBars = kOffVectors + kVectorBytes,
     kBarriers = 32,
     kSmemBytes = kOffBars + kBarriers * 8 + 1024  ///< and the alignment slack of the dynamic base
