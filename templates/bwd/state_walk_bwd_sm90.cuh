@@ -24,6 +24,15 @@
  * Each k loop keeps the portable programs' order and each element its rounding: the block gives
  * the bits of dv_local followed by state_walk_bwd (gpu_determinism holds it to them), and the
  * layer's dv_local program does nothing on sm_90a when this body runs (Cfg::WALK_FUSES_DV there).
+ *
+ * Cfg::WALK_Z_OWNER (walk_bwd_layout "z_owner", the fused backward's roles: docs/
+ * design_fused_bwd_sm90.md 3.7) shares the work out differently with the same products and
+ * roundings, so the same bits: warpgroup 3 owns all of Z^T (two m64 halves, 128 registers), stages
+ * bf16(Z) and the dh tape, builds dOs hi and lo as tiles and runs the update from shared memory
+ * (W stored negated by the scores, so dV' is read as staged); warpgroup 2 computes D, dv_local and
+ * dV' for the 128 columns and stores dv_new; one P tile. The single tiles pass between the roles on
+ * mbarriers that complete once per chunk (zfull / zempty, dvfull / dvempty, wfull / wempty,
+ * pfull / pempty).
  */
 #pragma once
 
