@@ -136,43 +136,6 @@ static_assert(StateWalkBwdSm90Layout::zo_smem_bytes(128, 64) <= 232448,
 static_assert(StateWalkBwdSm90Layout::fw_smem_bytes(128, 64) <= StateWalkBwdSm90Layout::smem_bytes(128, 64),
               "W in the walk must fit the block's shared memory");
 
-/// The fused reverse walk's slots (docs/design_fused_bwd_sm90.md 3.9; K = V = 128, chunk 64, the
-/// first version: V' loaded, qn and kn), each a 1024-aligned SW128 tile, single-buffered and
-/// refilled once its last reader of the chunk has arrived. A slot holds one tensor at a time, in
-/// the order the comment gives. Enumerators only (no data members: see the z_owner note in
-/// state_walk_bwd_sm90.cuh). Not used by a program yet.
-struct WalkBwdFusedSm90Layout {
-  enum : int {
-    kTok = 64 * 128 * 2,    ///< a 64 x 128 bf16 tile
-    kSq = 128 * 128 * 2,    ///< a 128 x 128 bf16 tile
-    kCC = 64 * 64 * 2,      ///< a 64 x 64 bf16 tile
-    kOffQ = 0,              ///< qn
-    kOffK = kOffQ + kTok,   ///< kn
-    kOffV = kOffK + kTok,   ///< v
-    kOffO = kOffV + kTok,   ///< dO, then dOs hi (the owner's update), then dq's staging
-    kOffVn = kOffO + kTok,  ///< V' (v_new), then dv's staging
-    kOffS = kOffVn + kTok,  ///< the h tape's S (128 x 128)
-    kOffT = kOffS + kSq,    ///< Tm
-    kOffZb = kOffT + kCC,   ///< bf16(Z), the owner's (read by D, dKst and <S, Zb>)
-    kOffP = kOffZb + kSq,   ///< P~, then dS~
-    kOffDv = kOffP + kCC,   ///< dV'
-    kOffW = kOffDv + kTok,  ///< -W (the owner's update), then dW, then dk's staging
-    kOffLo = kOffW + kTok,  ///< dOs lo, then Y hi + lo, then E hi + lo
-    kTileBytes = kOffLo + kTok,
-    kOffVectors = kTileBytes,            ///< gc, beta and the row terms of dgam and dbeta (fp32)
-    kVectorBytes = (2 * 64 + 1156) * 4,  ///< gc, beta, and chunk_bwd's sm_90a scalars (kScalarFloats)
-    kOffBars = kOffVectors + kVectorBytes,
-    kBarriers = 32,
-    kSmemBytes = kOffBars + kBarriers * 8 + 1024  ///< and the alignment slack of the dynamic base
-  };
-  static_assert(kTileBytes == 208 * 1024, "3.9's slots: 208 KB of tiles");
-  static_assert(kOffS % 1024 == 0 && kOffT % 1024 == 0 && kOffZb % 1024 == 0 && kOffP % 1024 == 0 &&
-                    kOffDv % 1024 == 0 && kOffW % 1024 == 0 && kOffLo % 1024 == 0,
-                "SW128 tiles start 1024-byte aligned");
-};
-static_assert(WalkBwdFusedSm90Layout::kSmemBytes <= 232448,
-              "the fused reverse walk's slots must fit an sm_90a block's shared memory");
-
 constexpr int StateWalkBwdGeometry::smem_bytes_bv(int K, int chunk, int bvw) {
   return bvw == 128 && portable_smem_bytes_bv(K, chunk, bvw) < StateWalkBwdSm90Layout::smem_bytes(K, chunk)
              ? StateWalkBwdSm90Layout::smem_bytes(K, chunk)

@@ -386,9 +386,8 @@ struct StateWalkBwdSm90 {
     a[3] = pack(acc[8 * ks + 6], acc[8 * ks + 7]);
   }
 
-  /// The z_owner roles take the block's column 0: BV == V (asserted above), so the grid has one
-  /// column of blocks.
-  /// z_owner, warpgroup 2: for the 128 columns D^T = bf16(Z)^T K^T and dv_local^T = dO^T P~ (two
+  /// z_owner, warpgroup 2 (like the owner, at the block's column 0: BV == V, asserted above): for
+  /// the 128 columns D^T = bf16(Z)^T K^T and dv_local^T = dO^T P~ (two
   /// m64 halves each, the walk's products), dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) into the
   /// dV' tile as [t][v] rows (dv_new, and the owner's operand), stored by TMA (a whole chunk) or by
   /// rows (a chunk cut short).
