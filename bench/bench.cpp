@@ -8,10 +8,10 @@
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
- * "walk", "chunk_prep"), walk-z-owner (walk_bwd_layout "z_owner"), seg1 .. seg32, seg-auto (cp.segments), programs,
- * fused (forward "programs" / "fused"), fused-seg-auto, fused-seg16 (and cp.segments "auto", 16), programs-walks32,
- * programs-walks64, programs-walks32-seg2 / -seg4 (the programs forward with both walks' slabs pinned), ranks2, ranks4
- * (cp.ranks: the single-GPU proxy), kcp2r0
+ * "walk", "chunk_prep"), walk-z-owner (walk_bwd_layout "z_owner"), walk-fused ("fused"), seg1 .. seg32, seg-auto
+ * (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto, fused-seg16 (and cp.segments "auto",
+ * 16), programs-walks32, programs-walks64, programs-walks32-seg2 / -seg4 (the programs forward with both walks' slabs
+ * pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
  * .. kcp4r3 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather,
  * whose records stay as the last call left them), nondet (determinism "nondeterministic"), verified,
  * verified-seg11, verified-seg16 (cp.carry "verified")
@@ -451,6 +451,7 @@ struct ArmKind {
   bool verified = false;                  ///< the spec's cp.carry "verified"
   bool recompute_output = false;          ///< ckpt's recompute with the output needed
   bool walk_z_owner = false;              ///< the spec's walk_bwd_layout "z_owner"
+  bool walk_fused = false;                ///< the spec's walk_bwd_layout "fused"
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -462,6 +463,9 @@ const std::map<std::string, ArmKind> kArms = {
     {"graph", {true, true, false}},
     // the reverse walk in the fused backward's roles (one segment, W from the walk)
     {"walk-z-owner", {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, true}},
+    // the reverse walk with chunk_bwd's body (one segment, W from the walk)
+    {"walk-fused",
+     {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, false, true}},
     {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}},
@@ -537,6 +541,7 @@ Spec arm_spec(Spec s, const std::string& name) {
   if (k.nondeterministic) s.determinism = Determinism::nondeterministic;
   if (k.verified) s.cp_carry = SegmentCarry::verified;
   if (k.walk_z_owner) s.walk_bwd_layout = WalkBwdLayout::z_owner;
+  if (k.walk_fused) s.walk_bwd_layout = WalkBwdLayout::fused;
   if (k.ranks != 0) {
     s.cp_ranks = k.ranks;
     s.cp_segments = 1;  // the ranks' pieces are the segments
@@ -732,7 +737,8 @@ int main(int argc, char** argv) {
          "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the "
          "single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
-         "(backward_w \"walk\", \"chunk_prep\"), walk-z-owner (walk_bwd_layout \"z_owner\"), nondet (determinism "
+         "(backward_w \"walk\", \"chunk_prep\"), walk-z-owner (walk_bwd_layout \"z_owner\"), walk-fused (\"fused\"), "
+         "nondet (determinism "
          "\"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "
          "(the verified carry on the programs forward and the 64-wide backward walk, for F1), verified-fused-seg4, "

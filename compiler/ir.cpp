@@ -269,11 +269,13 @@ LayerIR lower(const Spec& spec_in) {
   // walk_bwd_layout "z_owner" (the fused backward's roles in the reverse walk's sm_90a body) is
   // built for the unsegmented walk that forms W: its other walks (speculate, verify) keep the split.
   const bool walk_z_owner = s.walk_bwd_layout == WalkBwdLayout::z_owner;
-  if (walk_z_owner && !(walk_fuses_w && s.cp_segments == 1 && s.cp_ranks == 1))
-    throw SpecError("/walk_bwd_layout",
-                    fmt::format("\"z_owner\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
-                                "here {}), one segment and one rank (cp.segments {}, cp.ranks {})",
-                                to_string(ir.spec.backward_w), s.cp_segments, s.cp_ranks));
+  const bool walk_fused = s.walk_bwd_layout == WalkBwdLayout::fused;
+  if ((walk_z_owner || walk_fused) && !(walk_fuses_w && s.cp_segments == 1 && s.cp_ranks == 1))
+    throw SpecError(
+        "/walk_bwd_layout",
+        fmt::format("\"{}\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
+                    "here {}), one segment and one rank (cp.segments {}, cp.ranks {})",
+                    to_string(s.walk_bwd_layout), to_string(ir.spec.backward_w), s.cp_segments, s.cp_ranks));
   // With segments the forward's prescan reads chunk_prep's W and U on every target.
   if (walk_fuses_w && s.cp_segments == 1) ir.programs.back().idle_on.push_back(Target::sm_90a);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
@@ -481,6 +483,14 @@ LayerIR lower(const Spec& spec_in) {
       ir.programs.back().smem_bytes =
           std::max(ir.programs.back().smem_bytes, StateWalkBwdSm90Layout::zo_smem_bytes(K, C));
     }
+    const bool fused_walk = walk_fused && name == "state_walk_bwd";
+    if (fused_walk) {
+      // Its source adds chunk_bwd's body to the walk's (the other layouts' sources stay as they are).
+      ir.programs.back().template_path = "bwd/walk_bwd_fused_sm90.cuh";
+      ir.programs.back().constants.emplace_back("WALK_FUSED", "true");
+      ir.programs.back().smem_bytes =
+          std::max(ir.programs.back().smem_bytes, StateWalkBwdSm90Layout::fu_smem_bytes(K, C));
+    }
     // Whole chunks arrive by TMA (StateWalkBwdSm90Layout's operand order); W's place holds Tm when
     // the walk forms W.
     using P = StateWalkBwdParams;
@@ -492,6 +502,17 @@ LayerIR lower(const Spec& spec_in) {
     maps.push_back({"d_o", offsetof(P, d_o), offsetof(P, T), int64_t{HV} * V});
     // The walks' stores of whole chunks: dh_tape[c] (K x 64 boxes, nt_max x HV x K rows of V) and
     // dv_new.
+    if (fused_walk) {
+      // The fused walk reads the h tape and V' where the others store dh and dV' (the same
+      // shapes), then chunk_bwd's V and its stores (WalkBwdFusedSm90's operand order).
+      maps.push_back({"h_tape", offsetof(P, h_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128});
+      maps.push_back({"v_new", offsetof(P, v_new), offsetof(P, T), int64_t{HV} * V});
+      maps.push_back({"v", offsetof(P, v), offsetof(P, T), int64_t{HV} * V});
+      maps.push_back({"dq_v", offsetof(P, dq_v), offsetof(P, T), int64_t{HV} * K});
+      maps.push_back({"dk_v", offsetof(P, dk_v), offsetof(P, T), int64_t{HV} * K});
+      maps.push_back({"dv", offsetof(P, dv), offsetof(P, T), int64_t{HV} * V});
+      return;
+    }
     maps.push_back({"dh_tape", offsetof(P, dh_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128});
     maps.push_back({"dv_new", offsetof(P, dv_new), offsetof(P, T), int64_t{HV} * V});
   };
@@ -525,6 +546,8 @@ LayerIR lower(const Spec& spec_in) {
       GridKind::chunk_heads);
   // The template uses wgmma where the target has it (sm_90a) unless the spec asks for mma.sync.
   ir.programs.back().constants.emplace_back("WGMMA", wgmma ? "true" : "false");
+  // walk_bwd_layout "fused": the reverse walk runs this body on sm_90a.
+  if (walk_fused) ir.programs.back().idle_on.push_back(Target::sm_90a);
   if (wgmma) {
     // Whole chunks arrive by TMA (ChunkBwdSm90's operand order), the state tapes as K x 64 boxes.
     using P = ChunkBwdParams;

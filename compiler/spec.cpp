@@ -30,7 +30,9 @@ std::string_view to_string(ReuseTapes v) {
 }
 std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
 std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ? "auto" : "mma_sync"; }
-std::string_view to_string(WalkBwdLayout v) { return v == WalkBwdLayout::z_owner ? "z_owner" : "split"; }
+std::string_view to_string(WalkBwdLayout v) {
+  return v == WalkBwdLayout::z_owner ? "z_owner" : v == WalkBwdLayout::fused ? "fused" : "split";
+}
 std::string_view to_string(BackwardW v) {
   switch (v) {
     case BackwardW::chunk_prep: return "chunk_prep";
@@ -317,7 +319,7 @@ Spec read_spec(const json& j) {
   r.choice("backward_w", s.backward_w,
            {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}, {"auto", BackwardW::automatic}});
   r.choice("walk_bwd_layout", s.walk_bwd_layout,
-           {{"split", WalkBwdLayout::split}, {"z_owner", WalkBwdLayout::z_owner}});
+           {{"split", WalkBwdLayout::split}, {"z_owner", WalkBwdLayout::z_owner}, {"fused", WalkBwdLayout::fused}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);

@@ -41,7 +41,9 @@ enum class BackwardW { chunk_prep, walk, automatic };
 /// of 64 columns, each with its half of the gradient and all of its products; "z_owner" = one
 /// warpgroup owns the whole gradient and its update from shared memory, another computes D,
 /// dv_local and dV' (the fused backward's roles, docs/design_fused_bwd_sm90.md 3.7). Same bits.
-enum class WalkBwdLayout { split, z_owner };
+/// "fused" = the z_owner roles with chunk_bwd's body added (3.9): one program walks the chunks in
+/// reverse and produces dq, dk, dv, dg and dbeta; chunk_bwd idles on sm_90a. Same bits.
+enum class WalkBwdLayout { split, z_owner, fused };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
 /// once and re-walked from its predecessor's end until the two agree bit for bit (a document's
@@ -116,8 +118,8 @@ struct Spec {
   /// "walk": the reverse walk's sm_90a body forms W from Tm (no chunk_prep re-run on sm_90a). Every
   /// program that forms W rounds it the walk's way, so the choice moves work, not bits.
   BackwardW backward_w = BackwardW::automatic;
-  /// "z_owner" (opt-in): the sm_90a reverse walk in the fused backward's roles; needs W from the
-  /// walk, one segment and one rank.
+  /// "z_owner" (opt-in): the sm_90a reverse walk in the fused backward's roles; "fused" (opt-in):
+  /// that walk with chunk_bwd's body. Both need W from the walk, one segment and one rank.
   WalkBwdLayout walk_bwd_layout = WalkBwdLayout::split;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;

@@ -631,6 +631,22 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     if (!verified) {
       bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
       walk_forms_w(b.last());
+      // walk_bwd_layout "fused": on sm_90a the walk is chunk_bwd too (which idles there), and takes
+      // its operands in the bytes of the fields it does not read (StateWalkBwdParams' unions).
+      if (ir.spec.walk_bwd_layout == WalkBwdLayout::fused) {
+        auto& l = b.last();
+        auto on_sm90a = [&](uint32_t offset, uint32_t size, ValueSource source) {
+          l.target_fields.push_back({Target::sm_90a, Field{offset, size, std::move(source)}});
+        };
+        on_sm90a(offsetof(P, v), sizeof(P::v), b.frame(F::v));
+        on_sm90a(offsetof(P, h_tape), sizeof(P::h_tape), b.slot("h_tape"));
+        on_sm90a(offsetof(P, v_new), sizeof(P::v_new), b.slot("v_new"));
+        on_sm90a(offsetof(P, dq_v), sizeof(P::dq_v), b.slot("dq_v"));
+        on_sm90a(offsetof(P, dk_v), sizeof(P::dk_v), b.slot("dk_v"));
+        on_sm90a(offsetof(P, dv), sizeof(P::dv), b.frame(F::dv));
+        on_sm90a(offsetof(P, dg), sizeof(P::dg), b.frame(F::dg));
+        on_sm90a(offsetof(P, dbeta), sizeof(P::dbeta), b.frame(F::dbeta));
+      }
     }
   }
   {

@@ -311,34 +311,60 @@ struct StateWalkBwdParams {
   };
   const float* gc;
   const bf16_t* d_o;
-  const bf16_t* dv_local;
+  // Cfg::WALK_FUSED (walk_bwd_layout "fused", sm_90a): the fused walk is chunk_bwd too, and its
+  // operands travel in the bytes of fields it has no use for (no ABI change for the other layouts).
+  union {
+    const bf16_t* dv_local;
+    const bf16_t* v;  ///< WALK_FUSED: [T, HV, V]
+  };
   const ChunkInfo* chunks;
   const int* doc_chunk_offset;
   int N;
   float scale;
   const float* dht;  ///< [N, HV, K, V] or null
   float* dh0;        ///< [N, HV, K, V] or null
-  bf16_t* dh_tape;   ///< [nt_max, HV, K, V]: gradient w.r.t. the state at the END of each chunk
-  bf16_t* dv_new;    ///< [T, HV, V]: full gradient w.r.t. v_new
+  union {
+    bf16_t* dh_tape;       ///< [nt_max, HV, K, V]: gradient w.r.t. the state at the END of each chunk
+    const bf16_t* h_tape;  ///< WALK_FUSED: the forward's state entering each chunk, same shape
+  };
+  union {
+    bf16_t* dv_new;       ///< [T, HV, V]: full gradient w.r.t. v_new
+    const bf16_t* v_new;  ///< WALK_FUSED: [T, HV, V]
+  };
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), grid position l = segment * N + n
   // as in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
-  float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
+  union {
+    float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
+    bf16_t* dq_v;    ///< WALK_FUSED: [T, HV, K] as ChunkBwdParams
+  };
   /// [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd; under the
   /// verified carry walk_bwd_speculate writes it too, through a cast)
-  const float* seg_dz;
+  union {
+    const float* seg_dz;
+    bf16_t* dk_v;  ///< WALK_FUSED: [T, HV, K]
+  };
   long long T;           ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
   long long nt_max;      ///< the chunks of dh_tape (its tensor map's extent)
   const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
   // The verified carry in reverse (cp.carry "verified", docs/algorithm.md 4.7; null otherwise): the
   // forward's buffers, free again by the backward.
-  float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]: walk_bwd_speculate's first gradients
+  union {
+    float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]: walk_bwd_speculate's first gradients
+    bf16_t* dv;       ///< WALK_FUSED: [T, HV, V]
+  };
   /// [N, HV]: nonzero where a document's chain did not verify (the merge runs for it):
   /// kChainOwnMaps or kChainSavedMaps.
-  int* seg_fail;
+  union {
+    int* seg_fail;
+    float* dg;  ///< WALK_FUSED: [T, HV] as ChunkBwdParams
+  };
   /// [N, HV] (saved): the forward's marks, nonzero where the forward's prescan walked the chain
   /// and saved its maps.
-  const int* fwd_fail;
+  union {
+    const int* fwd_fail;
+    float* dbeta;  ///< WALK_FUSED: [T, HV]
+  };
   const float* beta;  ///< Cfg::WALK_FUSES_W: [T, HV]
 };
 

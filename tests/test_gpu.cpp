@@ -2029,6 +2029,47 @@ TEST_SUITE("gpu_fused") {
     expect_call_forms_agree(zo, c, "zo_forms");  // repeats, full = light, ckpt (hand-off) = fwd+bwd
   }
 
+  // walk_bwd_layout "fused" (docs/design_fused_bwd_sm90.md 3.9): the reverse walk with chunk_bwd's
+  // body in one program (chunk_bwd idles). Every product keeps its operands, rounding and k order,
+  // and every epilogue its arithmetic, so every result has the programs path's bits (the split
+  // walk and chunk_bwd): M's and N's heads, tails, one-token, empty and cut documents, g = 0 and
+  // g = -20 with beta = 1, h0 and ht, and the call forms.
+  TEST_CASE("walk_bwd_layout fused: the programs path's bits, and fp64 bounds") {
+    for (const char* example : {"m", "n"}) {
+      CAPTURE(example);
+      Spec split = fused_of(example, "fu_split");
+      split.backward_w = BackwardW::walk;
+      split.walk_bwd_slab = 128;  // N's heads would take 32 (the sm_90a body needs 128)
+      split.cp_segments = 1;
+      Spec fu = split;
+      fu.name = "fu_fused";
+      fu.walk_bwd_layout = WalkBwdLayout::fused;
+      const auto a = make(split), b = make(fu);
+      for (const std::optional<double> gate :
+           {std::optional<double>{}, std::optional<double>{0.0}, std::optional<double>{-20.0}}) {
+        CAPTURE(gate.value_or(1.0));
+        check::Case c;
+        c.seed = 97 + static_cast<uint64_t>(gate.value_or(1.0) * 10);
+        c.doc_lens = {1, 63, 64, 65, 0, 700, 2000, 129};
+        c.gate_value = gate;
+        if (gate) c.beta_value = 1.0;
+        const check::Report want = check::run(*a, c);
+        const check::Report got = check::run(*b, c);
+        expect_within_bounds(got, "fused");
+        expect_same_bits(want.bytes, got, "fused vs programs");
+      }
+    }
+    check::Case c;
+    c.doc_lens = {1, 63, 64, 65, 3000, 700};
+    c.with_reference = false;
+    c.seed = 101;
+    c.repeats = 3;
+    Spec fu = fused_of("m", "fu_forms");
+    fu.backward_w = BackwardW::walk;
+    fu.walk_bwd_layout = WalkBwdLayout::fused;
+    expect_call_forms_agree(fu, c, "fu_forms");  // repeats, full = light, ckpt (hand-off) = fwd+bwd
+  }
+
   // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores
   // "mma_sync" runs the portable body. Every product keeps its k order and every element its
   // rounding, so o and ht must come out with the same bits (tails, empty and one-token documents).

@@ -66,7 +66,12 @@ __device__ __forceinline__ void load_sw_async(bf16_t* dst, const bf16_t* src, lo
 }  // namespace sm90
 
 template <class Cfg>
+struct WalkBwdFusedSm90;
+
+template <class Cfg>
 struct ChunkBwdSm90 {
+  // The fused backward (walk_bwd_layout "fused") runs this body's products and epilogues.
+  friend struct WalkBwdFusedSm90<Cfg>;
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV;
   static constexpr int kThreads = ChunkBwdGeometry::kThreads;
   static_assert(kThreads == 512, "ChunkBwdSm90: 4 warpgroups");

@@ -396,9 +396,16 @@ struct StateWalkBwdPick {
   using type = StateWalkBwdMmaSync<Cfg>;
 };
 #if GDN_HAS_WGMMA
+/// walk_bwd_layout "fused" picks the reverse walk with chunk_bwd's body: its program's source is
+/// walk_bwd_fused_sm90.cuh, which includes this file and specializes the pick for `true` (the
+/// other programs' sources, and so their machine code, do not include chunk_bwd's body).
+template <class Cfg, bool kFused = WalkFused<Cfg>::value != 0>
+struct StateWalkBwdSm90Pick {
+  using type = StateWalkBwdSm90<Cfg>;
+};
 template <class Cfg>
 struct StateWalkBwdPick<Cfg, true> {
-  using type = StateWalkBwdSm90<Cfg>;
+  using type = typename StateWalkBwdSm90Pick<Cfg>::type;
 };
 #endif
 /// Cfg::WGMMA where the program has it (state_walk_bwd always; its speculative and verify walks

@@ -55,6 +55,17 @@ struct WalkZOwner<Cfg, decltype((void)Cfg::WALK_Z_OWNER, 0)> {
   static constexpr bool value = Cfg::WALK_Z_OWNER;
 };
 
+/// Cfg::WALK_FUSED where the program has it (walk_bwd_layout "fused"), else 0. An enumerator, not
+/// a static member: the other programs' constant banks (and code digests) stay as they were.
+template <class Cfg, class = int>
+struct WalkFused {
+  enum : int { value = 0 };
+};
+template <class Cfg>
+struct WalkFused<Cfg, decltype((void)Cfg::WALK_FUSED, 0)> {
+  enum : int { value = Cfg::WALK_FUSED ? 1 : 0 };
+};
+
 template <class Cfg>
 struct StateWalkBwdSm90 {
   static_assert(Cfg::K == 128 && Cfg::V == 128 && Cfg::CHUNK == 64 && Cfg::BV == 128,
