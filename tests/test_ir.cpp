@@ -261,6 +261,31 @@ TEST_SUITE("ir") {
     CHECK_THROWS_WITH_AS(gdn::lower(bad), doctest::Contains("backward_w \"walk\""), gdn::SpecError);
   }
 
+  TEST_CASE("walk_bwd_layout \"fused\": the walk takes chunk_bwd's body, which idles on sm_90a only") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto split = gdn::lower(spec);
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::fused;
+    const auto fu = gdn::lower(spec);
+    const gdn::Program& walk = fu.program("state_walk_bwd");
+    CHECK(constant_of(walk, "WALK_FUSED") == "true");
+    CHECK(constant_of(walk, "WALK_Z_OWNER") == "(absent)");
+    CHECK(walk.template_path == "bwd/walk_bwd_fused_sm90.cuh");
+    CHECK(split.program("state_walk_bwd").template_path == "bwd/state_walk_bwd.cuh");
+    CHECK(walk.smem_bytes == gdn::StateWalkBwdSm90Layout::fu_smem_bytes(128, 64));
+    CHECK(walk.smem_bytes <= 227 * 1024);
+    // The walk's loads (k, q, tm, d_o, the h tape, v_new, v) and chunk_bwd's stores (dq_v, dk_v, dv).
+    REQUIRE(walk.tensor_maps.size() == 10);
+    CHECK(walk.tensor_maps[4].name == "h_tape");
+    CHECK(walk.tensor_maps[9].name == "dv");
+    CHECK(fu.program("chunk_bwd").idle_for(gdn::Target::sm_90a));
+    CHECK_FALSE(fu.program("chunk_bwd").idle_for(gdn::Target::sm_100a));
+    CHECK_FALSE(split.program("chunk_bwd").idle_for(gdn::Target::sm_90a));
+    CHECK(gdn::to_json(fu.spec)["walk_bwd_layout"] == "fused");
+    gdn::Spec bad = spec;
+    bad.cp_segments = 4;
+    CHECK_THROWS_WITH_AS(gdn::lower(bad), doctest::Contains("\"fused\" needs"), gdn::SpecError);
+  }
+
   TEST_CASE("backward_w \"walk\": the reverse walk's sm_90a body forms W, chunk_prep idles on sm_90a") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     spec.backward_w = gdn::BackwardW::chunk_prep;

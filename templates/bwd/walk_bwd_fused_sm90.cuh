@@ -133,8 +133,7 @@ struct WalkBwdFusedSm90 {
       pipe::mbar_init(bars + bEmpty + gO, 128);   // A (dq's store read the slot)
       pipe::mbar_init(bars + bEmpty + gVn, 128);  // X (dv's store read the slot)
       pipe::mbar_init(bars + bEmpty + gS, 256);   // A, Z
-      for (int b = bZFull; b < kBarriers; ++b)
-        pipe::mbar_init(bars + b, (b == bDvEmpty || b == bORead) ? 256 : 128);
+      for (int b = bZFull; b < kBarriers; ++b) pipe::mbar_init(bars + b, (b == bDvEmpty || b == bORead) ? 256 : 128);
       pipe::fence_mbar_init();
     }
     __syncthreads();
@@ -198,16 +197,12 @@ struct WalkBwdFusedSm90 {
       load_group(
           bars, gVn, u, whole, kTok, tid,
           [&](mbar_t* b) { pipe::tma_load_tile<C, V>(at(kOffVn), &maps.map[kMapVn], j * V, row, b); },
-          [&] {
-            wg::load_tile_sw128<C, V>(at(kOffVn), p.v_new + hv_row * V, (long long)HV * V, len, tid, copy16);
-          });
+          [&] { wg::load_tile_sw128<C, V>(at(kOffVn), p.v_new + hv_row * V, (long long)HV * V, len, tid, copy16); });
       pipe::cp_async_arrive(bars + bFull + gVn);
       load_group(
           bars, gQ, u, whole, kTok, tid,
           [&](mbar_t* b) { pipe::tma_load_tile<C, K>(at(kOffQ), &maps.map[kMapQ], hq * K, row, b); },
-          [&] {
-            wg::load_tile_sw128<C, K>(at(kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
-          });
+          [&] { wg::load_tile_sw128<C, K>(at(kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16); });
       pipe::cp_async_arrive(bars + bFull + gQ);
       load_group(
           bars, gS, u, true, kSq, tid,
@@ -275,8 +270,7 @@ struct WalkBwdFusedSm90 {
         const int r = L.r[hh];
         if (r >= len) continue;
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
-          *reinterpret_cast<u32*>(rows + r * stride + 8 * i + L.tq) = pr[2 * i + hh];
+        for (int i = 0; i < 16; ++i) *reinterpret_cast<u32*>(rows + r * stride + 8 * i + L.tq) = pr[2 * i + hh];
       }
     }
   }
@@ -440,8 +434,7 @@ struct WalkBwdFusedSm90 {
       // The owner's update has read dOs hi (dO's slot), lo and -W: dq leaves from dO's slot.
       pipe::mbar_wait(bars + bZDone, ph);
       pipe::named_sync(kBar, 128);
-      stage_store(maps, kMapDq, j * K, t0, m, s0 + kOffO, dq, L, kBar, p.dq_v + (t0 * HV + j) * K,
-                  (long long)HV * K);
+      stage_store(maps, kMapDq, j * K, t0, m, s0 + kOffO, dq, L, kBar, p.dq_v + (t0 * HV + j) * K, (long long)HV * K);
 
       // dW = -dV' S^T into W (bf16), dV' V^T beside it; then dTm in hi + lo registers, Y.
       float T2[32];
@@ -468,8 +461,8 @@ struct WalkBwdFusedSm90 {
       CB::template issue<64, 0, 0>(T1, s0 + kOffW, C, s0 + kOffK, C, K / 16, false);
       wg::commit();
       CB::template wait<0>(T1, T2);
-      pipe::mbar_arrive(bars + bDvEmpty);      // dW and dV' V^T have read dV'
-      pipe::mbar_arrive(bars + bEmpty + gV);   // dV' V^T has read V
+      pipe::mbar_arrive(bars + bDvEmpty);     // dW and dV' V^T have read dV'
+      pipe::mbar_arrive(bars + bEmpty + gV);  // dV' V^T has read V
       u32 hi2[16], lo2[16];
 #pragma unroll
       for (int i = 0; i < 8; ++i)
@@ -504,7 +497,7 @@ struct WalkBwdFusedSm90 {
             yh[2 * i + hh] = pack_bf16x2(h0, h1);
             yl[2 * i + hh] = pack_bf16x2(l0, l1);
           }
-        // Lo held dOs lo, which the owner's update read (bZDone above).
+          // Lo held dOs lo, which the owner's update read (bZDone above).
 #pragma unroll
         for (int i = 0; i < 8; i += 2) {
           CB::stsm_pairs(s0 + kOffLo, i, L, yh[2 * i], yh[2 * i + 1], yh[2 * i + 2], yh[2 * i + 3]);
@@ -538,7 +531,7 @@ struct WalkBwdFusedSm90 {
       pipe::named_sync(kBar, 128);
       pipe::mbar_arrive(bars + bEFull);
       pipe::mbar_arrive(bars + bEmpty + gKT);  // K K^T, dW K^T and Tm^T Y were this warpgroup's last reads
-      {  // rowsum(E .* KK) -> dbeta and dgam, colsum(diag(b) E .* KK) -> dgam.
+      {                                        // rowsum(E .* KK) -> dbeta and dgam, colsum(diag(b) E .* KK) -> dgam.
         float rs[2] = {0.f, 0.f};
         float cs[16];
 #pragma unroll
@@ -582,8 +575,8 @@ struct WalkBwdFusedSm90 {
         if (r < m) {
           const float gg = g[r], bb = b[r], gmr = exp2f(fminf(gg, 0.f));
           gr = sc[CB::sGq + r];
-          gr += sc[CB::sAttR + r] - (((sc[CB::sAttC + r] + sc[CB::sAttC + 64 + r]) + sc[CB::sAttC + 128 + r]) +
-                                     sc[CB::sAttC + 192 + r]);
+          gr += sc[CB::sAttR + r] -
+                (((sc[CB::sAttC + r] + sc[CB::sAttC + 64 + r]) + sc[CB::sAttC + 128 + r]) + sc[CB::sAttC + 192 + r]);
           if (r == m - 1) {
             const float szs = ((sc[CB::sSz] + sc[CB::sSz + 1]) + sc[CB::sSz + 2]) + sc[CB::sSz + 3];
             gr += exp2f(fminf(g[m - 1], 0.f)) * szs + kst;
@@ -872,7 +865,7 @@ struct WalkBwdFusedSm90 {
           if ((L.ctid & 3) == 0) sc[CB::sR1 + L.r[hh]] = s;
         }
       }
-      pipe::mbar_arrive(bars + bXTerms);  // sDbv, sKst, sR1
+      pipe::mbar_arrive(bars + bXTerms);           // sDbv, sKst, sR1
       if (L.ctid == 0) pipe::bulk_wait_read<0>();  // dv's store has read V''s slot
       pipe::mbar_arrive(bars + bEmpty + gVn);
 
