@@ -8,7 +8,7 @@
  *        state_walk_bwd_sm90.cuh (z_owner layout) and chunk_bwd_sm90.cuh, and every epilogue its
  *        arithmetic, so the results are the programs path's bits.
  *
- * Warpgroups (setmaxnreg 32 / 168 / 152 / 160):
+ * Warpgroups (setmaxnreg 32 / 160 / 160 / 160: the value side and the algebra spill more at 152):
  *  - P, the producer: TMA loads of a chunk's tiles into single slots (cp.async with the rows past
  *    the length zero-filled for a chunk cut short), each group of slots refilled for the next
  *    chunk as soon as its last reader has arrived on the group's `empty` barrier.
@@ -24,8 +24,12 @@
  * The chain from chunk to chunk is bf16(Z) -> D -> dV' -> the update. Every mbarrier completes
  * once per chunk (a waiter of chunk u waits parity u & 1) and has ONE arriving warpgroup, or
  * several whose arrivals for chunk u + 1 all follow its completion for chunk u (the load groups'
- * `empty`, which each arriver reaches only after the group's next `full`): a barrier cannot take a
- * later chunk's arrival into an earlier phase, nor complete twice before a waiter looks.
+ * `empty`, which each arriver reaches only after the group's next `full`; bDvEmpty, whose arrivals
+ * follow bDvFull, which X arrives after waiting bDvEmpty; bORead, whose arrivals follow bPRead
+ * and the next dO, both after the owner's wait): a barrier cannot take a later chunk's arrival
+ * into an earlier phase, nor complete twice before a waiter looks. The owner reads the scalars
+ * of the K / Tm group without arriving on its `empty`: the two buffers by chunk parity cover it,
+ * since X's arrival for chunk u + 1 follows bZFull(u + 1), which the owner arrives after chunk u.
  */
 #pragma once
 
@@ -193,12 +197,8 @@ struct WalkBwdFusedSm90 {
       const int len = ci.len, row = static_cast<int>(t0);
       const bool whole = len == C;
       const long long hv_row = (t0 * HV + j);
-      // In the order the chunk before frees the slots.
-      load_group(
-          bars, gVn, u, whole, kTok, tid,
-          [&](mbar_t* b) { pipe::tma_load_tile<C, V>(at(kOffVn), &maps.map[kMapVn], j * V, row, b); },
-          [&] { wg::load_tile_sw128<C, V>(at(kOffVn), p.v_new + hv_row * V, (long long)HV * V, len, tid, copy16); });
-      pipe::cp_async_arrive(bars + bFull + gVn);
+      // In about the order the chunk before frees the slots (Q at the owner's update, S after dW, V
+      // after dV' V^T, V' after dv's store, dO after dq's store, K and Tm at its end).
       load_group(
           bars, gQ, u, whole, kTok, tid,
           [&](mbar_t* b) { pipe::tma_load_tile<C, K>(at(kOffQ), &maps.map[kMapQ], hq * K, row, b); },
@@ -216,6 +216,11 @@ struct WalkBwdFusedSm90 {
           [&](mbar_t* b) { pipe::tma_load_tile<C, V>(at(kOffV), &maps.map[kMapV], j * V, row, b); },
           [&] { wg::load_tile_sw128<C, V>(at(kOffV), p.v + hv_row * V, (long long)HV * V, len, tid, copy16); });
       pipe::cp_async_arrive(bars + bFull + gV);
+      load_group(
+          bars, gVn, u, whole, kTok, tid,
+          [&](mbar_t* b) { pipe::tma_load_tile<C, V>(at(kOffVn), &maps.map[kMapVn], j * V, row, b); },
+          [&] { wg::load_tile_sw128<C, V>(at(kOffVn), p.v_new + hv_row * V, (long long)HV * V, len, tid, copy16); });
+      pipe::cp_async_arrive(bars + bFull + gVn);
       load_group(
           bars, gO, u, whole, kTok, tid,
           [&](mbar_t* b) { pipe::tma_load_tile<C, V>(at(kOffO), &maps.map[kMapO], j * V, row, b); },
@@ -359,7 +364,7 @@ struct WalkBwdFusedSm90 {
         }
       }
       pipe::mbar_wait(bars + bPRead, ph);
-      pipe::named_sync(kBar, 128);  // every warp's P~ reads of the tile's old bytes: none (X's)
+      pipe::named_sync(kBar, 128);  // every warp's P~ stores before any warp's dS~ over the same bytes
 #pragma unroll
       for (int i = 0; i < 8; i += 2)
         CB::stsm_pairs(s0 + kOffP, i, L, ds[2 * i], ds[2 * i + 1], ds[2 * i + 2], ds[2 * i + 3]);
