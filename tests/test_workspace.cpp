@@ -146,6 +146,21 @@ TEST_SUITE("workspace") {
                 ++verified;
               }
     CHECK(verified == 96);
+    // walk_bwd_layout "z_owner" and "fused" (the fused walk binds chunk_bwd's buffers on sm_90a,
+    // where chunk_bwd idles): light and full saves, with and without the norm and the states.
+    int layouts = 0;
+    for (WalkBwdLayout layout : {WalkBwdLayout::z_owner, WalkBwdLayout::fused})
+      for (SaveMode save : {SaveMode::light, SaveMode::full})
+        for (Norm norm : {Norm::l2_in_kernel, Norm::none})
+          for (StateFlag h0 : {StateFlag::present, StateFlag::absent}) {
+            Spec s = variant("m", ForwardPath::fused, save, norm, h0, 1);
+            s.walk_bwd_layout = layout;
+            const LayerIR ir = lower(s);
+            for (const auto& c : all_conflicts(ir))
+              FAIL_CHECK(to_string(layout) << " " << to_string(save) << ": " << c);
+            ++layouts;
+          }
+    CHECK(layouts == 16);
   }
 
   TEST_CASE("the proof catches a buffer placed in bytes that are still live") {
