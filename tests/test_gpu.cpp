@@ -1988,86 +1988,59 @@ TEST_SUITE("gpu_fused") {
     expect_same_bits(light, check::run(*make(rerun), c), "backward_w walk: ckpt without the hand-off");
   }
 
-  // walk_bwd_layout "z_owner" (docs/design_fused_bwd_sm90.md 3.7): the reverse walk's sm_90a body
-  // with one warpgroup owning the whole gradient (its update from shared memory, W negated) and
-  // another computing D, dv_local and dV' for all 128 columns. Every product keeps its operands and
-  // k order, so every result has the split layout's bits: on M's and N's heads, tails, one-token,
-  // empty and cut documents, g = 0 and g = -20 with beta = 1, and in the call forms.
-  TEST_CASE("walk_bwd_layout z_owner: the split layout's bits, and fp64 bounds") {
+  // A layout of the sm_90a reverse walk against the split one with chunk_bwd (the programs path):
+  // every result's bits and the fp64 bounds on M's and N's heads, tails, one-token, empty and cut
+  // documents, g = 0 and g = -20 with beta = 1, then the call forms (repeats, full = light, ckpt
+  // with the hand-off = fwd+bwd).
+  void expect_layout_keeps_bits(WalkBwdLayout layout, const std::string& tag, uint64_t seed) {
     for (const char* example : {"m", "n"}) {
       CAPTURE(example);
-      Spec split = fused_of(example, "zo_split");
+      Spec split = fused_of(example, (tag + "_split").c_str());
       split.backward_w = BackwardW::walk;
       split.walk_bwd_slab = 128;  // N's heads would take 32 (the sm_90a body needs 128)
       split.cp_segments = 1;
-      Spec zo = split;
-      zo.name = "zo_owner";
-      zo.walk_bwd_layout = WalkBwdLayout::z_owner;
-      const auto a = make(split), b = make(zo);
+      Spec other = split;
+      other.name = tag + "_layout";
+      other.walk_bwd_layout = layout;
+      const auto a = make(split), b = make(other);
       for (const std::optional<double> gate :
            {std::optional<double>{}, std::optional<double>{0.0}, std::optional<double>{-20.0}}) {
         CAPTURE(gate.value_or(1.0));
         check::Case c;
-        c.seed = 83 + static_cast<uint64_t>(gate.value_or(1.0) * 10);
+        c.seed = seed + static_cast<uint64_t>(gate.value_or(1.0) * 10);
         c.doc_lens = {1, 63, 64, 65, 0, 700, 2000, 129};
         c.gate_value = gate;
         if (gate) c.beta_value = 1.0;
         const check::Report want = check::run(*a, c);
         const check::Report got = check::run(*b, c);
-        expect_within_bounds(got, "z_owner");
-        expect_same_bits(want.bytes, got, "z_owner vs split");
+        expect_within_bounds(got, tag);
+        expect_same_bits(want.bytes, got, tag + " vs the programs path");
       }
     }
     check::Case c;
     c.doc_lens = {1, 63, 64, 65, 3000, 700};
     c.with_reference = false;
-    c.seed = 89;
+    c.seed = seed + 6;
     c.repeats = 3;
-    Spec zo = fused_of("m", "zo_forms");
-    zo.backward_w = BackwardW::walk;
-    zo.walk_bwd_layout = WalkBwdLayout::z_owner;
-    expect_call_forms_agree(zo, c, "zo_forms");  // repeats, full = light, ckpt (hand-off) = fwd+bwd
+    Spec forms = fused_of("m", (tag + "_forms").c_str());
+    forms.backward_w = BackwardW::walk;
+    forms.walk_bwd_layout = layout;
+    expect_call_forms_agree(forms, c, tag + "_forms");
+  }
+
+  // walk_bwd_layout "z_owner" (docs/design_fused_bwd_sm90.md 3.7): the reverse walk's sm_90a body
+  // with one warpgroup owning the whole gradient (its update from shared memory, W negated) and
+  // another computing D, dv_local and dV' for all 128 columns. Every product keeps its operands and
+  // k order, so every result has the split layout's bits.
+  TEST_CASE("walk_bwd_layout z_owner: the split layout's bits, and fp64 bounds") {
+    expect_layout_keeps_bits(WalkBwdLayout::z_owner, "zo", 83);
   }
 
   // walk_bwd_layout "fused" (docs/design_fused_bwd_sm90.md 3.9): the reverse walk with chunk_bwd's
   // body in one program (chunk_bwd idles). Every product keeps its operands, rounding and k order,
-  // and every epilogue its arithmetic, so every result has the programs path's bits (the split
-  // walk and chunk_bwd): M's and N's heads, tails, one-token, empty and cut documents, g = 0 and
-  // g = -20 with beta = 1, h0 and ht, and the call forms.
+  // and every epilogue its arithmetic, so every result has the programs path's bits.
   TEST_CASE("walk_bwd_layout fused: the programs path's bits, and fp64 bounds") {
-    for (const char* example : {"m", "n"}) {
-      CAPTURE(example);
-      Spec split = fused_of(example, "fu_split");
-      split.backward_w = BackwardW::walk;
-      split.walk_bwd_slab = 128;  // N's heads would take 32 (the sm_90a body needs 128)
-      split.cp_segments = 1;
-      Spec fu = split;
-      fu.name = "fu_fused";
-      fu.walk_bwd_layout = WalkBwdLayout::fused;
-      const auto a = make(split), b = make(fu);
-      for (const std::optional<double> gate :
-           {std::optional<double>{}, std::optional<double>{0.0}, std::optional<double>{-20.0}}) {
-        CAPTURE(gate.value_or(1.0));
-        check::Case c;
-        c.seed = 97 + static_cast<uint64_t>(gate.value_or(1.0) * 10);
-        c.doc_lens = {1, 63, 64, 65, 0, 700, 2000, 129};
-        c.gate_value = gate;
-        if (gate) c.beta_value = 1.0;
-        const check::Report want = check::run(*a, c);
-        const check::Report got = check::run(*b, c);
-        expect_within_bounds(got, "fused");
-        expect_same_bits(want.bytes, got, "fused vs programs");
-      }
-    }
-    check::Case c;
-    c.doc_lens = {1, 63, 64, 65, 3000, 700};
-    c.with_reference = false;
-    c.seed = 101;
-    c.repeats = 3;
-    Spec fu = fused_of("m", "fu_forms");
-    fu.backward_w = BackwardW::walk;
-    fu.walk_bwd_layout = WalkBwdLayout::fused;
-    expect_call_forms_agree(fu, c, "fu_forms");  // repeats, full = light, ckpt (hand-off) = fwd+bwd
+    expect_layout_keeps_bits(WalkBwdLayout::fused, "fu", 97);
   }
 
   // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores
