@@ -432,6 +432,55 @@ struct ChunkBwdSm90 {
     }
   }
 
+  /// Eb + Eb^T (Eb = diag(b) E, E in the accumulator layout, zero on and above the diagonal) as hi
+  /// + lo SW128 tiles at eh_tile and el_tile.
+  __device__ __forceinline__ static void store_e(u32 eh_tile, u32 el_tile, const float (&X)[32], const float* b,
+                                                 const Lane& L) {
+    {
+      // By 8 x 8 blocks with stmatrix (the tile's bits as element-wise stores would give): warp
+      // w holds rows 16 w .. 16 w + 15, row blocks 2 w + hh. A block (2 w + hh, i) below the
+      // diagonal goes to its place and, transposed, to (i, 2 w + hh); a diagonal block is its
+      // strictly lower part OR its transpose (the other triangle of each is +0); the blocks right
+      // of the diagonal are the transposes other warps store. Four predicated two-byte stores
+      // per element (256 per thread) became 2 to 15 stmatrix per tile and warp.
+      const int lane = L.ctid & 31, w = L.w, arow = lane & 7, amat = (lane >> 3) & 1;
+      const u32 eh = eh_tile, el = el_tile;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        u32 hp[2], lp[2];  // block (2 w + hh, i): this thread's pair of its row g, columns tq, tq + 1
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          bf16_t hv[2], lv[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = L.r[hh], c = 8 * i + L.tq + e;
+            split_bf16(select_f32(r > c, b[r] * X[4 * i + 2 * hh + e], 0.f), hv[e], lv[e]);
+          }
+          hp[hh] = pack_bf16x2(hv[0], hv[1]);
+          lp[hh] = pack_bf16x2(lv[0], lv[1]);
+        }
+        const u32 direct = swz(16 * w + 8 * amat + arow, 8 * i, C);  // rows of blocks (2w, i), (2w + 1, i)
+        if (i < 2 * w) {
+          const u32 mirror = swz(8 * i + arow, 16 * w + 8 * amat, C);  // rows of blocks (i, 2w), (i, 2w + 1)
+          wg::stsm_x2(eh + direct, hp[0], hp[1]);
+          wg::stsm_x2(el + direct, lp[0], lp[1]);
+          wg::stsm_x2_trans(eh + mirror, hp[0], hp[1]);
+          wg::stsm_x2_trans(el + mirror, lp[0], lp[1]);
+        } else if (i == 2 * w) {  // (2w, 2w) diagonal; (2w + 1, 2w) below it, mirrored to (2w, 2w + 1)
+          const u32 mirror = swz(8 * i + arow, 16 * w + 8, C);
+          wg::stsm_x2(eh + direct, hp[0] | wg::movmatrix_trans(hp[0]), hp[1]);
+          wg::stsm_x2(el + direct, lp[0] | wg::movmatrix_trans(lp[0]), lp[1]);
+          wg::stsm_x1_trans(eh + mirror, hp[1]);
+          wg::stsm_x1_trans(el + mirror, lp[1]);
+        } else if (i == 2 * w + 1) {  // (2w + 1, 2w + 1) diagonal
+          const u32 diag = swz(16 * w + 8 + arow, 8 * i, C);
+          wg::stsm_x1(eh + diag, hp[1] | wg::movmatrix_trans(hp[1]));
+          wg::stsm_x1(el + diag, lp[1] | wg::movmatrix_trans(lp[1]));
+        }
+      }
+    }
+  }
+
   /// Warpgroup 0: dS~, the scores' gate terms, K K^T and the inverse's backward Tm^T Y -> E.
   __device__ static void scores_and_inverse(const ChunkBwdParams& p, unsigned char* smem, float* sc, const Lane& L,
                                             int m, unsigned long long* bars) {
@@ -520,49 +569,7 @@ struct ChunkBwdSm90 {
           v = select_f32(r > c && r < m, -v * gate, 0.f);
         }
     pipe::named_sync_roles(kBarZFree, 256);
-    {
-      // By 8 x 8 blocks with stmatrix (the tile's bits as element-wise stores would give): warp
-      // w holds rows 16 w .. 16 w + 15, row blocks 2 w + hh. A block (2 w + hh, i) below the
-      // diagonal goes to its place and, transposed, to (i, 2 w + hh); a diagonal block is its
-      // strictly lower part OR its transpose (the other triangle of each is +0); the blocks right
-      // of the diagonal are the transposes other warps store. Four predicated two-byte stores
-      // per element (256 per thread) became 2 to 15 stmatrix per tile and warp.
-      const int lane = L.ctid & 31, w = L.w, arow = lane & 7, amat = (lane >> 3) & 1;
-      const u32 eh = s0 + kOffEh, el = s0 + kOffEl;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        u32 hp[2], lp[2];  // block (2 w + hh, i): this thread's pair of its row g, columns tq, tq + 1
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          bf16_t hv[2], lv[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int r = L.r[hh], c = 8 * i + L.tq + e;
-            split_bf16(select_f32(r > c, b[r] * X[4 * i + 2 * hh + e], 0.f), hv[e], lv[e]);
-          }
-          hp[hh] = pack_bf16x2(hv[0], hv[1]);
-          lp[hh] = pack_bf16x2(lv[0], lv[1]);
-        }
-        const u32 direct = swz(16 * w + 8 * amat + arow, 8 * i, C);  // rows of blocks (2w, i), (2w + 1, i)
-        if (i < 2 * w) {
-          const u32 mirror = swz(8 * i + arow, 16 * w + 8 * amat, C);  // rows of blocks (i, 2w), (i, 2w + 1)
-          wg::stsm_x2(eh + direct, hp[0], hp[1]);
-          wg::stsm_x2(el + direct, lp[0], lp[1]);
-          wg::stsm_x2_trans(eh + mirror, hp[0], hp[1]);
-          wg::stsm_x2_trans(el + mirror, lp[0], lp[1]);
-        } else if (i == 2 * w) {  // (2w, 2w) diagonal; (2w + 1, 2w) below it, mirrored to (2w, 2w + 1)
-          const u32 mirror = swz(8 * i + arow, 16 * w + 8, C);
-          wg::stsm_x2(eh + direct, hp[0] | wg::movmatrix_trans(hp[0]), hp[1]);
-          wg::stsm_x2(el + direct, lp[0] | wg::movmatrix_trans(lp[0]), lp[1]);
-          wg::stsm_x1_trans(eh + mirror, hp[1]);
-          wg::stsm_x1_trans(el + mirror, lp[1]);
-        } else if (i == 2 * w + 1) {  // (2w + 1, 2w + 1) diagonal
-          const u32 diag = swz(16 * w + 8 + arow, 8 * i, C);
-          wg::stsm_x1(eh + diag, hp[1] | wg::movmatrix_trans(hp[1]));
-          wg::stsm_x1(el + diag, lp[1] | wg::movmatrix_trans(lp[1]));
-        }
-      }
-    }
+    store_e(s0 + kOffEh, s0 + kOffEl, X, b, L);
     wg::fence_smem_for_async();
     pipe::named_arrive_roles(kBarE, 256);
     {  // rowsum(E .* KK) -> dbeta and dgam, colsum(diag(b) E .* KK) -> dgam.

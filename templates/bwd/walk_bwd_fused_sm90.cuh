@@ -531,7 +531,7 @@ struct WalkBwdFusedSm90 {
             const float gate = exp2f(fminf(g[r] - g[c], 0.f));
             v = select_f32(r > c && r < m, -v * gate, 0.f);
           }
-      store_e(s0 + kOffLo, s0 + kOffLo + kCC, X, b, L);
+      CB::store_e(s0 + kOffLo, s0 + kOffLo + kCC, X, b, L);
       wg::fence_smem_for_async();
       pipe::named_sync(kBar, 128);
       pipe::mbar_arrive(bars + bEFull);
@@ -664,44 +664,6 @@ struct WalkBwdFusedSm90 {
         for (int h = 0; h < 2; ++h)
           wg::sts_u32(w_addr + sw128::offset(h ? r_hi : r_lo, 32 * quarter + 8 * i + tq, C),
                       pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]) ^ 0x80008000u);
-    }
-  }
-
-  /// Eb + Eb^T (Eb = diag(b) E) as hi + lo tiles by stmatrix, chunk_bwd's block order (its comment).
-  __device__ __forceinline__ static void store_e(u32 eh, u32 el, const float (&X)[32], const float* b, const Lane& L) {
-    const int lane = L.ctid & 31, w = L.w, arow = lane & 7, amat = (lane >> 3) & 1;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      u32 hp[2], lp[2];
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        bf16_t hv[2], lv[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int r = L.r[hh], c = 8 * i + L.tq + e;
-          split_bf16(select_f32(r > c, b[r] * X[4 * i + 2 * hh + e], 0.f), hv[e], lv[e]);
-        }
-        hp[hh] = pack_bf16x2(hv[0], hv[1]);
-        lp[hh] = pack_bf16x2(lv[0], lv[1]);
-      }
-      const u32 direct = sw128::offset(16 * w + 8 * amat + arow, 8 * i, C);
-      if (i < 2 * w) {
-        const u32 mirror = sw128::offset(8 * i + arow, 16 * w + 8 * amat, C);
-        wg::stsm_x2(eh + direct, hp[0], hp[1]);
-        wg::stsm_x2(el + direct, lp[0], lp[1]);
-        wg::stsm_x2_trans(eh + mirror, hp[0], hp[1]);
-        wg::stsm_x2_trans(el + mirror, lp[0], lp[1]);
-      } else if (i == 2 * w) {
-        const u32 mirror = sw128::offset(8 * i + arow, 16 * w + 8, C);
-        wg::stsm_x2(eh + direct, hp[0] | wg::movmatrix_trans(hp[0]), hp[1]);
-        wg::stsm_x2(el + direct, lp[0] | wg::movmatrix_trans(lp[0]), lp[1]);
-        wg::stsm_x1_trans(eh + mirror, hp[1]);
-        wg::stsm_x1_trans(el + mirror, lp[1]);
-      } else if (i == 2 * w + 1) {
-        const u32 diag = sw128::offset(16 * w + 8 + arow, 8 * i, C);
-        wg::stsm_x1(eh + diag, hp[1] | wg::movmatrix_trans(hp[1]));
-        wg::stsm_x1(el + diag, lp[1] | wg::movmatrix_trans(lp[1]));
-      }
     }
   }
 
