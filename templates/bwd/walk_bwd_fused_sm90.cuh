@@ -280,6 +280,27 @@ struct WalkBwdFusedSm90 {
     }
   }
 
+  /// The rows of a 64 x 128 accumulator scaled by f[hh] (row L.r[hh]), then rowsum(D .* X) with
+  /// the bf16 tile X at byte offset `tile` into out[row] (chunk_bwd's order: one lane a quad writes).
+  __device__ __forceinline__ static void scale_rows_and_dot(float (&D)[64], const float (&f)[2],
+                                                            const unsigned char* smem, u32 tile, float* out,
+                                                            const Lane& L) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        D[4 * i + 2 * hh] *= f[hh];
+        D[4 * i + 2 * hh + 1] *= f[hh];
+      }
+    float rs[2] = {0.f, 0.f};
+    CB::row_dot(smem, tile, D, 0, 16, L, rs);
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const float sum = CB::quad_sum(rs[hh]);
+      if ((L.ctid & 3) == 0) out[L.r[hh]] = sum;
+    }
+  }
+
   /// Warpgroup 1, the algebra (see the file's comment), in chunk_bwd's arithmetic.
   __device__ static void algebra(const StateWalkBwdParams& p, const TensorMaps& maps, const SegmentWalk<Cfg>& range,
                                  unsigned char* smem, mbar_t* bars) {
@@ -410,22 +431,10 @@ struct WalkBwdFusedSm90 {
         wg::commit();
         CB::template wait<0>(D);
         pipe::mbar_arrive(bars + bORead);
-        float f[2], rs[2] = {0.f, 0.f};
+        float f[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) f[hh] = L.r[hh] < m ? scale * exp2f(fminf(g[L.r[hh]], 0.f)) : 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            D[4 * i + 2 * hh] *= f[hh];
-            D[4 * i + 2 * hh + 1] *= f[hh];
-          }
-        CB::row_dot(smem, kOffQ, D, 0, 16, L, rs);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float s = CB::quad_sum(rs[hh]);
-          if ((L.ctid & 3) == 0) sc[CB::sGq + L.r[hh]] = s;
-        }
+        scale_rows_and_dot(D, f, smem, kOffQ, sc + CB::sGq, L);
         pipe::mbar_arrive(bars + bEmpty + gQ);  // this warpgroup's reads of Q (the row sum)
         CB::template issue<128, 0, 1>(D, s0 + kOffP, C, s0 + kOffK, C, C / 16, true);
         wg::commit();
@@ -777,22 +786,10 @@ struct WalkBwdFusedSm90 {
       pipe::mbar_arrive(bars + bZEmpty);
       {
         const float gL = g[m - 1];
-        float f[2], rs[2] = {0.f, 0.f};
+        float f[2];
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) f[hh] = L.r[hh] < m ? gate_exp2(gL - g[L.r[hh]], true) : 0.f;
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            D[4 * i + 2 * hh] *= f[hh];
-            D[4 * i + 2 * hh + 1] *= f[hh];
-          }
-        CB::row_dot(smem, kOffK, D, 0, 16, L, rs);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float s = CB::quad_sum(rs[hh]);
-          if ((L.ctid & 3) == 0) sc[CB::sKst + L.r[hh]] = s;
-        }
+        scale_rows_and_dot(D, f, smem, kOffK, sc + CB::sKst, L);
       }
 
       // V' was read by A's dS~ (bDsFull) and this warpgroup's dKst (the barrier above): dv leaves
