@@ -500,8 +500,6 @@ LayerIR lower(const Spec& spec_in) {
     maps.push_back(walk_fuses_w ? TensorMapOperand{"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C}
                                 : TensorMapOperand{"w", offsetof(P, w), offsetof(P, T), int64_t{HV} * K});
     maps.push_back({"d_o", offsetof(P, d_o), offsetof(P, T), int64_t{HV} * V});
-    // The walks' stores of whole chunks: dh_tape[c] (K x 64 boxes, nt_max x HV x K rows of V) and
-    // dv_new.
     if (fused_walk) {
       // The fused walk reads the h tape and V' where the others store dh and dV' (the same
       // shapes), then chunk_bwd's V and its stores (WalkBwdFusedSm90's operand order).
@@ -513,6 +511,8 @@ LayerIR lower(const Spec& spec_in) {
       maps.push_back({"dv", offsetof(P, dv), offsetof(P, T), int64_t{HV} * V});
       return;
     }
+    // The walks' stores of whole chunks: dh_tape[c] (K x 64 boxes, nt_max x HV x K rows of V) and
+    // dv_new.
     maps.push_back({"dh_tape", offsetof(P, dh_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128});
     maps.push_back({"dv_new", offsetof(P, dv_new), offsetof(P, T), int64_t{HV} * V});
   };
