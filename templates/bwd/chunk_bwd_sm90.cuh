@@ -432,6 +432,29 @@ struct ChunkBwdSm90 {
     }
   }
 
+  /// dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b)), rows < m, from its two products T1 and
+  /// T2, as bf16 hi and lo pairs of (row L.r[h], columns 8 i + tq, + 1) at [2 i + h].
+  __device__ __forceinline__ static void split_dtm(const float (&T1)[32], const float (&T2)[32], const float* g,
+                                                   const float* b, int m, const Lane& L, u32 (&hi2)[16],
+                                                   u32 (&lo2)[16]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) {
+        bf16_t hv[2], lv[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = L.r[hh], c = 8 * i + L.tq + e;
+          const float gate = exp2f(fminf(g[c], 0.f));  // selected, not branched on (dS~'s comment)
+          const float v =
+              select_f32(r > c && r < m, b[c] * (gate * T1[4 * i + 2 * hh + e] + T2[4 * i + 2 * hh + e]), 0.f);
+          split_bf16(v, hv[e], lv[e]);
+        }
+        hi2[2 * i + hh] = pack_bf16x2(hv[0], hv[1]);
+        lo2[2 * i + hh] = pack_bf16x2(lv[0], lv[1]);
+      }
+  }
+
   /// Eb + Eb^T (Eb = diag(b) E, E in the accumulator layout, zero on and above the diagonal) as hi
   /// + lo SW128 tiles at eh_tile and el_tile.
   __device__ __forceinline__ static void store_e(u32 eh_tile, u32 el_tile, const float (&X)[32], const float* b,
@@ -690,22 +713,7 @@ struct ChunkBwdSm90 {
     wg::commit();
     wait<0>(T1, T2);
     u32 hi2[16], lo2[16];  // dTm's hi and lo pairs of (row h, columns 8i + tq, + 1) at [2i + h]
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        bf16_t hv[2], lv[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int r = L.r[hh], c = 8 * i + L.tq + e;
-          const float gate = exp2f(fminf(g[c], 0.f));  // selected, not branched on (dS~'s comment)
-          const float v =
-              select_f32(r > c && r < m, b[c] * (gate * T1[4 * i + 2 * hh + e] + T2[4 * i + 2 * hh + e]), 0.f);
-          split_bf16(v, hv[e], lv[e]);
-        }
-        hi2[2 * i + hh] = pack_bf16x2(hv[0], hv[1]);
-        lo2[2 * i + hh] = pack_bf16x2(lv[0], lv[1]);
-      }
+    split_dtm(T1, T2, g, b, m, L, hi2, lo2);
     // Y = dTm Tm^T with dTm's hi and lo halves from the registers (no shared copy of dTm).
     float Y[32];
     issue_rs<64, 0>(Y, hi2, s0 + kOffT, C, false);

@@ -45,6 +45,84 @@
 
 namespace gdn {
 
+/// dOs = f_t dO_t split into bf16 hi and lo tiles at dO's positions (a 64 x VW SW128 tile at
+/// o_addr; hi_addr may be o_addr itself), f_t the fp32 factor of token t at vec + 4 t; by the
+/// 128 threads of one warpgroup (thread ctid). A 16-byte piece at byte x holds 8 columns of row
+/// (x mod 64-column block) / 128: the swizzle moves pieces within their row.
+template <int C, int VW>
+__device__ __forceinline__ void split_rows_hi_lo(u32 o_addr, u32 hi_addr, u32 lo_addr, u32 vec, int ctid) {
+#pragma unroll 2
+  for (int i = 0; i < C * VW * 2 / 16 / 128; ++i) {
+    const u32 x = static_cast<u32>(i * 128 + ctid) * 16u;
+    const int t = static_cast<int>((x % static_cast<u32>(C * 128)) >> 7);
+    const float f = wg::lds_f32(vec + 4 * t);
+    const uint4 o = wg::lds_v4(o_addr + x);
+    const u32 ow[4] = {o.x, o.y, o.z, o.w};
+    u32 hw[4], lw[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      bf16_t h0, l0, h1, l1;
+      split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] & 0xffffu)), h0, l0);
+      split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] >> 16)), h1, l1);
+      hw[e] = pack_bf16x2(h0, h1);
+      lw[e] = pack_bf16x2(l0, l1);
+    }
+    wg::sts_v4(hi_addr + x, make_uint4(hw[0], hw[1], hw[2], hw[3]));
+    wg::sts_v4(lo_addr + x, make_uint4(lw[0], lw[1], lw[2], lw[3]));
+  }
+}
+
+/// W = bf16(bf16(Tm diag(beta exp2(gc))) K) (chunk_prep's rounding) into the SW128 tile at w_addr by
+/// one warpgroup (its warp and lane): Tm's elements times their column's factor (0 past len)
+/// rounded as the A operand from registers, K read N-major, four 32-column quarters of fp32
+/// accumulators rounded to bf16 pairs, each pair XOR `sign` (0x80008000 stores -W exactly).
+/// gc and beta of the chunk at the shared addresses sg and sb.
+template <int C>
+__device__ __forceinline__ void form_w_tile(u32 t_addr, u32 k_addr, u32 sg, u32 sb, u32 w_addr, int len, int warp,
+                                            int lane, u32 sign) {
+  auto pack = [](float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); };
+  // The row and column of the thread are laundered per call: loop-invariant, the compiler would
+  // hoist every swizzled address of the tiles out of the chunk loop and spill them.
+  int r_lo = warp * 16 + (lane >> 2), tq = (lane & 3) * 2;
+  asm volatile("" : "+r"(r_lo), "+r"(tq));
+  const int r_hi = r_lo + 8;
+  u32 A[C / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < C / 16; ++ks) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {  // columns 16 ks + 8 half + tq, + 1
+      const int c = 16 * ks + 8 * half + tq;
+      const float2 g2 = wg::lds_f32x2(sg + 4 * c), b2 = wg::lds_f32x2(sb + 4 * c);
+      const float d0 = c < len ? b2.x * exp2f(g2.x) : 0.f, d1 = c + 1 < len ? b2.y * exp2f(g2.y) : 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const u32 x = wg::lds_u32(t_addr + sw128::offset(h ? r_hi : r_lo, c, C));
+        A[ks][2 * half + h] =
+            pack(bf2f(static_cast<bf16_t>(x & 0xffffu)) * d0, bf2f(static_cast<bf16_t>(x >> 16)) * d1);
+      }
+    }
+  }
+#pragma unroll
+  for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(A[ks]);
+#pragma unroll
+  for (int quarter = 0; quarter < 4; ++quarter) {
+    float acc[16];
+    wg::fence();
+#pragma unroll
+    for (int ks = 0; ks < C / 16; ++ks)
+      wg::mma_rs_k16<32, 1>(acc, A[ks], wg::desc_mn_major_cols(k_addr, C, 32 * quarter, ks), ks > 0 ? 1 : 0);
+    wg::commit();
+    wg::wait<0>();
+    wg::fence_acc(acc);
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        wg::sts_u32(w_addr + sw128::offset(h ? r_hi : r_lo, 32 * quarter + 8 * i + tq, C),
+                    pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]) ^ sign);
+  }
+}
+
 /// Cfg::WALK_Z_OWNER where the program has it (walk_bwd_layout "z_owner"), else false.
 template <class Cfg, class = int>
 struct WalkZOwner {
@@ -343,49 +421,9 @@ struct StateWalkBwdSm90 {
   /// dV' as staged for dv_new: (-dV')^T W and dV'^T (-W) are the same products, the same bits.
   enum : u32 { kWSign = kZo ? 0x80008000u : 0u };
   __device__ __forceinline__ static void form_w(unsigned char* smem, int s, int len, int warp, int lane) {
-    const u32 t_addr = wg::smem_u32(tile(smem, s, kOffT)), k_addr = wg::smem_u32(tile(smem, s, kOffK));
-    const u32 sg = wg::smem_u32(smem + s * kStage + kOffG), sb = wg::smem_u32(smem + s * kStage + kOffB);
-    const u32 w_addr = wg::smem_u32(smem + kOffWTile);
-    // The row and column of the thread are laundered per call: loop-invariant, the compiler would
-    // hoist every swizzled address of the tiles out of the chunk loop and spill them.
-    int r_lo = warp * 16 + (lane >> 2), tq = (lane & 3) * 2;
-    asm volatile("" : "+r"(r_lo), "+r"(tq));
-    const int r_hi = r_lo + 8;
-    u32 A[C / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < C / 16; ++ks) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {  // columns 16 ks + 8 half + tq, + 1
-        const int c = 16 * ks + 8 * half + tq;
-        const float2 g2 = wg::lds_f32x2(sg + 4 * c), b2 = wg::lds_f32x2(sb + 4 * c);
-        const float d0 = c < len ? b2.x * exp2f(g2.x) : 0.f, d1 = c + 1 < len ? b2.y * exp2f(g2.y) : 0.f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const u32 x = wg::lds_u32(t_addr + sw128::offset(h ? r_hi : r_lo, c, C));
-          A[ks][2 * half + h] =
-              pack(bf2f(static_cast<bf16_t>(x & 0xffffu)) * d0, bf2f(static_cast<bf16_t>(x >> 16)) * d1);
-        }
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(A[ks]);
-#pragma unroll
-    for (int quarter = 0; quarter < 4; ++quarter) {
-      float acc[16];
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks)
-        wg::mma_rs_k16<32, 1>(acc, A[ks], wg::desc_mn_major_cols(k_addr, C, 32 * quarter, ks), ks > 0 ? 1 : 0);
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_acc(acc);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wg::sts_u32(w_addr + sw128::offset(h ? r_hi : r_lo, 32 * quarter + 8 * i + tq, C),
-                      pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]) ^ kWSign);
-    }
+    form_w_tile<C>(wg::smem_u32(tile(smem, s, kOffT)), wg::smem_u32(tile(smem, s, kOffK)),
+                   wg::smem_u32(smem + s * kStage + kOffG), wg::smem_u32(smem + s * kStage + kOffB),
+                   wg::smem_u32(smem + kOffWTile), len, warp, lane, kWSign);
   }
 
   /// The A fragment of k-step ks of an m64nN accumulator (columns 16 ks .. 16 ks + 15), rounded.
@@ -591,28 +629,8 @@ struct StateWalkBwdSm90 {
       const float gl = wg::lds_f32(sg + 4 * (len - 1));
       if (ctid < C) wg::sts_f32(vec + 4 * ctid, scale * exp2f(fminf(wg::lds_f32(sg + 4 * ctid), 0.f)));
       pipe::named_sync(kBar, 128);
-      // dOs in hi and lo at dO's positions: a 16-byte piece at byte x of the tile holds 8 columns of
-      // row (x mod 64-column block) / 128 (the swizzle moves pieces within their row). The owner's
-      // own update of the chunk before read these tiles (its wait<0>).
-#pragma unroll 2
-      for (int i = 0; i < C * V * 2 / 16 / 128; ++i) {
-        const u32 x = static_cast<u32>(i * 128 + ctid) * 16u;
-        const int t = static_cast<int>((x % static_cast<u32>(C * 128)) >> 7);
-        const float f = wg::lds_f32(vec + 4 * t);
-        const uint4 o = wg::lds_v4(o_addr + x);
-        const u32 ow[4] = {o.x, o.y, o.z, o.w};
-        u32 hw[4], lw[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          bf16_t h0, l0, h1, l1;
-          split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] & 0xffffu)), h0, l0);
-          split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] >> 16)), h1, l1);
-          hw[e] = pack_bf16x2(h0, h1);
-          lw[e] = pack_bf16x2(l0, l1);
-        }
-        wg::sts_v4(hi_addr + x, make_uint4(hw[0], hw[1], hw[2], hw[3]));
-        wg::sts_v4(lo_addr + x, make_uint4(lw[0], lw[1], lw[2], lw[3]));
-      }
+      // dOs in hi and lo tiles; the owner's own update of the chunk before read them (its wait<0>).
+      split_rows_hi_lo<C, V>(o_addr, hi_addr, lo_addr, vec, ctid);
       wg::fence_smem_for_async();
       pipe::named_sync(kBar, 128);
       const float decay = gate_exp2(gl, true);

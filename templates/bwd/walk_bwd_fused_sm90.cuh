@@ -359,7 +359,9 @@ struct WalkBwdFusedSm90 {
 
       // -W once X's dk store of the chunk before has read the W slot.
       if (u > 0) pipe::mbar_wait(bars + bWEmpty, prev);
-      form_w(smem, sc, m, L);
+      // -W, the walk's form_w (chunk_prep's rounding) with the sign flipped on the stored pairs (exact).
+      form_w_tile<C>(s0 + kOffT, s0 + kOffK, wg::smem_u32(sc + CB::sG), wg::smem_u32(sc + CB::sB), s0 + kOffW, m, L.w,
+                     L.ctid & 31, 0x80008000u);
       wg::fence_smem_for_async();
       pipe::mbar_arrive(bars + bWFull);
 
@@ -478,22 +480,7 @@ struct WalkBwdFusedSm90 {
       pipe::mbar_arrive(bars + bDvEmpty);     // dW and dV' V^T have read dV'
       pipe::mbar_arrive(bars + bEmpty + gV);  // dV' V^T has read V
       u32 hi2[16], lo2[16];
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          bf16_t hv[2], lv[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int r = L.r[hh], c = 8 * i + L.tq + e;
-            const float gate = exp2f(fminf(g[c], 0.f));
-            const float v =
-                select_f32(r > c && r < m, b[c] * (gate * T1[4 * i + 2 * hh + e] + T2[4 * i + 2 * hh + e]), 0.f);
-            split_bf16(v, hv[e], lv[e]);
-          }
-          hi2[2 * i + hh] = pack_bf16x2(hv[0], hv[1]);
-          lo2[2 * i + hh] = pack_bf16x2(lv[0], lv[1]);
-        }
+      CB::split_dtm(T1, T2, g, b, m, L, hi2, lo2);
       {
         float Y[32];
         CB::template issue_rs<64, 0>(Y, hi2, s0 + kOffT, C, false);
@@ -628,52 +615,6 @@ struct WalkBwdFusedSm90 {
       }
     }
     if (L.ctid == 0) pipe::bulk_wait<0>();  // the stores are complete before the block's shared memory goes
-  }
-
-  /// -W = -bf16(bf16(Tm diag(beta exp2(gc))) K) into the W slot: the walk's form_w (chunk_prep's
-  /// rounding) with the sign flipped on the stored pairs (exact).
-  __device__ __forceinline__ static void form_w(unsigned char* smem, const float* sc, int len, const Lane& L) {
-    const u32 t_addr = wg::smem_u32(smem + kOffT), k_addr = wg::smem_u32(smem + kOffK);
-    const u32 w_addr = wg::smem_u32(smem + kOffW);
-    int r_lo = L.r[0], tq = L.tq;
-    asm volatile("" : "+r"(r_lo), "+r"(tq));
-    const int r_hi = r_lo + 8;
-    u32 A[C / 16][4];
-#pragma unroll
-    for (int ks = 0; ks < C / 16; ++ks) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int c = 16 * ks + 8 * half + tq;
-        const float g0 = sc[CB::sG + c], g1 = sc[CB::sG + c + 1];
-        const float b0 = sc[CB::sB + c], b1 = sc[CB::sB + c + 1];
-        const float d0 = c < len ? b0 * exp2f(g0) : 0.f, d1 = c + 1 < len ? b1 * exp2f(g1) : 0.f;
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const u32 x = wg::lds_u32(t_addr + sw128::offset(h ? r_hi : r_lo, c, C));
-          A[ks][2 * half + h] =
-              pack(bf2f(static_cast<bf16_t>(x & 0xffffu)) * d0, bf2f(static_cast<bf16_t>(x >> 16)) * d1);
-        }
-      }
-    }
-#pragma unroll
-    for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(A[ks]);
-#pragma unroll
-    for (int quarter = 0; quarter < 4; ++quarter) {
-      float acc[16];
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks)
-        wg::mma_rs_k16<32, 1>(acc, A[ks], wg::desc_mn_major_cols(k_addr, C, 32 * quarter, ks), ks > 0 ? 1 : 0);
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_acc(acc);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          wg::sts_u32(w_addr + sw128::offset(h ? r_hi : r_lo, 32 * quarter + 8 * i + tq, C),
-                      pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]) ^ 0x80008000u);
-    }
   }
 
   /// Warpgroup 2, the value side (see the file's comment).
@@ -944,25 +885,7 @@ struct WalkBwdFusedSm90 {
       wait_full(bars, gO, u);
       if (u > 0) pipe::mbar_wait(bars + bERead, prev);
       pipe::named_sync(kBar, 128);
-#pragma unroll 2
-      for (int i = 0; i < C * V * 2 / 16 / 128; ++i) {
-        const u32 x = static_cast<u32>(i * 128 + ctid) * 16u;
-        const int t = static_cast<int>((x % static_cast<u32>(C * 128)) >> 7);
-        const float f = wg::lds_f32(vec + 4 * t);
-        const uint4 o = wg::lds_v4(hi_addr + x);
-        const u32 ow[4] = {o.x, o.y, o.z, o.w};
-        u32 hw[4], lw[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          bf16_t h0, l0, h1, l1;
-          split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] & 0xffffu)), h0, l0);
-          split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] >> 16)), h1, l1);
-          hw[e] = pack_bf16x2(h0, h1);
-          lw[e] = pack_bf16x2(l0, l1);
-        }
-        wg::sts_v4(hi_addr + x, make_uint4(hw[0], hw[1], hw[2], hw[3]));
-        wg::sts_v4(lo_addr + x, make_uint4(lw[0], lw[1], lw[2], lw[3]));
-      }
+      split_rows_hi_lo<C, V>(hi_addr, hi_addr, lo_addr, vec, ctid);  // hi over dO
       wg::fence_smem_for_async();
       pipe::named_sync(kBar, 128);
 
