@@ -316,7 +316,11 @@ struct WalkBwdFusedSm90 {
   /// Warpgroup 1, the algebra (see the file's comment), in chunk_bwd's arithmetic.
   __device__ static void algebra(const StateWalkBwdParams& p, const TensorMaps& maps, const SegmentWalk<Cfg>& range,
                                  unsigned char* smem, mbar_t* bars) {
-    const Lane L(static_cast<int>(threadIdx.x) - 128);
+    // threadIdx.x & 127, not threadIdx.x - 128: the compiler then knows the lane's rows are 0..63,
+    // as in chunk_bwd's scores warpgroup, and folds the same masks of the M sums and contracts the
+    // same three products into FMAs there. With the subtraction dgam's attention terms (and so dg)
+    // came out of other FMAs and differed from the programs path's bits in the last place.
+    const Lane L(static_cast<int>(threadIdx.x) & 127);
     constexpr int kBar = 1;  // this warpgroup's named barrier
     const int j = walk_head<Cfg>();
     const int c_last = range.end - 1, nc = range.end - range.begin;
