@@ -204,18 +204,6 @@ struct WalkBwdFusedSm90 {
           [&](mbar_t* b) { pipe::tma_load_tile<C, K>(at(kOffQ), &maps.map[kMapQ], hq * K, row, b); },
           [&] { wg::load_tile_sw128<C, K>(at(kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16); });
       pipe::cp_async_arrive(bars + bFull + gQ);
-      // The next chunk's boxes into L2 while this chunk runs: its K + Tm load comes at this chunk's
-      // end, on every role's path (docs/design_fused_bwd_sm90.md 3.10), and then reads L2.
-      if (tid == 0 && u + 1 < nc && next.len == C) {
-        const int rn = static_cast<int>(next.start);
-        pipe::tma_prefetch_l2_tile<K>(&maps.map[kMapK], hq * K, rn);
-        pipe::tma_prefetch_l2_tile<C>(&maps.map[kMapT], j * C, rn);
-        pipe::tma_prefetch_l2_tile<K>(&maps.map[kMapQ], hq * K, rn);
-        pipe::tma_prefetch_l2_tile<V>(&maps.map[kMapS], 0, static_cast<int>(((c - 1) * HV + j) * K));
-        pipe::tma_prefetch_l2_tile<V>(&maps.map[kMapV], j * V, rn);
-        pipe::tma_prefetch_l2_tile<V>(&maps.map[kMapVn], j * V, rn);
-        pipe::tma_prefetch_l2_tile<V>(&maps.map[kMapO], j * V, rn);
-      }
       load_group(
           bars, gS, u, true, kSq, tid,
           [&](mbar_t* b) {

@@ -68,21 +68,6 @@ __device__ __forceinline__ void tma_load_tile(void* dst, const void* map, int co
   for (int b = 0; b < COLS / 64; ++b)
     tma_load_2d(static_cast<unsigned char*>(dst) + b * ROWS * 128, map, col + 64 * b, row, bar);
 }
-/// The box of `map` at element column `col`, row `row` into L2 (no shared memory, no barrier): a
-/// later tma_load_2d of the same box then reads L2 instead of HBM.
-__device__ __forceinline__ void tma_prefetch_l2_2d(const void* map, int col, int row) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];\n" ::"l"(
-                   reinterpret_cast<unsigned long long>(map)),
-               "r"(col), "r"(row)
-               : "memory");
-}
-/// tma_load_tile's boxes into L2.
-template <int COLS>
-__device__ __forceinline__ void tma_prefetch_l2_tile(const void* map, int col, int row) {
-  static_assert(COLS % 64 == 0, "tma_prefetch_l2_tile: whole 64-column boxes");
-#pragma unroll
-  for (int b = 0; b < COLS / 64; ++b) tma_prefetch_l2_2d(map, col + 64 * b, row);
-}
 /// The shared tile at shared address `src` (written through the generic proxy: every writer's
 /// fence.proxy.async and a barrier come first) into the box of `map` starting at column `col`,
 /// row `row`, as one bulk group of this thread once committed. The tile may be rewritten after
