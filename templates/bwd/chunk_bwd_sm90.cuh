@@ -395,10 +395,9 @@ struct ChunkBwdSm90 {
     const float f0 = row_scale ? row_scale[L.r[0]] : 1.f, f1 = row_scale ? row_scale[L.r[1]] : 1.f;
 #pragma unroll
     for (int i = 0; i < 16; i += 2) {
-      const u32 f[4] = {pack_bf16x2(f2bf(f0 * d[4 * i]), f2bf(f0 * d[4 * i + 1])),
-                        pack_bf16x2(f2bf(f1 * d[4 * i + 2]), f2bf(f1 * d[4 * i + 3])),
-                        pack_bf16x2(f2bf(f0 * d[4 * i + 4]), f2bf(f0 * d[4 * i + 5])),
-                        pack_bf16x2(f2bf(f1 * d[4 * i + 6]), f2bf(f1 * d[4 * i + 7]))};
+      const u32 f[4] = {f2bf_pair(f0 * d[4 * i], f0 * d[4 * i + 1]), f2bf_pair(f1 * d[4 * i + 2], f1 * d[4 * i + 3]),
+                        f2bf_pair(f0 * d[4 * i + 4], f0 * d[4 * i + 5]),
+                        f2bf_pair(f1 * d[4 * i + 6], f1 * d[4 * i + 7])};
       wg::stsm_x4(tile + sw128::offset(row, 8 * i + 8 * (mi >> 1), C), f);
     }
     wg::fence_smem_for_async();
@@ -441,17 +440,14 @@ struct ChunkBwdSm90 {
     for (int i = 0; i < 8; ++i)
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
-        bf16_t hv[2], lv[2];
+        float v[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int r = L.r[hh], c = 8 * i + L.tq + e;
           const float gate = exp2f(fminf(g[c], 0.f));  // selected, not branched on (dS~'s comment)
-          const float v =
-              select_f32(r > c && r < m, b[c] * (gate * T1[4 * i + 2 * hh + e] + T2[4 * i + 2 * hh + e]), 0.f);
-          split_bf16(v, hv[e], lv[e]);
+          v[e] = select_f32(r > c && r < m, b[c] * (gate * T1[4 * i + 2 * hh + e] + T2[4 * i + 2 * hh + e]), 0.f);
         }
-        hi2[2 * i + hh] = pack_bf16x2(hv[0], hv[1]);
-        lo2[2 * i + hh] = pack_bf16x2(lv[0], lv[1]);
+        split_bf16_pair(v[0], v[1], hi2[2 * i + hh], lo2[2 * i + hh]);
       }
   }
 
@@ -473,14 +469,13 @@ struct ChunkBwdSm90 {
         u32 hp[2], lp[2];  // block (2 w + hh, i): this thread's pair of its row g, columns tq, tq + 1
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          bf16_t hv[2], lv[2];
+          float v[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const int r = L.r[hh], c = 8 * i + L.tq + e;
-            split_bf16(select_f32(r > c, b[r] * X[4 * i + 2 * hh + e], 0.f), hv[e], lv[e]);
+            v[e] = select_f32(r > c, b[r] * X[4 * i + 2 * hh + e], 0.f);
           }
-          hp[hh] = pack_bf16x2(hv[0], hv[1]);
-          lp[hh] = pack_bf16x2(lv[0], lv[1]);
+          split_bf16_pair(v[0], v[1], hp[hh], lp[hh]);
         }
         const u32 direct = swz(16 * w + 8 * amat + arow, 8 * i, C);  // rows of blocks (2w, i), (2w + 1, i)
         if (i < 2 * w) {
@@ -533,7 +528,7 @@ struct ChunkBwdSm90 {
           const float e0 = exp2f(fminf(gr - g[c], 0.f)), e1 = exp2f(fminf(gr - g[c + 1], 0.f));
           const float v0 = select_f32(r >= c && r < m, scale * A[4 * i + 2 * hh] * e0, 0.f);
           const float v1 = select_f32(r >= c + 1 && r < m, scale * A[4 * i + 2 * hh + 1] * e1, 0.f);
-          ds[2 * i + hh] = pack_bf16x2(f2bf(v0), f2bf(v1));
+          ds[2 * i + hh] = f2bf_pair(v0, v1);
         }
       }
 #pragma unroll
@@ -701,7 +696,7 @@ struct ChunkBwdSm90 {
       wait<1>(W);
 #pragma unroll
       for (int i = 0; i < 16; i += 2) {
-        auto pair = [&](int k) { return pack_bf16x2(f2bf(-W[k]), f2bf(-W[k + 1])); };
+        auto pair = [&](int k) { return f2bf_pair(-W[k], -W[k + 1]); };
         stsm_pairs(s0 + kOffDW, i, L, pair(4 * i), pair(4 * i + 2), pair(4 * i + 4), pair(4 * i + 6));
       }
     }
@@ -726,11 +721,7 @@ struct ChunkBwdSm90 {
       for (int i = 0; i < 8; ++i)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          bf16_t h0, l0, h1, l1;
-          split_bf16(Y[4 * i + 2 * hh], h0, l0);
-          split_bf16(Y[4 * i + 2 * hh + 1], h1, l1);
-          yh[2 * i + hh] = pack_bf16x2(h0, h1);
-          yl[2 * i + hh] = pack_bf16x2(l0, l1);
+          split_bf16_pair(Y[4 * i + 2 * hh], Y[4 * i + 2 * hh + 1], yh[2 * i + hh], yl[2 * i + hh]);
         }
 #pragma unroll
       for (int i = 0; i < 8; i += 2) {

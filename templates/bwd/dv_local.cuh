@@ -138,7 +138,7 @@ __device__ __forceinline__ float partials_sum(const float* part, int row) {
 using gdn::split_bf16;
 
 __device__ __forceinline__ void store_bf16x2(bf16_t* p, float a, float b) {
-  *reinterpret_cast<u32*>(p) = pack_bf16x2(f2bf(a), f2bf(b));
+  *reinterpret_cast<u32*>(p) = f2bf_pair(a, b);
 }
 
 /// ldmatrix fragment loads: the mma operands of row-major (MatRef, unit column stride, rows

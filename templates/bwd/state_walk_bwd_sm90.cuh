@@ -60,13 +60,9 @@ __device__ __forceinline__ void split_rows_hi_lo(u32 o_addr, u32 hi_addr, u32 lo
     const u32 ow[4] = {o.x, o.y, o.z, o.w};
     u32 hw[4], lw[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      bf16_t h0, l0, h1, l1;
-      split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] & 0xffffu)), h0, l0);
-      split_bf16(f * bf2f(static_cast<bf16_t>(ow[e] >> 16)), h1, l1);
-      hw[e] = pack_bf16x2(h0, h1);
-      lw[e] = pack_bf16x2(l0, l1);
-    }
+    for (int e = 0; e < 4; ++e)
+      split_bf16_pair(f * bf2f(static_cast<bf16_t>(ow[e] & 0xffffu)), f * bf2f(static_cast<bf16_t>(ow[e] >> 16)), hw[e],
+                      lw[e]);
     wg::sts_v4(hi_addr + x, make_uint4(hw[0], hw[1], hw[2], hw[3]));
     wg::sts_v4(lo_addr + x, make_uint4(lw[0], lw[1], lw[2], lw[3]));
   }
@@ -80,7 +76,7 @@ __device__ __forceinline__ void split_rows_hi_lo(u32 o_addr, u32 hi_addr, u32 lo
 template <int C>
 __device__ __forceinline__ void form_w_tile(u32 t_addr, u32 k_addr, u32 sg, u32 sb, u32 w_addr, int len, int warp,
                                             int lane, u32 sign) {
-  auto pack = [](float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); };
+  auto pack = [](float lo, float hi) { return f2bf_pair(lo, hi); };
   // The row and column of the thread are laundered per call: loop-invariant, the compiler would
   // hoist every swizzled address of the tiles out of the chunk loop and spill them.
   int r_lo = warp * 16 + (lane >> 2), tq = (lane & 3) * 2;
@@ -193,7 +189,7 @@ struct StateWalkBwdSm90 {
   typedef unsigned long long mbar_t;
   using Carry = ReverseCarry<Cfg>;
 
-  __device__ __forceinline__ static u32 pack(float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); }
+  __device__ __forceinline__ static u32 pack(float lo, float hi) { return f2bf_pair(lo, hi); }
 
   __device__ __forceinline__ static bf16_t* tile(unsigned char* base, int stage, int off) {
     return reinterpret_cast<bf16_t*>(base + stage * kStage + off);
@@ -814,11 +810,7 @@ struct StateWalkBwdSm90 {
           const float2 f = wg::lds_f32x2(vec + 4 * t);
           const float x0 = f.x * bf2f(static_cast<bf16_t>(o4[q] & 0xffffu));
           const float x1 = f.y * bf2f(static_cast<bf16_t>(o4[q] >> 16));
-          bf16_t h0, l0, h1, l1;
-          split_bf16(x0, h0, l0);
-          split_bf16(x1, h1, l1);
-          Oh[ks][q] = pack_bf16x2(h0, h1);
-          Ol[ks][q] = pack_bf16x2(l0, l1);
+          split_bf16_pair(x0, x1, Oh[ks][q], Ol[ks][q]);
         }
       }
 #pragma unroll

@@ -112,7 +112,7 @@ struct WalkBwdFusedSm90 {
   static_assert(kProducerRegs + kAlgebraRegs + kValueRegs + kOwnerRegs <= 4 * 128,
                 "setmaxnreg: the block's pinned registers");
 
-  __device__ __forceinline__ static u32 pack(float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); }
+  __device__ __forceinline__ static u32 pack(float lo, float hi) { return f2bf_pair(lo, hi); }
   __device__ __forceinline__ static void wait_full(mbar_t* bars, int g, int u) {
     pipe::mbar_wait(bars + bFull + g, u & 1);
     wg::fence_smem_for_async();  // a cut chunk's cp.async writes are read by wgmma
@@ -387,7 +387,7 @@ struct WalkBwdFusedSm90 {
           const float e0 = exp2f(fminf(gr - g[c], 0.f)), e1 = exp2f(fminf(gr - g[c + 1], 0.f));
           const float v0 = select_f32(r >= c && r < m, scale * Ad[4 * i + 2 * hh] * e0, 0.f);
           const float v1 = select_f32(r >= c + 1 && r < m, scale * Ad[4 * i + 2 * hh + 1] * e1, 0.f);
-          ds[2 * i + hh] = pack_bf16x2(f2bf(v0), f2bf(v1));
+          ds[2 * i + hh] = f2bf_pair(v0, v1);
         }
       }
       pipe::mbar_wait(bars + bPRead, ph);
@@ -469,7 +469,7 @@ struct WalkBwdFusedSm90 {
         CB::template wait<1>(Wd);
 #pragma unroll
         for (int i = 0; i < 16; i += 2) {
-          auto pr = [&](int k) { return pack_bf16x2(f2bf(-Wd[k]), f2bf(-Wd[k + 1])); };
+          auto pr = [&](int k) { return f2bf_pair(-Wd[k], -Wd[k + 1]); };
           CB::stsm_pairs(s0 + kOffW, i, L, pr(4 * i), pr(4 * i + 2), pr(4 * i + 4), pr(4 * i + 6));
         }
       }
@@ -496,11 +496,7 @@ struct WalkBwdFusedSm90 {
         for (int i = 0; i < 8; ++i)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            bf16_t h0, l0, h1, l1;
-            split_bf16(Y[4 * i + 2 * hh], h0, l0);
-            split_bf16(Y[4 * i + 2 * hh + 1], h1, l1);
-            yh[2 * i + hh] = pack_bf16x2(h0, h1);
-            yl[2 * i + hh] = pack_bf16x2(l0, l1);
+            split_bf16_pair(Y[4 * i + 2 * hh], Y[4 * i + 2 * hh + 1], yh[2 * i + hh], yl[2 * i + hh]);
           }
           // Lo held dOs lo, which the owner's update read (bZDone above).
 #pragma unroll

@@ -22,11 +22,28 @@ __device__ __forceinline__ bf16_t f2bf(float x) {
 
 __device__ __forceinline__ float round_bf(float x) { return bf2f(f2bf(x)); }
 
+/// The bf16 pair {lo, hi} (lo in the low 16 bits), each rounded to nearest even: the bits of
+/// f2bf(lo) | f2bf(hi) << 16 in one instruction (cvt.rn.bf16x2.f32) instead of three. The
+/// epilogues are long runs of these, and the warp-specialized kernels are bound by fetching their
+/// instructions (docs/PERF.md), so every instruction an epilogue saves counts.
+__device__ __forceinline__ u32 f2bf_pair(float lo, float hi) {
+  u32 r;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+  return r;
+}
+
 /// Splits x into bf16 hi + lo: two bf16 mma passes then carry about 16 mantissa bits, enough
 /// to match the fp32/tf32 operands FLA uses where bf16 alone loses accuracy.
 __device__ __forceinline__ void split_bf16(float x, bf16_t& hi, bf16_t& lo) {
   hi = f2bf(x);
   lo = f2bf(x - bf2f(hi));
+}
+
+/// split_bf16 of a pair: hi = f2bf_pair(x_lo, x_hi) and lo the pair of the remainders, the bits of
+/// split_bf16 on each element packed as pack_bf16x2 would.
+__device__ __forceinline__ void split_bf16_pair(float x_lo, float x_hi, u32& hi, u32& lo) {
+  hi = f2bf_pair(x_lo, x_hi);
+  lo = f2bf_pair(x_lo - __uint_as_float(hi << 16), x_hi - __uint_as_float(hi & 0xffff0000u));
 }
 
 /// a where p, else b, as one select instruction: both operands are computed first, so an

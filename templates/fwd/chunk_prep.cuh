@@ -107,7 +107,7 @@ __device__ __forceinline__ void tile_to_global(bf16_t* dst, long long dst_stride
   }
 }
 
-__device__ __forceinline__ u32 pack_f2bf(float lo, float hi) { return pack_bf16x2(f2bf(lo), f2bf(hi)); }
+__device__ __forceinline__ u32 pack_f2bf(float lo, float hi) { return f2bf_pair(lo, hi); }
 
 /// Row block rb (16 rows) of the causal scores: P = Q K^T over the column blocks 0..rb (the later
 /// ones are not computed). Q and K are padded row-major tiles with row stride LDK.

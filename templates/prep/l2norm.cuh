@@ -37,8 +37,8 @@ struct L2Norm {
 #pragma unroll
     for (int i = 0; i < kPerLane; i += 4) {
       uint2 out;
-      out.x = static_cast<u32>(f2bf(v[i] * rstd)) | (static_cast<u32>(f2bf(v[i + 1] * rstd)) << 16);
-      out.y = static_cast<u32>(f2bf(v[i + 2] * rstd)) | (static_cast<u32>(f2bf(v[i + 3] * rstd)) << 16);
+      out.x = f2bf_pair(v[i] * rstd, v[i + 1] * rstd);
+      out.y = f2bf_pair(v[i + 2] * rstd, v[i + 3] * rstd);
       *reinterpret_cast<uint2*>(y + i * 32 + lane * 4) = out;
     }
   }
