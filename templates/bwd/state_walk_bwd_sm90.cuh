@@ -72,10 +72,11 @@ __device__ __forceinline__ void split_rows_hi_lo(u32 o_addr, u32 hi_addr, u32 lo
 /// one warpgroup (its warp and lane): Tm's elements times their column's factor (0 past len)
 /// rounded as the A operand from registers, K read N-major, four 32-column quarters of fp32
 /// accumulators rounded to bf16 pairs, each pair XOR `sign` (0x80008000 stores -W exactly).
-/// gc and beta of the chunk at the shared addresses sg and sb.
-template <int C>
+/// gc and beta of the chunk at the shared addresses sg and sb. NQ quarters from q_first (a body
+/// warpgroup of the fused backward forms half of W).
+template <int C, int NQ = 4>
 __device__ __forceinline__ void form_w_tile(u32 t_addr, u32 k_addr, u32 sg, u32 sb, u32 w_addr, int len, int warp,
-                                            int lane, u32 sign) {
+                                            int lane, u32 sign, int q_first = 0) {
   auto pack = [](float lo, float hi) { return f2bf_pair(lo, hi); };
   // The row and column of the thread are laundered per call: loop-invariant, the compiler would
   // hoist every swizzled address of the tiles out of the chunk loop and spill them.
@@ -101,7 +102,8 @@ __device__ __forceinline__ void form_w_tile(u32 t_addr, u32 k_addr, u32 sg, u32 
 #pragma unroll
   for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(A[ks]);
 #pragma unroll
-  for (int quarter = 0; quarter < 4; ++quarter) {
+  for (int qq = 0; qq < NQ; ++qq) {
+    const int quarter = q_first + qq;
     float acc[16];
     wg::fence();
 #pragma unroll

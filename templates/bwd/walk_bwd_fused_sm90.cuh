@@ -1,35 +1,40 @@
 /**
  * @file walk_bwd_fused_sm90.cuh
  * @brief The fused backward on sm_90a (walk_bwd_layout "fused", docs/design_fused_bwd_sm90.md
- *        3.9): the reverse state walk (B2, B3) and chunk_bwd's body (B4-B6) in one persistent block
+ *        3.11): the reverse state walk (B2, B3) and chunk_bwd's body (B4-B6) in one persistent block
  *        per (document, value head), chunks walked last to first. The dh tape and dv_new never leave
  *        the block: bf16(Z) and dV' of a chunk are shared tiles that the chunk's body reads where
  *        chunk_bwd loaded them. Every product keeps its operands, rounding and k order from
  *        state_walk_bwd_sm90.cuh (z_owner layout) and chunk_bwd_sm90.cuh, and every epilogue its
- *        arithmetic, so the results are the programs path's bits.
+ *        arithmetic, so dq, dk, dv and dh0 are the programs path's bits; the row sums of dgam and
+ *        dbeta are added from two halves (B0's, then B1's), so dg and dbeta have their own.
  *
- * Warpgroups (setmaxnreg 32 / 160 / 160 / 160: the value side and the algebra spill more at 152):
+ * Warpgroups (setmaxnreg 32 / 160 / 160 / 160):
  *  - P, the producer: TMA loads of a chunk's tiles into single slots (cp.async with the rows past
  *    the length zero-filled for a chunk cut short), each group of slots refilled for the next
  *    chunk as soon as its last reader has arrived on the group's `empty` barrier.
- *  - A, the 64 x 64 algebra: P~ = Q K^T gated, -W (formed from Tm, beta, gc and K), dS~ = dO V'^T
- *    with the M sums, dQ = dO S^T + dS~ K, dW = -dV' S^T, dTm, Y = dTm Tm^T, E = tril1(-Tm^T Y),
- *    K K^T, the row terms, dg and dbeta; stores dq.
- *  - X, the value side: dv_local^T = dO^T P~ and D^T = Zb^T K^T (the walk's), dV' into its tile,
- *    dvb = Tm^T dV' (dv, dbeta's V term), dK = diag(exp2(gcL - gc)) V' Zb^T + dS~^T Q +
- *    diag(b Gam) Tm^T dW + (Eb + Eb^T) K with its row terms; stores dv and dk.
+ *  - B0 and B1, the body: the SAME code on the two halves h of every product's output columns (32
+ *    of the 64 x 64 products', 64 of the 64 x 128 ones'; the walk's transposed D^T and
+ *    dv_local^T by their m64 half): P~ = Q K^T gated; dv_local^T = dO^T P~, D^T = Zb^T K^T and
+ *    dV' (the chain); -W; dS~ = dO V'^T with the M sums; dQ = dO S^T + dS~ K; dvb = Tm^T dV' (dv,
+ *    dbeta's V term); dK = diag(exp2(gcL - gc)) V' Zb^T + dS~^T Q + diag(b Gam) Tm^T dW +
+ *    (Eb + Eb^T) K; dW = -dV' S^T; dTm (through a shared tile: Y's k runs over all its columns);
+ *    Y = dTm Tm^T; E = tril1(-Tm^T Y); K K^T; the row terms; B0 also dg and dbeta. Each stores its
+ *    halves of dq, dv and dk. The halves meet at 256-thread barriers where a product reads a
+ *    whole tile the other half wrote. One copy of the body's code serves eight warps: the fused
+ *    walk's first version (a different warpgroup per product) ran 154 KB of code per chunk and
+ *    waited for instruction fetch (docs/PERF.md).
  *  - Z, the gradient's owner: Z^T (128 x 128 fp32 in registers), bf16(Z) into its tile, <S, Zb>,
  *    dOs hi over dO's slot and lo into its own, the update Z^T = exp2(gcL) Z^T + (dOs hi)^T Q +
  *    (dOs lo)^T Q + dV'^T (-W); dh0 at the end.
  * The chain from chunk to chunk is bf16(Z) -> D -> dV' -> the update. Every mbarrier completes
  * once per chunk (a waiter of chunk u waits parity u & 1) and has ONE arriving warpgroup, or
- * several whose arrivals for chunk u + 1 all follow its completion for chunk u (the load groups'
- * `empty`, which each arriver reaches only after the group's next `full`; bDvEmpty, whose arrivals
- * follow bDvFull, which X arrives after waiting bDvEmpty; bORead, whose arrivals follow bPRead
- * and the next dO, both after the owner's wait): a barrier cannot take a later chunk's arrival
- * into an earlier phase, nor complete twice before a waiter looks. The owner reads the scalars
- * of the K / Tm group without arriving on its `empty`: the two buffers by chunk parity cover it,
- * since X's arrival for chunk u + 1 follows bZFull(u + 1), which the owner arrives after chunk u.
+ * several whose arrivals for chunk u + 1 all follow its completion for chunk u: the two body
+ * warpgroups pass a 256-thread barrier (P~ whole) at the start of every chunk, after all of
+ * their arrivals of the chunk before; the load groups' `empty`s that the owner shares are
+ * arrived by it only after the group's next `full`. The owner reads the scalars of the K / Tm
+ * group without arriving on its `empty`: the two buffers by chunk parity cover it, since the
+ * body's arrival for chunk u + 1 follows bZFull(u + 1), which the owner arrives after chunk u.
  */
 #pragma once
 
@@ -89,28 +94,21 @@ struct WalkBwdFusedSm90 {
     bFull = 0,             // + group
     bEmpty = kGroups,      // + group
     bZFull = 2 * kGroups,  // Z: bf16(Z) is in its tile
-    bZEmpty,               // X: D and dKst have read it
-    bPFull,                // A: P~ is in P
-    bPRead,                // X: dv_local has read P~ (A may write dS~ over it)
-    bDsFull,               // A: dS~ is in P (and A's dS~ has read V')
-    bPEmpty,               // X: dS~^T Q has read dS~
-    bWFull,                // A: -W is in W
-    bWEmpty,               // X: dk's store has read W
-    bDvFull,               // X: dV' is in its tile
-    bDvEmpty,              // Z and A: the update, dW and dV' V^T have read dV'
+    bZEmpty,               // B0, B1: D and dKst have read it
+    bWFull,                // B0, B1: -W is in W
+    bDvFull,               // B0, B1: dV' is in its tile
+    bDvEmpty,              // Z: the update has read dV'
     bZDone,                // Z: the update read dOs hi, lo, -W; <S, Zb> is written
-    bORead,                // X and A: dv_local, dS~ and dO S^T have read dO
-    bDwFull,               // A: dW is in W
-    bEFull,                // A: E hi, lo are in Lo
-    bERead,                // X: E K has read Lo
-    bXTerms,               // X: its row terms are written
+    bORead,                // B0, B1: dv_local, dS~ and dO S^T have read dO
+    bERead,                // B0, B1: E K has read Lo
     kBarriers
   };
+  // Named barriers: 1 for both body warpgroups (256 threads), 3 the owner's, 4 + h body h's.
+  enum : int { kBarPair = 1, kBarOwner = 3, kBarBody0 = 4 };
   static_assert(kBarriers <= Lay::kFuBarriers, "the layout's mbarrier slots");
 
-  static constexpr int kProducerRegs = 32, kAlgebraRegs = 160, kValueRegs = 160, kOwnerRegs = 160;
-  static_assert(kProducerRegs + kAlgebraRegs + kValueRegs + kOwnerRegs <= 4 * 128,
-                "setmaxnreg: the block's pinned registers");
+  static constexpr int kProducerRegs = 32, kBodyRegs = 160, kOwnerRegs = 160;
+  static_assert(kProducerRegs + 2 * kBodyRegs + kOwnerRegs <= 4 * 128, "setmaxnreg: the block's pinned registers");
 
   __device__ __forceinline__ static u32 pack(float lo, float hi) { return f2bf_pair(lo, hi); }
   __device__ __forceinline__ static void wait_full(mbar_t* bars, int g, int u) {
@@ -131,13 +129,15 @@ struct WalkBwdFusedSm90 {
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
     if (threadIdx.x == 0) {
       for (int g = 0; g < kGroups; ++g) pipe::mbar_init(bars + bFull + g, 129);
-      pipe::mbar_init(bars + bEmpty + gKT, 256);  // A, X
-      pipe::mbar_init(bars + bEmpty + gQ, 384);   // A, X, Z
-      pipe::mbar_init(bars + bEmpty + gV, 256);   // A, X
-      pipe::mbar_init(bars + bEmpty + gO, 128);   // A (dq's store read the slot)
-      pipe::mbar_init(bars + bEmpty + gVn, 128);  // X (dv's store read the slot)
-      pipe::mbar_init(bars + bEmpty + gS, 256);   // A, Z
-      for (int b = bZFull; b < kBarriers; ++b) pipe::mbar_init(bars + b, (b == bDvEmpty || b == bORead) ? 256 : 128);
+      pipe::mbar_init(bars + bEmpty + gKT, 256);  // B0, B1
+      pipe::mbar_init(bars + bEmpty + gQ, 384);   // B0, B1, Z
+      pipe::mbar_init(bars + bEmpty + gV, 256);   // B0, B1
+      pipe::mbar_init(bars + bEmpty + gO, 256);   // B0, B1 (dq's stores read the slot)
+      pipe::mbar_init(bars + bEmpty + gVn, 256);  // B0, B1 (dv's stores read the slot)
+      pipe::mbar_init(bars + bEmpty + gS, 384);   // B0, B1, Z
+      // The owner's barriers have its 128 arrivals, the others both body warpgroups' 256.
+      for (int b = bZFull; b < kBarriers; ++b)
+        pipe::mbar_init(bars + b, (b == bZFull || b == bDvEmpty || b == bZDone) ? 128 : 256);
       pipe::fence_mbar_init();
     }
     __syncthreads();
@@ -145,12 +145,9 @@ struct WalkBwdFusedSm90 {
     if (role == 0) {
       pipe::setmaxnreg_dec<kProducerRegs>();
       producer(p, maps, range, smem, bars);
-    } else if (role == 1) {
-      pipe::setmaxnreg_inc<kAlgebraRegs>();
-      algebra(p, maps, range, smem, bars);
-    } else if (role == 2) {
-      pipe::setmaxnreg_inc<kValueRegs>();
-      value_side(p, maps, range, smem, bars);
+    } else if (role < 3) {
+      pipe::setmaxnreg_inc<kBodyRegs>();
+      body(p, maps, range, smem, bars, role - 1);
     } else {
       pipe::setmaxnreg_inc<kOwnerRegs>();
       owner(p, range, smem, bars);
@@ -247,26 +244,24 @@ struct WalkBwdFusedSm90 {
     }
   }
 
-  /// A 64 x 128 tile of bf16 pairs (pr[2 i + hh]: row L.r[hh], columns 8 i + tq, + 1) into the free
-  /// SW128 slot at `tile` by stmatrix, then out: a whole chunk by two TMA boxes from the
-  /// warpgroup's first thread (after every warp's fence and the warpgroup's barrier), a cut chunk
-  /// by each thread's rows below the length.
-  __device__ __forceinline__ static void stage_store(const TensorMaps& maps, int map, int col, long long t0, int len,
-                                                     u32 tile, const u32 (&pr)[32], const Lane& L, int bar,
-                                                     bf16_t* rows, long long stride) {
+  /// This half's 64 columns of a 64 x 128 tile of bf16 pairs (pr[2 i + hh]: row L.r[hh], columns
+  /// 64 h + 8 i + tq, + 1) into the free SW128 slot at `tile` by stmatrix, then out: a whole chunk
+  /// by one TMA box from the warpgroup's first thread (after every warp's fence and the
+  /// warpgroup's barrier), a cut chunk by each thread's rows below the length.
+  __device__ __forceinline__ static void stage_store_half(const TensorMaps& maps, int map, int col, long long t0,
+                                                          int len, u32 tile, const u32 (&pr)[16], const Lane& L, int h,
+                                                          int bar, bf16_t* rows, long long stride) {
     if (len == C) {
       const int mi = (L.ctid & 31) >> 3, r = 16 * L.w + 8 * (mi & 1) + (L.ctid & 7);
 #pragma unroll
-      for (int i = 0; i < 16; i += 2) {
+      for (int i = 0; i < 8; i += 2) {
         const u32 f[4] = {pr[2 * i], pr[2 * i + 1], pr[2 * i + 2], pr[2 * i + 3]};
-        wg::stsm_x4(tile + sw128::offset(r, 8 * i + 8 * (mi >> 1), C), f);
+        wg::stsm_x4(tile + sw128::offset(r, 64 * h + 8 * i + 8 * (mi >> 1), C), f);
       }
       wg::fence_smem_for_async();
       pipe::named_sync(bar, 128);
       if (L.ctid == 0) {
-#pragma unroll
-        for (int b = 0; b < 2; ++b)
-          pipe::tma_store_2d(&maps.map[map], col + 64 * b, static_cast<int>(t0), tile + b * C * 128);
+        pipe::tma_store_2d(&maps.map[map], col + 64 * h, static_cast<int>(t0), tile + h * C * 128);
         pipe::bulk_commit();
       }
     } else {
@@ -275,45 +270,64 @@ struct WalkBwdFusedSm90 {
         const int r = L.r[hh];
         if (r >= len) continue;
 #pragma unroll
-        for (int i = 0; i < 16; ++i) *reinterpret_cast<u32*>(rows + r * stride + 8 * i + L.tq) = pr[2 * i + hh];
+        for (int i = 0; i < 8; ++i) *reinterpret_cast<u32*>(rows + r * stride + 64 * h + 8 * i + L.tq) = pr[2 * i + hh];
       }
     }
   }
 
-  /// The rows of a 64 x 128 accumulator scaled by f[hh] (row L.r[hh]), then rowsum(D .* X) with
-  /// the bf16 tile X at byte offset `tile` into out[row] (chunk_bwd's order: one lane a quad writes).
-  __device__ __forceinline__ static void scale_rows_and_dot(float (&D)[64], const float (&f)[2],
-                                                            const unsigned char* smem, u32 tile, float* out,
-                                                            const Lane& L) {
+  /// acc (+)= A B over STEPS k-steps of 16 (wg::mma_k16's operand forms), descriptors by step.
+  template <int N, int TA, int TB, int STEPS, class DA, class DB>
+  __device__ __forceinline__ static void mma(float (&acc)[N / 2], DA&& da, DB&& db, bool accumulate) {
+    wg::fence_acc(acc);
+    wg::fence();
 #pragma unroll
-    for (int i = 0; i < 16; ++i)
+    for (int ks = 0; ks < STEPS; ++ks) wg::mma_k16<N, TA, TB>(acc, da(ks), db(ks), (accumulate || ks > 0) ? 1 : 0);
+  }
+
+  /// Both rows' sums of the thread over the quad (complete sums of this half's columns).
+  __device__ __forceinline__ static void quad_sums(float (&rs)[2]) {
 #pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        D[4 * i + 2 * hh] *= f[hh];
-        D[4 * i + 2 * hh + 1] *= f[hh];
-      }
-    float rs[2] = {0.f, 0.f};
-    CB::row_dot(smem, tile, D, 0, 16, L, rs);
+    for (int hh = 0; hh < 2; ++hh) rs[hh] = CB::quad_sum(rs[hh]);
+  }
+
+  /// A row term's half: warpgroup B0 writes its sums, B1 keeps them (`held`) and adds them after
+  /// B0's are in (add_held), so each row's term is (B0's + B1's) in that order.
+  __device__ __forceinline__ static void put_row_term(float* out, const float (&rs)[2], float (&held)[2], int h,
+                                                      const Lane& L) {
 #pragma unroll
     for (int hh = 0; hh < 2; ++hh) {
-      const float sum = CB::quad_sum(rs[hh]);
-      if ((L.ctid & 3) == 0) out[L.r[hh]] = sum;
+      if (h == 0) {
+        if ((L.ctid & 3) == 0) out[L.r[hh]] = rs[hh];
+      } else {
+        held[hh] = rs[hh];
+      }
     }
   }
 
-  /// Warpgroup 1, the algebra (see the file's comment), in chunk_bwd's arithmetic.
-  __device__ static void algebra(const StateWalkBwdParams& p, const TensorMaps& maps, const SegmentWalk<Cfg>& range,
-                                 unsigned char* smem, mbar_t* bars) {
-    // threadIdx.x & 127, not threadIdx.x - 128: the compiler then knows the lane's rows are 0..63,
-    // as in chunk_bwd's scores warpgroup, and folds the same masks of the M sums and contracts the
-    // same three products into FMAs there. With the subtraction dgam's attention terms (and so dg)
-    // came out of other FMAs and differed from the programs path's bits in the last place.
+  /// Warpgroups 1 and 2, the body (see the file's comment): the same code on the halves h of
+  /// every product's columns, in chunk_bwd's and the walk's arithmetic.
+  __device__ static void body(const StateWalkBwdParams& p, const TensorMaps& maps, const SegmentWalk<Cfg>& range,
+                              unsigned char* smem, mbar_t* bars, const int h) {
+    // threadIdx.x & 127: the compiler knows the lane's rows are 0..63 (chunk_bwd's lane index).
     const Lane L(static_cast<int>(threadIdx.x) & 127);
-    constexpr int kBar = 1;  // this warpgroup's named barrier
+    const int ctid = L.ctid, warp = ctid >> 5, lane = ctid & 31, tq = (lane & 3) * 2, m_lane = lane >> 3;
+    const int kBarOwn = kBarBody0 + h;
+    const int c32 = 32 * h, c64 = 64 * h;  // this half's first column of the 64- and 128-wide products
     const int j = walk_head<Cfg>();
     const int c_last = range.end - 1, nc = range.end - range.begin;
     const u32 s0 = wg::smem_u32(smem);
+    const u32 q_a = s0 + kOffQ, k_a = s0 + kOffK, v_a = s0 + kOffV, o_a = s0 + kOffO, vn_a = s0 + kOffVn;
+    const u32 dv_a = s0 + kOffDv, w_a = s0 + kOffW, lo_a = s0 + kOffLo, s_a = s0 + kOffS, zb_a = s0 + kOffZb;
+    const u32 t_a = s0 + kOffT, p_a = s0 + kOffP;
     const float scale = p.scale;
+    auto kmaj = [](u32 t, int rows) { return [=](int ks) { return wg::desc_k_major(t, rows, ks); }; };
+    auto mnmaj = [](u32 t, int rows) { return [=](int ks) { return wg::desc_mn_major(t, rows, ks); }; };
+    auto kmaj_rows = [](u32 t, int rows, int r0) {
+      return [=](int ks) { return wg::desc_k_major_rows(t, rows, r0, ks); };
+    };
+    auto mnmaj_cols = [](u32 t, int rows, int c0) {
+      return [=](int ks) { return wg::desc_mn_major_cols(t, rows, c0, ks); };
+    };
     ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
 #pragma unroll 1
     for (int u = 0; u < nc; ++u) {
@@ -325,251 +339,417 @@ struct WalkBwdFusedSm90 {
       float* const sc = scalars(smem, u);
       const float* g = sc + CB::sG;
       const float* b = sc + CB::sB;
+      float held_gq[2] = {0.f, 0.f}, held_attr[2] = {0.f, 0.f}, held_dbv[2] = {0.f, 0.f};
+      float held_kst[2] = {0.f, 0.f}, held_r1[2] = {0.f, 0.f}, held_r2[2] = {0.f, 0.f};
 
-      // P~ = bf16(scale (Q K^T) exp2(gc_r - gc_c)) on r >= c, r < len: the walk's scores. Q K^T
-      // itself stays for the M sums (chunk_bwd's product, the same one).
-      float QK[32];
+      // 1. Q K^T (columns c32 ..; kept for the M sums) and P~ = bf16(scale (Q K^T) exp2(gc_r - gc_c))
+      //    on r >= c, r < len, the walk's scores, into P. B0 also puts the dV' factors.
+      float QK[16];
       wait_full(bars, gKT, u);
       wait_full(bars, gQ, u);
-      CB::template issue<64, 0, 0>(QK, s0 + kOffQ, C, s0 + kOffK, C, K / 16, false);
+      mma<32, 0, 0, K / 16>(QK, kmaj(q_a, C), kmaj_rows(k_a, C, c32), false);
       wg::commit();
+      if (h == 0 && ctid < C) sc[sEv + ctid] = gate_exp2(g[m - 1] - g[ctid], true);  // exp2(gcL - gc_t)
       CB::template wait<0>(QK);
-      if (u > 0) pipe::mbar_wait(bars + bPEmpty, prev);  // X's dS~^T Q of the chunk before
       {
-        const int r_lo = L.r[0], r_hi = L.r[1], tq = L.tq;
+        const int r_lo = L.r[0], r_hi = L.r[1];
         const float g_lo = g[r_lo], g_hi = g[r_hi];
-        const u32 p_addr = s0 + kOffP;
 #pragma unroll
-        for (int i = 0; i < C / 8; ++i) {
-          const int col = i * 8 + tq;
+        for (int ii = 0; ii < 4; ++ii) {
+          const int i = 4 * h + ii, col = i * 8 + tq;
           u32 lo = 0u, hi = 0u;
           if (i * 8 <= 16 * L.w + 15) {
             const float gc0 = g[col], gc1 = g[col + 1];
             const bool ok00 = col <= r_lo && r_lo < m, ok01 = col + 1 <= r_lo && r_lo < m;
             const bool ok10 = col <= r_hi && r_hi < m, ok11 = col + 1 <= r_hi && r_hi < m;
-            const float p00 = select_f32(ok00, scale * QK[4 * i] * gate_exp2(g_lo - gc0, true), 0.f);
-            const float p01 = select_f32(ok01, scale * QK[4 * i + 1] * gate_exp2(g_lo - gc1, true), 0.f);
-            const float p10 = select_f32(ok10, scale * QK[4 * i + 2] * gate_exp2(g_hi - gc0, true), 0.f);
-            const float p11 = select_f32(ok11, scale * QK[4 * i + 3] * gate_exp2(g_hi - gc1, true), 0.f);
+            const float p00 = select_f32(ok00, scale * QK[4 * ii] * gate_exp2(g_lo - gc0, true), 0.f);
+            const float p01 = select_f32(ok01, scale * QK[4 * ii + 1] * gate_exp2(g_lo - gc1, true), 0.f);
+            const float p10 = select_f32(ok10, scale * QK[4 * ii + 2] * gate_exp2(g_hi - gc0, true), 0.f);
+            const float p11 = select_f32(ok11, scale * QK[4 * ii + 3] * gate_exp2(g_hi - gc1, true), 0.f);
             lo = pack(p00, p01);
             hi = pack(p10, p11);
           }
-          wg::sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
-          wg::sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
+          wg::sts_u32(p_a + sw128::offset(r_lo, col, C), lo);
+          wg::sts_u32(p_a + sw128::offset(r_hi, col, C), hi);
         }
       }
       wg::fence_smem_for_async();
-      pipe::mbar_arrive(bars + bPFull);
+      pipe::named_sync(kBarPair, 256);  // P~ whole, the dV' factors
 
-      // -W once X's dk store of the chunk before has read the W slot.
-      if (u > 0) pipe::mbar_wait(bars + bWEmpty, prev);
-      // -W, the walk's form_w (chunk_prep's rounding) with the sign flipped on the stored pairs (exact).
-      form_w_tile<C>(s0 + kOffT, s0 + kOffK, wg::smem_u32(sc + CB::sG), wg::smem_u32(sc + CB::sB), s0 + kOffW, m, L.w,
-                     L.ctid & 31, 0x80008000u);
+      // 2. The chain: for the value rows c64 .., D^T = bf16(Z)^T K^T and dv_local^T = dO^T P~, then
+      //    dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) into the dV' tile as [t][v] rows.
+      pipe::mbar_wait(bars + bZFull, ph);
+      wait_full(bars, gO, u);
+      {
+        const u32 vec = wg::smem_u32(sc + sEv);
+        float D[32], Lc[32];
+        wg::fence();
+#pragma unroll
+        for (int ks = 0; ks < K / 16; ++ks)
+          wg::mma_m64n64k16<1, 0>(D, wg::desc_mn_major(zb_a + h * K * 128, K, ks), wg::desc_k_major(k_a, C, ks),
+                                  ks > 0);
+#pragma unroll
+        for (int ks = 0; ks < C / 16; ++ks)
+          wg::mma_m64n64k16<1, 1>(Lc, wg::desc_mn_major(o_a + h * C * 128, C, ks), wg::desc_mn_major(p_a, C, ks),
+                                  ks > 0);
+        wg::commit();
+        wg::wait<0>();
+        wg::fence_acc(D);
+        wg::fence_acc(Lc);
+        if (u > 0) pipe::mbar_wait(bars + bDvEmpty, prev);  // the owner's update of the chunk before
+#pragma unroll
+        for (int ks = 0; ks < C / 16; ++ks) {
+          u32 d4[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int t = 16 * ks + 8 * (q >> 1) + tq;
+            const int at = 8 * ks + 2 * q;
+            const float2 e = wg::lds_f32x2(vec + 4 * t);
+            const float y0 = t < m ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
+            const float y1 = t + 1 < m ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
+            d4[q] = pack(y0, y1);
+          }
+          const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = c64 + 16 * warp + 8 * (m_lane & 1);
+          wg::stsm_x4_trans(dv_a + sw128::offset(r, v, C), d4);
+        }
+      }
+      wg::fence_smem_for_async();
+      pipe::named_sync(kBarOwn, 128);
+      pipe::mbar_arrive(bars + bDvFull);
+
+      // 3. -W quarters 2h, 2h + 1 (the walk's form_w, chunk_prep's rounding, the sign flipped on the
+      //    stored pairs: exact). W's half h last held this warpgroup's dk box (its store was read).
+      form_w_tile<C, 2>(t_a, k_a, wg::smem_u32(sc + CB::sG), wg::smem_u32(sc + CB::sB), w_a, m, L.w, lane, 0x80008000u,
+                        2 * h);
       wg::fence_smem_for_async();
       pipe::mbar_arrive(bars + bWFull);
 
-      // dS~ = scale * tril0((dO V'^T) .* Dec) into P once X's dv_local has read P~; the M sums.
-      float Ad[32];
-      wait_full(bars, gO, u);
+      // 4. dS~ = scale * tril0((dO V'^T) .* Dec), columns c32 .., into P once both halves' dv_local
+      //    read P~; the M sums M = dS~ .* (Q K^T), strictly lower: rowsum(M) - colsum(M) enters dgam.
+      float Ad[16];
       wait_full(bars, gVn, u);
-      CB::template issue<64, 0, 0>(Ad, s0 + kOffO, C, s0 + kOffVn, C, V / 16, false);
+      mma<32, 0, 0, V / 16>(Ad, kmaj(o_a, C), kmaj_rows(vn_a, C, c32), false);
       wg::commit();
       CB::template wait<0>(Ad);
-      u32 ds[16];
+      u32 ds[8];
 #pragma unroll
       for (int hh = 0; hh < 2; ++hh) {
         const int r = L.r[hh];
         const float gr = g[r];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int c = 8 * i + L.tq;
+        for (int ii = 0; ii < 4; ++ii) {
+          const int c = c32 + 8 * ii + tq;
           const float e0 = exp2f(fminf(gr - g[c], 0.f)), e1 = exp2f(fminf(gr - g[c + 1], 0.f));
-          const float v0 = select_f32(r >= c && r < m, scale * Ad[4 * i + 2 * hh] * e0, 0.f);
-          const float v1 = select_f32(r >= c + 1 && r < m, scale * Ad[4 * i + 2 * hh + 1] * e1, 0.f);
-          ds[2 * i + hh] = f2bf_pair(v0, v1);
+          const float v0 = select_f32(r >= c && r < m, scale * Ad[4 * ii + 2 * hh] * e0, 0.f);
+          const float v1 = select_f32(r >= c + 1 && r < m, scale * Ad[4 * ii + 2 * hh + 1] * e1, 0.f);
+          ds[2 * ii + hh] = f2bf_pair(v0, v1);
         }
       }
-      pipe::mbar_wait(bars + bPRead, ph);
-      pipe::named_sync(kBar, 128);  // every warp's P~ stores before any warp's dS~ over the same bytes
+      pipe::named_sync(kBarPair, 256);  // both halves' dv_local read P~
 #pragma unroll
-      for (int i = 0; i < 8; i += 2)
-        CB::stsm_pairs(s0 + kOffP, i, L, ds[2 * i], ds[2 * i + 1], ds[2 * i + 2], ds[2 * i + 3]);
+      for (int ii = 0; ii < 4; ii += 2)
+        CB::stsm_pairs(p_a, 4 * h + ii, L, ds[2 * ii], ds[2 * ii + 1], ds[2 * ii + 2], ds[2 * ii + 3]);
       wg::fence_smem_for_async();
-      pipe::named_sync(kBar, 128);  // dS~ whole before this warpgroup's dS~ K
-      pipe::mbar_arrive(bars + bDsFull);
-      {  // M = dS~ .* (Q K^T), strictly lower: rowsum(M) - colsum(M) enters dgam.
+      {
         float rs[2] = {0.f, 0.f};
-        float cs[16];
+        float cs[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
+        for (int ii = 0; ii < 4; ++ii) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) cs[2 * i + e] = 0.f;
+          for (int e = 0; e < 2; ++e) cs[2 * ii + e] = 0.f;
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            const int r = L.r[hh], c = 8 * i + L.tq;
-            const float m0 = r > c ? QK[4 * i + 2 * hh] * CB::lo_f(ds[2 * i + hh]) : 0.f;
-            const float m1 = r > c + 1 ? QK[4 * i + 2 * hh + 1] * CB::hi_f(ds[2 * i + hh]) : 0.f;
+            const int r = L.r[hh], c = c32 + 8 * ii + tq;
+            const float m0 = r > c ? QK[4 * ii + 2 * hh] * CB::lo_f(ds[2 * ii + hh]) : 0.f;
+            const float m1 = r > c + 1 ? QK[4 * ii + 2 * hh + 1] * CB::hi_f(ds[2 * ii + hh]) : 0.f;
             rs[hh] += m0 + m1;
-            cs[2 * i] += m0;
-            cs[2 * i + 1] += m1;
+            cs[2 * ii] += m0;
+            cs[2 * ii + 1] += m1;
           }
         }
+        quad_sums(rs);
+        put_row_term(sc + CB::sAttR, rs, held_attr, h, L);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float s = CB::quad_sum(rs[hh]);
-          if ((L.ctid & 3) == 0) sc[CB::sAttR + L.r[hh]] = s;
-        }
-#pragma unroll
-        for (int q = 0; q < 16; ++q) {
+        for (int q = 0; q < 8; ++q) {
           const float s = CB::octet_sum(cs[q]);
-          if (L.g == 0) sc[CB::sAttC + 64 * L.w + 8 * (q >> 1) + L.tq + (q & 1)] = s;
+          if (L.g == 0) sc[CB::sAttC + 64 * L.w + c32 + 8 * (q >> 1) + tq + (q & 1)] = s;
         }
       }
 
-      // dQ = scale diag(exp2(gc)) dO S^T + dS~ K, rounded to bf16 pairs and held until dO's slot
-      // is free (after the owner's update read dOs hi there).
-      u32 dq[32];
+      // 5. dQ (columns c64 ..) = scale diag(exp2(gc)) dO S^T, its row sum with Q, + dS~ K; held as
+      //    bf16 pairs until dO's slot is free (after the owner's update read dOs hi there).
+      u32 dq[16];
       {
-        float D[64];
+        float D[32];
         wait_full(bars, gS, u);
-        CB::template issue<128, 0, 0>(D, s0 + kOffO, C, s0 + kOffS, K, V / 16, false);
+        mma<64, 0, 0, V / 16>(D, kmaj(o_a, C), kmaj_rows(s_a, K, c64), false);
         wg::commit();
         CB::template wait<0>(D);
-        pipe::mbar_arrive(bars + bORead);
-        float f[2];
+        pipe::mbar_arrive(bars + bORead);  // dv_local, dS~ and dO S^T have read dO
+        float rs[2] = {0.f, 0.f};
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) f[hh] = L.r[hh] < m ? scale * exp2f(fminf(g[L.r[hh]], 0.f)) : 0.f;
-        scale_rows_and_dot(D, f, smem, kOffQ, sc + CB::sGq, L);
-        pipe::mbar_arrive(bars + bEmpty + gQ);  // this warpgroup's reads of Q (the row sum)
-        CB::template issue<128, 0, 1>(D, s0 + kOffP, C, s0 + kOffK, C, C / 16, true);
+        for (int hh = 0; hh < 2; ++hh) {
+          const float f = L.r[hh] < m ? scale * exp2f(fminf(g[L.r[hh]], 0.f)) : 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            D[4 * i + 2 * hh] *= f;
+            D[4 * i + 2 * hh + 1] *= f;
+          }
+        }
+        CB::row_dot(smem, kOffQ, D, 8 * h, 8, L, rs);
+        quad_sums(rs);
+        put_row_term(sc + CB::sGq, rs, held_gq, h, L);
+        pipe::named_sync(kBarPair, 256);  // dS~ whole
+        mma<64, 0, 1, C / 16>(D, kmaj(p_a, C), mnmaj_cols(k_a, C, c64), true);
         wg::commit();
         CB::template wait<0>(D);
 #pragma unroll
-        for (int i = 0; i < 16; ++i)
+        for (int i = 0; i < 8; ++i)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) dq[2 * i + hh] = pack(D[4 * i + 2 * hh], D[4 * i + 2 * hh + 1]);
       }
 
-      // The owner's update has read dOs hi (dO's slot), lo and -W: dq leaves from dO's slot.
-      pipe::mbar_wait(bars + bZDone, ph);
-      pipe::named_sync(kBar, 128);
-      stage_store(maps, kMapDq, j * K, t0, m, s0 + kOffO, dq, L, kBar, p.dq_v + (t0 * HV + j) * K, (long long)HV * K);
-
-      // dW = -dV' S^T into W (bf16), dV' V^T beside it; then dTm in hi + lo registers, Y.
-      float T2[32];
+      // 6. dvb = Tm^T dV' (columns c64 ..): dv = diag(b) dvb as bf16 pairs, dbeta's V term.
+      u32 dv[16];
       {
-        float Wd[64];
-        pipe::mbar_wait(bars + bDvFull, ph);
-        CB::template issue<128, 0, 0>(Wd, s0 + kOffDv, C, s0 + kOffS, K, V / 16, false);
+        float Xb[32];
+        pipe::mbar_wait(bars + bDvFull, ph);  // both halves of dV'
+        mma<64, 1, 1, C / 16>(Xb, mnmaj(t_a, C), mnmaj_cols(dv_a, C, c64), false);
         wg::commit();
+        CB::template wait<0>(Xb);
         wait_full(bars, gV, u);
-        CB::template issue<64, 0, 0>(T2, s0 + kOffDv, C, s0 + kOffV, C, V / 16, false);
+        float rs[2] = {0.f, 0.f};
+        CB::row_dot(smem, kOffV, Xb, 8 * h, 8, L, rs);
+        quad_sums(rs);
+        put_row_term(sc + CB::sDbv, rs, held_dbv, h, L);
+        const float f0 = b[L.r[0]], f1 = b[L.r[1]];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          dv[2 * i] = pack(f0 * Xb[4 * i], f0 * Xb[4 * i + 1]);
+          dv[2 * i + 1] = pack(f1 * Xb[4 * i + 2], f1 * Xb[4 * i + 3]);
+        }
+      }
+
+      // 7. dK (columns c64 ..): the state term diag(exp2(gcL - gc)) V' Zb^T with its row sum
+      //    (dgam's shifted terms), then += dS~^T Q.
+      float Dk[32];
+      mma<64, 0, 0, V / 16>(Dk, kmaj(vn_a, C), kmaj_rows(zb_a, K, c64), false);
+      wg::commit();
+      CB::template wait<0>(Dk);
+      pipe::named_sync(kBarOwn, 128);  // every warp's D and dKst have read bf16(Z)
+      pipe::mbar_arrive(bars + bZEmpty);
+      {
+        const float gL = g[m - 1];
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float f = L.r[hh] < m ? gate_exp2(gL - g[L.r[hh]], true) : 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            Dk[4 * i + 2 * hh] *= f;
+            Dk[4 * i + 2 * hh + 1] *= f;
+          }
+        }
+        CB::row_dot(smem, kOffK, Dk, 8 * h, 8, L, rs);
+        quad_sums(rs);
+        put_row_term(sc + CB::sKst, rs, held_kst, h, L);
+      }
+      mma<64, 1, 1, C / 16>(Dk, mnmaj(p_a, C), mnmaj_cols(q_a, C, c64), true);
+      wg::commit();
+      CB::template wait<0>(Dk);
+      pipe::mbar_arrive(bars + bEmpty + gQ);  // Q K^T, the row sum and dS~^T Q read Q
+
+      // 8. After the owner's update (it read dOs hi in dO's slot, lo and -W): dq leaves from dO's
+      //    slot; dW = -dV' S^T (columns c64 ..) into W; dV' V^T (columns c32 ..) beside it.
+      pipe::mbar_wait(bars + bZDone, ph);
+      stage_store_half(maps, kMapDq, j * K, t0, m, o_a, dq, L, h, kBarOwn, p.dq_v + (t0 * HV + j) * K,
+                       (long long)HV * K);
+      float T2[16];
+      {
+        float Wd[32];
+        mma<64, 0, 0, V / 16>(Wd, kmaj(dv_a, C), kmaj_rows(s_a, K, c64), false);
+        wg::commit();
+        mma<32, 0, 0, V / 16>(T2, kmaj(dv_a, C), kmaj_rows(v_a, C, c32), false);
         wg::commit();
         CB::template wait<1>(Wd);
 #pragma unroll
-        for (int i = 0; i < 16; i += 2) {
+        for (int ii = 0; ii < 8; ii += 2) {
           auto pr = [&](int k) { return f2bf_pair(-Wd[k], -Wd[k + 1]); };
-          CB::stsm_pairs(s0 + kOffW, i, L, pr(4 * i), pr(4 * i + 2), pr(4 * i + 4), pr(4 * i + 6));
+          CB::stsm_pairs(w_a, 8 * h + ii, L, pr(4 * ii), pr(4 * ii + 2), pr(4 * ii + 4), pr(4 * ii + 6));
         }
       }
       wg::fence_smem_for_async();
-      pipe::named_sync(kBar, 128);
-      pipe::mbar_arrive(bars + bEmpty + gS);  // dO S^T and dV' S^T have read S
-      pipe::mbar_arrive(bars + bDwFull);
-      float T1[32];
-      CB::template issue<64, 0, 0>(T1, s0 + kOffW, C, s0 + kOffK, C, K / 16, false);
+      pipe::mbar_arrive(bars + bEmpty + gS);  // dO S^T and dV' S^T read S
+      pipe::named_sync(kBarPair, 256);        // dW whole; both halves' dS~ and dKst read V'
+      // dv leaves from V''s slot.
+      stage_store_half(maps, kMapDv, j * V, t0, m, vn_a, dv, L, h, kBarOwn, p.dv + (t0 * HV + j) * V,
+                       (long long)HV * V);
+
+      // 9. dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b)) (columns c32 ..) as hi + lo into
+      //    Lo (dOs lo was read by the update); Y = dTm Tm^T (columns c32 ..) over it.
+      float T1[16];
+      mma<32, 0, 0, K / 16>(T1, kmaj(w_a, C), kmaj_rows(k_a, C, c32), false);
       wg::commit();
       CB::template wait<0>(T1, T2);
-      pipe::mbar_arrive(bars + bDvEmpty);     // dW and dV' V^T have read dV'
-      pipe::mbar_arrive(bars + bEmpty + gV);  // dV' V^T has read V
-      u32 hi2[16], lo2[16];
-      CB::split_dtm(T1, T2, g, b, m, L, hi2, lo2);
+      pipe::mbar_arrive(bars + bEmpty + gV);  // dvb's row sum and dV' V^T read V
       {
-        float Y[32];
-        CB::template issue_rs<64, 0>(Y, hi2, s0 + kOffT, C, false);
-        CB::template issue_rs<64, 0>(Y, lo2, s0 + kOffT, C, true);
-        wg::commit();
-        CB::template wait<0>(Y);
-        u32 yh[16], yl[16];
+        u32 hi2[8], lo2[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
+        for (int ii = 0; ii < 4; ++ii)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
-            split_bf16_pair(Y[4 * i + 2 * hh], Y[4 * i + 2 * hh + 1], yh[2 * i + hh], yl[2 * i + hh]);
-          }
-          // Lo held dOs lo, which the owner's update read (bZDone above).
+            float v[2];
 #pragma unroll
-        for (int i = 0; i < 8; i += 2) {
-          CB::stsm_pairs(s0 + kOffLo, i, L, yh[2 * i], yh[2 * i + 1], yh[2 * i + 2], yh[2 * i + 3]);
-          CB::stsm_pairs(s0 + kOffLo + kCC, i, L, yl[2 * i], yl[2 * i + 1], yl[2 * i + 2], yl[2 * i + 3]);
+            for (int e = 0; e < 2; ++e) {
+              const int r = L.r[hh], c = c32 + 8 * ii + tq + e;
+              const float gate = exp2f(fminf(g[c], 0.f));
+              v[e] = select_f32(r > c && r < m, b[c] * (gate * T1[4 * ii + 2 * hh + e] + T2[4 * ii + 2 * hh + e]), 0.f);
+            }
+            split_bf16_pair(v[0], v[1], hi2[2 * ii + hh], lo2[2 * ii + hh]);
+          }
+#pragma unroll
+        for (int ii = 0; ii < 4; ii += 2) {
+          CB::stsm_pairs(lo_a, 4 * h + ii, L, hi2[2 * ii], hi2[2 * ii + 1], hi2[2 * ii + 2], hi2[2 * ii + 3]);
+          CB::stsm_pairs(lo_a + kCC, 4 * h + ii, L, lo2[2 * ii], lo2[2 * ii + 1], lo2[2 * ii + 2], lo2[2 * ii + 3]);
         }
       }
       wg::fence_smem_for_async();
-      pipe::named_sync(kBar, 128);
+      pipe::named_sync(kBarPair, 256);  // dTm whole
+      {
+        float Y[16];
+        mma<32, 0, 0, C / 16>(Y, kmaj(lo_a, C), kmaj_rows(t_a, C, c32), false);
+        mma<32, 0, 0, C / 16>(Y, kmaj(lo_a + kCC, C), kmaj_rows(t_a, C, c32), true);
+        wg::commit();
+        CB::template wait<0>(Y);
+        u32 yh[8], yl[8];
+#pragma unroll
+        for (int ii = 0; ii < 4; ++ii)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+            split_bf16_pair(Y[4 * ii + 2 * hh], Y[4 * ii + 2 * hh + 1], yh[2 * ii + hh], yl[2 * ii + hh]);
+        pipe::named_sync(kBarPair, 256);  // both halves' Y products read dTm
+#pragma unroll
+        for (int ii = 0; ii < 4; ii += 2) {
+          CB::stsm_pairs(lo_a, 4 * h + ii, L, yh[2 * ii], yh[2 * ii + 1], yh[2 * ii + 2], yh[2 * ii + 3]);
+          CB::stsm_pairs(lo_a + kCC, 4 * h + ii, L, yl[2 * ii], yl[2 * ii + 1], yl[2 * ii + 2], yl[2 * ii + 3]);
+        }
+      }
+      wg::fence_smem_for_async();
+      pipe::named_sync(kBarPair, 256);  // Y whole
 
-      // E = tril1(-Tm^T Y) .* Dec over Y (hi + lo, mirrored: Eb + Eb^T), K K^T, the E sums.
-      float X[32], KK[32];
-      CB::template issue<64, 1, 1>(X, s0 + kOffT, C, s0 + kOffLo, C, C / 16, false);
-      CB::template issue<64, 1, 1>(X, s0 + kOffT, C, s0 + kOffLo + kCC, C, C / 16, true);
-      CB::template issue<64, 0, 0>(KK, s0 + kOffK, C, s0 + kOffK, C, K / 16, false);
+      // 10. E = tril1(-Tm^T Y) .* Dec (columns c32 ..) and K K^T beside it; Eb + Eb^T over Y (the
+      //     blocks of this half's columns and their mirrors); the E sums.
+      float X[16], KK[16];
+      mma<32, 1, 1, C / 16>(X, mnmaj(t_a, C), mnmaj_cols(lo_a, C, c32), false);
+      mma<32, 1, 1, C / 16>(X, mnmaj(t_a, C), mnmaj_cols(lo_a + kCC, C, c32), true);
+      mma<32, 0, 0, K / 16>(KK, kmaj(k_a, C), kmaj_rows(k_a, C, c32), false);
       wg::commit();
       CB::template wait<0>(KK, X);
-      pipe::named_sync(kBar, 128);  // every warp's Tm^T Y has read Y before E goes over it
+      pipe::named_sync(kBarPair, 256);  // both halves' Tm^T Y read Y
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
+      for (int ii = 0; ii < 4; ++ii)
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int r = L.r[hh], c = 8 * i + L.tq + e;
-            float& v = X[4 * i + 2 * hh + e];
+            const int r = L.r[hh], c = c32 + 8 * ii + tq + e;
+            float& v = X[4 * ii + 2 * hh + e];
             const float gate = exp2f(fminf(g[r] - g[c], 0.f));
             v = select_f32(r > c && r < m, -v * gate, 0.f);
           }
-      CB::store_e(s0 + kOffLo, s0 + kOffLo + kCC, X, b, L);
+      store_e_half(lo_a, lo_a + kCC, X, b, L, h);
       wg::fence_smem_for_async();
-      pipe::named_sync(kBar, 128);
-      pipe::mbar_arrive(bars + bEFull);
-      pipe::mbar_arrive(bars + bEmpty + gKT);  // K K^T, dW K^T and Tm^T Y were this warpgroup's last reads
-      {                                        // rowsum(E .* KK) -> dbeta and dgam, colsum(diag(b) E .* KK) -> dgam.
+      {  // rowsum(E .* KK) -> dbeta and dgam, colsum(diag(b) E .* KK) -> dgam.
         float rs[2] = {0.f, 0.f};
-        float cs[16];
+        float cs[8];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          cs[2 * i] = cs[2 * i + 1] = 0.f;
+        for (int ii = 0; ii < 4; ++ii) {
+          cs[2 * ii] = cs[2 * ii + 1] = 0.f;
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-              const float v = KK[4 * i + 2 * hh + e] * X[4 * i + 2 * hh + e];
+              const float v = KK[4 * ii + 2 * hh + e] * X[4 * ii + 2 * hh + e];
               rs[hh] += v;
-              cs[2 * i + e] += b[L.r[hh]] * v;
+              cs[2 * ii + e] += b[L.r[hh]] * v;
             }
         }
+        quad_sums(rs);
+        put_row_term(sc + CB::sR2, rs, held_r2, h, L);
 #pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float s = CB::quad_sum(rs[hh]);
-          if ((L.ctid & 3) == 0) sc[CB::sR2 + L.r[hh]] = s;
-        }
-#pragma unroll
-        for (int q = 0; q < 16; ++q) {
+        for (int q = 0; q < 8; ++q) {
           const float s = CB::octet_sum(cs[q]);
-          if (L.g == 0) sc[CB::sCs + 64 * L.w + 8 * (q >> 1) + L.tq + (q & 1)] = s;
+          if (L.g == 0) sc[CB::sCs + 64 * L.w + c32 + 8 * (q >> 1) + tq + (q & 1)] = s;
         }
       }
-      // dq's store has read dO's slot: the next chunk's dO may come.
-      if (L.ctid == 0) pipe::bulk_wait_read<0>();
-      pipe::mbar_arrive(bars + bEmpty + gO);
+      pipe::named_sync(kBarPair, 256);  // E whole
 
-      // dgam and dbeta per row (chunk_bwd's order), then B6: the reverse cumsum of dgam.
-      pipe::mbar_wait(bars + bXTerms, ph);
-      pipe::named_sync(kBar, 128);  // sGq, sAttR, sAttC, sR2, sCs from every warp
+      // 11. dK += diag(b Gam) Tm^T dW (dW's half h: this half's columns), R1 = rowsum(Tm^T dW .* K).
+      {
+        float Xh[32], rs[2] = {0.f, 0.f};
+        mma<64, 1, 1, C / 16>(Xh, mnmaj(t_a, C), mnmaj(w_a + h * C * 128, C), false);
+        wg::commit();
+        CB::template wait<0>(Xh);
+        CB::row_dot(smem, kOffK, Xh, 8 * h, 8, L, rs);
+        quad_sums(rs);
+        put_row_term(sc + CB::sR1, rs, held_r1, h, L);
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float f = L.r[hh] < m ? b[L.r[hh]] * exp2f(fminf(g[L.r[hh]], 0.f)) : 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) Dk[4 * i + 2 * hh + e] += f * Xh[4 * i + 2 * hh + e];
+        }
+      }
+
+      // 12. dK += (Eb + Eb^T) K (hi, then lo); dk leaves from W's half h (this warpgroup's dW
+      //     readers are done, and both halves' dW K^T passed the barriers above).
+      mma<64, 0, 1, C / 16>(Dk, kmaj(lo_a, C), mnmaj_cols(k_a, C, c64), true);
+      mma<64, 0, 1, C / 16>(Dk, kmaj(lo_a + kCC, C), mnmaj_cols(k_a, C, c64), true);
+      wg::commit();
+      CB::template wait<0>(Dk);
+      pipe::named_sync(kBarOwn, 128);  // every warp's reads of Lo, K, Tm and dW are done
+      pipe::mbar_arrive(bars + bERead);
+      pipe::mbar_arrive(bars + bEmpty + gKT);
+      {
+        u32 dk[16];
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh) dk[2 * i + hh] = pack(Dk[4 * i + 2 * hh], Dk[4 * i + 2 * hh + 1]);
+        stage_store_half(maps, kMapDk, j * K, t0, m, w_a, dk, L, h, kBarOwn, p.dk_v + (t0 * HV + j) * K,
+                         (long long)HV * K);
+      }
+      // The stores have read dO's, V''s and W's slots: the next chunk's dO and V' may come, and
+      // this warpgroup's next -W may go over its W half.
+      if (ctid == 0) pipe::bulk_wait_read<0>();
+      pipe::named_sync(kBarOwn, 128);
+      pipe::mbar_arrive(bars + bEmpty + gO);
+      pipe::mbar_arrive(bars + bEmpty + gVn);
+
+      // 13. The row terms: B1 adds its halves after B0's (one order); then B0 makes dgam and dbeta
+      //     per row (chunk_bwd's order), the reverse cumsum of dgam, and stores dg and dbeta.
+      pipe::named_sync(kBarPair, 256);  // B0's halves of the row terms are in
+      if (h == 1 && (ctid & 3) == 0) {
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const int r = L.r[hh];
+          sc[CB::sGq + r] += held_gq[hh];
+          sc[CB::sAttR + r] += held_attr[hh];
+          sc[CB::sDbv + r] += held_dbv[hh];
+          sc[CB::sKst + r] += held_kst[hh];
+          sc[CB::sR1 + r] += held_r1[hh];
+          sc[CB::sR2 + r] += held_r2[hh];
+        }
+      }
+      pipe::named_sync(kBarPair, 256);
+      if (h == 1) continue;
       float* const gam = sc + CB::sGam;
       float* const db = sc + CB::sDb;
-      if (L.ctid < C) {
-        const int r = L.ctid;
-        const int l = L.ctid & 31;
+      if (ctid < C) {
+        const int r = ctid;
+        const int l = ctid & 31;
         const float kst = warp_sum((2 * l < m - 1 ? sc[CB::sKst + 2 * l] : 0.f) +
                                    (2 * l + 1 < m - 1 ? sc[CB::sKst + 2 * l + 1] : 0.f));
         float gr = 0.f, dbr = 0.f;
@@ -592,16 +772,16 @@ struct WalkBwdFusedSm90 {
         gam[r] = gr;
         db[r] = dbr;
       }
-      pipe::named_sync(kBar, 128);
-      if (L.ctid < 32) {
-        const int i0 = 2 * L.ctid, i1 = 2 * L.ctid + 1;
+      pipe::named_sync(kBarOwn, 128);
+      if (ctid < 32) {
+        const int i0 = 2 * ctid, i1 = 2 * ctid + 1;
         const float a = gam[i0], bq = gam[i1];
         const float pair = a + bq;
         float incl = pair;
 #pragma unroll
         for (int o = 1; o < 32; o <<= 1) {
           const float dn = __shfl_down_sync(0xffffffffu, incl, o);
-          if (L.ctid + o < 32) incl += dn;
+          if (ctid + o < 32) incl += dn;
         }
         const float after = incl - pair;
         if (i0 < m) {
@@ -617,189 +797,52 @@ struct WalkBwdFusedSm90 {
     if (L.ctid == 0) pipe::bulk_wait<0>();  // the stores are complete before the block's shared memory goes
   }
 
-  /// Warpgroup 2, the value side (see the file's comment).
-  __device__ static void value_side(const StateWalkBwdParams& p, const TensorMaps& maps, const SegmentWalk<Cfg>& range,
-                                    unsigned char* smem, mbar_t* bars) {
-    const int ctid = static_cast<int>(threadIdx.x) - 256, warp = ctid >> 5, lane = ctid & 31;
-    const Lane L(ctid);
-    constexpr int kBar = 2;
-    const int j = walk_head<Cfg>();
-    const int c_last = range.end - 1, nc = range.end - range.begin;
-    const int tq = (lane & 3) * 2, m_lane = lane >> 3;
-    const u32 s0 = wg::smem_u32(smem);
-    const u32 zb = s0 + kOffZb, dv_addr = s0 + kOffDv, p_addr = s0 + kOffP, k_addr = s0 + kOffK, o_addr = s0 + kOffO;
-    ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
-#pragma unroll 1
-    for (int u = 0; u < nc; ++u) {
-      const ChunkInfo ci = next;
-      if (u + 1 < nc) next = p.chunks[c_last - u - 1];
-      const int len = ci.len, m = len;
-      const long long t0 = ci.start;
-      const u32 ph = u & 1, prev = (u - 1) & 1;
-      float* const sc = scalars(smem, u);
-      const float* g = sc + CB::sG;
-      const float* b = sc + CB::sB;
-      const u32 vec = wg::smem_u32(sc + sEv);
-
-      wait_full(bars, gKT, u);
-      if (ctid < C) sc[sEv + ctid] = gate_exp2(g[len - 1] - g[ctid], true);  // exp2(gcL - gc_t)
-      pipe::named_sync(kBar, 128);
-
-      // Per 64-column half: D^T = bf16(Z)^T K^T and dv_local^T = dO^T P~, then
-      // dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) into the dV' tile as [t][v] rows.
-      pipe::mbar_wait(bars + bZFull, ph);
-      wait_full(bars, gO, u);
-      pipe::mbar_wait(bars + bPFull, ph);
-#pragma unroll 1
-      for (int half = 0; half < 2; ++half) {
-        float D[32], Lc[32];
-        wg::fence();
+  /// CB::store_e for the column blocks of half h (4 h .. 4 h + 3; X[4 ii + 2 hh + e] at column
+  /// 32 h + 8 ii + tq + e): each block below the diagonal and its mirror belong to one half, so the
+  /// two halves write disjoint 8 x 8 blocks.
+  __device__ __forceinline__ static void store_e_half(u32 eh, u32 el, const float (&X)[16], const float* b,
+                                                      const Lane& L, int h) {
+    const int lane = L.ctid & 31, w = L.w, arow = lane & 7, amat = (lane >> 3) & 1;
 #pragma unroll
-        for (int ks = 0; ks < K / 16; ++ks)
-          wg::mma_m64n64k16<1, 0>(D, wg::desc_mn_major(zb + half * K * 128, K, ks), wg::desc_k_major(k_addr, C, ks),
-                                  ks > 0);
+    for (int ii = 0; ii < 4; ++ii) {
+      const int i = 4 * h + ii;
+      u32 hp[2], lp[2];
 #pragma unroll
-        for (int ks = 0; ks < C / 16; ++ks)
-          wg::mma_m64n64k16<1, 1>(Lc, wg::desc_mn_major(o_addr + half * C * 128, C, ks),
-                                  wg::desc_mn_major(p_addr, C, ks), ks > 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::fence_acc(D);
-        wg::fence_acc(Lc);
-        if (half == 1) {
-          pipe::mbar_arrive(bars + bPRead);
-          pipe::mbar_arrive(bars + bORead);
+      for (int hh = 0; hh < 2; ++hh) {
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = L.r[hh], c = 8 * i + L.tq + e;
+          v[e] = select_f32(r > c, b[r] * X[4 * ii + 2 * hh + e], 0.f);
         }
-        if (half == 0 && u > 0) {  // the owner's update and A's dW, dV' V^T of the chunk before
-          pipe::mbar_wait(bars + bDvEmpty, prev);
-        }
-#pragma unroll
-        for (int ks = 0; ks < C / 16; ++ks) {
-          u32 d4[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int t = 16 * ks + 8 * (q >> 1) + tq;
-            const int at = 8 * ks + 2 * q;
-            const float2 e = wg::lds_f32x2(vec + 4 * t);
-            const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
-            const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
-            d4[q] = pack(y0, y1);
-          }
-          const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = 64 * half + 16 * warp + 8 * (m_lane & 1);
-          wg::stsm_x4_trans(dv_addr + sw128::offset(r, v, C), d4);
-        }
+        split_bf16_pair(v[0], v[1], hp[hh], lp[hh]);
       }
-      wg::fence_smem_for_async();
-      pipe::named_sync(kBar, 128);
-      pipe::mbar_arrive(bars + bDvFull);
-
-      // dvb = Tm^T dV': dv = diag(b) dvb (bf16 pairs, stored once V' is read), dbeta's V term.
-      u32 dv[32];
-      {
-        float Xb[64];
-        CB::template issue<128, 1, 1>(Xb, s0 + kOffT, C, dv_addr, C, C / 16, false);
-        wg::commit();
-        CB::template wait<0>(Xb);
-        wait_full(bars, gV, u);
-        float rs[2] = {0.f, 0.f};
-        CB::row_dot(smem, kOffV, Xb, 0, 16, L, rs);
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float s = CB::quad_sum(rs[hh]);
-          if ((L.ctid & 3) == 0) sc[CB::sDbv + L.r[hh]] = s;
-        }
-        pipe::mbar_arrive(bars + bEmpty + gV);
-        const float f0 = b[L.r[0]], f1 = b[L.r[1]];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-          dv[2 * i] = pack(f0 * Xb[4 * i], f0 * Xb[4 * i + 1]);
-          dv[2 * i + 1] = pack(f1 * Xb[4 * i + 2], f1 * Xb[4 * i + 3]);
-        }
+      const u32 direct = CB::swz(16 * w + 8 * amat + arow, 8 * i, C);
+      if (i < 2 * w) {
+        const u32 mirror = CB::swz(8 * i + arow, 16 * w + 8 * amat, C);
+        wg::stsm_x2(eh + direct, hp[0], hp[1]);
+        wg::stsm_x2(el + direct, lp[0], lp[1]);
+        wg::stsm_x2_trans(eh + mirror, hp[0], hp[1]);
+        wg::stsm_x2_trans(el + mirror, lp[0], lp[1]);
+      } else if (i == 2 * w) {
+        const u32 mirror = CB::swz(8 * i + arow, 16 * w + 8, C);
+        wg::stsm_x2(eh + direct, hp[0] | wg::movmatrix_trans(hp[0]), hp[1]);
+        wg::stsm_x2(el + direct, lp[0] | wg::movmatrix_trans(lp[0]), lp[1]);
+        wg::stsm_x1_trans(eh + mirror, hp[1]);
+        wg::stsm_x1_trans(el + mirror, lp[1]);
+      } else if (i == 2 * w + 1) {
+        const u32 diag = CB::swz(16 * w + 8 + arow, 8 * i, C);
+        wg::stsm_x1(eh + diag, hp[1] | wg::movmatrix_trans(hp[1]));
+        wg::stsm_x1(el + diag, lp[1] | wg::movmatrix_trans(lp[1]));
       }
-
-      // dK's state term: diag(exp2(gcL - gc)) V' Zb^T; rowsum(dKst .* K) -> dgam's shifted terms.
-      float D[64];
-      wait_full(bars, gVn, u);
-      CB::template issue<128, 0, 0>(D, s0 + kOffVn, C, zb, K, V / 16, false);
-      wg::commit();
-      CB::template wait<0>(D);
-      pipe::named_sync(kBar, 128);  // every warp's D and dKst have read bf16(Z)
-      pipe::mbar_arrive(bars + bZEmpty);
-      {
-        const float gL = g[m - 1];
-        float f[2];
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) f[hh] = L.r[hh] < m ? gate_exp2(gL - g[L.r[hh]], true) : 0.f;
-        scale_rows_and_dot(D, f, smem, kOffK, sc + CB::sKst, L);
-      }
-
-      // V' was read by A's dS~ (bDsFull) and this warpgroup's dKst (the barrier above): dv leaves
-      // from V''s slot. Then dK += dS~^T Q.
-      pipe::mbar_wait(bars + bDsFull, ph);
-      stage_store(maps, kMapDv, j * V, t0, m, s0 + kOffVn, dv, L, kBar, p.dv + (t0 * HV + j) * V, (long long)HV * V);
-      wait_full(bars, gQ, u);
-      CB::template issue<128, 1, 1>(D, p_addr, C, s0 + kOffQ, C, C / 16, true);
-      wg::commit();
-      CB::template wait<0>(D);
-      pipe::mbar_arrive(bars + bPEmpty);
-      pipe::mbar_arrive(bars + bEmpty + gQ);
-
-      // dkbg = Tm^T dW in two 64-column halves: dK += diag(b Gam) dkbg, R1 = rowsum(dkbg .* K).
-      pipe::mbar_wait(bars + bDwFull, ph);
-      {
-        float f[2], rs[2] = {0.f, 0.f};
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) f[hh] = L.r[hh] < m ? b[L.r[hh]] * exp2f(fminf(g[L.r[hh]], 0.f)) : 0.f;
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          float Xh[32];
-          CB::template issue<64, 1, 1>(Xh, s0 + kOffT, C, s0 + kOffW + half * C * 128, C, C / 16, false);
-          wg::commit();
-          CB::template wait<0>(Xh);
-          CB::row_dot(smem, kOffK, Xh, 8 * half, 8, L, rs);
-#pragma unroll
-          for (int i = 0; i < 8; ++i)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-              for (int e = 0; e < 2; ++e) D[4 * (i + 8 * half) + 2 * hh + e] += f[hh] * Xh[4 * i + 2 * hh + e];
-        }
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) {
-          const float s = CB::quad_sum(rs[hh]);
-          if ((L.ctid & 3) == 0) sc[CB::sR1 + L.r[hh]] = s;
-        }
-      }
-      pipe::mbar_arrive(bars + bXTerms);           // sDbv, sKst, sR1
-      if (L.ctid == 0) pipe::bulk_wait_read<0>();  // dv's store has read V''s slot
-      pipe::mbar_arrive(bars + bEmpty + gVn);
-
-      // dK += (Eb + Eb^T) K (hi, then lo); dk leaves from W's slot (dW's readers are done).
-      pipe::mbar_wait(bars + bEFull, ph);
-      CB::template issue<128, 0, 1>(D, s0 + kOffLo, C, k_addr, C, C / 16, true);
-      CB::template issue<128, 0, 1>(D, s0 + kOffLo + kCC, C, k_addr, C, C / 16, true);
-      wg::commit();
-      CB::template wait<0>(D);
-      pipe::named_sync(kBar, 128);  // every warp's reads of Lo, K, Tm and dW are done
-      pipe::mbar_arrive(bars + bERead);
-      pipe::mbar_arrive(bars + bEmpty + gKT);
-      u32 dk[32];
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) dk[2 * i + hh] = pack(D[4 * i + 2 * hh], D[4 * i + 2 * hh + 1]);
-      stage_store(maps, kMapDk, j * K, t0, m, s0 + kOffW, dk, L, kBar, p.dk_v + (t0 * HV + j) * K, (long long)HV * K);
-      if (L.ctid == 0) pipe::bulk_wait_read<0>();
-      pipe::mbar_arrive(bars + bWEmpty);
     }
-    if (L.ctid == 0) pipe::bulk_wait<0>();
   }
 
   /// Warpgroup 3, the gradient's owner: the z_owner layout's, with <S, Zb> (chunk_bwd's order).
   __device__ static void owner(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, unsigned char* smem,
                                mbar_t* bars) {
     const int ctid = static_cast<int>(threadIdx.x) - 384, warp = ctid >> 5, lane = ctid & 31;
-    constexpr int kBar = 3;
+    constexpr int kBar = kBarOwner;
     const int j = walk_head<Cfg>(), n = range.n;
     const int c_last = range.end - 1, nc = range.end - range.begin;
     const int tq = (lane & 3) * 2, m_lane = lane >> 3;
