@@ -349,14 +349,8 @@ struct WalkBwdFusedSm90 {
       wait_full(bars, gQ, u);
       mma<32, 0, 0, K / 16>(QK, kmaj(q_a, C), kmaj_rows(k_a, C, c32), false);
       wg::commit();
-      // dS~'s product (step 4) needs only the loads: in flight from here, its latency off the chain.
-      float Ad[16];
-      wait_full(bars, gO, u);
-      wait_full(bars, gVn, u);
-      mma<32, 0, 0, V / 16>(Ad, kmaj(o_a, C), kmaj_rows(vn_a, C, c32), false);
-      wg::commit();
       if (h == 0 && ctid < C) sc[sEv + ctid] = gate_exp2(g[m - 1] - g[ctid], true);  // exp2(gcL - gc_t)
-      CB::template wait<1>(QK);
+      CB::template wait<0>(QK);
       {
         const int r_lo = L.r[0], r_hi = L.r[1];
         const float g_lo = g[r_lo], g_hi = g[r_hi];
@@ -385,6 +379,7 @@ struct WalkBwdFusedSm90 {
       // 2. The chain: for the value rows c64 .., D^T = bf16(Z)^T K^T and dv_local^T = dO^T P~, then
       //    dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) into the dV' tile as [t][v] rows.
       pipe::mbar_wait(bars + bZFull, ph);
+      wait_full(bars, gO, u);
       {
         const u32 vec = wg::smem_u32(sc + sEv);
         float D[32], Lc[32];
@@ -431,6 +426,10 @@ struct WalkBwdFusedSm90 {
 
       // 4. dS~ = scale * tril0((dO V'^T) .* Dec), columns c32 .., into P once both halves' dv_local
       //    read P~; the M sums M = dS~ .* (Q K^T), strictly lower: rowsum(M) - colsum(M) enters dgam.
+      float Ad[16];
+      wait_full(bars, gVn, u);
+      mma<32, 0, 0, V / 16>(Ad, kmaj(o_a, C), kmaj_rows(vn_a, C, c32), false);
+      wg::commit();
       CB::template wait<0>(Ad);
       u32 ds[8];
 #pragma unroll
@@ -477,21 +476,15 @@ struct WalkBwdFusedSm90 {
         }
       }
 
-      // 5. dQ (columns c64 ..) = scale diag(exp2(gc)) dO S^T, its row sum with Q, + dS~ K (held as
-      //    bf16 pairs until dO's slot is free, after the owner's update read dOs hi there), and dK's
-      //    state term diag(exp2(gcL - gc)) V' Zb^T with its row sum (dgam's shifted terms), then
-      //    += dS~^T Q: the two chains interleaved, each epilogue running while the other's product
-      //    does (each product and epilogue as before, so the same bits).
+      // 5. dQ (columns c64 ..) = scale diag(exp2(gc)) dO S^T, its row sum with Q, + dS~ K; held as
+      //    bf16 pairs until dO's slot is free (after the owner's update read dOs hi there).
       u32 dq[16];
-      float Dk[32];
       {
         float D[32];
         wait_full(bars, gS, u);
         mma<64, 0, 0, V / 16>(D, kmaj(o_a, C), kmaj_rows(s_a, K, c64), false);
         wg::commit();
-        mma<64, 0, 0, V / 16>(Dk, kmaj(vn_a, C), kmaj_rows(zb_a, K, c64), false);
-        wg::commit();
-        CB::template wait<1>(D);
+        CB::template wait<0>(D);
         pipe::mbar_arrive(bars + bORead);  // dv_local, dS~ and dO S^T have read dO
         float rs[2] = {0.f, 0.f};
 #pragma unroll
@@ -509,35 +502,12 @@ struct WalkBwdFusedSm90 {
         pipe::named_sync(kBarPair, 256);  // dS~ whole
         mma<64, 0, 1, C / 16>(D, kmaj(p_a, C), mnmaj_cols(k_a, C, c64), true);
         wg::commit();
-        CB::template wait<1>(Dk);
-        pipe::named_sync(kBarOwn, 128);  // every warp's D and dKst have read bf16(Z)
-        pipe::mbar_arrive(bars + bZEmpty);
-        {
-          const float gL = g[m - 1];
-          float rk[2] = {0.f, 0.f};
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            const float f = L.r[hh] < m ? gate_exp2(gL - g[L.r[hh]], true) : 0.f;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              Dk[4 * i + 2 * hh] *= f;
-              Dk[4 * i + 2 * hh + 1] *= f;
-            }
-          }
-          CB::row_dot(smem, kOffK, Dk, 8 * h, 8, L, rk);
-          quad_sums(rk);
-          put_row_term(sc + CB::sKst, rk, held_kst, h, L);
-        }
-        mma<64, 1, 1, C / 16>(Dk, mnmaj(p_a, C), mnmaj_cols(q_a, C, c64), true);
-        wg::commit();
-        CB::template wait<1>(D);
+        CB::template wait<0>(D);
 #pragma unroll
         for (int i = 0; i < 8; ++i)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) dq[2 * i + hh] = pack(D[4 * i + 2 * hh], D[4 * i + 2 * hh + 1]);
       }
-      CB::template wait<0>(Dk);
-      pipe::mbar_arrive(bars + bEmpty + gQ);  // Q K^T, the row sum and dS~^T Q read Q
 
       // 6. dvb = Tm^T dV' (columns c64 ..): dv = diag(b) dvb as bf16 pairs, dbeta's V term.
       u32 dv[16];
@@ -559,6 +529,35 @@ struct WalkBwdFusedSm90 {
           dv[2 * i + 1] = pack(f1 * Xb[4 * i + 2], f1 * Xb[4 * i + 3]);
         }
       }
+
+      // 7. dK (columns c64 ..): the state term diag(exp2(gcL - gc)) V' Zb^T with its row sum
+      //    (dgam's shifted terms), then += dS~^T Q.
+      float Dk[32];
+      mma<64, 0, 0, V / 16>(Dk, kmaj(vn_a, C), kmaj_rows(zb_a, K, c64), false);
+      wg::commit();
+      CB::template wait<0>(Dk);
+      pipe::named_sync(kBarOwn, 128);  // every warp's D and dKst have read bf16(Z)
+      pipe::mbar_arrive(bars + bZEmpty);
+      {
+        const float gL = g[m - 1];
+        float rs[2] = {0.f, 0.f};
+#pragma unroll
+        for (int hh = 0; hh < 2; ++hh) {
+          const float f = L.r[hh] < m ? gate_exp2(gL - g[L.r[hh]], true) : 0.f;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) {
+            Dk[4 * i + 2 * hh] *= f;
+            Dk[4 * i + 2 * hh + 1] *= f;
+          }
+        }
+        CB::row_dot(smem, kOffK, Dk, 8 * h, 8, L, rs);
+        quad_sums(rs);
+        put_row_term(sc + CB::sKst, rs, held_kst, h, L);
+      }
+      mma<64, 1, 1, C / 16>(Dk, mnmaj(p_a, C), mnmaj_cols(q_a, C, c64), true);
+      wg::commit();
+      CB::template wait<0>(Dk);
+      pipe::mbar_arrive(bars + bEmpty + gQ);  // Q K^T, the row sum and dS~^T Q read Q
 
       // 8. After the owner's update (it read dOs hi in dO's slot, lo and -W): dq leaves from dO's
       //    slot; dW = -dV' S^T (columns c64 ..) into W; dV' V^T (columns c32 ..) beside it.
