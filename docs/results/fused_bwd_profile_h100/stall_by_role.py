@@ -8,9 +8,9 @@ the same source: gdnc compile SPEC --target sm_90a, then the entry's program.cub
 info ties each instruction to the last line of FILE (a template) seen above it, and ROLE=LO-HI
 names the roles by FILE's line ranges. PROFILE_SASS.csv: scripts/ncu_profile.sh's
 profile_sass.csv (the `--page source --print-source sass` page), KERNEL its "Kernel Name".
-An mbarrier wait's retry loop is out of line (TRYWAIT; @!P BRA itself; BRA back): it is counted
-for the role of the code it returns to, and apart from the role's other samples ("mbar-wait"),
-as is the branch into it.
+An mbarrier wait's retry loop is out of line ([MOV;] TRYWAIT; @!P BRA itself; BRA back): it is
+counted for the role of the code it returns to, and apart from the role's other samples
+("mbar-wait"), as is every branch into it.
 """
 import collections, csv, io, lzma, re, sys
 
@@ -53,16 +53,31 @@ def main():
             ins.append((off, m.group(2).strip(), cur))
     role, waits = {}, set()
     line_at = {o: ln for o, _, ln in ins}
+    text_at = {o: s for o, s, _ in ins}
     for o, s, ln in ins:
         role[o] = role_of(ln)
+    # Out-of-line retry blocks: a label whose first instruction is a TRYWAIT. A branch to one is
+    # a wait of the code around the branch; the block itself (TRYWAIT; @!P BRA itself; BRA back)
+    # belongs to the code it returns to.
+    index_of = {o: k for k, (o, _, _) in enumerate(ins)}
+
+    def starts_retry(off):
+        k = index_of.get(off)
+        for j in range(k, min(k + 3, len(ins))) if k is not None else ():
+            if "TRYWAIT" in ins[j][1]:
+                return True
+            if "BRA" in ins[j][1]:
+                return False
+        return False
+
+    retry = {lab for lab, off in labels.items() if starts_retry(off)}
     for k, (o, s, ln) in enumerate(ins):
+        m = re.search(r"(L_x_\d+)", s)
+        if "BRA" in s and m and m.group(1) in retry:
+            waits.add(o)
         if "TRYWAIT" not in s:
             continue
         waits.add(o)
-        if k + 1 < len(ins) and "BRA" in ins[k + 1][1]:
-            waits.add(ins[k + 1][0])
-            # a hot site's branch into an out-of-line retry block
-            m = re.search(r"(L_x_\d+)", ins[k + 1][1])
         if k + 2 < len(ins) and ins[k + 2][1].startswith("BRA"):
             m = re.search(r"(L_x_\d+)", ins[k + 2][1])
             if m and m.group(1) in labels:
