@@ -209,7 +209,12 @@ if has sanitize; then
       # racecheck ends with a RACECHECK SUMMARY (hazards) where the other tools print an ERROR SUMMARY.
       summary=$(grep -hE "(ERROR|RACECHECK) SUMMARY" "$log" | tail -1)
       echo "$tool | gdnc check ${runs[$i]} | exit $st | ${summary:-no summary}" | tee -a "$sdir/summary.txt"
-      [ "$st" -eq 0 ] || rc=1
+      if [ "$st" -ne 0 ]; then
+        rc=1
+        # The first report in the step's own output: a call whose $OUT holds too many files
+        # loses sanitize.tar.xz, and a hazard's two accesses are what the next fix needs.
+        grep -m 1 -A 24 -E "^========= (Error|Warning|Race|Invalid|Uninitialized|Barrier)" "$log" | head -25
+      fi
     done
   done
   tar -C "$sdir" -cJf "$OUT/sanitize.tar.xz" .
