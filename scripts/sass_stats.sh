@@ -2,11 +2,13 @@
 # Static machine code of one program, without a GPU: compiles SPEC into a scratch cache, then
 # disassembles the cubin with nvdisasm (PyPI's nvidia-cuda-nvdisasm, fetched into .scratch_tools/
 # on first use: the CUDA toolkit here has no disassembler) and prints the registers and spills,
-# the instruction count by opcode, and the count between barriers (a kernel's phases, in order).
+# the instruction count by opcode, the count between barriers (a kernel's phases, in order) and,
+# for a warp-specialized kernel, the code of each role (from one setmaxnreg to the next).
 # Comparing two commits' counts is how the backward's address-arithmetic overhead was found
 # (docs/PERF.md).
 #
 #   scripts/sass_stats.sh examples/m.json chunk_bwd [sm_90a]     (SASS=1 also prints the listing)
+#   scripts/sass_stats.sh docs/results/fused_bwd_profile_h100/m_fused.json state_walk_bwd
 set -euo pipefail
 cd "$(dirname "$0")/.."
 spec="${1:?usage: scripts/sass_stats.sh SPEC PROGRAM [TARGET]}"
@@ -49,4 +51,22 @@ print("between barriers (in code order):")
 for i, c in enumerate(segments):
     mma = c["HGMMA"] + c["HMMA"]
     print(f"  {i + 1:3d} {sum(c.values()):6d}  mma {mma:3d}  " + " ".join(f"{k} {v}" for k, v in c.most_common(7)))
+# A warp-specialized kernel's roles start where each branch sets its register count: the code
+# from one setmaxnreg to the next is (mostly) one role's, which is what a role runs per chunk.
+roles, current, label = [], collections.Counter(), "entry"
+for line in open(sys.argv[1]):
+    m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_]+)(\S*)\s*([^;]*)", line)
+    if not m:
+        continue
+    if m.group(2) == "USETMAXREG":
+        roles.append((label, current))
+        current = collections.Counter()
+        label = f"setmaxnreg {int(m.group(4).split(',')[-1].strip(), 16)}"
+    current[m.group(2)] += 1
+roles.append((label, current))
+if len(roles) > 1:
+    print("by warp role (code from one setmaxnreg to the next):")
+    for label, c in roles:
+        print(f"  {label:16s} {sum(c.values()):6d} instructions ({16 * sum(c.values()) / 1024:.1f} KB)  "
+              + "  ".join(f"{k} {c[k]}" for k in ("HGMMA", "MUFU", "BAR", "SYNCS", "STL", "LDL")))
 EOF
