@@ -68,6 +68,15 @@ __device__ __forceinline__ void split_rows_hi_lo(u32 o_addr, u32 hi_addr, u32 lo
   }
 }
 
+/// The bf16 pair of dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) at accumulator columns at,
+/// at + 1 (tokens t, t + 1; 0 from len on), the two factors read as a float2 at `factors`.
+__device__ __forceinline__ u32 dv_prime_pair(u32 factors, const float* D, const float* Lc, int at, int t, int len) {
+  const float2 e = wg::lds_f32x2(factors);
+  const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
+  const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
+  return f2bf_pair(y0, y1);
+}
+
 /// W = bf16(bf16(Tm diag(beta exp2(gc))) K) (chunk_prep's rounding) into the SW128 tile at w_addr by
 /// one warpgroup (its warp and lane): Tm's elements times their column's factor (0 past len)
 /// rounded as the A operand from registers, K read N-major, four 32-column quarters of fp32
@@ -509,11 +518,7 @@ struct StateWalkBwdSm90 {
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const int t = 16 * ks + 8 * (q >> 1) + tq;
-            const int at = 8 * ks + 2 * q;
-            const float2 e = wg::lds_f32x2(vec + 4 * t);
-            const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
-            const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
-            d4[q] = pack(y0, y1);
+            d4[q] = dv_prime_pair(vec + 4 * t, D, Lc, 8 * ks + 2 * q, t, len);
           }
           const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = 64 * half + 16 * warp + 8 * (m_lane & 1);
           wg::stsm_x4_trans(dv_addr + sw128::offset(r, v, C), d4);
@@ -847,11 +852,8 @@ struct StateWalkBwdSm90 {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int t = 16 * ks + 8 * (q >> 1) + tq;
-          const int at = 8 * ks + 2 * q;  // accumulator columns t, t + 1 of rows v_lo (q even) or v_hi
-          const float2 e = wg::lds_f32x2(vec + 4 * (C + t));
-          const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
-          const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
-          d4[q] = pack(y0, y1);
+          // accumulator columns t, t + 1 of rows v_lo (q even) or v_hi
+          d4[q] = dv_prime_pair(vec + 4 * (C + t), D, Lc, 8 * ks + 2 * q, t, len);
           Dn[ks][q] = d4[q] ^ 0x80008000u;  // negating a bf16 is exact: flip the sign bits
         }
         stage_frags(dv_addr, C, ks, d4);

@@ -403,11 +403,7 @@ struct WalkBwdFusedSm90 {
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const int t = 16 * ks + 8 * (q >> 1) + tq;
-            const int at = 8 * ks + 2 * q;
-            const float2 e = wg::lds_f32x2(vec + 4 * t);
-            const float y0 = t < m ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
-            const float y1 = t + 1 < m ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
-            d4[q] = pack(y0, y1);
+            d4[q] = dv_prime_pair(vec + 4 * t, D, Lc, 8 * ks + 2 * q, t, m);
           }
           const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = c64 + 16 * warp + 8 * (m_lane & 1);
           wg::stsm_x4_trans(dv_a + sw128::offset(r, v, C), d4);
