@@ -77,6 +77,25 @@ __device__ __forceinline__ u32 dv_prime_pair(u32 factors, const float* D, const 
   return f2bf_pair(y0, y1);
 }
 
+/// One warpgroup's 64 value columns from col0 of dV' (D and Lc its accumulators over the chunk's
+/// tokens) as bf16 [t][v] rows into the SW128 tile at dv_addr, by transposing stmatrix.
+template <int C>
+__device__ __forceinline__ void stage_dv_prime(u32 dv_addr, u32 vec, const float* D, const float* Lc, int len, int col0,
+                                               int warp, int lane) {
+  const int tq = (lane & 3) * 2, m_lane = lane >> 3;
+#pragma unroll
+  for (int ks = 0; ks < C / 16; ++ks) {
+    u32 d4[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int t = 16 * ks + 8 * (q >> 1) + tq;
+      d4[q] = dv_prime_pair(vec + 4 * t, D, Lc, 8 * ks + 2 * q, t, len);
+    }
+    const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = col0 + 16 * warp + 8 * (m_lane & 1);
+    wg::stsm_x4_trans(dv_addr + sw128::offset(r, v, C), d4);
+  }
+}
+
 /// W = bf16(bf16(Tm diag(beta exp2(gc))) K) (chunk_prep's rounding) into the SW128 tile at w_addr by
 /// one warpgroup (its warp and lane): Tm's elements times their column's factor (0 past len)
 /// rounded as the A operand from registers, K read N-major, four 32-column quarters of fp32
@@ -453,7 +472,6 @@ struct StateWalkBwdSm90 {
     const int ctid = threadIdx.x - 256, warp = ctid >> 5, lane = ctid & 31;
     const int j = walk_head<Cfg>();
     const int c_last = range.end - 1, nc = range.end - range.begin;
-    const int tq = (lane & 3) * 2, m_lane = lane >> 3;
     const u32 zb = wg::smem_u32(smem + kOffZb), dv_addr = wg::smem_u32(smem + kOffDvTile);
     const u32 p_addr = wg::smem_u32(smem + kOffP), vec0 = wg::smem_u32(smem + kOffVec);
     const int c8 = 16 * warp + 8 * (lane & 1);  // the 16-byte piece a lane stores, per row and half
@@ -510,19 +528,7 @@ struct StateWalkBwdSm90 {
       }
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float* D = half ? D1 : D0;
-        const float* Lc = half ? L1 : L0;
-#pragma unroll
-        for (int ks = 0; ks < C / 16; ++ks) {
-          u32 d4[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int t = 16 * ks + 8 * (q >> 1) + tq;
-            d4[q] = dv_prime_pair(vec + 4 * t, D, Lc, 8 * ks + 2 * q, t, len);
-          }
-          const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = 64 * half + 16 * warp + 8 * (m_lane & 1);
-          wg::stsm_x4_trans(dv_addr + sw128::offset(r, v, C), d4);
-        }
+        stage_dv_prime<C>(dv_addr, vec, half ? D1 : D0, half ? L1 : L0, len, 64 * half, warp, lane);
       }
       wg::fence_smem_for_async();
       pipe::mbar_arrive(ztile + 2);  // dvfull

@@ -310,7 +310,7 @@ struct WalkBwdFusedSm90 {
                               unsigned char* smem, mbar_t* bars, const int h) {
     // threadIdx.x & 127: the compiler knows the lane's rows are 0..63 (chunk_bwd's lane index).
     const Lane L(static_cast<int>(threadIdx.x) & 127);
-    const int ctid = L.ctid, warp = ctid >> 5, lane = ctid & 31, tq = (lane & 3) * 2, m_lane = lane >> 3;
+    const int ctid = L.ctid, warp = ctid >> 5, lane = ctid & 31, tq = (lane & 3) * 2;
     const int kBarOwn = kBarBody0 + h;
     const int c32 = 32 * h, c64 = 64 * h;  // this half's first column of the 64- and 128-wide products
     const int j = walk_head<Cfg>();
@@ -397,17 +397,7 @@ struct WalkBwdFusedSm90 {
         wg::fence_acc(D);
         wg::fence_acc(Lc);
         if (u > 0) pipe::mbar_wait(bars + bDvEmpty, prev);  // the owner's update of the chunk before
-#pragma unroll
-        for (int ks = 0; ks < C / 16; ++ks) {
-          u32 d4[4];
-#pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const int t = 16 * ks + 8 * (q >> 1) + tq;
-            d4[q] = dv_prime_pair(vec + 4 * t, D, Lc, 8 * ks + 2 * q, t, m);
-          }
-          const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = c64 + 16 * warp + 8 * (m_lane & 1);
-          wg::stsm_x4_trans(dv_a + sw128::offset(r, v, C), d4);
-        }
+        stage_dv_prime<C>(dv_a, vec, D, Lc, m, c64, warp, lane);
       }
       wg::fence_smem_for_async();
       pipe::named_sync(kBarOwn, 128);
