@@ -107,8 +107,6 @@ __device__ __forceinline__ void tile_to_global(bf16_t* dst, long long dst_stride
   }
 }
 
-__device__ __forceinline__ u32 pack_f2bf(float lo, float hi) { return f2bf_pair(lo, hi); }
-
 /// Row block rb (16 rows) of the causal scores: P = Q K^T over the column blocks 0..rb (the later
 /// ones are not computed). Q and K are padded row-major tiles with row stride LDK.
 template <int K, int C, int LDK>
@@ -147,8 +145,8 @@ __device__ __forceinline__ void gate_scores(u32 (&Pa)[C / 16][4], const float (&
       const float p01 = P[n][1] * gate_exp2(g_lo - gc1, col + 1 <= r_lo && r_lo < len);
       const float p10 = P[n][2] * gate_exp2(g_hi - gc0, col <= r_hi && r_hi < len);
       const float p11 = P[n][3] * gate_exp2(g_hi - gc1, col + 1 <= r_hi && r_hi < len);
-      Pa[kk][2 * half] = pack_f2bf(p00, p01);
-      Pa[kk][2 * half + 1] = pack_f2bf(p10, p11);
+      Pa[kk][2 * half] = f2bf_pair(p00, p01);
+      Pa[kk][2 * half + 1] = f2bf_pair(p10, p11);
     }
   }
 }
@@ -185,7 +183,7 @@ __device__ __forceinline__ void lower_tri_product(float (&acc)[NC / 8][4], const
 #pragma unroll
       for (int q = 0; q < 4; ++q) {  // register q: columns kk * 16 + 8 (q / 2) + tq, + 1
         const int c = kk * 16 + ((q >> 1) << 3) + tq;
-        a[q] = pack_f2bf(bf2f(static_cast<bf16_t>(a[q] & 0xffffu)) * col_factor(c),
+        a[q] = f2bf_pair(bf2f(static_cast<bf16_t>(a[q] & 0xffffu)) * col_factor(c),
                          bf2f(static_cast<bf16_t>(a[q] >> 16)) * col_factor(c + 1));
       }
     }
@@ -298,7 +296,7 @@ struct ChunkPrep {
       u32* w = reinterpret_cast<u32*>(&x);
 #pragma unroll
       for (int q = 0; q < 4; ++q)
-        w[q] = fwd::pack_f2bf(bf2f(static_cast<bf16_t>(w[q] & 0xffffu)) * f, bf2f(static_cast<bf16_t>(w[q] >> 16)) * f);
+        w[q] = f2bf_pair(bf2f(static_cast<bf16_t>(w[q] & 0xffffu)) * f, bf2f(static_cast<bf16_t>(w[q] >> 16)) * f);
       *reinterpret_cast<uint4*>(s + r * LD + c8) = x;
     }
   }
@@ -314,8 +312,8 @@ struct ChunkPrep {
 #pragma unroll
     for (int n = 0; n < kHalf / 8; ++n) {
       const int r = rb * 16 + gr, c = c0 + n * 8 + tq;
-      *reinterpret_cast<u32*>(sX + r * LD + c) = fwd::pack_f2bf(acc[n][0], acc[n][1]);
-      *reinterpret_cast<u32*>(sX + (r + 8) * LD + c) = fwd::pack_f2bf(acc[n][2], acc[n][3]);
+      *reinterpret_cast<u32*>(sX + r * LD + c) = f2bf_pair(acc[n][0], acc[n][1]);
+      *reinterpret_cast<u32*>(sX + (r + 8) * LD + c) = f2bf_pair(acc[n][2], acc[n][3]);
     }
     __syncwarp();
     const int rows = min(16, len - rb * 16);

@@ -146,8 +146,8 @@ struct FusedWalkMmaSync {
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
         const int r = warp * 16 + gr, col = nt * 8 + tq;
-        *reinterpret_cast<u32*>(sS + r * LDS + col) = fwd::pack_f2bf(S[nt][0], S[nt][1]);
-        *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = fwd::pack_f2bf(S[nt][2], S[nt][3]);
+        *reinterpret_cast<u32*>(sS + r * LDS + col) = f2bf_pair(S[nt][0], S[nt][1]);
+        *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = f2bf_pair(S[nt][2], S[nt][3]);
       }
       const ChunkInfo ci = p.chunks[c];
       const int len = ci.len;
@@ -223,8 +223,8 @@ struct FusedWalkMmaSync {
           const float w1 = b_lo * (bf2f(static_cast<bf16_t>(vlo >> 16)) - e_lo * X[q][1]);
           const float w2 = b_hi * (bf2f(static_cast<bf16_t>(vhi & 0xffffu)) - e_hi * X[q][2]);
           const float w3 = b_hi * (bf2f(static_cast<bf16_t>(vhi >> 16)) - e_hi * X[q][3]);
-          *reinterpret_cast<u32*>(sWf + r_lo * LDS + col) = r_lo < len ? fwd::pack_f2bf(w0, w1) : 0u;
-          *reinterpret_cast<u32*>(sWf + r_hi * LDS + col) = r_hi < len ? fwd::pack_f2bf(w2, w3) : 0u;
+          *reinterpret_cast<u32*>(sWf + r_lo * LDS + col) = r_lo < len ? f2bf_pair(w0, w1) : 0u;
+          *reinterpret_cast<u32*>(sWf + r_hi * LDS + col) = r_hi < len ? f2bf_pair(w2, w3) : 0u;
           O[q][0] *= o_lo;
           O[q][1] *= o_lo;
           O[q][2] *= o_hi;
@@ -243,10 +243,10 @@ struct FusedWalkMmaSync {
 #pragma unroll
         for (int q = 0; q < kHalf / 8; ++q) {
           const int col = c0 + q * 8 + tq;
-          *reinterpret_cast<u32*>(sVn + r_lo * LDS + col) = fwd::pack_f2bf(Vp[q][0], Vp[q][1]);
-          *reinterpret_cast<u32*>(sVn + r_hi * LDS + col) = fwd::pack_f2bf(Vp[q][2], Vp[q][3]);
-          *reinterpret_cast<u32*>(sVg + r_lo * LDS + col) = fwd::pack_f2bf(Vp[q][0] * d_lo, Vp[q][1] * d_lo);
-          *reinterpret_cast<u32*>(sVg + r_hi * LDS + col) = fwd::pack_f2bf(Vp[q][2] * d_hi, Vp[q][3] * d_hi);
+          *reinterpret_cast<u32*>(sVn + r_lo * LDS + col) = f2bf_pair(Vp[q][0], Vp[q][1]);
+          *reinterpret_cast<u32*>(sVn + r_hi * LDS + col) = f2bf_pair(Vp[q][2], Vp[q][3]);
+          *reinterpret_cast<u32*>(sVg + r_lo * LDS + col) = f2bf_pair(Vp[q][0] * d_lo, Vp[q][1] * d_lo);
+          *reinterpret_cast<u32*>(sVg + r_hi * LDS + col) = f2bf_pair(Vp[q][2] * d_hi, Vp[q][3] * d_hi);
         }
       }
       sync();  // Vn and Vg complete
@@ -267,8 +267,8 @@ struct FusedWalkMmaSync {
       for (int q = 0; q < kHalf / 8; ++q) {
         if (!kOutput) break;
         const int col = c0 + q * 8 + tq;
-        *reinterpret_cast<u32*>(sQ + r_lo * LDK + col) = fwd::pack_f2bf(O[q][0] * scale, O[q][1] * scale);
-        *reinterpret_cast<u32*>(sQ + r_hi * LDK + col) = fwd::pack_f2bf(O[q][2] * scale, O[q][3] * scale);
+        *reinterpret_cast<u32*>(sQ + r_lo * LDK + col) = f2bf_pair(O[q][0] * scale, O[q][1] * scale);
+        *reinterpret_cast<u32*>(sQ + r_hi * LDK + col) = f2bf_pair(O[q][2] * scale, O[q][3] * scale);
       }
       __syncwarp();
       if (kOutput) {

@@ -265,8 +265,8 @@ struct FusedWalkSm90 {
           const float p01 = P[4 * i + 1] * gate_exp2(g_lo - gcol[i][1], col + 1 <= r_lo && r_lo < len);
           const float p10 = P[4 * i + 2] * gate_exp2(g_hi - gcol[i][0], col <= r_hi && r_hi < len);
           const float p11 = P[4 * i + 3] * gate_exp2(g_hi - gcol[i][1], col + 1 <= r_hi && r_hi < len);
-          lo = fwd::pack_f2bf(p00, p01);
-          hi = fwd::pack_f2bf(p10, p11);
+          lo = f2bf_pair(p00, p01);
+          hi = f2bf_pair(p10, p11);
         }
         wg::sts_u32(p_addr + sw128::offset(r_lo, col, C), lo);
         wg::sts_u32(p_addr + sw128::offset(r_hi, col, C), hi);
@@ -282,10 +282,10 @@ struct FusedWalkSm90 {
   /// accumulator, rounded to bf16, each value scaled by f(column) first.
   template <int R, class F>
   __device__ static void to_a(u32 (&a)[4], const float (&acc)[R], int ks, F f) {
-    a[0] = fwd::pack_f2bf(f(acc[8 * ks + 0], 16 * ks, 0), f(acc[8 * ks + 1], 16 * ks, 1));
-    a[1] = fwd::pack_f2bf(f(acc[8 * ks + 2], 16 * ks, 0), f(acc[8 * ks + 3], 16 * ks, 1));
-    a[2] = fwd::pack_f2bf(f(acc[8 * ks + 4], 16 * ks + 8, 0), f(acc[8 * ks + 5], 16 * ks + 8, 1));
-    a[3] = fwd::pack_f2bf(f(acc[8 * ks + 6], 16 * ks + 8, 0), f(acc[8 * ks + 7], 16 * ks + 8, 1));
+    a[0] = f2bf_pair(f(acc[8 * ks + 0], 16 * ks, 0), f(acc[8 * ks + 1], 16 * ks, 1));
+    a[1] = f2bf_pair(f(acc[8 * ks + 2], 16 * ks, 0), f(acc[8 * ks + 3], 16 * ks, 1));
+    a[2] = f2bf_pair(f(acc[8 * ks + 4], 16 * ks + 8, 0), f(acc[8 * ks + 5], 16 * ks + 8, 1));
+    a[3] = f2bf_pair(f(acc[8 * ks + 6], 16 * ks + 8, 0), f(acc[8 * ks + 7], 16 * ks + 8, 1));
   }
 
   /// Without the output: walk w's staging tiles, bf16(S) [K][64] in stage w's Q tile and V' [C][64]
@@ -609,7 +609,7 @@ struct FusedWalkSm90 {
             }
           }
 #pragma unroll
-        for (int q = 0; q < 4; ++q) Wf[ks][q] = fwd::pack_f2bf(w[2 * q], w[2 * q + 1]);
+        for (int q = 0; q < 4; ++q) Wf[ks][q] = f2bf_pair(w[2 * q], w[2 * q + 1]);
       }
 
       // V'^T = Wf^T Tm^T.
@@ -636,8 +636,8 @@ struct FusedWalkSm90 {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // fragment register q: column block ii = q / 2, rows h = q % 2
           const float* x = Vp + 8 * ks + 4 * (q >> 1) + 2 * (q & 1);
-          Vn[ks][q] = fwd::pack_f2bf(x[0], x[1]);
-          Vg[ks][q] = fwd::pack_f2bf(x[0] * d[2 * (q >> 1)], x[1] * d[2 * (q >> 1) + 1]);
+          Vn[ks][q] = f2bf_pair(x[0], x[1]);
+          Vg[ks][q] = f2bf_pair(x[0] * d[2 * (q >> 1)], x[1] * d[2 * (q >> 1) + 1]);
         }
       }
 
@@ -677,7 +677,7 @@ struct FusedWalkSm90 {
 #pragma unroll
           for (int m = 0; m < 4; ++m) {
             const float* x = O + 4 * (2 * q + (m >> 1)) + 2 * (m & 1);
-            Ob[q][m] = fwd::pack_f2bf(x[0] * scale, x[1] * scale);
+            Ob[q][m] = f2bf_pair(x[0] * scale, x[1] * scale);
           }
         ob_t0 = t0;
         ob_len = len;

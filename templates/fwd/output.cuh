@@ -123,8 +123,8 @@ struct Output {
 #pragma unroll
     for (int n = 0; n < kHalf / 8; ++n) {
       const int col = c0 + n * 8 + tq;
-      *reinterpret_cast<u32*>(sQ + r_lo * LDK + col) = fwd::pack_f2bf(O[n][0] * scale, O[n][1] * scale);
-      *reinterpret_cast<u32*>(sQ + r_hi * LDK + col) = fwd::pack_f2bf(O[n][2] * scale, O[n][3] * scale);
+      *reinterpret_cast<u32*>(sQ + r_lo * LDK + col) = f2bf_pair(O[n][0] * scale, O[n][1] * scale);
+      *reinterpret_cast<u32*>(sQ + r_hi * LDK + col) = f2bf_pair(O[n][2] * scale, O[n][3] * scale);
     }
     __syncwarp();
     const int rows = min(16, len - rb * 16);

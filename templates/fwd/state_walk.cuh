@@ -188,8 +188,8 @@ struct StateWalk {
             *reinterpret_cast<u32*>(sSl + r * LDS + col) = pack_bf16x2(l[0], l[1]);
             *reinterpret_cast<u32*>(sSl + (r + 8) * LDS + col) = pack_bf16x2(l[2], l[3]);
           } else {
-            *reinterpret_cast<u32*>(sS + r * LDS + col) = fwd::pack_f2bf(S[mi][nt][0], S[mi][nt][1]);
-            *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = fwd::pack_f2bf(S[mi][nt][2], S[mi][nt][3]);
+            *reinterpret_cast<u32*>(sS + r * LDS + col) = f2bf_pair(S[mi][nt][0], S[mi][nt][1]);
+            *reinterpret_cast<u32*>(sS + (r + 8) * LDS + col) = f2bf_pair(S[mi][nt][2], S[mi][nt][3]);
           }
         }
       fwd::cp_async_wait<1>();  // W, U and gc of this chunk
@@ -242,8 +242,8 @@ struct StateWalk {
             *reinterpret_cast<u32*>(sVg + r * LDS + col) = pack_bf16x2(h0, h1);
             *reinterpret_cast<u32*>(sVn + r * LDS + col) = pack_bf16x2(l0, l1);
           } else {
-            *reinterpret_cast<u32*>(sVn + r * LDS + col) = fwd::pack_f2bf(x0, x1);
-            *reinterpret_cast<u32*>(sVg + r * LDS + col) = fwd::pack_f2bf(x0 * gate, x1 * gate);
+            *reinterpret_cast<u32*>(sVn + r * LDS + col) = f2bf_pair(x0, x1);
+            *reinterpret_cast<u32*>(sVg + r * LDS + col) = f2bf_pair(x0 * gate, x1 * gate);
           }
         }
       }
