@@ -2041,13 +2041,14 @@ TEST_SUITE("gpu_fused") {
     expect_layout_keeps_bits(WalkBwdLayout::z_owner, "zo", 83);
   }
 
-  // walk_bwd_layout "fused" (docs/design_fused_bwd_sm90.md 3.11): the reverse walk with chunk_bwd's
-  // body in one program (chunk_bwd idles), two warpgroups running the body on the halves of every
-  // product. Every product keeps its operands, rounding and k order, so dq, dk, dv and dh0 have the
-  // programs path's bits; the row sums of dgam and dbeta come from two halves added in one order,
-  // so dg and dbeta have their own (fp64 bounds, bitwise repeats, light = full = ckpt).
-  TEST_CASE("walk_bwd_layout fused: the programs path's bits but for dg and dbeta, and fp64 bounds") {
-    expect_layout_keeps_bits(WalkBwdLayout::fused, "fu", 97, {"dg", "dbeta"});
+  // walk_bwd_layout "fused" (docs/design_fused_bwd_sm90.md 3.11, 3.12): the reverse walk with
+  // chunk_bwd's body in one program (chunk_bwd idles), two warpgroups running the body on the halves
+  // of every product, the gradient's update from K and the body's scaled dvb instead of W. The
+  // update rounds once where W's way rounds W, so the gradient and every result of the backward
+  // have their own bits: held to the fp64 bounds, bitwise repeats, light = full = ckpt. The
+  // forward's o and ht keep the programs path's bits.
+  TEST_CASE("walk_bwd_layout fused: its own gradients' bits within the fp64 bounds, the forward's bits") {
+    expect_layout_keeps_bits(WalkBwdLayout::fused, "fu", 97, {"dq", "dk", "dv", "dh0", "dg", "dbeta"});
   }
 
   // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores

@@ -4,10 +4,11 @@
  *        3.11): the reverse state walk (B2, B3) and chunk_bwd's body (B4-B6) in one persistent block
  *        per (document, value head), chunks walked last to first. The dh tape and dv_new never leave
  *        the block: bf16(Z) and dV' of a chunk are shared tiles that the chunk's body reads where
- *        chunk_bwd loaded them. Every product keeps its operands, rounding and k order from
- *        state_walk_bwd_sm90.cuh (z_owner layout) and chunk_bwd_sm90.cuh, and every epilogue its
- *        arithmetic, so dq, dk, dv and dh0 are the programs path's bits; the row sums of dgam and
- *        dbeta are added from two halves (B0's, then B1's), so dg and dbeta have their own.
+ *        chunk_bwd loaded them. The update takes K^T X, X = -diag(b exp2(gc)) Tm^T bf16(dV') (the
+ *        body's dvb, scaled), where the split walk takes W^T bf16(dV'): the same sum without
+ *        forming W (design 3.12), rounded once where W's way rounds W. So the gradient Z, and with it
+ *        every result of the backward, has its own bits, held to the fp64 bounds; the products and
+ *        epilogues are otherwise state_walk_bwd_sm90.cuh's (z_owner layout) and chunk_bwd_sm90.cuh's.
  *
  * Warpgroups (setmaxnreg 32 / 160 / 160 / 160):
  *  - P, the producer: TMA loads of a chunk's tiles into single slots (cp.async with the rows past
@@ -16,8 +17,8 @@
  *  - B0 and B1, the body: the SAME code on the two halves h of every product's output columns (32
  *    of the 64 x 64 products', 64 of the 64 x 128 ones'; the walk's transposed D^T and
  *    dv_local^T by their m64 half): P~ = Q K^T gated; dv_local^T = dO^T P~, D^T = Zb^T K^T and
- *    dV' (the chain); -W; dS~ = dO V'^T with the M sums; dQ = dO S^T + dS~ K; dvb = Tm^T dV' (dv,
- *    dbeta's V term); dK = diag(exp2(gcL - gc)) V' Zb^T + dS~^T Q + diag(b Gam) Tm^T dW +
+ *    dV' (the chain); dvb = Tm^T dV' (dv, dbeta's V term, the update's X); dS~ = dO V'^T with the
+ *    M sums; dQ = dO S^T + dS~ K; dK = diag(exp2(gcL - gc)) V' Zb^T + dS~^T Q + diag(b Gam) Tm^T dW +
  *    (Eb + Eb^T) K; dW = -dV' S^T; dTm (through a shared tile: Y's k runs over all its columns);
  *    Y = dTm Tm^T; E = tril1(-Tm^T Y); K K^T; the row terms; B0 also dg and dbeta. Each stores its
  *    halves of dq, dv and dk. The halves meet at 256-thread barriers where a product reads a
@@ -26,8 +27,8 @@
  *    waited for instruction fetch (docs/PERF.md).
  *  - Z, the gradient's owner: Z^T (128 x 128 fp32 in registers), bf16(Z) into its tile, <S, Zb>,
  *    dOs hi over dO's slot and lo into its own, the update Z^T = exp2(gcL) Z^T + (dOs hi)^T Q +
- *    (dOs lo)^T Q + dV'^T (-W); dh0 at the end.
- * The chain from chunk to chunk is bf16(Z) -> D -> dV' -> the update. Every mbarrier completes
+ *    (dOs lo)^T Q + X^T K; dh0 at the end.
+ * The chain from chunk to chunk is bf16(Z) -> D -> dV' -> dvb, X -> the update. Every mbarrier completes
  * once per chunk (a waiter of chunk u waits parity u & 1) and has ONE arriving warpgroup, or
  * several whose arrivals for chunk u + 1 all follow its completion for chunk u: the two body
  * warpgroups pass a 256-thread barrier (P~ whole) at the start of every chunk, after all of
@@ -95,10 +96,10 @@ struct WalkBwdFusedSm90 {
     bEmpty = kGroups,      // + group
     bZFull = 2 * kGroups,  // Z: bf16(Z) is in its tile
     bZEmpty,               // B0, B1: D and dKst have read it
-    bWFull,                // B0, B1: -W is in W
+    bWFull,                // B0, B1: the update's factor X is in W
     bDvFull,               // B0, B1: dV' is in its tile
-    bDvEmpty,              // Z: the update has read dV'
-    bZDone,                // Z: the update read dOs hi, lo, -W; <S, Zb> is written
+    bDvEmpty,              // Z: the update is done (dV' of the next chunk may come)
+    bZDone,                // Z: the update read dOs hi, lo, X and K; <S, Zb> is written
     bORead,                // B0, B1: dv_local, dS~ and dO S^T have read dO
     bERead,                // B0, B1: E K has read Lo
     kBarriers
@@ -275,6 +276,19 @@ struct WalkBwdFusedSm90 {
     }
   }
 
+  /// A half's bf16 pairs straight from registers to rows of global memory (rows past len skipped):
+  /// eight rows of 16 bytes per warp instruction, which L2 joins into whole sectors.
+  __device__ __forceinline__ static void store_rows_half(int len, const u32 (&pr)[16], const Lane& L, int h,
+                                                         bf16_t* rows, long long stride) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = L.r[hh];
+      if (r >= len) continue;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) *reinterpret_cast<u32*>(rows + r * stride + 64 * h + 8 * i + L.tq) = pr[2 * i + hh];
+    }
+  }
+
   /// acc (+)= A B over STEPS k-steps of 16 (wg::mma_k16's operand forms), descriptors by step.
   template <int N, int TA, int TB, int STEPS, class DA, class DB>
   __device__ __forceinline__ static void mma(float (&acc)[N / 2], DA&& da, DB&& db, bool accumulate) {
@@ -403,12 +417,7 @@ struct WalkBwdFusedSm90 {
       pipe::named_sync(kBarOwn, 128);
       pipe::mbar_arrive(bars + bDvFull);
 
-      // 3. -W quarters 2h, 2h + 1 (the walk's form_w, chunk_prep's rounding, the sign flipped on the
-      //    stored pairs: exact). W's half h last held this warpgroup's dk box (its store was read).
-      form_w_tile<C, 2>(t_a, k_a, wg::smem_u32(sc + CB::sG), wg::smem_u32(sc + CB::sB), w_a, m, L.w, lane, 0x80008000u,
-                        2 * h);
-      wg::fence_smem_for_async();
-      pipe::mbar_arrive(bars + bWFull);
+      // 3. (No -W: the update's factor X that replaces it is formed in step 6.)
 
       // 4. dS~ = scale * tril0((dO V'^T) .* Dec), columns c32 .., into P once both halves' dv_local
       //    read P~; the M sums M = dS~ .* (Q K^T), strictly lower: rowsum(M) - colsum(M) enters dgam.
@@ -493,9 +502,14 @@ struct WalkBwdFusedSm90 {
         for (int i = 0; i < 8; ++i)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) dq[2 * i + hh] = pack(D[4 * i + 2 * hh], D[4 * i + 2 * hh + 1]);
+        store_rows_half(m, dq, L, h, p.dq_v + (t0 * HV + j) * K, (long long)HV * K);
       }
 
-      // 6. dvb = Tm^T dV' (columns c64 ..): dv = diag(b) dvb as bf16 pairs, dbeta's V term.
+      // 6. dvb = Tm^T dV' (columns c64 ..), then the update's factor X = -diag(b exp2(gc)) dvb into W's
+      //    half h: the owner's W^T bf16(dV') is K^T (diag(b exp2(gc)) Tm^T bf16(dV')), so it takes K
+      //    and X, and no W is formed (docs/design_fused_bwd_sm90.md 3.12). Not sooner: the update
+      //    waits for dO's readers (bORead, step 5) anyway. W's half h last held this warpgroup's dk
+      //    box (its store was read). Then dv = diag(b) dvb as bf16 pairs and dbeta's V term.
       u32 dv[16];
       {
         float Xb[32];
@@ -503,17 +517,37 @@ struct WalkBwdFusedSm90 {
         mma<64, 1, 1, C / 16>(Xb, mnmaj(t_a, C), mnmaj_cols(dv_a, C, c64), false);
         wg::commit();
         CB::template wait<0>(Xb);
+        const float f0 = b[L.r[0]], f1 = b[L.r[1]];
+        {
+          const float x0 = L.r[0] < m ? -(f0 * exp2f(g[L.r[0]])) : 0.f;
+          const float x1 = L.r[1] < m ? -(f1 * exp2f(g[L.r[1]])) : 0.f;
+          // The lane laundered: the same swizzled addresses as dW's store in step 8, which the
+          // compiler would otherwise hoist out of the chunk loop and keep live (spilled).
+          Lane Lx = L;
+          asm volatile("" : "+r"(Lx.ctid), "+r"(Lx.w));
+          const u32 x_a = w_a;
+#pragma unroll
+          for (int ii = 0; ii < 8; ii += 2) {
+            auto pr = [&](int k) {
+              const float x = ((k >> 1) & 1) ? x1 : x0;
+              return f2bf_pair(x * Xb[k], x * Xb[k + 1]);
+            };
+            CB::stsm_pairs(x_a, 8 * h + ii, Lx, pr(4 * ii), pr(4 * ii + 2), pr(4 * ii + 4), pr(4 * ii + 6));
+          }
+          wg::fence_smem_for_async();
+          pipe::mbar_arrive(bars + bWFull);
+        }
         wait_full(bars, gV, u);
         float rs[2] = {0.f, 0.f};
         CB::row_dot(smem, kOffV, Xb, 8 * h, 8, L, rs);
         quad_sums(rs);
         put_row_term(sc + CB::sDbv, rs, held_dbv, h, L);
-        const float f0 = b[L.r[0]], f1 = b[L.r[1]];
 #pragma unroll
         for (int i = 0; i < 8; ++i) {
           dv[2 * i] = pack(f0 * Xb[4 * i], f0 * Xb[4 * i + 1]);
           dv[2 * i + 1] = pack(f1 * Xb[4 * i + 2], f1 * Xb[4 * i + 3]);
         }
+        store_rows_half(m, dv, L, h, p.dv + (t0 * HV + j) * V, (long long)HV * V);
       }
 
       // 7. dK (columns c64 ..): the state term diag(exp2(gcL - gc)) V' Zb^T with its row sum
@@ -545,11 +579,9 @@ struct WalkBwdFusedSm90 {
       CB::template wait<0>(Dk);
       pipe::mbar_arrive(bars + bEmpty + gQ);  // Q K^T, the row sum and dS~^T Q read Q
 
-      // 8. After the owner's update (it read dOs hi in dO's slot, lo and -W): dq leaves from dO's
+      // 8. After the owner's update (it read dOs hi in dO's slot, lo, X and K): dq leaves from dO's
       //    slot; dW = -dV' S^T (columns c64 ..) into W; dV' V^T (columns c32 ..) beside it.
       pipe::mbar_wait(bars + bZDone, ph);
-      stage_store_half(maps, kMapDq, j * K, t0, m, o_a, dq, L, h, kBarOwn, p.dq_v + (t0 * HV + j) * K,
-                       (long long)HV * K);
       float T2[16];
       {
         float Wd[32];
@@ -567,9 +599,6 @@ struct WalkBwdFusedSm90 {
       wg::fence_smem_for_async();
       pipe::mbar_arrive(bars + bEmpty + gS);  // dO S^T and dV' S^T read S
       pipe::named_sync(kBarPair, 256);        // dW whole; both halves' dS~ and dKst read V'
-      // dv leaves from V''s slot.
-      stage_store_half(maps, kMapDv, j * V, t0, m, vn_a, dv, L, h, kBarOwn, p.dv + (t0 * HV + j) * V,
-                       (long long)HV * V);
 
       // 9. dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b)) (columns c32 ..) as hi + lo into
       //    Lo (dOs lo was read by the update); Y = dTm Tm^T (columns c32 ..) over it.
@@ -708,7 +737,7 @@ struct WalkBwdFusedSm90 {
                          (long long)HV * K);
       }
       // The stores have read dO's, V''s and W's slots: the next chunk's dO and V' may come, and
-      // this warpgroup's next -W may go over its W half.
+      // this warpgroup's next X may go over its W half.
       if (ctid == 0) pipe::bulk_wait_read<0>();
       pipe::named_sync(kBarOwn, 128);
       pipe::mbar_arrive(bars + bEmpty + gO);
@@ -834,8 +863,8 @@ struct WalkBwdFusedSm90 {
     const int tq = (lane & 3) * 2, m_lane = lane >> 3;
     const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;
     const u32 s0 = wg::smem_u32(smem);
-    const u32 zb = s0 + kOffZb, dv_addr = s0 + kOffDv, hi_addr = s0 + kOffO, lo_addr = s0 + kOffLo;
-    const u32 w_addr = s0 + kOffW, q_addr = s0 + kOffQ;
+    const u32 zb = s0 + kOffZb, hi_addr = s0 + kOffO, lo_addr = s0 + kOffLo;
+    const u32 w_addr = s0 + kOffW, q_addr = s0 + kOffQ, k_addr = s0 + kOffK;
     const float scale = p.scale;
 
     float Z0[64], Z1[64];
@@ -942,8 +971,8 @@ struct WalkBwdFusedSm90 {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
-        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(dv_addr, C, ks), wg::desc_mn_major(w_addr, C, ks), 1);
-        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(dv_addr + C * 128, C, ks), wg::desc_mn_major(w_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(w_addr, C, ks), wg::desc_mn_major(k_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(w_addr + C * 128, C, ks), wg::desc_mn_major(k_addr, C, ks), 1);
       }
       wg::commit();
       wg::wait<0>();
