@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# On the GPU machine: runs scripts/gpu_run.sh's VARIANT_STEPS (default "tests sanitize bench") once
+# for each variant scripts/pack_variants.sh left in .scratch_device/variants/, in order, each with
+# its own kernel cache, with every other gpu_run.sh variable as given (GPU_TEST_CASES,
+# SANITIZE_ONLY, BENCH_RUNS, ...). Prints each variant's step results; $OUT gets one archive of
+# every variant's logs (variants.tar.xz) and a summary (variants.txt). A failing step fails the run.
+#
+#   VARIANT_STEPS="tests sanitize bench" GPU_TEST_CASES='walk_bwd_layout fused*' \
+#   SANITIZE_ONLY=n_walkfused BENCH_RUNS="--programs --shapes M --arms spec,walk-fused" \
+#   bash scripts/gpu_variants.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/out}"
+mkdir -p "$OUT"
+logs="$(mktemp -d /tmp/gdnc-variants.XXXXXX)"
+shopt -s nullglob
+variants=(.scratch_device/variants/*.tar.xz)
+[ "${#variants[@]}" -gt 0 ] || { echo "gpu_variants: no .scratch_device/variants/*.tar.xz (scripts/pack_variants.sh)"; exit 2; }
+rc=0
+for archive in "${variants[@]}"; do
+  name=$(basename "$archive" .tar.xz)
+  cp "$archive" .scratch_device/bin.tar.xz
+  for step in ${VARIANT_STEPS:-tests sanitize bench}; do
+    mkdir -p "$logs/$name/$step"
+    OUT="$logs/$name/$step" GDNC_CACHE_DIR="/tmp/gdnc-cache-$name" STEPS="$step" GDNC_COMMIT="$name" \
+      bash scripts/gpu_run.sh > "$logs/$name/$step/stdout.txt" 2>&1
+    status=$?
+    [ "$status" -eq 0 ] || rc=1
+    {
+      echo "=== $name $step: exit $status"
+      case "$step" in
+        tests) grep -a "test cases\|assertions\|TIMED OUT\|ERROR" "$logs/$name/$step/stdout.txt" | head -20 ;;
+        sanitize) grep -a "SUMMARY\|TIMED\|rror" "$logs/$name/$step/stdout.txt" | head -20 ;;
+        bench) grep -av "^$" "$logs/$name/$step/bench.log" 2>/dev/null | head -40 ;;
+        *) tail -20 "$logs/$name/$step/stdout.txt" ;;
+      esac
+    } | tee -a "$OUT/variants.txt"
+  done
+done
+tar -C "$logs" -cJf "$OUT/variants.tar.xz" .
+echo "=== variants done, rc=$rc" | tee -a "$OUT/variants.txt"
+exit $rc
