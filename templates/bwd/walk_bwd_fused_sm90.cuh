@@ -266,13 +266,7 @@ struct WalkBwdFusedSm90 {
         pipe::bulk_commit();
       }
     } else {
-#pragma unroll
-      for (int hh = 0; hh < 2; ++hh) {
-        const int r = L.r[hh];
-        if (r >= len) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) *reinterpret_cast<u32*>(rows + r * stride + 64 * h + 8 * i + L.tq) = pr[2 * i + hh];
-      }
+      store_rows_half(len, pr, L, h, rows, stride);
     }
   }
 
