@@ -3,7 +3,8 @@
 # for each variant scripts/pack_variants.sh left in .scratch_device/variants/, in order, each with
 # its own kernel cache, with every other gpu_run.sh variable as given (GPU_TEST_CASES,
 # SANITIZE_ONLY, BENCH_RUNS, ...). Prints each variant's step results; $OUT gets one archive of
-# every variant's logs (variants.tar.xz) and a summary (variants.txt). A failing step fails the run.
+# every variant's logs (variants.tar.xz) and a summary (variants.txt). A failing step fails the run;
+# a step past VARIANT_STEP_TIMEOUT seconds (300) is stopped and reported as exit 124.
 #
 #   VARIANT_STEPS="tests sanitize bench" GPU_TEST_CASES='walk_bwd_layout fused*' \
 #   SANITIZE_ONLY=n_walkfused BENCH_RUNS="--programs --shapes M --arms spec,walk-fused" \
@@ -22,8 +23,9 @@ for archive in "${variants[@]}"; do
   cp "$archive" .scratch_device/bin.tar.xz
   for step in ${VARIANT_STEPS:-tests sanitize bench}; do
     mkdir -p "$logs/$name/$step"
+    # A hung kernel must not take the call with it: each step stops after VARIANT_STEP_TIMEOUT s.
     OUT="$logs/$name/$step" GDNC_CACHE_DIR="/tmp/gdnc-cache-$name" STEPS="$step" GDNC_COMMIT="$name" \
-      bash scripts/gpu_run.sh > "$logs/$name/$step/stdout.txt" 2>&1
+      timeout -k 10 "${VARIANT_STEP_TIMEOUT:-300}" bash scripts/gpu_run.sh > "$logs/$name/$step/stdout.txt" 2>&1
     status=$?
     [ "$status" -eq 0 ] || rc=1
     {
