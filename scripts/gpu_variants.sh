@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# On the GPU machine: runs scripts/gpu_run.sh's VARIANT_STEPS (default "tests sanitize bench") once
-# for each variant scripts/pack_variants.sh left in .scratch_device/variants/, in order, each with
-# its own kernel cache, with every other gpu_run.sh variable as given (GPU_TEST_CASES,
+# On the GPU machine: runs scripts/gpu_run.sh's VARIANT_STEPS (default "tests sanitize bench"; also
+# `profile`, scripts/ncu_profile.sh) once for each variant scripts/pack_variants.sh left in
+# .scratch_device/variants/, in order, each with its own kernel cache, with every other gpu_run.sh variable as given (GPU_TEST_CASES,
 # SANITIZE_ONLY, BENCH_RUNS, ...). Prints each variant's step results; $OUT gets one archive of
 # every variant's logs (variants.tar.xz) and a summary (variants.txt). A failing step fails the run;
 # a step past VARIANT_STEP_TIMEOUT seconds (300) is stopped and reported as exit 124.
@@ -24,8 +24,12 @@ for archive in "${variants[@]}"; do
   for step in ${VARIANT_STEPS:-tests sanitize bench}; do
     mkdir -p "$logs/$name/$step"
     # A hung kernel must not take the call with it: each step stops after VARIANT_STEP_TIMEOUT s.
+    # `profile` is scripts/ncu_profile.sh (KERNELS, SHAPE, NCU_BENCH_ARGS as there); the other
+    # steps are gpu_run.sh's.
+    script=scripts/gpu_run.sh
+    [ "$step" = profile ] && script=scripts/ncu_profile.sh
     OUT="$logs/$name/$step" GDNC_CACHE_DIR="/tmp/gdnc-cache-$name" STEPS="$step" GDNC_COMMIT="$name" \
-      timeout -k 10 "${VARIANT_STEP_TIMEOUT:-300}" bash scripts/gpu_run.sh > "$logs/$name/$step/stdout.txt" 2>&1
+      timeout -k 10 "${VARIANT_STEP_TIMEOUT:-300}" bash "$script" > "$logs/$name/$step/stdout.txt" 2>&1
     status=$?
     [ "$status" -eq 0 ] || rc=1
     {
@@ -34,11 +38,12 @@ for archive in "${variants[@]}"; do
         tests) grep -a "test cases\|assertions\|TIMED OUT\|ERROR" "$logs/$name/$step/stdout.txt" | head -20 ;;
         sanitize) grep -a "SUMMARY\|TIMED\|rror" "$logs/$name/$step/stdout.txt" | head -20 ;;
         bench) grep -av "^$" "$logs/$name/$step/bench.log" 2>/dev/null | head -40 ;;
+        profile) grep -a "Duration\|Issue Slots Busy\|Registers Per" "$logs/$name/$step/profile_details.txt" 2>/dev/null | head ;;
         *) tail -20 "$logs/$name/$step/stdout.txt" ;;
       esac
     } | tee -a "$OUT/variants.txt"
   done
 done
-tar -C "$logs" -cJf "$OUT/variants.tar.xz" .
+tar -C "$logs" --exclude='*.ncu-rep' -cJf "$OUT/variants.tar.xz" .  # the reports' text pages stay
 echo "=== variants done, rc=$rc" | tee -a "$OUT/variants.txt"
 exit $rc
