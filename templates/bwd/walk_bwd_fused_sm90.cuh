@@ -133,8 +133,8 @@ struct WalkBwdFusedSm90 {
       pipe::mbar_init(bars + bEmpty + gKT, 256);  // B0, B1
       pipe::mbar_init(bars + bEmpty + gQ, 384);   // B0, B1, Z
       pipe::mbar_init(bars + bEmpty + gV, 256);   // B0, B1
-      pipe::mbar_init(bars + bEmpty + gO, 256);   // B0, B1 (dq's stores read the slot)
-      pipe::mbar_init(bars + bEmpty + gVn, 256);  // B0, B1 (dv's stores read the slot)
+      pipe::mbar_init(bars + bEmpty + gO, 256);   // B0, B1 (after the owner's update read dOs hi)
+      pipe::mbar_init(bars + bEmpty + gVn, 256);  // B0, B1
       pipe::mbar_init(bars + bEmpty + gS, 384);   // B0, B1, Z
       // The owner's barriers have its 128 arrivals, the others both body warpgroups' 256.
       for (int b = bZFull; b < kBarriers; ++b)
@@ -573,8 +573,8 @@ struct WalkBwdFusedSm90 {
       CB::template wait<0>(Dk);
       pipe::mbar_arrive(bars + bEmpty + gQ);  // Q K^T, the row sum and dS~^T Q read Q
 
-      // 8. After the owner's update (it read dOs hi in dO's slot, lo, X and K): dq leaves from dO's
-      //    slot; dW = -dV' S^T (columns c64 ..) into W; dV' V^T (columns c32 ..) beside it.
+      // 8. After the owner's update (it read dOs hi in dO's slot, lo, X and K): dW = -dV' S^T
+      //    (columns c64 ..) into W; dV' V^T (columns c32 ..) beside it.
       pipe::mbar_wait(bars + bZDone, ph);
       float T2[16];
       {
@@ -730,8 +730,9 @@ struct WalkBwdFusedSm90 {
         stage_store_half(maps, kMapDk, j * K, t0, m, w_a, dk, L, h, kBarOwn, p.dk_v + (t0 * HV + j) * K,
                          (long long)HV * K);
       }
-      // The stores have read dO's, V''s and W's slots: the next chunk's dO and V' may come, and
-      // this warpgroup's next X may go over its W half.
+      // dk's store has read W's half h, so this warpgroup's next X may go over it; dO's and V''s
+      // readers (the owner's update among them, before bZDone) are done, so the next chunk's may
+      // come.
       if (ctid == 0) pipe::bulk_wait_read<0>();
       pipe::named_sync(kBarOwn, 128);
       pipe::mbar_arrive(bars + bEmpty + gO);
