@@ -77,6 +77,17 @@ __device__ __forceinline__ u32 dv_prime_pair(u32 factors, const float* D, const 
   return f2bf_pair(y0, y1);
 }
 
+/// The four bf16 pairs of dV'^T at k-step ks (tokens 16 ks + 8 (q >> 1) + tq, + 1 for d4[q]: one
+/// stmatrix x4 or one A fragment), the token factors from `factors` on.
+__device__ __forceinline__ void dv_prime_frag(u32 factors, const float* D, const float* Lc, int ks, int tq, int len,
+                                              u32 (&d4)[4]) {
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const int t = 16 * ks + 8 * (q >> 1) + tq;
+    d4[q] = dv_prime_pair(factors + 4 * t, D, Lc, 8 * ks + 2 * q, t, len);
+  }
+}
+
 /// One warpgroup's 64 value columns from col0 of dV' (D and Lc its accumulators over the chunk's
 /// tokens) as bf16 [t][v] rows into the SW128 tile at dv_addr, by transposing stmatrix.
 template <int C>
@@ -86,11 +97,7 @@ __device__ __forceinline__ void stage_dv_prime(u32 dv_addr, u32 vec, const float
 #pragma unroll
   for (int ks = 0; ks < C / 16; ++ks) {
     u32 d4[4];
-#pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int t = 16 * ks + 8 * (q >> 1) + tq;
-      d4[q] = dv_prime_pair(vec + 4 * t, D, Lc, 8 * ks + 2 * q, t, len);
-    }
+    dv_prime_frag(vec, D, Lc, ks, tq, len, d4);
     const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = col0 + 16 * warp + 8 * (m_lane & 1);
     wg::stsm_x4_trans(dv_addr + sw128::offset(r, v, C), d4);
   }
@@ -855,13 +862,9 @@ struct StateWalkBwdSm90 {
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
         u32 d4[4];
+        dv_prime_frag(vec + 4 * C, D, Lc, ks, tq, len, d4);
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int t = 16 * ks + 8 * (q >> 1) + tq;
-          // accumulator columns t, t + 1 of rows v_lo (q even) or v_hi
-          d4[q] = dv_prime_pair(vec + 4 * (C + t), D, Lc, 8 * ks + 2 * q, t, len);
-          Dn[ks][q] = d4[q] ^ 0x80008000u;  // negating a bf16 is exact: flip the sign bits
-        }
+        for (int q = 0; q < 4; ++q) Dn[ks][q] = d4[q] ^ 0x80008000u;  // negating a bf16 is exact
         stage_frags(dv_addr, C, ks, d4);
       }
 #pragma unroll
