@@ -5,6 +5,8 @@
 # SANITIZE_ONLY, BENCH_RUNS, ...). Prints each variant's step results; $OUT gets one archive of
 # every variant's logs (variants.tar.xz) and a summary (variants.txt). A failing step fails the run;
 # a step past VARIANT_STEP_TIMEOUT seconds (300) is stopped and reported as exit 124.
+# VARIANT_STEPS_<name> gives one variant its own steps (name as pack_variants.sh printed it,
+# without the NN_ prefix).
 #
 #   VARIANT_STEPS="tests sanitize bench" GPU_TEST_CASES='walk_bwd_layout fused*' \
 #   SANITIZE_ONLY=n_walkfused BENCH_RUNS="--programs --shapes M --arms spec,walk-fused" \
@@ -21,7 +23,10 @@ rc=0
 for archive in "${variants[@]}"; do
   name=$(basename "$archive" .tar.xz)
   cp "$archive" .scratch_device/bin.tar.xz
-  for step in ${VARIANT_STEPS:-tests sanitize bench}; do
+  # VARIANT_STEPS_<name> (the archive's name without its NN_ prefix, e.g. VARIANT_STEPS_v3_dyn_trace)
+  # overrides the steps for one variant: a trace or bound build needs only `bench`.
+  steps_var="VARIANT_STEPS_${name#[0-9][0-9]_}"
+  for step in ${!steps_var:-${VARIANT_STEPS:-tests sanitize bench}}; do
     mkdir -p "$logs/$name/$step"
     # A hung kernel must not take the call with it: each step stops after VARIANT_STEP_TIMEOUT s.
     # `profile` is scripts/ncu_profile.sh (KERNELS, SHAPE, NCU_BENCH_ARGS as there); the other
@@ -37,7 +42,7 @@ for archive in "${variants[@]}"; do
       case "$step" in
         tests) grep -a "test cases\|assertions\|TIMED OUT\|ERROR" "$logs/$name/$step/stdout.txt" | head -20 ;;
         sanitize) grep -a "SUMMARY\|TIMED\|rror" "$logs/$name/$step/stdout.txt" | head -20 ;;
-        bench) grep -av "^$" "$logs/$name/$step/bench.log" 2>/dev/null | head -40 ;;
+        bench) grep -av "^$\|^TR " "$logs/$name/$step/bench.log" 2>/dev/null | head -40 ;;
         profile) grep -a "Duration\|Issue Slots Busy\|Registers Per" "$logs/$name/$step/profile_details.txt" 2>/dev/null | head ;;
         *) tail -20 "$logs/$name/$step/stdout.txt" ;;
       esac
