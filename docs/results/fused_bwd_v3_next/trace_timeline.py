@@ -1,6 +1,7 @@
 """Per-chunk timeline of the fused walk's roles from v3_dyn_trace.diff's printout.
 
-usage: trace_timeline.py LOG   (gdn_bench's stdout with the "TR ..." lines of the traced build)
+usage: trace_timeline.py LOG [a6]   (gdn_bench's stdout with the "TR ..." lines of the traced build;
+       "a6" for v3_a6_trace.diff's stamps, v3_dyn_trace.diff's otherwise)
 The traced build stamps clock64() at each role's hand-offs for chunks 40..47 of block (0, 0, 0)
 and prints them when the block ends; the last launch's 32 lines are read. Prints every event of
 each chunk in time order (cycles from the owner's chunk 40 start) and each role's chunk period.
@@ -13,6 +14,11 @@ names={0:["top","Q","S","V","Vn","O","KT"],
 1:["top","KTQ","Pair","OVn","PRead","S","preWf","Wf","ZDone","E","Rows"],
 2:["top","ZFull","Pair","DvEmpty","DvFull","WFull","S","WfArr","ZEmpty","DS","E","KTfree"],
 3:["top","ZEmpty","ZFull","ORead","ERead","Q","preDv","DvW","ZDone"]}
+if len(sys.argv)>2 and sys.argv[2]=="a6":
+    names={0:["top","Q","S","V","Vn","O","K","T"],
+    1:["top","scores","rows(u-1)","OVn","PRead","S","Wf","T","E","ZDone","Rows"],
+    2:["top","KZ","Pair","DvEmpty","DvFull","T","WFull","WfArr","DS","Rows","E","Kfree"],
+    3:["top","ZEmpty","ZFull","ORead","Q","DvW","ZDone"]}
 rn={0:"prod",1:"alg",2:"val",3:"own"}
 T={}
 for l in last:
