@@ -132,21 +132,25 @@ struct StateWalkBwdSm90Layout {
   static_assert((2 * kStages + 8) * 8 <= 128, "the mbarriers must fit before the vectors");
 
   /// The fused layout (walk_bwd_layout "fused": the reverse walk with chunk_bwd's body,
-  /// docs/design_fused_bwd_sm90.md 3.9): one slot per tile, no ring. Eight 64 x K token tiles
-  /// (q, k, v, dO then dOs hi then dq's staging, V' then dv's staging, dV', -W then dW then dk's
-  /// staging, dOs lo then Y then E), the h tape and bf16(Z) (K x K), Tm and P~ then dS~ (64 x 64);
-  /// then two buffers (by chunk parity) of the chunk's scalars (gc, beta, the row terms of dgam
-  /// and dbeta, the walk's two gate vectors) and the mbarriers.
-  enum FusedSlot : int { fu_q, fu_k, fu_v, fu_o, fu_vn, fu_dv, fu_w, fu_lo, kFuTokenTiles };
+  /// docs/design_fused_bwd_sm90.md 3.9 and 3.16): one slot per tile but K's two (by chunk parity,
+  /// so the next chunk's K arrives while this chunk's last readers work). Eight 64 x K token
+  /// tiles (q, k, v then W_f, dO then dOs, V', dV', X, k's second buffer), the h tape and bf16(Z)
+  /// (K x K), Tm, P~ then dS~, and dTm then Y then E (64 x 64); then two buffers (by chunk parity)
+  /// of the scalars that are written ahead (gc, beta, <S, Zb>: fu_gate_floats each) and one of
+  /// the rest (the row terms of dgam and dbeta, the walk's two gate vectors: fu_row_floats), and
+  /// the mbarriers.
+  enum FusedSlot : int { fu_q, fu_k, fu_v, fu_o, fu_vn, fu_dv, fu_w, fu_k1, kFuTokenTiles };
   static constexpr int fu_off_tok(int slot, int K, int chunk) { return slot * chunk * K * 2; }
   static constexpr int fu_off_s(int K, int chunk) { return kFuTokenTiles * chunk * K * 2; }
   static constexpr int fu_off_zb(int K, int chunk) { return fu_off_s(K, chunk) + K * K * 2; }
   static constexpr int fu_off_t(int K, int chunk) { return fu_off_zb(K, chunk) + K * K * 2; }
   static constexpr int fu_off_p(int K, int chunk) { return fu_off_t(K, chunk) + chunk * chunk * 2; }
-  static constexpr int fu_off_sc(int K, int chunk) { return fu_off_p(K, chunk) + chunk * chunk * 2; }
-  /// One buffer of scalars: 1288 floats (the layout's enum in walk_bwd_fused_sm90.cuh).
-  static constexpr int fu_sc_bytes(int chunk) { return (20 * chunk + 8) * 4; }
-  static constexpr int fu_off_bar(int K, int chunk) { return fu_off_sc(K, chunk) + 2 * fu_sc_bytes(chunk); }
+  static constexpr int fu_off_lo(int K, int chunk) { return fu_off_p(K, chunk) + chunk * chunk * 2; }
+  static constexpr int fu_off_sc(int K, int chunk) { return fu_off_lo(K, chunk) + chunk * chunk * 2; }
+  static constexpr int fu_gate_floats(int chunk) { return 5 * chunk + 8; }
+  static constexpr int fu_row_floats(int chunk) { return 20 * chunk + 8; }
+  static constexpr int fu_sc_bytes(int chunk) { return (2 * fu_gate_floats(chunk) + fu_row_floats(chunk)) * 4; }
+  static constexpr int fu_off_bar(int K, int chunk) { return fu_off_sc(K, chunk) + fu_sc_bytes(chunk); }
   enum : int { kFuBarriers = 32 };  // an enumerator: no constant bytes in the other programs
   static constexpr int fu_smem_bytes(int K, int chunk) { return fu_off_bar(K, chunk) + kFuBarriers * 8 + 1024; }
 };
