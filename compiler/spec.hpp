@@ -42,7 +42,8 @@ enum class BackwardW { chunk_prep, walk, automatic };
 /// warpgroup owns the whole gradient and its update from shared memory, another computes D,
 /// dv_local and dV' (the fused backward's roles, docs/design_fused_bwd_sm90.md 3.7). Same bits.
 /// "fused" = the z_owner roles with chunk_bwd's body added (3.9): one program walks the chunks in
-/// reverse and produces dq, dk, dv, dg and dbeta; chunk_bwd idles on sm_90a. Same bits.
+/// reverse and produces dq, dk, dv, dg and dbeta; chunk_bwd idles on sm_90a. Its own bits (the
+/// update takes K^T X without forming W; dTm, Y and E rounded once), held to the same fp64 bounds.
 enum class WalkBwdLayout { split, z_owner, fused };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
