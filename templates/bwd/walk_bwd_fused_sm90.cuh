@@ -280,7 +280,6 @@ struct WalkBwdFusedSm90 {
                   [&] {
                     wg::load_tile_sw128<C, K>(at(kOffQ), p.q + (t0 * H + hq) * K, (long long)H * K, len, tid, copy16);
                   });
-              pipe::cp_async_arrive(bars + bFull + gQ);
               break;
             case gS:
               load_group(
@@ -289,14 +288,12 @@ struct WalkBwdFusedSm90 {
                     pipe::tma_load_tile<K, V>(at(kOffS), &maps.map[kMapS], 0, static_cast<int>((c * HV + j) * K), b);
                   },
                   [] {});
-              pipe::cp_async_arrive(bars + bFull + gS);
               break;
             case gV:
               load_group(
                   bars, gV, u, whole, kTok, tid,
                   [&](mbar_t* b) { pipe::tma_load_tile<C, V>(at(kOffV), &maps.map[kMapV], j * V, row, b); },
                   [&] { wg::load_tile_sw128<C, V>(at(kOffV), p.v + hv_row * V, (long long)HV * V, len, tid, copy16); });
-              pipe::cp_async_arrive(bars + bFull + gV);
               break;
             case gVn:
               load_group(
@@ -305,7 +302,6 @@ struct WalkBwdFusedSm90 {
                   [&] {
                     wg::load_tile_sw128<C, V>(at(kOffVn), p.v_new + hv_row * V, (long long)HV * V, len, tid, copy16);
                   });
-              pipe::cp_async_arrive(bars + bFull + gVn);
               break;
             case gO:
               load_group(
@@ -314,7 +310,6 @@ struct WalkBwdFusedSm90 {
                   [&] {
                     wg::load_tile_sw128<C, V>(at(kOffO), p.d_o + hv_row * V, (long long)HV * V, len, tid, copy16);
                   });
-              pipe::cp_async_arrive(bars + bFull + gO);
               break;
             case gK:
               load_group(
@@ -331,7 +326,6 @@ struct WalkBwdFusedSm90 {
                 bwd::cp_async4(sc + CB::sG + tid, p.gc + a, true);
                 bwd::cp_async4(sc + CB::sB + tid, p.beta + a, ok);
               }
-              pipe::cp_async_arrive(full_of(bars, gK, u));
               break;
             case gT:
               load_group(
@@ -340,9 +334,10 @@ struct WalkBwdFusedSm90 {
                   [&] {
                     wg::load_tile_sw128<C, C>(at(kOffT), p.tm + hv_row * C, (long long)HV * C, len, tid, copy16);
                   });
-              pipe::cp_async_arrive(bars + bFull + gT);
               break;
           }
+          // Every thread arrives through its cp.async (the group's copies, where it has any).
+          pipe::cp_async_arrive(full_of(bars, g, u));
         }
         // No slot freed in this pass: yield the issue slots to the roles for a moment.
         if (pending == before) __nanosleep(32);
@@ -362,6 +357,17 @@ struct WalkBwdFusedSm90 {
 #pragma unroll
       for (int i = 0; i < 16; ++i) *reinterpret_cast<u32*>(rows + r * stride + 8 * i + L.tq) = pr[2 * i + hh];
     }
+  }
+
+  /// A 64 x 128 fp32 accumulator rounded to bf16 pairs and stored as store_rows stores them.
+  __device__ __forceinline__ static void store_acc_rows(int len, const float (&acc)[64], const Lane& L, bf16_t* rows,
+                                                        long long stride) {
+    u32 pr[32];
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+#pragma unroll
+      for (int hh = 0; hh < 2; ++hh) pr[2 * i + hh] = pack(acc[4 * i + 2 * hh], acc[4 * i + 2 * hh + 1]);
+    store_rows(len, pr, L, rows, stride);
   }
 
   /// acc (+)= A B over STEPS k-steps of 16 (wg::mma_k16's operand forms), descriptors by step.
@@ -635,12 +641,7 @@ struct WalkBwdFusedSm90 {
         wg::commit();
         CB::template wait<0>(D);
         pipe::mbar_arrive(bars + bEmpty + gQ);  // Q K^T and dQ's row sum read Q
-        u32 dq[32];
-#pragma unroll
-        for (int i = 0; i < 16; ++i)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh) dq[2 * i + hh] = pack(D[4 * i + 2 * hh], D[4 * i + 2 * hh + 1]);
-        store_rows(m, dq, L, p.dq_v + (t0 * HV + j) * K, (long long)HV * K);
+        store_acc_rows(m, D, L, p.dq_v + (t0 * HV + j) * K, (long long)HV * K);
       }
 
       // A4. dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b)) = tril1((dV' W_f^T) diag(b)) as
@@ -939,12 +940,7 @@ struct WalkBwdFusedSm90 {
       wg::commit();
       CB::template wait<0>(Dk);
       pipe::mbar_arrive(empty_of(bars, gK, u));
-      u32 dk[32];
-#pragma unroll
-      for (int i = 0; i < 16; ++i)
-#pragma unroll
-        for (int hh = 0; hh < 2; ++hh) dk[2 * i + hh] = pack(Dk[4 * i + 2 * hh], Dk[4 * i + 2 * hh + 1]);
-      store_rows(m, dk, L, p.dk_v + (t0 * HV + j) * K, (long long)HV * K);
+      store_acc_rows(m, Dk, L, p.dk_v + (t0 * HV + j) * K, (long long)HV * K);
     }
   }
 
