@@ -426,13 +426,25 @@ int cmd_cache_verify(bool as_json) {
   return bad ? kCache : kOk;
 }
 
-int cmd_sizes(const std::string& path, long long tokens, int docs, bool as_json) {
-  const LayerIR ir = lower(spec_from_file(path));
-  const size_t saved = region_bytes(ir, BufferRole::saved, CallForm::forward, tokens, docs);
-  const size_t fwd = region_bytes(ir, BufferRole::workspace, CallForm::forward, tokens, docs);
-  const size_t bwd = region_bytes(ir, BufferRole::workspace, CallForm::backward, tokens, docs);
+int cmd_sizes(const std::string& path, long long tokens, int docs, const std::vector<std::string>& target_names,
+              bool as_json) {
+  const Spec spec = spec_from_file(path);
+  const LayerIR ir = lower(spec);
+  // Without --target: enough on any of the spec's targets (a target may leave buffers out).
+  std::optional<Target> target;
+  if (!target_names.empty()) {
+    if (target_names.size() > 1) throw UsageError("--target", "sizes takes one target");
+    target = parse_targets(target_names, &spec).front();
+    if (std::find(spec.targets.begin(), spec.targets.end(), *target) == spec.targets.end())
+      throw UsageError("--target", fmt::format("{} is not among the targets of layer '{}' (/targets)",
+                                               to_string(*target), spec.name));
+  }
+  const size_t saved = region_bytes(ir, BufferRole::saved, CallForm::forward, tokens, docs, target);
+  const size_t fwd = region_bytes(ir, BufferRole::workspace, CallForm::forward, tokens, docs, target);
+  const size_t bwd = region_bytes(ir, BufferRole::workspace, CallForm::backward, tokens, docs, target);
   if (as_json) {
     fmt::print("{}\n", json{{"layer", ir.spec.name},
+                            {"target", target ? std::string(to_string(*target)) : std::string("any")},
                             {"tokens", tokens},
                             {"docs", docs},
                             {"saved", saved},
@@ -442,7 +454,8 @@ int cmd_sizes(const std::string& path, long long tokens, int docs, bool as_json)
                            .dump(2));
     return kOk;
   }
-  fmt::print("layer {} at T={} N={}:\n", ir.spec.name, tokens, docs);
+  fmt::print("layer {} at T={} N={}, on {}:\n", ir.spec.name, tokens, docs,
+             target ? std::string(to_string(*target)) : std::string("any of its targets"));
   fmt::print("  saved (forward -> backward)   {:>14} bytes\n", saved);
   fmt::print("  workspace, forward/recompute  {:>14} bytes\n", fwd);
   fmt::print("  workspace, backward           {:>14} bytes\n", bwd);
@@ -593,6 +606,7 @@ int main(int argc, char** argv) {
   sizes->add_option("spec", spec_path, "layer spec file")->required()->check(CLI::ExistingFile);
   sizes->add_option("--tokens", tokens, "total tokens T (1 to 2^31-1)")->required();
   sizes->add_option("--docs", size_docs, "documents N (1 to 65535)")->required();
+  sizes->add_option("--target", targets, "the target a layer is loaded for (default: enough on any of the spec's)");
   sizes->add_flag("--json", as_json, "machine-readable output");
   std::string n_docs, seed = std::to_string(std::time(nullptr));
   bool forward_only = false, ckpt = false, ckpt_output = false, digests = false;
@@ -657,7 +671,7 @@ int main(int argc, char** argv) {
     }
     if (*sizes)
       return cmd_sizes(spec_path, whole_number<long long>("--tokens", tokens, 1, kMaxTokens),
-                       whole_number<int>("--docs", size_docs, 1, 65535), as_json);
+                       whole_number<int>("--docs", size_docs, 1, 65535), targets, as_json);
     if (*check_cmd) {
       std::vector<long long> lens;
       for (const auto& d : docs) lens.push_back(whole_number<long long>("--docs", d, 1, kMaxTokens));

@@ -74,6 +74,7 @@ std::string ByteFormula::text() const {
 }
 
 bool Program::idle_for(Target t) const { return std::find(idle_on.begin(), idle_on.end(), t) != idle_on.end(); }
+bool Buffer::unused_for(Target t) const { return std::find(unused_on.begin(), unused_on.end(), t) != unused_on.end(); }
 
 const Program& LayerIR::program(std::string_view name) const {
   for (const auto& p : programs)
@@ -714,6 +715,17 @@ LayerIR lower(const Spec& spec_in) {
       }
     }
   }
+  // walk_bwd_layout "fused": on sm_90a the fused reverse walk keeps the gradient's tape and dV' of
+  // each chunk in shared memory, and chunk_bwd, their only reader, idles there; the other targets'
+  // portable walk and chunk_bwd still pass them through these slots.
+  if (walk_fused)
+    for (Buffer& b : ir.buffers)
+      if (b.name == "dh_tape" || b.name == "dv_new") b.unused_on.push_back(Target::sm_90a);
+  for (const Buffer& b : ir.buffers)
+    for (const Buffer& guest : ir.buffers)
+      if (!b.unused_on.empty() && guest.lives_in == b.name)
+        throw std::logic_error(
+            fmt::format("layer '{}': '{}' lives in '{}', which some targets leave out", s.name, guest.name, b.name));
   // With cp.ranks R every rank boundary inside a document starts a piece chunked from its own first
   // token: at most R - 1 chunks more than T / chunk + N (ir.extra_chunks, which NT includes).
   ir.extra_chunks = s.cp_ranks - 1;
@@ -1032,8 +1044,10 @@ std::string to_text(const LayerIR& ir) {
   for (const auto& b : ir.buffers) {
     std::string forms;
     for (CallForm f : b.forms) forms += (forms.empty() ? " forms=" : ",") + std::string(to_string(f));
-    line(fmt::format("  {:<9} {:<16} {:<12} {:<16} bytes={}{}{}", to_string(b.role), b.name, b.dtype, b.shape,
-                     b.bytes.text(), forms, b.lives_in.empty() ? "" : " lives_in=" + b.lives_in));
+    std::string unused;
+    for (Target t : b.unused_on) unused += (unused.empty() ? " unused_on=" : ",") + std::string(to_string(t));
+    line(fmt::format("  {:<9} {:<16} {:<12} {:<16} bytes={}{}{}{}", to_string(b.role), b.name, b.dtype, b.shape,
+                     b.bytes.text(), forms, b.lives_in.empty() ? "" : " lives_in=" + b.lives_in, unused));
   }
   for (const auto& cf : ir.call_forms) {
     line(fmt::format("call {}:", to_string(cf.form)));
@@ -1084,6 +1098,11 @@ json to_json(const LayerIR& ir) {
                       {"text", b.bytes.text()}}},
                     {"forms", forms}});
     if (!b.lives_in.empty()) bufs.back()["lives_in"] = b.lives_in;
+    if (!b.unused_on.empty()) {
+      json targets = json::array();
+      for (Target t : b.unused_on) targets.push_back(to_string(t));
+      bufs.back()["unused_on"] = targets;
+    }
   }
   json forms = json::array();
   for (const auto& cf : ir.call_forms) {

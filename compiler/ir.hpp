@@ -60,6 +60,11 @@ struct Buffer {
   /// that slot's value comes before this buffer's first access in every call sequence (empty:
   /// its own slot). tests/test_runtime.cpp proves it from the plans' launches.
   std::string lives_in;
+  /// Workspace only: targets on which no program touches it (another body there keeps its values
+  /// on chip), so a layer loaded for one of them gives it no bytes and binds a null pointer where a
+  /// parameter names it. Never a slot that another buffer lives in.
+  std::vector<Target> unused_on;
+  bool unused_for(Target t) const;
 };
 
 /// An operand that a program's sm_90a body loads or stores through a TMA tensor map: a bf16

@@ -93,7 +93,10 @@ typedef struct gdn_slot {
 /** The layout of the saved region (region GDN_REGION_SAVED; form ignored) or of call form `form`'s
  *  workspace (GDN_REGION_WORKSPACE) for T tokens and N documents, from the spec alone: no GPU, no
  *  compilation. *total (if not NULL) gets the region's bytes, as gdn_layer_saved_bytes /
- *  gdn_layer_workspace_bytes give them; *count (required) the number of buffers. slots may be NULL
+ *  gdn_layer_workspace_bytes give them, except where a target leaves workspace buffers out
+ *  (`gdnc ir` marks them unused_on): the spec's layout serves the layer on any of its targets,
+ *  a loaded layer's workspace is its own target's and smaller; *count (required) the number of
+ *  buffers. slots may be NULL
  *  (capacity 0) to query the count; otherwise capacity must hold them all (GDN_ERR_INPUT if not;
  *  nothing is written then). Buffers are ordered by offset, then by name. */
 int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t T, int N, gdn_slot* slots,

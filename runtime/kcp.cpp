@@ -29,6 +29,12 @@ CpRankView kcp_rank_view(const std::vector<int64_t>& cu_seqlens, int world, int 
 }
 
 RegionLayout kcp_workspace_layout(const LayerIR& ir, CallForm form, ProblemShape local) {
+  // One layout for every target: a context-parallel layer has no buffers that a target leaves out
+  // (only the one-rank fused reverse walk does).
+  for (const Buffer& b : ir.buffers)
+    if (!b.unused_on.empty())
+      throw std::logic_error(fmt::format(
+          "layer '{}': buffer '{}' is unused on some targets, which a KCP layout cannot follow", ir.spec.name, b.name));
   RegionLayout l = region_layout(ir, BufferRole::workspace, form, local);
   // One offset for every call form: a checkpointed step's forward, recompute and backward share
   // one arena, and the gathered buffer never lands on the tapes a recompute hands over.

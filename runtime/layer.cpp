@@ -237,8 +237,8 @@ void Layer::make_plans(HostPath path) {
     // A hand-off works because the recompute's tapes sit where the backward looks for them.
     const auto& f = forward_.plan.ws_slots;
     const auto& b = backward_.plan.ws_slots;
-    const auto fwd_names = region_slots(ir_, BufferRole::workspace, CallForm::forward);
-    const auto bwd_names = region_slots(ir_, BufferRole::workspace, CallForm::backward);
+    const auto fwd_names = region_slots(ir_, BufferRole::workspace, CallForm::forward, target_);
+    const auto bwd_names = region_slots(ir_, BufferRole::workspace, CallForm::backward, target_);
     for (size_t i = 0; i < f.size(); ++i)
       if (i >= b.size() || fwd_names[i].first != bwd_names[i].first)
         throw std::logic_error(fmt::format("layer '{}': workspace slot {} of the forward ({}) is not the backward's",
@@ -294,10 +294,11 @@ Layer::GraphStats Layer::graph_stats() const {
   return {graphs_->entries(), graphs_->bytes(), captures_, replays_, graphs_->evictions()};
 }
 
-RegionLayout region_layout(const LayerIR& ir, BufferRole role, CallForm form, ProblemShape s) {
+RegionLayout region_layout(const LayerIR& ir, BufferRole role, CallForm form, ProblemShape s,
+                           std::optional<Target> target) {
   check_problem_size(s.T, s.N);
   RegionLayout l;
-  const auto slots = region_slots(ir, role, form);
+  const auto slots = region_slots(ir, role, form, target);
   std::vector<ByteFormula> formulas;
   for (const auto& sl : slots) formulas.push_back(sl.second);
   const auto offsets = slot_offsets(formulas, s.T, s.N, ir.spec.chunk);
@@ -309,6 +310,7 @@ RegionLayout region_layout(const LayerIR& ir, BufferRole role, CallForm form, Pr
   for (const Buffer& b : ir.buffers) {
     if (b.role != role || b.lives_in.empty()) continue;
     if (std::find(b.forms.begin(), b.forms.end(), form) == b.forms.end()) continue;
+    if (target && b.unused_for(*target)) continue;
     std::string host = b.lives_in;
     while (!ir.buffer(host).lives_in.empty()) host = ir.buffer(host).lives_in;
     l.offset[b.name] = l.offset.at(host);
@@ -319,7 +321,7 @@ RegionLayout region_layout(const LayerIR& ir, BufferRole role, CallForm form, Pr
 }
 
 RegionLayout Layer::region_layout(BufferRole role, CallForm form, ProblemShape s) const {
-  return gdn::region_layout(ir_, role, form, s);
+  return gdn::region_layout(ir_, role, form, s, target_);
 }
 
 namespace {

@@ -142,9 +142,10 @@ struct RegionLayout {
 };
 
 /// The saved region (CallForm::forward) or a call form's workspace of a lowered layer for one
-/// problem shape: a function of the IR alone, so it needs no GPU. Throws InputError for an invalid
-/// shape.
-RegionLayout region_layout(const LayerIR&, BufferRole, CallForm, ProblemShape);
+/// problem shape: a function of the IR alone, so it needs no GPU. On a target, that target's
+/// layout (a loaded layer's, without the buffers unused there); without one, a layout that serves
+/// the layer on any of its targets. Throws InputError for an invalid shape.
+RegionLayout region_layout(const LayerIR&, BufferRole, CallForm, ProblemShape, std::optional<Target> = std::nullopt);
 
 class Layer {
  public:

@@ -55,20 +55,23 @@ std::vector<uint64_t> slot_offsets(const std::vector<ByteFormula>& slots, int64_
   return out;
 }
 
-std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR& ir, BufferRole role, CallForm form) {
+std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR& ir, BufferRole role, CallForm form,
+                                                              std::optional<Target> target) {
   std::vector<std::pair<std::string, ByteFormula>> out;
   for (const Buffer& b : ir.buffers) {
     if (b.role != role) continue;
     if (role == BufferRole::workspace && std::find(b.forms.begin(), b.forms.end(), form) == b.forms.end()) continue;
     if (!b.lives_in.empty()) continue;  // its bytes are its host's
+    if (target && b.unused_for(*target)) continue;
     out.emplace_back(b.name, b.bytes);
   }
   return out;
 }
 
-size_t region_bytes(const LayerIR& ir, BufferRole role, CallForm form, int64_t T, int64_t N) {
+size_t region_bytes(const LayerIR& ir, BufferRole role, CallForm form, int64_t T, int64_t N,
+                    std::optional<Target> target) {
   std::vector<ByteFormula> formulas;
-  for (const auto& slot : region_slots(ir, role, form)) formulas.push_back(slot.second);
+  for (const auto& slot : region_slots(ir, role, form, target)) formulas.push_back(slot.second);
   return slot_offsets(formulas, T, N, ir.spec.chunk).back();
 }
 
@@ -135,6 +138,7 @@ class Builder {
     plan.chunk = ir.spec.chunk;
     saved_ = slot_names(ir, BufferRole::saved, form, plan.saved_slots);
     ws_ = slot_names(ir, BufferRole::workspace, form, plan.ws_slots);
+    plan.ws_slot_names = ws_;
   }
   ValueSource slot(const std::string& name) const {
     ValueSource v = home_slot(home_of(ir_, name));
@@ -746,6 +750,31 @@ void specialize_for_target(CallPlan& plan, const LayerIR& ir, Target target) {
         if (f.offset == field.offset) f = field, replaced = true;
       if (!replaced) l.fields.push_back(field);
     }
+  // The workspace slots of buffers unused on this target go; the slots after them move up.
+  std::vector<int> moved(plan.ws_slot_names.size(), -1);
+  std::vector<ByteFormula> slots;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < plan.ws_slot_names.size(); ++i) {
+    if (ir.buffer(plan.ws_slot_names[i]).unused_for(target)) continue;
+    moved[i] = static_cast<int>(slots.size());
+    slots.push_back(plan.ws_slots[i]);
+    names.push_back(plan.ws_slot_names[i]);
+  }
+  if (slots.size() == plan.ws_slots.size()) return;
+  for (PlannedLaunch& l : plan.launches)
+    for (Field& f : l.fields) {
+      if (f.source.kind != ValueSource::from_slot || f.source.region != RegionKind::ws) continue;
+      const int to = moved.at(static_cast<size_t>(f.source.slot));
+      // A program that runs here and binds a buffer the IR says nothing here touches: the IR and
+      // the plan disagree, and the body would write through a slot that has no bytes.
+      if (to < 0)
+        throw std::logic_error(fmt::format("plan: layer '{}': {} binds '{}', which is unused on {}", ir.spec.name,
+                                           ir.programs.at(static_cast<size_t>(l.program)).name, f.source.buffer,
+                                           to_string(target)));
+      f.source.slot = to;
+    }
+  plan.ws_slots = std::move(slots);
+  plan.ws_slot_names = std::move(names);
 }
 
 void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, Launcher& launcher) {

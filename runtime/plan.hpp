@@ -16,6 +16,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,7 @@ struct CallPlan {
   int chunk = 64;
   std::vector<ByteFormula> saved_slots;  ///< in region order (256-byte aligned each)
   std::vector<ByteFormula> ws_slots;
+  std::vector<std::string> ws_slot_names;  ///< the buffer whose home each workspace slot is
   std::vector<PlannedLaunch> launches;
   /// A forward's: its walk writes the backward's tapes (state_walk; walk_tape; the fused output
   /// walks where they bind h_tape and v_new), so a recompute running it can hand them over.
@@ -119,7 +121,9 @@ struct CallPlan {
 };
 
 /// The plan as it runs on `target`: the launches of programs idle there (not compiled for it)
-/// dropped, and the fields the target binds otherwise (PlannedLaunch::target_fields) applied.
+/// dropped, the fields the target binds otherwise (PlannedLaunch::target_fields) applied, and the
+/// workspace slots of buffers unused there (Buffer::unused_on) taken out (a launch that still
+/// binds one is a std::logic_error).
 void specialize_for_target(CallPlan& plan, const LayerIR& ir, Target target);
 
 /// Which launches a plan contains.
@@ -156,13 +160,17 @@ enum class KcpPhase { summaries, walk };
 CallPlan plan_kcp_forward(const LayerIR&, KcpPhase);
 CallPlan plan_kcp_backward(const LayerIR&, PrepRerun, KcpPhase);
 
-/// The slots of the saved region, or of the workspace of one call form, in region order.
-std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR&, BufferRole, CallForm);
+/// The slots of the saved region, or of the workspace of one call form, in region order: on one
+/// target (a loaded layer's) without the buffers unused there, without a target the layer's slots
+/// on any of its targets.
+std::vector<std::pair<std::string, ByteFormula>> region_slots(const LayerIR&, BufferRole, CallForm,
+                                                              std::optional<Target> = std::nullopt);
 
 /// Bytes of the saved region, or of the workspace of one call form, for a problem size; no GPU
-/// needed. A checkpointed step on one workspace needs max(forward, backward). Throws
-/// InputError for sizes check_problem_size() refuses.
-size_t region_bytes(const LayerIR&, BufferRole, CallForm, int64_t T, int64_t N);
+/// needed. A checkpointed step on one workspace needs max(forward, backward). Without a target,
+/// enough for the layer on any of its targets. Throws InputError for sizes check_problem_size()
+/// refuses.
+size_t region_bytes(const LayerIR&, BufferRole, CallForm, int64_t T, int64_t N, std::optional<Target> = std::nullopt);
 
 /// The problem sizes every layer call and size query accepts: T in 1 to 2^31-1 packed tokens,
 /// N in 1 to 65535 documents. Inside them no region size can overflow 64 bits. Throws

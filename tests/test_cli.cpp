@@ -192,6 +192,37 @@ TEST_SUITE("cli") {
     CHECK(gdnc("sizes " + src("examples/m.json") + " --tokens 0 --docs 5").code == 2);
   }
 
+  TEST_CASE("sizes --target gives one target's workspace; without it, enough on any") {
+    Scratch scratch;
+    auto spec = nlohmann::json::parse(std::ifstream(src("examples/m.json")));
+    spec["walk_bwd_layout"] = "fused";
+    const std::string path = scratch.write("m_fused.json", spec.dump());
+    auto sizes = [&](const std::string& target) {
+      const Run r = gdnc("sizes " + path + " --tokens 32768 --docs 5 --json" + target);
+      REQUIRE(r.code == 0);
+      return nlohmann::json::parse(r.out);
+    };
+    const auto any = sizes(""), sm90a = sizes(" --target sm_90a"), sm100a = sizes(" --target sm_100a");
+    CHECK(any["target"] == "any");
+    CHECK(sm90a["target"] == "sm_90a");
+    // The fused reverse walk keeps dh and dV' on chip on sm_90a: NT * HV * K * V * 2 + T * HV * V * 2.
+    const long long nt = 32768 / 64 + 5;
+    CHECK(any["workspace_backward"].get<long long>() - sm90a["workspace_backward"].get<long long>() ==
+          nt * 48 * 128 * 128 * 2 + 32768LL * 48 * 128 * 2);
+    CHECK(sm100a["workspace_backward"] == any["workspace_backward"]);
+    CHECK(sm90a["workspace_forward"] == any["workspace_forward"]);
+    CHECK(sm90a["saved"] == any["saved"]);
+    const Run twice = gdnc("sizes " + path + " --tokens 10 --docs 1 --target sm_90a --target sm_100a");
+    CHECK(twice.code == 2);
+    CHECK(twice.out.find("--target: sizes takes one target") != std::string::npos);
+    spec["targets"] = {"sm_100a"};
+    const Run other =
+        gdnc("sizes " + scratch.write("m_100.json", spec.dump()) + " --tokens 10 --docs 1 --target sm_90a");
+    CHECK(other.code == 2);
+    CHECK(other.out.find("--target: sm_90a is not among the targets of layer 'shape_m' (/targets)") !=
+          std::string::npos);
+  }
+
   TEST_CASE("check without a GPU exits 6 with the driver message") {
     if (fs::exists("/dev/nvidia0")) {
       MESSAGE("a GPU is present; the no-driver case is not testable here");

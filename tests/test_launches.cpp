@@ -569,6 +569,43 @@ TEST_SUITE("launches") {
   }
 
   TEST_CASE("the region sizes are exact: every slot a launch addresses ends inside, the last at the end") {
+    // Runs every call form on a recording launcher and checks that the furthest byte a launch can
+    // address is the region's end, rounded up to 256: no slot too short, none that nothing uses.
+    auto check_exact = [](const Spec& spec) {
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(spec, rec);
+      const ProblemShape s{12345, 7};
+      const FakeCall f = fake_call(*layer, s);
+      layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                     f.ws_size, nullptr);
+      // Both recomputes too (with the output, the fused path writes the tapes beside o).
+      Workspace ws(reinterpret_cast<void*>(f.ws), f.ws_size);
+      for (const OutputNeeded o : {OutputNeeded::yes, OutputNeeded::no})
+        layer->recompute(s, f.in, f.out, o, reinterpret_cast<void*>(f.saved), f.saved_size, ws, nullptr);
+      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                      f.ws_size, nullptr);
+      // Each slot's end: its offset plus its own byte formula (before alignment).
+      uint64_t saved_end = 0, ws_end = 0;
+      std::map<uint64_t, uint64_t> slot_bytes;
+      for (const auto& [n, off] : layer->saved_layout(s).offset)
+        slot_bytes[f.saved + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
+      for (const CallForm form : {CallForm::forward, CallForm::backward})
+        for (const auto& [n, off] : layer->workspace_layout(form, s).offset)
+          slot_bytes[f.ws + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
+      for (const auto& r : rec->records)
+        for (size_t off = 0; off + 8 <= r.params.size(); off += 8) {
+          uint64_t w;
+          std::memcpy(&w, r.params.data() + off, 8);
+          auto it = slot_bytes.find(w);
+          if (it == slot_bytes.end()) continue;
+          if (w >= f.ws)
+            ws_end = std::max(ws_end, w - f.ws + it->second);
+          else
+            saved_end = std::max(saved_end, w - f.saved + it->second);
+        }
+      CHECK((saved_end + 255) / 256 * 256 == layer->saved_bytes(s));
+      CHECK((ws_end + 255) / 256 * 256 == f.ws_size);
+    };
     for (const char* name : {"n", "m"}) {
       for (auto [save, segments, carry] :
            {std::tuple{SaveMode::light, 1, SegmentCarry::merge}, std::tuple{SaveMode::full, 1, SegmentCarry::merge},
@@ -585,44 +622,92 @@ TEST_SUITE("launches") {
           spec.forward = ForwardPath::programs;
           if (std::string(name) == "m") spec.walk_bwd_slab = 64;
         }
+        CAPTURE(name);
         CAPTURE(segments);
         CAPTURE(to_string(carry));
-        auto rec = std::make_shared<testing::RecordingLauncher>();
-        auto layer = Layer::with_launcher(spec, rec);
-        const ProblemShape s{12345, 7};
-        const FakeCall f = fake_call(*layer, s);
-        layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
-                       f.ws_size, nullptr);
-        // Both recomputes too (with the output, the fused path writes the tapes beside o).
-        Workspace ws(reinterpret_cast<void*>(f.ws), f.ws_size);
-        for (const OutputNeeded o : {OutputNeeded::yes, OutputNeeded::no})
-          layer->recompute(s, f.in, f.out, o, reinterpret_cast<void*>(f.saved), f.saved_size, ws, nullptr);
-        layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
-                        f.ws_size, nullptr);
-        // Each slot's end: its offset plus its own byte formula (before alignment).
-        uint64_t saved_end = 0, ws_end = 0;
-        std::map<uint64_t, uint64_t> slot_bytes;
-        for (const auto& [n, off] : layer->saved_layout(s).offset)
-          slot_bytes[f.saved + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
-        for (const CallForm form : {CallForm::forward, CallForm::backward})
-          for (const auto& [n, off] : layer->workspace_layout(form, s).offset)
-            slot_bytes[f.ws + off] = static_cast<uint64_t>(layer->ir().buffer(n).bytes.eval(s.T, s.N, 64));
-        for (const auto& r : rec->records)
-          for (size_t off = 0; off + 8 <= r.params.size(); off += 8) {
-            uint64_t w;
-            std::memcpy(&w, r.params.data() + off, 8);
-            auto it = slot_bytes.find(w);
-            if (it == slot_bytes.end()) continue;
-            if (w >= f.ws)
-              ws_end = std::max(ws_end, w - f.ws + it->second);
-            else
-              saved_end = std::max(saved_end, w - f.saved + it->second);
-          }
-        CAPTURE(name);
-        CHECK((saved_end + 255) / 256 * 256 == layer->saved_bytes(s));
-        CHECK((ws_end + 255) / 256 * 256 == f.ws_size);
+        check_exact(spec);
       }
     }
+    // The fused reverse walk's layout, on a target that leaves its dh tape and dV' out (sm_90a)
+    // and on one that keeps them.
+    for (const Target target : {Target::sm_90a, Target::sm_100a})
+      for (const SaveMode save : {SaveMode::light, SaveMode::full}) {
+        Spec spec = example("m");
+        spec.walk_bwd_layout = WalkBwdLayout::fused;
+        spec.save_mode = save;
+        spec.targets = {target};
+        CAPTURE(to_string(target));
+        CAPTURE(to_string(save));
+        check_exact(spec);
+      }
+  }
+
+  TEST_CASE("a target's workspace has no slot for the buffers unused there") {
+    Spec spec = example("m");
+    spec.walk_bwd_layout = WalkBwdLayout::fused;
+    const LayerIR ir = lower(spec);
+    const ProblemShape s{12345, 7};
+    const auto aligned = [&](const char* n) {
+      return (static_cast<size_t>(ir.buffer(n).bytes.eval(s.T, s.N, 64)) + 255) / 256 * 256;
+    };
+    for (const char* n : {"dh_tape", "dv_new"}) {
+      CHECK(ir.buffer(n).unused_for(Target::sm_90a));
+      CHECK_FALSE(ir.buffer(n).unused_for(Target::sm_100a));
+      CHECK_FALSE(ir.buffer(n).unused_for(Target::sm_103a));
+    }
+    // The split layout leaves nothing out.
+    for (const Buffer& b : lower(example("m")).buffers) CHECK(b.unused_on.empty());
+    const size_t any = region_bytes(ir, BufferRole::workspace, CallForm::backward, s.T, s.N);
+    for (const Target target : {Target::sm_90a, Target::sm_100a}) {
+      CAPTURE(to_string(target));
+      Spec on = spec;
+      on.targets = {target};
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(on, rec);
+      const RegionLayout bwd = layer->workspace_layout(CallForm::backward, s);
+      const bool left_out = target == Target::sm_90a;
+      CHECK(bwd.offset.count("dh_tape") == (left_out ? 0u : 1u));
+      CHECK(bwd.offset.count("dv_new") == (left_out ? 0u : 1u));
+      CHECK(layer->workspace_bytes(CallForm::backward, s) ==
+            (left_out ? any - aligned("dh_tape") - aligned("dv_new") : any));
+      CHECK(bwd.bytes == layer->workspace_bytes(CallForm::backward, s));
+      // The spec-level query on the layer's target agrees; without a target it gives the union.
+      CHECK(region_bytes(ir, BufferRole::workspace, CallForm::backward, s.T, s.N, target) ==
+            layer->workspace_bytes(CallForm::backward, s));
+      const FakeCall f = fake_call(*layer, s);
+      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                      f.ws_size, nullptr);
+      int walks = 0;
+      for (const auto& r : rec->records) {
+        CAPTURE(r.program);
+        if (left_out) CHECK(r.program != "chunk_bwd");  // it idles where the fused walk runs
+        if (r.program != "state_walk_bwd") continue;
+        ++walks;
+        const auto field = [&](size_t off) {
+          uint64_t w;
+          std::memcpy(&w, r.params.data() + off, 8);
+          return w;
+        };
+        // On sm_90a the fused walk reads the forward's tapes in those bytes (the params' unions).
+        if (left_out) {
+          CHECK(field(offsetof(StateWalkBwdParams, h_tape)) == f.ws + bwd.offset.at("h_tape"));
+          CHECK(field(offsetof(StateWalkBwdParams, v_new)) == f.ws + bwd.offset.at("v_new"));
+        } else {
+          CHECK(field(offsetof(StateWalkBwdParams, dh_tape)) == f.ws + bwd.offset.at("dh_tape"));
+          CHECK(field(offsetof(StateWalkBwdParams, dv_new)) == f.ws + bwd.offset.at("dv_new"));
+        }
+      }
+      CHECK(walks == 1);
+    }
+    // An IR that calls a buffer unused where a program running there binds it is refused when the
+    // plan is made for that target, not left to write through a slot without bytes.
+    LayerIR wrong = ir;
+    for (Buffer& b : wrong.buffers)
+      if (b.name == "dh_tape") b.unused_on.push_back(Target::sm_100a);
+    CallPlan plan = plan_backward(wrong, PrepRerun::yes);
+    CHECK_THROWS_WITH_AS(specialize_for_target(plan, wrong, Target::sm_100a),
+                         "plan: layer 'shape_m': state_walk_bwd binds 'dh_tape', which is unused on sm_100a",
+                         std::logic_error);
   }
 
   TEST_CASE("grids follow the problem size") {
