@@ -61,8 +61,8 @@ struct Buffer {
   /// its own slot). tests/test_runtime.cpp proves it from the plans' launches.
   std::string lives_in;
   /// Workspace only: targets on which no program touches it (another body there keeps its values
-  /// on chip), so a layer loaded for one of them gives it no bytes and binds a null pointer where a
-  /// parameter names it. Never a slot that another buffer lives in.
+  /// on chip), so a layer loaded for one of them gives it no bytes; a plan for that target that
+  /// still binds it is refused (specialize_for_target). Never a slot that another buffer lives in.
   std::vector<Target> unused_on;
   bool unused_for(Target t) const;
 };
