@@ -4,6 +4,7 @@
  */
 #include "runtime/gdn.h"
 
+#include "common/json_input.hpp"
 #include "compiler/nvrtc.hpp"
 #include "runtime/kcp.hpp"
 #include "runtime/layer.hpp"
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <string>
 
 struct gdn_layer {
@@ -182,17 +184,30 @@ int gdn_spec_validate(const char* spec_json, char* canonical, size_t capacity) {
   });
 }
 
-int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t T, int N, gdn_slot* slots,
-                           size_t capacity, size_t* count, size_t* total) {
+int gdn_spec_region_layout_on(const char* spec_json, const char* target, int region, int form, int64_t T, int N,
+                              gdn_slot* slots, size_t capacity, size_t* count, size_t* total) {
   return guarded([&] {
     if (region != GDN_REGION_SAVED && region != GDN_REGION_WORKSPACE)
       throw gdn::InputError("region: " + std::to_string(region) + " is not a region (0 saved, 1 workspace)");
     const gdn::CallForm f = region == GDN_REGION_SAVED ? gdn::CallForm::forward : form_of(form);
-    const gdn::LayerIR ir = gdn::lower(parse_spec(spec_json));
+    const gdn::Spec spec = parse_spec(spec_json);
+    std::optional<gdn::Target> on;
+    if (target) {
+      on = gdn::parse_target(target);
+      if (!on || std::find(spec.targets.begin(), spec.targets.end(), *on) == spec.targets.end())
+        throw gdn::InputError(fmt::format("target: {} is not among the targets of layer '{}' (/targets)",
+                                          gdn::quoted_excerpt(target), spec.name));
+    }
+    const gdn::LayerIR ir = gdn::lower(spec);
     const gdn::RegionLayout l = gdn::region_layout(
-        ir, region == GDN_REGION_SAVED ? gdn::BufferRole::saved : gdn::BufferRole::workspace, f, {T, N});
+        ir, region == GDN_REGION_SAVED ? gdn::BufferRole::saved : gdn::BufferRole::workspace, f, {T, N}, on);
     write_layout(l, slots, capacity, count, total);
   });
+}
+
+int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t T, int N, gdn_slot* slots,
+                           size_t capacity, size_t* count, size_t* total) {
+  return gdn_spec_region_layout_on(spec_json, nullptr, region, form, T, N, slots, capacity, count, total);
 }
 
 int gdn_workspace_create(void* data, size_t bytes, gdn_workspace** out) {

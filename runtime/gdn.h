@@ -101,6 +101,11 @@ typedef struct gdn_slot {
  *  nothing is written then). Buffers are ordered by offset, then by name. */
 int gdn_spec_region_layout(const char* spec_json, int region, int form, int64_t T, int N, gdn_slot* slots,
                            size_t capacity, size_t* count, size_t* total);
+/** gdn_spec_region_layout for a layer loaded on `target` ("sm_90a", ...; one of the spec's
+ *  /targets, else GDN_ERR_INPUT): that target's layout, as gdn_layer_workspace_bytes gives it
+ *  there. target NULL: gdn_spec_region_layout's (enough on any of the spec's targets). */
+int gdn_spec_region_layout_on(const char* spec_json, const char* target, int region, int form, int64_t T, int N,
+                              gdn_slot* slots, size_t capacity, size_t* count, size_t* total);
 
 /** Synchronizes `stream`; GDN_ERR_INPUT with the message if the forward found invalid cu_seqlens or
  *  a g that is not a finite log decay (positive, NaN or infinite; the first [token, head] named). */

@@ -534,4 +534,51 @@ TEST_SUITE("runtime") {
     CHECK(gdn_spec_region_layout(R"({"name":"x","heads":{"qk":2,"v":6},"chunk":48})", GDN_REGION_SAVED, 0, 1000, 2,
                                  nullptr, 0, &count, nullptr) == GDN_ERR_SPEC);
   }
+
+  // On a target: the loaded layer's own layout (a target may leave workspace buffers out).
+  TEST_CASE("gdn_spec_region_layout_on gives one target's regions") {
+    Spec spec = example("m");
+    spec.walk_bwd_layout = WalkBwdLayout::fused;
+    const std::string json = to_json(spec).dump();
+    const ProblemShape shape{12345, 7};
+    size_t any_count = 0, any_total = 0;
+    REQUIRE(gdn_spec_region_layout_on(json.c_str(), nullptr, GDN_REGION_WORKSPACE, GDN_BACKWARD, shape.T, shape.N,
+                                      nullptr, 0, &any_count, &any_total) == GDN_OK);
+    size_t plain_count = 0, plain_total = 0;
+    REQUIRE(gdn_spec_region_layout(json.c_str(), GDN_REGION_WORKSPACE, GDN_BACKWARD, shape.T, shape.N, nullptr, 0,
+                                   &plain_count, &plain_total) == GDN_OK);
+    CHECK(any_total == plain_total);
+    CHECK(any_count == plain_count);
+    for (const char* name : {"sm_90a", "sm_100a"}) {
+      CAPTURE(name);
+      Spec on = spec;
+      on.targets = {*parse_target(name)};
+      auto layer = Layer::with_launcher(on, std::make_shared<testing::RecordingLauncher>());
+      const RegionLayout want = layer->workspace_layout(CallForm::backward, shape);
+      size_t count = 0, total = 0;
+      REQUIRE(gdn_spec_region_layout_on(json.c_str(), name, GDN_REGION_WORKSPACE, GDN_BACKWARD, shape.T, shape.N,
+                                        nullptr, 0, &count, &total) == GDN_OK);
+      CHECK(total == layer->workspace_bytes(CallForm::backward, shape));
+      std::vector<gdn_slot> slots(count);
+      REQUIRE(gdn_spec_region_layout_on(json.c_str(), name, GDN_REGION_WORKSPACE, GDN_BACKWARD, shape.T, shape.N,
+                                        slots.data(), slots.size(), &count, nullptr) == GDN_OK);
+      REQUIRE(count == want.offset.size());
+      for (const gdn_slot& sl : slots) {
+        CAPTURE(sl.name);
+        REQUIRE(want.offset.count(sl.name) == 1);
+        CHECK(sl.offset == want.offset.at(sl.name));
+      }
+      const bool left_out = std::string(name) == "sm_90a";
+      CHECK((total < any_total) == left_out);
+    }
+    size_t count = 0;
+    CHECK(gdn_spec_region_layout_on(json.c_str(), "sm_80", GDN_REGION_WORKSPACE, GDN_BACKWARD, 1000, 2, nullptr, 0,
+                                    &count, nullptr) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()) == "target: \"sm_80\" is not among the targets of layer 'shape_m' (/targets)");
+    Spec only100 = spec;
+    only100.targets = {Target::sm_100a};
+    CHECK(gdn_spec_region_layout_on(to_json(only100).dump().c_str(), "sm_90a", GDN_REGION_SAVED, 0, 1000, 2, nullptr, 0,
+                                    &count, nullptr) == GDN_ERR_INPUT);
+    CHECK(std::string(gdn_last_error()).find("target: \"sm_90a\" is not among") == 0);
+  }
 }

@@ -109,6 +109,8 @@ def _declare(lib):
     lib.gdn_layer_backward_ws.argtypes = inputs + [p, p, p, p, p, p, p, p, p, sz, p, p, c.POINTER(i32)]
     lib.gdn_layer_check_status.argtypes = [p, i64, i32, p, p]
     lib.gdn_spec_region_layout.argtypes = [c.c_char_p, i32, i32, i64, i32, p, sz, c.POINTER(sz), c.POINTER(sz)]
+    lib.gdn_spec_region_layout_on.argtypes = [c.c_char_p, c.c_char_p, i32, i32, i64, i32, p, sz, c.POINTER(sz),
+                                              c.POINTER(sz)]
     # Context parallelism (runtime/gdn.h): one rank's context and its phases.
     i64p, i32p, szp = c.POINTER(i64), c.POINTER(c.c_int32), c.POINTER(sz)
     lib.gdn_cp_rank_view.argtypes = [i64p, sz, i32, i32, p, i64p, i32p, sz]
@@ -135,6 +137,7 @@ def _declare(lib):
     for name in ("gdn_spec_validate", "gdn_layer_create", "gdn_layer_saved_bytes", "gdn_layer_workspace_bytes",
                  "gdn_workspace_create", "gdn_workspace_set_max_doc_tokens", "gdn_layer_forward_ws",
                  "gdn_layer_recompute", "gdn_layer_backward_ws", "gdn_layer_check_status", "gdn_spec_region_layout",
+                 "gdn_spec_region_layout_on",
                  "gdn_cp_rank_view", "gdn_spec_kcp_workspace_layout", "gdn_spec_kcp_record_bytes",
                  "gdn_kcp_context_create",
                  "gdn_kcp_agreement", "gdn_kcp_check_agreement", "gdn_kcp_record_bytes", "gdn_saved_bytes_kcp",

@@ -97,10 +97,14 @@ _REGIONS = {"saved": 0, "workspace": 1}
 _FORMS = {"forward": 0, "recompute": 1, "backward": 2}
 
 
-def region_layout(spec, T, N, region="saved", form="forward"):
+def region_layout(spec, T, N, region="saved", form="forward", target=None):
     """The layout of a layer's saved region or of a call form's workspace for T tokens and N
     documents, from the spec alone (no GPU): {"bytes": total, "buffers": {name: (offset, bytes)}},
-    buffers in offset order. Buffers that reuse another's workspace bytes share its offset."""
+    buffers in offset order. Buffers that reuse another's workspace bytes share its offset.
+    target ("sm_90a", ... one of the spec's targets): the layout of a layer loaded there, which may
+    leave buffers out; None: a layout that serves the layer on any of its targets."""
+    if target is not None and not isinstance(target, str):
+        raise InputError(f"target: expected a str or None, got {type(target).__name__}")
     if region not in _REGIONS:
         raise InputError(f"region: {excerpt(region)} is not 'saved' or 'workspace'")
     if form not in _FORMS:
@@ -113,10 +117,10 @@ def region_layout(spec, T, N, region="saved", form="forward"):
     text = json.dumps(validate(spec))
     lib = library()
     count, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
-    args = (text.encode(), _REGIONS[region], _FORMS[form], T, N)
-    check(lib.gdn_spec_region_layout(*args, None, 0, ctypes.byref(count), ctypes.byref(total)))
+    args = (text.encode(), None if target is None else target.encode(), _REGIONS[region], _FORMS[form], T, N)
+    check(lib.gdn_spec_region_layout_on(*args, None, 0, ctypes.byref(count), ctypes.byref(total)))
     slots = (_Slot * count.value)()
-    check(lib.gdn_spec_region_layout(*args, slots, count.value, ctypes.byref(count), None))
+    check(lib.gdn_spec_region_layout_on(*args, slots, count.value, ctypes.byref(count), None))
     return {"bytes": total.value, "buffers": {s.name.decode(): (s.offset, s.bytes) for s in slots}}
 
 

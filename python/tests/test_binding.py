@@ -268,6 +268,27 @@ class SpecTests(unittest.TestCase):
                 gdnc.region_layout(spec, args.pop("T"), args.pop("N"), **args)
             self.assertTrue(str(e.exception).startswith(message), str(e.exception))
 
+    def test_a_targets_region_layout_leaves_out_what_it_never_touches(self):
+        spec = dict(gdnc.build_spec(None, heads_qk=16, heads_v=48, head_dim_k=128, head_dim_v=128, l2norm=True,
+                                    initial_state=True, final_state=True), walk_bwd_layout="fused",
+                    targets=["sm_90a", "sm_100a", "sm_103a"])
+        layout = lambda target: gdnc.region_layout(spec, 32768, 5, "workspace", "backward", target=target)
+        any_target, sm90a, sm100a = layout(None), layout("sm_90a"), layout("sm_100a")
+        for name in ("dh_tape", "dv_new"):
+            self.assertIn(name, any_target["buffers"])
+            self.assertNotIn(name, sm90a["buffers"])
+            self.assertIn(name, sm100a["buffers"])
+        # the fused walk keeps dh and dV' on chip on sm_90a: NT * HV * K * V * 2 + T * HV * V * 2 bytes
+        self.assertEqual(any_target["bytes"] - sm90a["bytes"],
+                         (32768 // 64 + 5) * 48 * 128 * 128 * 2 + 32768 * 48 * 128 * 2)
+        self.assertEqual(sm100a, any_target)
+        with self.assertRaises(gdnc.InputError) as e:
+            layout("sm_80")
+        self.assertIn('target: "sm_80" is not among the targets of layer', str(e.exception))
+        with self.assertRaises(gdnc.InputError) as e:
+            layout(90)
+        self.assertEqual(str(e.exception), "target: expected a str or None, got int")
+
     def test_intra_card_segments_are_a_code_option(self):
         s = gdnc.build_spec({"cp": {"ranks": 1, "segments": 8}}, heads_qk=2, heads_v=8, head_dim_k=128,
                             head_dim_v=128, l2norm=True, initial_state=False, final_state=False)
