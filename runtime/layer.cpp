@@ -235,14 +235,12 @@ void Layer::make_plans(HostPath path) {
   if (ir_.spec.save_mode == SaveMode::light) {
     backward_with_handoff_ = compile_plan(plan_backward(ir_, PrepRerun::no), id, 3);
     // A hand-off works because the recompute's tapes sit where the backward looks for them.
-    const auto& f = forward_.plan.ws_slots;
-    const auto& b = backward_.plan.ws_slots;
-    const auto fwd_names = region_slots(ir_, BufferRole::workspace, CallForm::forward, target_);
-    const auto bwd_names = region_slots(ir_, BufferRole::workspace, CallForm::backward, target_);
+    const auto& f = forward_.plan.ws_slot_names;
+    const auto& b = backward_.plan.ws_slot_names;
     for (size_t i = 0; i < f.size(); ++i)
-      if (i >= b.size() || fwd_names[i].first != bwd_names[i].first)
+      if (i >= b.size() || f[i] != b[i])
         throw std::logic_error(fmt::format("layer '{}': workspace slot {} of the forward ({}) is not the backward's",
-                                           ir_.spec.name, i, fwd_names[i].first));
+                                           ir_.spec.name, i, f[i]));
   }
 }
 

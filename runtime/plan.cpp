@@ -137,8 +137,7 @@ class Builder {
   Builder(const LayerIR& ir, CallPlan& plan, CallForm form) : ir_(ir), plan_(plan) {
     plan.chunk = ir.spec.chunk;
     saved_ = slot_names(ir, BufferRole::saved, form, plan.saved_slots);
-    ws_ = slot_names(ir, BufferRole::workspace, form, plan.ws_slots);
-    plan.ws_slot_names = ws_;
+    plan.ws_slot_names = slot_names(ir, BufferRole::workspace, form, plan.ws_slots);
   }
   ValueSource slot(const std::string& name) const {
     ValueSource v = home_slot(home_of(ir_, name));
@@ -148,8 +147,9 @@ class Builder {
   ValueSource home_slot(const std::string& name) const {
     for (size_t i = 0; i < saved_.size(); ++i)
       if (saved_[i] == name) return {ValueSource::from_slot, Frame::T, RegionKind::saved, static_cast<int>(i), {}, 0};
-    for (size_t i = 0; i < ws_.size(); ++i)
-      if (ws_[i] == name) return {ValueSource::from_slot, Frame::T, RegionKind::ws, static_cast<int>(i), {}, 0};
+    const auto& ws = plan_.ws_slot_names;
+    for (size_t i = 0; i < ws.size(); ++i)
+      if (ws[i] == name) return {ValueSource::from_slot, Frame::T, RegionKind::ws, static_cast<int>(i), {}, 0};
     throw std::logic_error(fmt::format("plan '{}': no slot '{}' in layer '{}'", plan_.name, name, ir_.spec.name));
   }
   static ValueSource frame(Frame f) { return {ValueSource::from_frame, f, RegionKind::saved, 0, {}, 0}; }
@@ -175,7 +175,7 @@ class Builder {
  private:
   const LayerIR& ir_;
   CallPlan& plan_;
-  std::vector<std::string> saved_, ws_;
+  std::vector<std::string> saved_;
 };
 
 #define GDN_BIND(L, P, field, src) \
