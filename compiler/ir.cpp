@@ -269,14 +269,22 @@ LayerIR lower(const Spec& spec_in) {
                     ir.walk_bwd_bv));
   // walk_bwd_layout "z_owner" (the fused backward's roles in the reverse walk's sm_90a body) is
   // built for the unsegmented walk that forms W: its other walks (speculate, verify) keep the split.
+  // "fused" runs every reverse walk of the verified carry in its body too (speculate, verify and
+  // the marked chains' walk), so it takes segments there; the merge carry's segmented walk would
+  // need the reverse walk's transitions, which the fused body does not form.
   const bool walk_z_owner = s.walk_bwd_layout == WalkBwdLayout::z_owner;
   const bool walk_fused = s.walk_bwd_layout == WalkBwdLayout::fused;
-  if ((walk_z_owner || walk_fused) && !(walk_fuses_w && s.cp_segments == 1 && s.cp_ranks == 1))
-    throw SpecError(
-        "/walk_bwd_layout",
-        fmt::format("\"{}\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
-                    "here {}), one segment and one rank (cp.segments {}, cp.ranks {})",
-                    to_string(s.walk_bwd_layout), to_string(ir.spec.backward_w), s.cp_segments, s.cp_ranks));
+  if (walk_z_owner && !(walk_fuses_w && s.cp_segments == 1 && s.cp_ranks == 1))
+    throw SpecError("/walk_bwd_layout",
+                    fmt::format("\"z_owner\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
+                                "here {}), one segment and one rank (cp.segments {}, cp.ranks {})",
+                                to_string(ir.spec.backward_w), s.cp_segments, s.cp_ranks));
+  if (walk_fused && !(walk_fuses_w && s.cp_ranks == 1 && (s.cp_segments == 1 || verified_segments)))
+    throw SpecError("/walk_bwd_layout",
+                    fmt::format("\"fused\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
+                                "here {}), one rank (cp.ranks {}) and one segment or cp.carry \"verified\" "
+                                "(cp.segments {}, cp.carry {})",
+                                to_string(ir.spec.backward_w), s.cp_ranks, s.cp_segments, to_string(s.cp_carry)));
   // With segments the forward's prescan reads chunk_prep's W and U on every target.
   if (walk_fuses_w && s.cp_segments == 1) ir.programs.back().idle_on.push_back(Target::sm_90a);
   // Intra-card segments (cp.segments > 1): the prescan and the merge run before the walk, which
@@ -484,10 +492,13 @@ LayerIR lower(const Spec& spec_in) {
       ir.programs.back().smem_bytes =
           std::max(ir.programs.back().smem_bytes, StateWalkBwdSm90Layout::zo_smem_bytes(K, C));
     }
-    const bool fused_walk = walk_fused && name == "state_walk_bwd";
+    // Every reverse walk of the fused layout (the verified carry's speculate and verify walks
+    // too) runs the fused body on sm_90a: they write the outputs of the chunks they walk.
+    const bool fused_walk = walk_fused;
     if (fused_walk) {
       // Its source adds chunk_bwd's body to the walk's (the other layouts' sources stay as they are).
       ir.programs.back().template_path = "bwd/walk_bwd_fused_sm90.cuh";
+      ir.programs.back().params_type = "StateWalkBwdFusedParams";
       ir.programs.back().constants.emplace_back("WALK_FUSED", "true");
       ir.programs.back().smem_bytes =
           std::max(ir.programs.back().smem_bytes, StateWalkBwdSm90Layout::fu_smem_bytes(K, C));
@@ -507,9 +518,11 @@ LayerIR lower(const Spec& spec_in) {
       maps.push_back({"h_tape", offsetof(P, h_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128});
       maps.push_back({"v_new", offsetof(P, v_new), offsetof(P, T), int64_t{HV} * V});
       maps.push_back({"v", offsetof(P, v), offsetof(P, T), int64_t{HV} * V});
-      maps.push_back({"dq_v", offsetof(P, dq_v), offsetof(P, T), int64_t{HV} * K});
-      maps.push_back({"dk_v", offsetof(P, dk_v), offsetof(P, T), int64_t{HV} * K});
-      maps.push_back({"dv", offsetof(P, dv), offsetof(P, T), int64_t{HV} * V});
+      // The outputs' block follows the walk's fields (StateWalkBwdFusedParams).
+      using F = WalkBwdFusedOutputs;
+      maps.push_back({"dq_v", sizeof(P) + offsetof(F, dq_v), offsetof(P, T), int64_t{HV} * K});
+      maps.push_back({"dk_v", sizeof(P) + offsetof(F, dk_v), offsetof(P, T), int64_t{HV} * K});
+      maps.push_back({"dv", sizeof(P) + offsetof(F, dv), offsetof(P, T), int64_t{HV} * V});
       return;
     }
     // The walks' stores of whole chunks: dh_tape[c] (K x 64 boxes, nt_max x HV x K rows of V) and
@@ -944,6 +957,10 @@ LayerIR lower(const Spec& spec_in) {
                    "the gradient at every segment's end of a marked chain, fp32, from dht; A from the "
                    "forward's saved maps for the chains the forward marked"});
     bwd.push_back({"state_walk_bwd", "the marked chains, every segment from its merged end gradient"});
+    if (walk_fused)  // the three walks above are the fused body on sm_90a
+      for (Launch& l : bwd)
+        if (l.program == "walk_bwd_speculate" || l.program == "walk_bwd_verify" || l.program == "state_walk_bwd")
+          l.note += "; on sm_90a the fused body, which writes dq_v, dk_v, dv, dg, dbeta of the chunks it walks";
   } else if (segments > 1) {
     if (ir.saved_segment_maps) {
       bwd.push_back({"walk_bwd_prescan", "dZ_ext of every segment but a document's first"});
@@ -956,7 +973,9 @@ LayerIR lower(const Spec& spec_in) {
     }
   }
   if (!ir.verified_carry) bwd.push_back({"state_walk_bwd", ""});
-  bwd.push_back({"chunk_bwd", "dq/dk per value head (bf16)"});
+  bwd.push_back({"chunk_bwd", walk_fused ? "dq/dk per value head (bf16); nothing on sm_90a: the fused reverse walk "
+                                           "writes its outputs there"
+                                         : "dq/dk per value head (bf16)"});
   bwd.push_back({"finalize", norm ? "group sum + l2norm backward" : "group sum"});
   ir.call_forms.push_back({CallForm::backward, bwd});
   return ir;

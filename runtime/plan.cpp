@@ -596,6 +596,28 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       l.target_fields.push_back({Target::sm_90a, Field{offsetof(P, tm), sizeof(P::tm), b.slot("tm")}});
       GDN_BIND(l, P, beta, b.frame(F::beta));
     };
+    // walk_bwd_layout "fused": on sm_90a every reverse walk is chunk_bwd too (which idles there):
+    // its inputs in the bytes of the walk's fields it does not read (StateWalkBwdParams' unions),
+    // its outputs after the walk's fields (StateWalkBwdFusedParams).
+    const bool walk_fused = ir.spec.walk_bwd_layout == WalkBwdLayout::fused;
+    const uint32_t walk_params = walk_fused ? sizeof(StateWalkBwdFusedParams) : sizeof(P);
+    auto fused_fields = [&](PlannedLaunch& l) {
+      if (!walk_fused) return;
+      // The outputs' block follows the walk's fields (params.cuh pins the sizes that say so).
+      constexpr uint32_t out = sizeof(P);
+      using FP = WalkBwdFusedOutputs;
+      auto on_sm90a = [&](uint32_t offset, uint32_t size, ValueSource source) {
+        l.target_fields.push_back({Target::sm_90a, Field{offset, size, std::move(source)}});
+      };
+      on_sm90a(offsetof(P, v), sizeof(P::v), b.frame(F::v));
+      on_sm90a(offsetof(P, h_tape), sizeof(P::h_tape), b.slot("h_tape"));
+      on_sm90a(offsetof(P, v_new), sizeof(P::v_new), b.slot("v_new"));
+      on_sm90a(out + offsetof(FP, dq_v), sizeof(FP::dq_v), b.slot("dq_v"));
+      on_sm90a(out + offsetof(FP, dk_v), sizeof(FP::dk_v), b.slot("dk_v"));
+      on_sm90a(out + offsetof(FP, dv), sizeof(FP::dv), b.frame(F::dv));
+      on_sm90a(out + offsetof(FP, dg), sizeof(FP::dg), b.frame(F::dg));
+      on_sm90a(out + offsetof(FP, dbeta), sizeof(FP::dbeta), b.frame(F::dbeta));
+    };
     auto carry = [&](PlannedLaunch& l, bool checkpoints) {
       bind_walk_bwd(l);
       if (checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
@@ -604,10 +626,12 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     };
     const bool verified = ir.verified_carry && b.segment_programs;
     if (verified) {
-      carry(b.launch("walk_bwd_speculate", sizeof(P)), true);
+      carry(b.launch("walk_bwd_speculate", walk_params), true);
       walk_forms_w(b.last());
-      carry(b.launch("walk_bwd_verify", sizeof(P)), true);
+      fused_fields(b.last());
+      carry(b.launch("walk_bwd_verify", walk_params), true);
       walk_forms_w(b.last());
+      fused_fields(b.last());
       // On sm_90a, what the marked chains' prescan reads and the walks made for themselves.
       if (ir.has_program("dv_local_marked")) {
         auto& l = b.launch("dv_local_marked", sizeof(DvLocalParams));
@@ -620,10 +644,15 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
         bind_marked_chunk_prep(b, k, "chunk_prep_marked", "seg_fail", false);
       }
       carry(b.launch("walk_bwd_prescan", sizeof(P)), false);
+      if (walk_fused) {  // the prescan writes no tapes; on sm_90a their slots are not there
+        for (const uint32_t offset : {uint32_t{offsetof(P, dh_tape)}, uint32_t{offsetof(P, dv_new)}})
+          b.last().target_fields.push_back({Target::sm_90a, Field{offset, 8, b.constant(0)}});
+      }
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
       GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("seg_fail"));
-      carry(b.launch("state_walk_bwd", sizeof(P)), false);
+      carry(b.launch("state_walk_bwd", walk_params), false);
       walk_forms_w(b.last());
+      fused_fields(b.last());
     } else if (b.segment_programs) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
       if (b.kcp) {
@@ -633,24 +662,9 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
     }
     if (!verified) {
-      bind_walk_bwd(b.launch("state_walk_bwd", sizeof(StateWalkBwdParams)));
+      bind_walk_bwd(b.launch("state_walk_bwd", walk_params));
       walk_forms_w(b.last());
-      // walk_bwd_layout "fused": on sm_90a the walk is chunk_bwd too (which idles there), and takes
-      // its operands in the bytes of the fields it does not read (StateWalkBwdParams' unions).
-      if (ir.spec.walk_bwd_layout == WalkBwdLayout::fused) {
-        auto& l = b.last();
-        auto on_sm90a = [&](uint32_t offset, uint32_t size, ValueSource source) {
-          l.target_fields.push_back({Target::sm_90a, Field{offset, size, std::move(source)}});
-        };
-        on_sm90a(offsetof(P, v), sizeof(P::v), b.frame(F::v));
-        on_sm90a(offsetof(P, h_tape), sizeof(P::h_tape), b.slot("h_tape"));
-        on_sm90a(offsetof(P, v_new), sizeof(P::v_new), b.slot("v_new"));
-        on_sm90a(offsetof(P, dq_v), sizeof(P::dq_v), b.slot("dq_v"));
-        on_sm90a(offsetof(P, dk_v), sizeof(P::dk_v), b.slot("dk_v"));
-        on_sm90a(offsetof(P, dv), sizeof(P::dv), b.frame(F::dv));
-        on_sm90a(offsetof(P, dg), sizeof(P::dg), b.frame(F::dg));
-        on_sm90a(offsetof(P, dbeta), sizeof(P::dbeta), b.frame(F::dbeta));
-      }
+      fused_fields(b.last());
     }
   }
   {

@@ -176,6 +176,10 @@ if has sanitize; then
   # The reverse walk with chunk_bwd's body (walk_bwd_layout "fused"; chunk_bwd idles on sm_90a).
   sed 's/"name": "shape_n"/"name": "shape_n_walkfused", "forward": "fused", "walk_bwd_slab": 128, "backward_w": "walk", "walk_bwd_layout": "fused"/; s/"segments": "auto"/"segments": 1/' \
     examples/n.json > "$sdir/n_walkfused.json"
+  # The same with segments (the verified carry): its speculate, verify and marked-chain walks are
+  # the fused body (the 65-token document's empty segment is marked before the walks).
+  sed 's/"name": "shape_n"/"name": "shape_n_walkfused_seg", "forward": "fused", "walk_bwd_slab": 128, "backward_w": "walk", "walk_bwd_layout": "fused"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
+    examples/n.json > "$sdir/n_walkfused_seg.json"
   # The merge carry with its saved maps (the default "auto" takes the verified carry on n.json).
   sed 's/"name": "shape_n"/"name": "shape_n_merge"/; s/"segments": "auto"/"segments": "auto", "carry": "merge"/' \
     examples/n.json > "$sdir/n_merge.json"
@@ -193,7 +197,9 @@ if has sanitize; then
         "$sdir/n_fused_verified128.json --docs 65,700,300 --seed 3"
         "$sdir/n_fused_verified128.json --docs 700,300 --seed 3 --gate 0 --ckpt"
         "$sdir/n_zowner.json --docs 65,700,1 --seed 3" "$sdir/n_walkfused.json --docs 65,700,1 --seed 3"
-        "$sdir/n_walkfused.json --docs 700,64,1 --seed 3 --ckpt")
+        "$sdir/n_walkfused.json --docs 700,64,1 --seed 3 --ckpt"
+        "$sdir/n_walkfused_seg.json --docs 65,700,300 --seed 3"
+        "$sdir/n_walkfused_seg.json --docs 700,300 --seed 3 --gate 0 --ckpt")
   if [ -n "${SANITIZE_ONLY:-}" ]; then  # only the runs whose arguments contain it
     only=()
     for r in "${runs[@]}"; do [[ "$r" == *"$SANITIZE_ONLY"* ]] && only+=("$r"); done

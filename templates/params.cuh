@@ -311,8 +311,9 @@ struct StateWalkBwdParams {
   };
   const float* gc;
   const bf16_t* d_o;
-  // Cfg::WALK_FUSED (walk_bwd_layout "fused", sm_90a): the fused walk is chunk_bwd too, and its
-  // operands travel in the bytes of fields it has no use for (no ABI change for the other layouts).
+  // Cfg::WALK_FUSED (walk_bwd_layout "fused", sm_90a): the fused walk is chunk_bwd too; its inputs
+  // travel in the bytes of fields it has no use for, its outputs after the walk's fields
+  // (StateWalkBwdFusedParams).
   union {
     const bf16_t* dv_local;
     const bf16_t* v;  ///< WALK_FUSED: [T, HV, V]
@@ -334,38 +335,38 @@ struct StateWalkBwdParams {
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), grid position l = segment * N + n
   // as in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
-  union {
-    float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
-    bf16_t* dq_v;    ///< WALK_FUSED: [T, HV, K] as ChunkBwdParams
-  };
+  float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
   /// [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd; under the
   /// verified carry walk_bwd_speculate writes it too, through a cast)
-  union {
-    const float* seg_dz;
-    bf16_t* dk_v;  ///< WALK_FUSED: [T, HV, K]
-  };
+  const float* seg_dz;
   long long T;           ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
   long long nt_max;      ///< the chunks of dh_tape (its tensor map's extent)
   const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
   // The verified carry in reverse (cp.carry "verified", docs/algorithm.md 4.7; null otherwise): the
   // forward's buffers, free again by the backward.
-  union {
-    float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]: walk_bwd_speculate's first gradients
-    bf16_t* dv;       ///< WALK_FUSED: [T, HV, V]
-  };
+  float* seg_ckpt;  ///< [segment slots, HV, kCarryCheckpoints, K, V]: walk_bwd_speculate's first gradients
   /// [N, HV]: nonzero where a document's chain did not verify (the merge runs for it):
   /// kChainOwnMaps or kChainSavedMaps.
-  union {
-    int* seg_fail;
-    float* dg;  ///< WALK_FUSED: [T, HV] as ChunkBwdParams
-  };
+  int* seg_fail;
   /// [N, HV] (saved): the forward's marks, nonzero where the forward's prescan walked the chain
   /// and saved its maps.
-  union {
-    const int* fwd_fail;
-    float* dbeta;  ///< WALK_FUSED: [T, HV]
-  };
+  const int* fwd_fail;
   const float* beta;  ///< Cfg::WALK_FUSES_W: [T, HV]
+};
+
+/// walk_bwd_layout "fused" (Cfg::WALK_FUSED): the reverse walk's programs with chunk_bwd's body
+/// on sm_90a take chunk_bwd's outputs after the walk's fields (whose unions carry its inputs);
+/// the other targets' portable walk reads the walk's fields only. The block's byte offset in the
+/// parameters is sizeof(StateWalkBwdParams) (the sizes pinned below leave no other place).
+struct WalkBwdFusedOutputs {
+  bf16_t* dq_v;  ///< [T, HV, K] as ChunkBwdParams
+  bf16_t* dk_v;  ///< [T, HV, K]
+  bf16_t* dv;    ///< [T, HV, V]
+  float* dg;     ///< [T, HV]
+  float* dbeta;  ///< [T, HV]
+};
+struct StateWalkBwdFusedParams : StateWalkBwdParams {
+  WalkBwdFusedOutputs out;
 };
 
 /// Backward B4 + B5 + B6 per (chunk, value head): dq/dk per value head, dv, dbeta, dg.
@@ -417,6 +418,8 @@ static_assert(sizeof(StateWalkParams) == 128, "StateWalkParams: the host and the
 static_assert(sizeof(OutputParams) == 64, "OutputParams: the host and the kernels share this layout");
 static_assert(sizeof(DvLocalParams) == 72, "DvLocalParams: the host and the kernels share this layout");
 static_assert(sizeof(StateWalkBwdParams) == 176, "StateWalkBwdParams: the host and the kernels share this layout");
+static_assert(sizeof(WalkBwdFusedOutputs) == 40 && sizeof(StateWalkBwdFusedParams) == 216,
+              "StateWalkBwdFusedParams: the host and the kernels share this layout");
 static_assert(sizeof(ChunkBwdParams) == 152, "ChunkBwdParams: the host and the kernels share this layout");
 static_assert(sizeof(FinalizeParams) == 72, "FinalizeParams: the host and the kernels share this layout");
 static_assert(sizeof(FusedWalkParams) == 176, "FusedWalkParams: the host and the kernels share this layout");

@@ -2051,6 +2051,85 @@ TEST_SUITE("gpu_fused") {
     expect_layout_keeps_bits(WalkBwdLayout::fused, "fu", 97, {"dq", "dk", "dv", "dh0", "dg", "dbeta"});
   }
 
+  // walk_bwd_layout "fused" with segments (the verified carry; docs/design_fused_bwd_sm90.md 3.20):
+  // the speculative, verify and marked-chain walks are the fused body, each writing the outputs of
+  // the chunks it walks. Where a chain verifies, every tensor has the unsegmented fused layout's
+  // bits; where it does not (short documents, g = 0, beta = 0), the marked chains' walk rewrites
+  // its outputs from the merged gradients: held to the fp64 bounds and to their own determinism.
+  TEST_CASE("walk_bwd_layout fused with segments: the unsegmented bits where chains verify, fp64 bounds where not") {
+    auto spec = [](const std::string& name, int segments) {
+      Spec s = fused_of("n", name.c_str());
+      s.walk_bwd_slab = 128;
+      s.backward_w = BackwardW::walk;
+      s.walk_bwd_layout = WalkBwdLayout::fused;
+      s.cp_segments = segments;
+      s.cp_carry = segments > 1 ? SegmentCarry::verified : SegmentCarry::merge;
+      return s;
+    };
+    const Spec verified = spec("n_fuseg_verified", 4);
+    auto verified_layer = make(verified);
+    auto plain_layer = make(spec("n_fuseg_plain", 1));
+    REQUIRE(verified_layer->ir().verified_carry);
+    REQUIRE(verified_layer->ir().program("walk_bwd_speculate").template_path == "bwd/walk_bwd_fused_sm90.cuh");
+    check::Case c;
+    c.seed = 103;
+    c.doc_lens = {3000, 700, 2049, 1000, 640};  // every segment at least two chunks
+    const check::Report v = check::run(*verified_layer, c);
+    expect_within_bounds(v, "fused layout, verified segments");
+    c.with_reference = false;
+    expect_same_bits(check::run(*plain_layer, c).bytes, v, "fused layout: 4 verified segments vs one");
+    {
+      check::Case longer = c;
+      longer.doc_lens = {3000, 2049};
+      const check::Report base = check::run(*plain_layer, longer);
+      for (int segments : {3, 8}) {
+        const check::Report other =
+            check::run(*make(spec(fmt::format("n_fuseg_verified{}", segments), segments)), longer);
+        expect_same_bits(base.bytes, other, fmt::format("fused layout: {} verified segments vs one", segments));
+      }
+    }
+    c.repeats = 2;
+    expect_call_forms_agree(verified, c, "n_fuseg_forms");
+    Spec replayed = verified;
+    replayed.graph = GraphMode::replay;
+    replayed.name = "n_fuseg_replay";
+    const check::Report r = check::run(*make(replayed), c);
+    for (const auto& m : r.mismatches) FAIL_CHECK("fused layout with segments, replay differs: " << m);
+    expect_same_bits(v.bytes, r, "fused layout with segments: graph replay vs eager");
+    c.repeats = 1;
+    // Short documents (their chains cannot verify) beside a long one that does: the long one has
+    // the unsegmented bits, every document the fp64 bounds.
+    c.doc_lens = {100, 65, 1, 3000, 129};
+    {
+      const check::Report vs = check::run(*verified_layer, c);
+      const check::Report ps = check::run(*plain_layer, c);
+      REQUIRE(vs.bytes.size() == 8);
+      for (const auto& [t, bytes] : vs.bytes)
+        CHECK_MESSAGE(check::document_bytes(vs, t, verified, c.doc_lens, 3) ==
+                          check::document_bytes(ps, t, verified, c.doc_lens, 3),
+                      "the 3000-token document, " << t << ": fused layout, verified segments vs one");
+    }
+    c.with_reference = true;
+    expect_within_bounds(check::run(*verified_layer, c), "fused layout with segments, short documents");
+    // No decay (every chain merged), and gates that pass the test on chains that cannot verify
+    // (beta = 0: the verify walk marks them; a chain wrongly taken as verified would keep the
+    // speculative walk's zero-start gradients): the fp64 bounds, ckpt = fwd+bwd.
+    for (const auto& [gate, beta] :
+         {std::pair{0.0, std::optional<double>{}}, std::pair{-0.15, std::optional<double>{0.0}}}) {
+      CAPTURE(gate);
+      check::Case d;
+      d.seed = 107;
+      d.gate_value = gate;
+      d.beta_value = beta;
+      d.doc_lens = gate == 0.0 ? std::vector<long long>{3000, 700} : std::vector<long long>{1024};
+      expect_within_bounds(check::run(*verified_layer, d), fmt::format("fused layout with segments, g = {}", gate));
+      d.with_reference = false;
+      const check::Report a = check::run(*verified_layer, d);
+      d.step = check::Case::Step::ckpt;
+      expect_same_bits(a.bytes, check::run(*verified_layer, d), "fused layout with segments: ckpt vs fwd+bwd");
+    }
+  }
+
   // On sm_90a the fused walk is warp-specialized with wgmma (tensor_cores "auto"); tensor_cores
   // "mma_sync" runs the portable body. Every product keeps its k order and every element its
   // rounding, so o and ht must come out with the same bits (tails, empty and one-token documents).

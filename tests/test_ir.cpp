@@ -281,9 +281,37 @@ TEST_SUITE("ir") {
     CHECK_FALSE(fu.program("chunk_bwd").idle_for(gdn::Target::sm_100a));
     CHECK_FALSE(split.program("chunk_bwd").idle_for(gdn::Target::sm_90a));
     CHECK(gdn::to_json(fu.spec)["walk_bwd_layout"] == "fused");
-    gdn::Spec bad = spec;
-    bad.cp_segments = 4;
+    CHECK(walk.params_type == "StateWalkBwdFusedParams");
+    CHECK(split.program("state_walk_bwd").params_type == "StateWalkBwdParams");
+    // Segments under the verified carry: its speculate and verify walks run the fused body too
+    // (chunk_bwd still idles on sm_90a); the prescan keeps the split walk's parameters.
+    gdn::Spec segmented = spec;
+    segmented.cp_segments = 4;
+    segmented.cp_carry = gdn::SegmentCarry::verified;
+    const auto fs = gdn::lower(segmented);
+    REQUIRE(fs.verified_carry);
+    for (const char* name : {"walk_bwd_speculate", "walk_bwd_verify", "state_walk_bwd"}) {
+      CAPTURE(name);
+      const gdn::Program& w = fs.program(name);
+      CHECK(w.template_path == "bwd/walk_bwd_fused_sm90.cuh");
+      CHECK(w.params_type == "StateWalkBwdFusedParams");
+      CHECK(constant_of(w, "WALK_FUSED") == "true");
+      CHECK(constant_of(w, "SEGMENTS") == "4");
+      CHECK(w.smem_bytes == gdn::StateWalkBwdSm90Layout::fu_smem_bytes(128, 64));
+      CHECK(w.tensor_maps.size() == 10);
+    }
+    CHECK(fs.program("walk_bwd_prescan").params_type == "StateWalkBwdParams");
+    CHECK(fs.program("chunk_bwd").idle_for(gdn::Target::sm_90a));
+    // "auto" resolves to the verified carry here; the merge carry's segmented walk is refused.
+    gdn::Spec auto_carry = segmented;
+    auto_carry.cp_carry = gdn::SegmentCarry::automatic;
+    CHECK(gdn::lower(auto_carry).verified_carry);
+    gdn::Spec bad = segmented;
+    bad.cp_carry = gdn::SegmentCarry::merge;
     CHECK_THROWS_WITH_AS(gdn::lower(bad), doctest::Contains("\"fused\" needs"), gdn::SpecError);
+    bad = spec;
+    bad.cp_ranks = 2;
+    CHECK_THROWS_AS(gdn::lower(bad), gdn::SpecError);
   }
 
   TEST_CASE("backward_w \"walk\": the reverse walk's sm_90a body forms W, chunk_prep idles on sm_90a") {

@@ -631,15 +631,67 @@ TEST_SUITE("launches") {
     // The fused reverse walk's layout, on a target that leaves its dh tape and dV' out (sm_90a)
     // and on one that keeps them.
     for (const Target target : {Target::sm_90a, Target::sm_100a})
-      for (const SaveMode save : {SaveMode::light, SaveMode::full}) {
-        Spec spec = example("m");
-        spec.walk_bwd_layout = WalkBwdLayout::fused;
-        spec.save_mode = save;
-        spec.targets = {target};
-        CAPTURE(to_string(target));
-        CAPTURE(to_string(save));
-        check_exact(spec);
+      for (const SaveMode save : {SaveMode::light, SaveMode::full})
+        for (const int segments : {1, 4}) {
+          Spec spec = example("m");
+          spec.walk_bwd_layout = WalkBwdLayout::fused;
+          spec.save_mode = save;
+          spec.cp_segments = segments;
+          spec.targets = {target};
+          CAPTURE(to_string(target));
+          CAPTURE(to_string(save));
+          CAPTURE(segments);
+          check_exact(spec);
+        }
+  }
+
+  TEST_CASE("the fused layout with segments: every reverse walk of the verified carry is the fused body on sm_90a") {
+    Spec spec = example("m");
+    spec.walk_bwd_layout = WalkBwdLayout::fused;
+    spec.cp_segments = 4;
+    spec.cp_carry = SegmentCarry::verified;
+    const ProblemShape s{40000, 3};  // documents long enough to split
+    for (const Target target : {Target::sm_90a, Target::sm_100a}) {
+      CAPTURE(to_string(target));
+      Spec on = spec;
+      on.targets = {target};
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(on, rec);
+      const bool fused = target == Target::sm_90a;
+      const RegionLayout bwd = layer->workspace_layout(CallForm::backward, s);
+      const FakeCall f = fake_call(*layer, s);
+      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                      f.ws_size, nullptr);
+      std::vector<std::string> walks;
+      for (const auto& r : rec->records) {
+        CAPTURE(r.program);
+        if (fused) CHECK(r.program != "chunk_bwd");
+        if (r.program != "walk_bwd_speculate" && r.program != "walk_bwd_verify" && r.program != "state_walk_bwd")
+          continue;
+        walks.push_back(r.program);
+        const auto field = [&](size_t off) {
+          uint64_t w = 0;
+          REQUIRE(off + 8 <= r.params.size());
+          std::memcpy(&w, r.params.data() + off, 8);
+          return w;
+        };
+        CHECK(r.params.size() == sizeof(StateWalkBwdFusedParams));
+        constexpr size_t out = sizeof(StateWalkBwdParams);
+        // The walk's carry fields keep their own bytes beside the fused outputs.
+        CHECK(field(offsetof(StateWalkBwdParams, seg_dz)) == f.ws + bwd.offset.at("seg_dz"));
+        CHECK(field(offsetof(StateWalkBwdParams, seg_fail)) == f.ws + bwd.offset.at("seg_fail"));
+        if (fused) {
+          CHECK(field(offsetof(StateWalkBwdParams, h_tape)) == f.ws + bwd.offset.at("h_tape"));
+          CHECK(field(out + offsetof(WalkBwdFusedOutputs, dq_v)) == f.ws + bwd.offset.at("dq_v"));
+          CHECK(field(out + offsetof(WalkBwdFusedOutputs, dk_v)) == f.ws + bwd.offset.at("dk_v"));
+          CHECK(field(out + offsetof(WalkBwdFusedOutputs, dv)) == reinterpret_cast<uint64_t>(f.grads.dv));
+        } else {
+          CHECK(field(offsetof(StateWalkBwdParams, dh_tape)) == f.ws + bwd.offset.at("dh_tape"));
+          CHECK(field(out + offsetof(WalkBwdFusedOutputs, dq_v)) == 0);
+        }
       }
+      CHECK(walks == std::vector<std::string>{"walk_bwd_speculate", "walk_bwd_verify", "state_walk_bwd"});
+    }
   }
 
   TEST_CASE("a target's workspace has no slot for the buffers unused there") {

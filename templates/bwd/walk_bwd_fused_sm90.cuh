@@ -38,6 +38,15 @@
  * both only after bZDone, which the owner arrives once its update has read them; the scalars'
  * two buffers by chunk parity cover the owner's reads at the next chunk's start, since the
  * values' arrival for chunk u + 1 follows bZFull(u + 1), which the owner arrives after chunk u.
+ *
+ * Segments (the verified carry only, docs/design_fused_bwd_sm90.md 3.20): every reverse walk of
+ * the carry is this body, one block per (segment, value head). The speculative walk walks every
+ * segment (the earlier ones from zero) and writes the outputs of all its chunks, the owner the
+ * checkpoints and the gradient at the segment's start; the verify walk re-walks each earlier
+ * segment's window (its last chunks) from its successor's start gradient, rewriting the window's
+ * outputs, and marks the chain where the gradient does not come out bitwise the same; the walk
+ * of the marked chains rewrites all of their outputs from the merged gradients. A chain that
+ * verifies thus has every bit of the unsegmented walk.
  */
 #pragma once
 
@@ -55,8 +64,8 @@ template <class Cfg>
 struct WalkBwdFusedSm90 {
   static_assert(Cfg::K == 128 && Cfg::V == 128 && Cfg::CHUNK == 64 && Cfg::BV == 128,
                 "WalkBwdFusedSm90: K = V = 128, chunk 64, 128 columns per block");
-  static_assert(Cfg::SEGMENTS == 1 && Cfg::RANKS == 1 && Cfg::WALK_FUSES_W,
-                "WalkBwdFusedSm90: one segment, one rank, W formed in the walk");
+  static_assert(Cfg::RANKS == 1 && Cfg::WALK_FUSES_W && (Cfg::SEGMENTS == 1 || VerifiedCarry<Cfg>::value),
+                "WalkBwdFusedSm90: one rank, W formed in the walk, segments only under the verified carry");
   static constexpr int K = Cfg::K, V = Cfg::V, C = Cfg::CHUNK, H = Cfg::H, HV = Cfg::HV, G = Cfg::G;
   using CB = ChunkBwdSm90<Cfg>;
   using Lane = typename CB::Lane;
@@ -167,7 +176,7 @@ struct WalkBwdFusedSm90 {
   /// K's tile for chunk u.
   __device__ __forceinline__ static int k_off(int u) { return (u & 1) ? kOffK1 : kOffK; }
 
-  __device__ static void run(const StateWalkBwdParams& p, const TensorMaps& maps) {
+  __device__ static void run(const StateWalkBwdFusedParams& p, const TensorMaps& maps) {
     extern __shared__ unsigned char smem_raw[];
     // SW128 tiles need 1024-byte aligned addresses; the layout reserves the slack.
     unsigned char* const smem = smem_raw + ((1024u - (wg::smem_u32(smem_raw) & 1023u)) & 1023u);
@@ -242,8 +251,8 @@ struct WalkBwdFusedSm90 {
     }
   }
 
-  __device__ static void producer(const StateWalkBwdParams& p, const TensorMaps& maps, const SegmentWalk<Cfg>& range,
-                                  unsigned char* smem, mbar_t* bars) {
+  __device__ static void producer(const StateWalkBwdFusedParams& p, const TensorMaps& maps,
+                                  const SegmentWalk<Cfg>& range, unsigned char* smem, mbar_t* bars) {
     const int tid = threadIdx.x;
     if (tid == 0)
 #pragma unroll
@@ -463,7 +472,7 @@ struct WalkBwdFusedSm90 {
   /// cumsum of dgam, dg and dbeta; then K's buffer (with the gates it carries) is released. szs:
   /// <S, Zb> of chunk u, read at bZDone(u): its slot (chunk u's parity) takes chunk u + 2's from the
   /// owner, whose chunk u + 2 need not follow this (it follows the values' V' Zb^T of chunk u + 1).
-  __device__ __forceinline__ static void row_terms(const StateWalkBwdParams& p, unsigned char* smem, mbar_t* bars,
+  __device__ __forceinline__ static void row_terms(const StateWalkBwdFusedParams& p, unsigned char* smem, mbar_t* bars,
                                                    int ctid, int j, int u, int m, long long t0, float szs) {
     float* const rt = row_scalars(smem);
     float* const sc = scalars(smem, u);
@@ -512,12 +521,12 @@ struct WalkBwdFusedSm90 {
       }
       const float after = incl - pair;
       if (i0 < m) {
-        p.dg[(t0 + i0) * HV + j] = after + bq + a;
-        p.dbeta[(t0 + i0) * HV + j] = db[i0];
+        p.out.dg[(t0 + i0) * HV + j] = after + bq + a;
+        p.out.dbeta[(t0 + i0) * HV + j] = db[i0];
       }
       if (i1 < m) {
-        p.dg[(t0 + i1) * HV + j] = after + bq;
-        p.dbeta[(t0 + i1) * HV + j] = db[i1];
+        p.out.dg[(t0 + i1) * HV + j] = after + bq;
+        p.out.dbeta[(t0 + i1) * HV + j] = db[i1];
       }
     }
   }
@@ -525,7 +534,7 @@ struct WalkBwdFusedSm90 {
   /// Warpgroup 1, the algebra (design 3.14, version 3's A role on the second version's tiles):
   /// Q K^T and P~, dS~ and the M sums, dQ, dTm = tril1((dV' W_f^T) diag(b)), Y, E, K K^T, the row
   /// terms, dg and dbeta. Every product at the full N.
-  __device__ static void algebra(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, unsigned char* smem,
+  __device__ static void algebra(const StateWalkBwdFusedParams& p, const SegmentWalk<Cfg>& range, unsigned char* smem,
                                  mbar_t* bars) {
     // threadIdx.x & 127: the compiler knows the lane's rows are 0..63 (chunk_bwd's lane index).
     const Lane L(static_cast<int>(threadIdx.x) & 127);
@@ -641,7 +650,7 @@ struct WalkBwdFusedSm90 {
         wg::commit();
         CB::template wait<0>(D);
         pipe::mbar_arrive(bars + bEmpty + gQ);  // Q K^T and dQ's row sum read Q
-        store_acc_rows(m, D, L, p.dq_v + (t0 * HV + j) * K, (long long)HV * K);
+        store_acc_rows(m, D, L, p.out.dq_v + (t0 * HV + j) * K, (long long)HV * K);
       }
 
       // A4. dTm = tril1((dW K^T) diag(b Gam) + (dV' V^T) diag(b)) = tril1((dV' W_f^T) diag(b)) as
@@ -753,7 +762,7 @@ struct WalkBwdFusedSm90 {
   /// Warpgroup 2, the values (design 3.14, version 3's K role): the chain D^T, dv_local^T, dV';
   /// dvb, the update's factor X, dv and dbeta's V term; U = K S, R1 and W_f over V's tile; dK =
   /// diag(exp2(gcL - gc)) V' Zb^T + dS~^T Q + X S^T + (Eb + Eb^T) K. Every product at the full N.
-  __device__ static void values(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, unsigned char* smem,
+  __device__ static void values(const StateWalkBwdFusedParams& p, const SegmentWalk<Cfg>& range, unsigned char* smem,
                                 mbar_t* bars) {
     const Lane L(static_cast<int>(threadIdx.x) & 127);
     const int ctid = L.ctid, warp = ctid >> 5, lane = ctid & 31, tq = (lane & 3) * 2;
@@ -860,7 +869,7 @@ struct WalkBwdFusedSm90 {
           dv[2 * i] = pack(f0 * Xb[4 * i], f0 * Xb[4 * i + 1]);
           dv[2 * i + 1] = pack(f1 * Xb[4 * i + 2], f1 * Xb[4 * i + 3]);
         }
-        store_rows(m, dv, L, p.dv + (t0 * HV + j) * V, (long long)HV * V);
+        store_rows(m, dv, L, p.out.dv + (t0 * HV + j) * V, (long long)HV * V);
       }
 
       // K3. U = K S by halves of V's columns (loads only), R1 = rowsum((Tm^T dW) .* K) =
@@ -940,7 +949,7 @@ struct WalkBwdFusedSm90 {
       wg::commit();
       CB::template wait<0>(Dk);
       pipe::mbar_arrive(empty_of(bars, gK, u));
-      store_acc_rows(m, Dk, L, p.dk_v + (t0 * HV + j) * K, (long long)HV * K);
+      store_acc_rows(m, Dk, L, p.out.dk_v + (t0 * HV + j) * K, (long long)HV * K);
     }
   }
 
@@ -1000,7 +1009,7 @@ struct WalkBwdFusedSm90 {
   }
 
   /// Warpgroup 3, the gradient's owner: the z_owner layout's, with <S, Zb> (chunk_bwd's order).
-  __device__ static void owner(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, unsigned char* smem,
+  __device__ static void owner(const StateWalkBwdFusedParams& p, const SegmentWalk<Cfg>& range, unsigned char* smem,
                                mbar_t* bars) {
     const int ctid = static_cast<int>(threadIdx.x) - 384, warp = ctid >> 5, lane = ctid & 31;
     constexpr int kBar = kBarOwner;
@@ -1027,7 +1036,20 @@ struct WalkBwdFusedSm90 {
               f((half ? Z1 : Z0)[4 * i + 2 * hh + e],
                 base + (long long)(8 * i + tq + e) * V + 64 * half + (hh ? v_hi : v_lo));
     };
-    if (Cfg::HAS_HT && p.dht != nullptr) {
+    if constexpr (Cfg::SEGMENTS > 1) {
+      // The gradient at the segment's end (state_walk_bwd_sm90.cuh's rule): the segment's slot
+      // (the merge, or the speculative walk of the next segment), else dht; zero for a
+      // speculative walk's earlier segments.
+      const bool from_slot = range.split && !Carry::from_dht(range);
+      const float* const src = Carry::from_zero(range) ? nullptr : from_slot ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
+      const long long row = from_slot ? range.slot : n;
+      if (src != nullptr) {
+        for_state((row * HV + j) * K * V, [&](float& x, long long at) { x = src[at]; });
+      } else {
+#pragma unroll
+        for (int i = 0; i < 64; ++i) Z0[i] = Z1[i] = 0.f;
+      }
+    } else if (Cfg::HAS_HT && p.dht != nullptr) {
       for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { x = p.dht[at]; });
     } else {
 #pragma unroll
@@ -1125,7 +1147,33 @@ struct WalkBwdFusedSm90 {
       pipe::mbar_arrive(bars + bEmpty + gQ);
       pipe::mbar_arrive(empty_of(bars, gK, u));
       pipe::mbar_arrive(bars + bZDone);
+      // The speculative walk's checkpoints: the gradient after each of the first chunks walked.
+      if constexpr (Carry::kSpeculate) {
+        if (Carry::from_zero(range) && u < kCarryCheckpoints)
+          for_state(Carry::checkpoint_base(range, j) + (long long)u * K * V,
+                    [&](float& x, long long at) { p.seg_ckpt[at] = x; });
+      }
     }
+    if constexpr (Carry::kVerify) {
+      // The window's last gradient against the speculative walk's (state_walk_bwd_sm90.cuh's
+      // test, over all 128 columns here); an empty window never verifies. The window's outputs
+      // were written from the true carry above, so a chain that verifies needs nothing more.
+      bool same = nc > 0;
+      if (nc > 0)
+        for_state(Carry::checkpoint_base(range, j) + (long long)(nc - 1) * K * V, [&](float& x, long long at) {
+          same = same && __float_as_uint(p.seg_ckpt[at]) == __float_as_uint(x);
+        });
+      if (!pipe::named_all(kBar, 128, same) && ctid == 0) atomicExch(Carry::mark(p, range, j), kChainOwnMaps);
+      return;
+    }
+    if constexpr (Carry::kSpeculate) {
+      if (range.split && range.seg > 0) {  // the gradient at the previous segment's end (its verify walk's start)
+        float* const dst = const_cast<float*>(p.seg_dz);
+        for_state(((range.slot - 1) * HV + j) * K * V, [&](float& x, long long at) { dst[at] = x; });
+        return;
+      }
+    }
+    // A document's dh0 is its first segment's.
     if (Cfg::HAS_H0 && p.dh0 != nullptr && range.seg == 0)
       for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { p.dh0[at] = x; });
   }
