@@ -696,7 +696,6 @@ struct StateWalkBwdSm90 {
                                               mbar_t* wtile) {
     const int ctid = threadIdx.x - 256 - 128 * slab, warp = ctid >> 5, lane = ctid & 31;
     const int j = walk_head<Cfg>(), n = range.n, v0 = blockIdx.x * BV + slab * kSlab;
-    const int seg = range.seg;
     const int barrier = 1 + slab;        // the named barrier of this warpgroup
     const int store_barrier = 3 + slab;  // and the one around its TMA stores
     const int c_last = range.end - 1, nc = range.end - range.begin;
@@ -716,15 +715,8 @@ struct StateWalkBwdSm90 {
             f(Z[4 * i + 2 * h + e], base + (long long)(8 * i + tq + e) * V + v0 + (h ? v_hi : v_lo));
     };
     if constexpr (Cfg::SEGMENTS > 1) {
-      // The gradient at the segment's end: a split document's slot (walk_merge_bwd, or the
-      // speculative walk of the next segment), else dht; zero for a speculative walk's earlier
-      // segments. One load loop over a selected base (two loops spilled the ranks' variant).
-      const bool from_slot = range.split && !Carry::from_dht(range);
-      const float* const src = Carry::from_zero(range) ? nullptr : from_slot ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
-      const long long row = from_slot ? range.slot : n;
-      if (src != nullptr) {
-        for_state((row * HV + j) * K * V, [&](float& x, long long at) { x = src[at]; });
-      } else {
+      // One load loop over a selected base (two loops spilled the ranks' variant).
+      if (!Carry::load_end(p, range, j, for_state)) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) Z[i] = 0.f;
       }
@@ -900,37 +892,13 @@ struct StateWalkBwdSm90 {
       if constexpr (kFusesW) pipe::mbar_arrive(wtile + 1);
       pipe::mbar_arrive(empty + s);
       if (++s == kStages) s = 0, phase ^= 1;
-      // The speculative walk's checkpoints: the gradient after each of the first chunks walked.
-      if constexpr (Carry::kSpeculate) {
-        if (Carry::from_zero(range) && u < kCarryCheckpoints)
-          for_state(Carry::checkpoint_base(range, j) + (long long)u * K * V,
-                    [&](float& x, long long at) { p.seg_ckpt[at] = x; });
-      }
+      Carry::checkpoint(p, range, j, u, for_state);
     }
 
     if (ctid == 0) pipe::bulk_wait<0>();  // the stores are complete before the block's shared memory goes
-    if constexpr (Carry::kVerify) {
-      // The window's last gradient against the speculative walk's: the slab's columns evolve
-      // independently and every step is the same arithmetic, so a match at any chunk of the window
-      // is a match at its last one, and one comparison decides it. Each warpgroup votes for its
-      // 64 columns; an empty window never verifies (its chain was marked by the gate test).
-      bool same = nc > 0;
-      if (nc > 0)
-        for_state(Carry::checkpoint_base(range, j) + (long long)(nc - 1) * K * V, [&](float& x, long long at) {
-          same = same && __float_as_uint(p.seg_ckpt[at]) == __float_as_uint(x);
-        });
-      if (!pipe::named_all(barrier, 128, same) && ctid == 0) atomicExch(Carry::mark(p, range, j), kChainOwnMaps);
-      return;
-    }
-    if constexpr (Carry::kSpeculate) {
-      if (range.split && seg > 0) {  // the gradient at the previous segment's end (verified by its re-walk)
-        float* const dst = const_cast<float*>(p.seg_dz);
-        for_state(((range.slot - 1) * HV + j) * K * V, [&](float& x, long long at) { dst[at] = x; });
-        return;
-      }
-    }
-    // A document's dh0 is its first segment's.
-    if (Cfg::HAS_H0 && p.dh0 != nullptr && seg == 0)
+    // Each warpgroup votes for its 64 columns in the verify walk.
+    if (!Carry::finish(p, range, j, nc, barrier, 128, ctid, for_state)) return;
+    if (Cfg::HAS_H0 && p.dh0 != nullptr)
       for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { p.dh0[at] = x; });
   }
 };

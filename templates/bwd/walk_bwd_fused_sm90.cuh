@@ -1037,15 +1037,7 @@ struct WalkBwdFusedSm90 {
                 base + (long long)(8 * i + tq + e) * V + 64 * half + (hh ? v_hi : v_lo));
     };
     if constexpr (Cfg::SEGMENTS > 1) {
-      // The gradient at the segment's end (state_walk_bwd_sm90.cuh's rule): the segment's slot
-      // (the merge, or the speculative walk of the next segment), else dht; zero for a
-      // speculative walk's earlier segments.
-      const bool from_slot = range.split && !Carry::from_dht(range);
-      const float* const src = Carry::from_zero(range) ? nullptr : from_slot ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
-      const long long row = from_slot ? range.slot : n;
-      if (src != nullptr) {
-        for_state((row * HV + j) * K * V, [&](float& x, long long at) { x = src[at]; });
-      } else {
+      if (!Carry::load_end(p, range, j, for_state)) {
 #pragma unroll
         for (int i = 0; i < 64; ++i) Z0[i] = Z1[i] = 0.f;
       }
@@ -1147,34 +1139,12 @@ struct WalkBwdFusedSm90 {
       pipe::mbar_arrive(bars + bEmpty + gQ);
       pipe::mbar_arrive(empty_of(bars, gK, u));
       pipe::mbar_arrive(bars + bZDone);
-      // The speculative walk's checkpoints: the gradient after each of the first chunks walked.
-      if constexpr (Carry::kSpeculate) {
-        if (Carry::from_zero(range) && u < kCarryCheckpoints)
-          for_state(Carry::checkpoint_base(range, j) + (long long)u * K * V,
-                    [&](float& x, long long at) { p.seg_ckpt[at] = x; });
-      }
+      Carry::checkpoint(p, range, j, u, for_state);
     }
-    if constexpr (Carry::kVerify) {
-      // The window's last gradient against the speculative walk's (state_walk_bwd_sm90.cuh's
-      // test, over all 128 columns here); an empty window never verifies. The window's outputs
-      // were written from the true carry above, so a chain that verifies needs nothing more.
-      bool same = nc > 0;
-      if (nc > 0)
-        for_state(Carry::checkpoint_base(range, j) + (long long)(nc - 1) * K * V, [&](float& x, long long at) {
-          same = same && __float_as_uint(p.seg_ckpt[at]) == __float_as_uint(x);
-        });
-      if (!pipe::named_all(kBar, 128, same) && ctid == 0) atomicExch(Carry::mark(p, range, j), kChainOwnMaps);
-      return;
-    }
-    if constexpr (Carry::kSpeculate) {
-      if (range.split && range.seg > 0) {  // the gradient at the previous segment's end (its verify walk's start)
-        float* const dst = const_cast<float*>(p.seg_dz);
-        for_state(((range.slot - 1) * HV + j) * K * V, [&](float& x, long long at) { dst[at] = x; });
-        return;
-      }
-    }
-    // A document's dh0 is its first segment's.
-    if (Cfg::HAS_H0 && p.dh0 != nullptr && range.seg == 0)
+    // The verify walk's vote is over all 128 columns here; the window's outputs were written from
+    // the true carry above, so a chain that verifies needs nothing more.
+    if (!Carry::finish(p, range, j, nc, kBar, 128, ctid, for_state)) return;
+    if (Cfg::HAS_H0 && p.dh0 != nullptr)
       for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { p.dh0[at] = x; });
   }
 };

@@ -26,6 +26,7 @@
  */
 #pragma once
 
+#include "common/pipeline.cuh"
 #include "common/segments.hpp"
 #include "params.cuh"
 
@@ -337,6 +338,64 @@ struct ReverseCarry {
   __device__ static long long checkpoint_base(const SegmentWalk<Cfg>& range, int j) {
     return (range.slot * Cfg::HV + j) * kCarryCheckpoints * Cfg::K * Cfg::V;
   }
+
+#if GDN_HAS_WGMMA
+  // The walk's carry steps, shared by the reverse walk's sm_90a bodies (the split one per slab
+  // warpgroup, the fused one in its gradient's owner). for_state(base, f) visits the thread's
+  // elements of a [K, V] gradient, f(element, offset from base).
+
+  /// Loads the gradient at the segment's end into the thread's elements: the segment's slot (the
+  /// merge, or the speculative walk of the next segment), else dht. False where the walk starts
+  /// from zero (a speculative walk's earlier segments, or no dht): the caller zeroes them.
+  template <class ForState>
+  __device__ __forceinline__ static bool load_end(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, int j,
+                                                  ForState&& for_state) {
+    const bool from_slot = range.split && !from_dht(range);
+    const float* const src = from_zero(range) ? nullptr : from_slot ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
+    if (src == nullptr) return false;
+    const long long row = from_slot ? range.slot : range.n;
+    for_state((row * Cfg::HV + j) * Cfg::K * Cfg::V, [&](float& x, long long at) { x = src[at]; });
+    return true;
+  }
+  /// speculate: the gradient after the u-th chunk walked, for the segment's first chunks.
+  template <class ForState>
+  __device__ __forceinline__ static void checkpoint(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, int j,
+                                                    int u, ForState&& for_state) {
+    if constexpr (kSpeculate) {
+      if (from_zero(range) && u < kCarryCheckpoints)
+        for_state(checkpoint_base(range, j) + (long long)u * Cfg::K * Cfg::V,
+                  [&](float& x, long long at) { p.seg_ckpt[at] = x; });
+    }
+  }
+  /// The walk's end, by every thread of the warpgroups that hold the gradient (`threads` of them
+  /// on named barrier `barrier`; ctid the thread's index there) after its last chunk (nc walked).
+  /// verify: the window's last gradient against the speculative walk's (the columns evolve
+  /// independently and every step is the same arithmetic, so one comparison at the window's end
+  /// decides it; an empty window never verifies) marks the chain where they differ. speculate:
+  /// a split document's later segments store their start gradient as the previous segment's end.
+  /// Returns whether the walk goes on to write dh0 (a document's dh0 is its first segment's).
+  template <class ForState>
+  __device__ __forceinline__ static bool finish(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, int j,
+                                                int nc, int barrier, int threads, int ctid, ForState&& for_state) {
+    if constexpr (kVerify) {
+      bool same = nc > 0;
+      if (nc > 0)
+        for_state(checkpoint_base(range, j) + (long long)(nc - 1) * Cfg::K * Cfg::V, [&](float& x, long long at) {
+          same = same && __float_as_uint(p.seg_ckpt[at]) == __float_as_uint(x);
+        });
+      if (!pipe::named_all(barrier, threads, same) && ctid == 0) atomicExch(mark(p, range, j), kChainOwnMaps);
+      return false;
+    }
+    if constexpr (kSpeculate) {
+      if (range.split && range.seg > 0) {
+        float* const dst = const_cast<float*>(p.seg_dz);
+        for_state(((range.slot - 1) * Cfg::HV + j) * Cfg::K * Cfg::V, [&](float& x, long long at) { dst[at] = x; });
+        return false;
+      }
+    }
+    return range.seg == 0;
+  }
+#endif  // GDN_HAS_WGMMA
 };
 
 }  // namespace gdn
