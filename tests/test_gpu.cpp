@@ -1672,6 +1672,19 @@ TEST_SUITE("gpu_fused") {
     return s;
   }
 
+  /// The call forms agree (repeats, light = full = ckpt with and without the hand-off) and a
+  /// graph replay of `spec` (under name `replay_name`) has the bits of its eager report `eager`.
+  void expect_forms_and_replay(const Spec& spec, const check::Case& c, const std::string& forms_name,
+                               const std::string& replay_name, const check::Report& eager, const std::string& what) {
+    expect_call_forms_agree(spec, c, forms_name);
+    Spec replayed = spec;
+    replayed.graph = GraphMode::replay;
+    replayed.name = replay_name;
+    const check::Report r = check::run(*make(replayed), c);
+    for (const auto& m : r.mismatches) FAIL_CHECK(what << ", replay differs: " << m);
+    expect_same_bits(eager.bytes, r, what + ": graph replay vs eager");
+  }
+
   // The verified carry on the fused forward (docs/design_fused_fwd_sm90.md 3.11.1): the fused
   // speculative and verify walks, the merge path for the chains they mark, and the reverse walk's
   // verified carry in both bodies: the portable one (64-wide slabs) and the sm_90a one (128-wide,
@@ -1714,13 +1727,8 @@ TEST_SUITE("gpu_fused") {
       }
     }
     c.repeats = 2;
-    expect_call_forms_agree(verified, c, ("n_fcarry_verified_forms" + tag).c_str());
-    Spec replayed = verified;
-    replayed.graph = GraphMode::replay;
-    replayed.name = "n_fcarry_verified_replay" + tag;
-    const check::Report r = check::run(*make(replayed), c);
-    for (const auto& m : r.mismatches) FAIL_CHECK("fused verified, replay differs: " << m);
-    expect_same_bits(v.bytes, r, "fused verified: graph replay vs eager");
+    expect_forms_and_replay(verified, c, "n_fcarry_verified_forms" + tag, "n_fcarry_verified_replay" + tag, v,
+                            "fused verified");
     c.repeats = 1;
     // Whole chunks and cut ones, a one-token document and documents shorter than their segments
     // (those chains cannot verify and take the merges), beside a long one that does.
@@ -2089,13 +2097,7 @@ TEST_SUITE("gpu_fused") {
       }
     }
     c.repeats = 2;
-    expect_call_forms_agree(verified, c, "n_fuseg_forms");
-    Spec replayed = verified;
-    replayed.graph = GraphMode::replay;
-    replayed.name = "n_fuseg_replay";
-    const check::Report r = check::run(*make(replayed), c);
-    for (const auto& m : r.mismatches) FAIL_CHECK("fused layout with segments, replay differs: " << m);
-    expect_same_bits(v.bytes, r, "fused layout with segments: graph replay vs eager");
+    expect_forms_and_replay(verified, c, "n_fuseg_forms", "n_fuseg_replay", v, "fused layout with segments");
     c.repeats = 1;
     // Short documents (their chains cannot verify) beside a long one that does: the long one has
     // the unsegmented bits, every document the fp64 bounds.

@@ -69,6 +69,31 @@ FakeCall fake_call(const Layer& layer, ProblemShape s) {
   return f;
 }
 
+/// One backward call of `spec` loaded for `target` on fake addresses, its launches recorded.
+struct RecordedBackward {
+  std::shared_ptr<testing::RecordingLauncher> rec = std::make_shared<testing::RecordingLauncher>();
+  std::unique_ptr<Layer> layer;
+  RegionLayout bwd;
+  FakeCall f;
+};
+RecordedBackward record_backward(Spec spec, Target target, ProblemShape s) {
+  RecordedBackward r;
+  spec.targets = {target};
+  r.layer = Layer::with_launcher(spec, r.rec);
+  r.bwd = r.layer->workspace_layout(CallForm::backward, s);
+  r.f = fake_call(*r.layer, s);
+  r.layer->backward(s, r.f.in, r.f.grads, reinterpret_cast<void*>(r.f.saved), r.f.saved_size,
+                    reinterpret_cast<void*>(r.f.ws), r.f.ws_size, nullptr);
+  return r;
+}
+/// The 8-byte word at `offset` of a recorded launch's parameters.
+uint64_t param_word(const testing::LaunchRecord& r, size_t offset) {
+  uint64_t w = 0;
+  REQUIRE(offset + 8 <= r.params.size());
+  std::memcpy(&w, r.params.data() + offset, 8);
+  return w;
+}
+
 std::string record(const Spec& spec, ProblemShape s) {
   auto rec = std::make_shared<testing::RecordingLauncher>();
   auto layer = Layer::with_launcher(spec, rec);
@@ -653,28 +678,18 @@ TEST_SUITE("launches") {
     const ProblemShape s{40000, 3};  // documents long enough to split
     for (const Target target : {Target::sm_90a, Target::sm_100a}) {
       CAPTURE(to_string(target));
-      Spec on = spec;
-      on.targets = {target};
-      auto rec = std::make_shared<testing::RecordingLauncher>();
-      auto layer = Layer::with_launcher(on, rec);
       const bool fused = target == Target::sm_90a;
-      const RegionLayout bwd = layer->workspace_layout(CallForm::backward, s);
-      const FakeCall f = fake_call(*layer, s);
-      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
-                      f.ws_size, nullptr);
+      const RecordedBackward run = record_backward(spec, target, s);
+      const RegionLayout& bwd = run.bwd;
+      const FakeCall& f = run.f;
       std::vector<std::string> walks;
-      for (const auto& r : rec->records) {
+      for (const auto& r : run.rec->records) {
         CAPTURE(r.program);
         if (fused) CHECK(r.program != "chunk_bwd");
         if (r.program != "walk_bwd_speculate" && r.program != "walk_bwd_verify" && r.program != "state_walk_bwd")
           continue;
         walks.push_back(r.program);
-        const auto field = [&](size_t off) {
-          uint64_t w = 0;
-          REQUIRE(off + 8 <= r.params.size());
-          std::memcpy(&w, r.params.data() + off, 8);
-          return w;
-        };
+        const auto field = [&](size_t off) { return param_word(r, off); };
         CHECK(r.params.size() == sizeof(StateWalkBwdFusedParams));
         constexpr size_t out = sizeof(StateWalkBwdParams);
         // The walk's carry fields keep their own bytes beside the fused outputs.
@@ -712,11 +727,10 @@ TEST_SUITE("launches") {
     const size_t any = region_bytes(ir, BufferRole::workspace, CallForm::backward, s.T, s.N);
     for (const Target target : {Target::sm_90a, Target::sm_100a}) {
       CAPTURE(to_string(target));
-      Spec on = spec;
-      on.targets = {target};
-      auto rec = std::make_shared<testing::RecordingLauncher>();
-      auto layer = Layer::with_launcher(on, rec);
-      const RegionLayout bwd = layer->workspace_layout(CallForm::backward, s);
+      const RecordedBackward run = record_backward(spec, target, s);
+      const Layer* const layer = run.layer.get();
+      const RegionLayout& bwd = run.bwd;
+      const FakeCall& f = run.f;
       const bool left_out = target == Target::sm_90a;
       CHECK(bwd.offset.count("dh_tape") == (left_out ? 0u : 1u));
       CHECK(bwd.offset.count("dv_new") == (left_out ? 0u : 1u));
@@ -726,20 +740,13 @@ TEST_SUITE("launches") {
       // The spec-level query on the layer's target agrees; without a target it gives the union.
       CHECK(region_bytes(ir, BufferRole::workspace, CallForm::backward, s.T, s.N, target) ==
             layer->workspace_bytes(CallForm::backward, s));
-      const FakeCall f = fake_call(*layer, s);
-      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
-                      f.ws_size, nullptr);
       int walks = 0;
-      for (const auto& r : rec->records) {
+      for (const auto& r : run.rec->records) {
         CAPTURE(r.program);
         if (left_out) CHECK(r.program != "chunk_bwd");  // it idles where the fused walk runs
         if (r.program != "state_walk_bwd") continue;
         ++walks;
-        const auto field = [&](size_t off) {
-          uint64_t w;
-          std::memcpy(&w, r.params.data() + off, 8);
-          return w;
-        };
+        const auto field = [&](size_t off) { return param_word(r, off); };
         // On sm_90a the fused walk reads the forward's tapes in those bytes (the params' unions).
         if (left_out) {
           CHECK(field(offsetof(StateWalkBwdParams, h_tape)) == f.ws + bwd.offset.at("h_tape"));
