@@ -494,8 +494,7 @@ LayerIR lower(const Spec& spec_in) {
     }
     // Every reverse walk of the fused layout (the verified carry's speculate and verify walks
     // too) runs the fused body on sm_90a: they write the outputs of the chunks they walk.
-    const bool fused_walk = walk_fused;
-    if (fused_walk) {
+    if (walk_fused) {
       // Its source adds chunk_bwd's body to the walk's (the other layouts' sources stay as they are).
       ir.programs.back().template_path = "bwd/walk_bwd_fused_sm90.cuh";
       ir.programs.back().params_type = "StateWalkBwdFusedParams";
@@ -512,7 +511,7 @@ LayerIR lower(const Spec& spec_in) {
     maps.push_back(walk_fuses_w ? TensorMapOperand{"tm", offsetof(P, tm), offsetof(P, T), int64_t{HV} * C}
                                 : TensorMapOperand{"w", offsetof(P, w), offsetof(P, T), int64_t{HV} * K});
     maps.push_back({"d_o", offsetof(P, d_o), offsetof(P, T), int64_t{HV} * V});
-    if (fused_walk) {
+    if (walk_fused) {
       // The fused walk reads the h tape and V' where the others store dh and dV' (the same
       // shapes), then chunk_bwd's V and its stores (WalkBwdFusedSm90's operand order).
       maps.push_back({"h_tape", offsetof(P, h_tape), offsetof(P, nt_max), V, int64_t{HV} * K, 128});
@@ -938,15 +937,19 @@ LayerIR lower(const Spec& spec_in) {
   }
   bwd.push_back({"dv_local", walk_fuses_dv ? "nothing on sm_90a: state_walk_bwd computes it there" : ""});
   if (ir.verified_carry) {
+    // walk_bwd_layout "fused": the three reverse walks below are the fused body on sm_90a.
+    const std::string fused_note =
+        walk_fused ? "; on sm_90a the fused body, which writes dq_v, dk_v, dv, dg, dbeta of the chunks it walks" : "";
     bwd.push_back({"walk_bwd_speculate",
                    "dh_tape, dv_new of every segment, a document's last from dht, the "
                    "others from 0; the gradients after their last chunks; each segment's "
                    "start as the previous one's end (seg_dz), dh0; chains the forward marked "
-                   "(fwd_fail) or whose gates decay too slowly are marked (seg_fail) and skipped"});
+                   "(fwd_fail) or whose gates decay too slowly are marked (seg_fail) and skipped" +
+                       fused_note});
     bwd.push_back({"walk_bwd_verify", fmt::format("every earlier segment from its end until its gradient equals the "
                                                   "walk from 0 bit for bit (at most {} chunks, their tapes); else "
-                                                  "its document's chain is marked (seg_fail)",
-                                                  kCarryCheckpoints)});
+                                                  "its document's chain is marked (seg_fail){}",
+                                                  kCarryCheckpoints, fused_note)});
     if (ir.has_program("dv_local_marked"))
       bwd.push_back({"dv_local_marked", "on sm_90a, the marked chains' dv_local (for their prescan)"});
     if (marked_prep) bwd.push_back({"chunk_prep_marked", "on sm_90a, the marked chains' W (for their prescan)"});
@@ -956,11 +959,7 @@ LayerIR lower(const Spec& spec_in) {
     bwd.push_back({"walk_merge_bwd",
                    "the gradient at every segment's end of a marked chain, fp32, from dht; A from the "
                    "forward's saved maps for the chains the forward marked"});
-    bwd.push_back({"state_walk_bwd", "the marked chains, every segment from its merged end gradient"});
-    if (walk_fused)  // the three walks above are the fused body on sm_90a
-      for (Launch& l : bwd)
-        if (l.program == "walk_bwd_speculate" || l.program == "walk_bwd_verify" || l.program == "state_walk_bwd")
-          l.note += "; on sm_90a the fused body, which writes dq_v, dk_v, dv, dg, dbeta of the chunks it walks";
+    bwd.push_back({"state_walk_bwd", "the marked chains, every segment from its merged end gradient" + fused_note});
   } else if (segments > 1) {
     if (ir.saved_segment_maps) {
       bwd.push_back({"walk_bwd_prescan", "dZ_ext of every segment but a document's first"});

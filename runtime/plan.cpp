@@ -618,6 +618,11 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       on_sm90a(out + offsetof(FP, dg), sizeof(FP::dg), b.frame(F::dg));
       on_sm90a(out + offsetof(FP, dbeta), sizeof(FP::dbeta), b.frame(F::dbeta));
     };
+    // What every reverse walk (not the prescan) binds on sm_90a beyond the walk's fields.
+    auto reverse_walk = [&](PlannedLaunch& l) {
+      walk_forms_w(l);
+      fused_fields(l);
+    };
     auto carry = [&](PlannedLaunch& l, bool checkpoints) {
       bind_walk_bwd(l);
       if (checkpoints) GDN_BIND(l, P, seg_ckpt, b.slot("seg_ckpt"));
@@ -627,11 +632,9 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     const bool verified = ir.verified_carry && b.segment_programs;
     if (verified) {
       carry(b.launch("walk_bwd_speculate", walk_params), true);
-      walk_forms_w(b.last());
-      fused_fields(b.last());
+      reverse_walk(b.last());
       carry(b.launch("walk_bwd_verify", walk_params), true);
-      walk_forms_w(b.last());
-      fused_fields(b.last());
+      reverse_walk(b.last());
       // On sm_90a, what the marked chains' prescan reads and the walks made for themselves.
       if (ir.has_program("dv_local_marked")) {
         auto& l = b.launch("dv_local_marked", sizeof(DvLocalParams));
@@ -651,8 +654,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       bind_walk_merge(b, "walk_merge_bwd", "seg_dzm", b.frame(F::dht), "seg_dz");
       GDN_BIND(b.last(), WalkMergeParams, seg_fail, b.slot("seg_fail"));
       carry(b.launch("state_walk_bwd", walk_params), false);
-      walk_forms_w(b.last());
-      fused_fields(b.last());
+      reverse_walk(b.last());
     } else if (b.segment_programs) {
       bind_walk_bwd(b.launch("walk_bwd_prescan", sizeof(StateWalkBwdParams)));
       if (b.kcp) {
@@ -663,8 +665,7 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     }
     if (!verified) {
       bind_walk_bwd(b.launch("state_walk_bwd", walk_params));
-      walk_forms_w(b.last());
-      fused_fields(b.last());
+      reverse_walk(b.last());
     }
   }
   {

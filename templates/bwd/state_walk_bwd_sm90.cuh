@@ -714,15 +714,8 @@ struct StateWalkBwdSm90 {
           for (int e = 0; e < 2; ++e)
             f(Z[4 * i + 2 * h + e], base + (long long)(8 * i + tq + e) * V + v0 + (h ? v_hi : v_lo));
     };
-    if constexpr (Cfg::SEGMENTS > 1) {
-      // One load loop over a selected base (two loops spilled the ranks' variant).
-      if (!Carry::load_end(p, range, j, for_state)) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) Z[i] = 0.f;
-      }
-    } else if (Cfg::HAS_HT && p.dht != nullptr) {
-      for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { x = p.dht[at]; });
-    } else {
+    // One load loop over a selected base (two loops spilled the ranks' variant).
+    if (!Carry::load_end(p, range, j, for_state)) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) Z[i] = 0.f;
     }

@@ -1036,14 +1036,7 @@ struct WalkBwdFusedSm90 {
               f((half ? Z1 : Z0)[4 * i + 2 * hh + e],
                 base + (long long)(8 * i + tq + e) * V + 64 * half + (hh ? v_hi : v_lo));
     };
-    if constexpr (Cfg::SEGMENTS > 1) {
-      if (!Carry::load_end(p, range, j, for_state)) {
-#pragma unroll
-        for (int i = 0; i < 64; ++i) Z0[i] = Z1[i] = 0.f;
-      }
-    } else if (Cfg::HAS_HT && p.dht != nullptr) {
-      for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { x = p.dht[at]; });
-    } else {
+    if (!Carry::load_end(p, range, j, for_state)) {
 #pragma unroll
       for (int i = 0; i < 64; ++i) Z0[i] = Z1[i] = 0.f;
     }

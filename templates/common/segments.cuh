@@ -350,12 +350,18 @@ struct ReverseCarry {
   template <class ForState>
   __device__ __forceinline__ static bool load_end(const StateWalkBwdParams& p, const SegmentWalk<Cfg>& range, int j,
                                                   ForState&& for_state) {
-    const bool from_slot = range.split && !from_dht(range);
-    const float* const src = from_zero(range) ? nullptr : from_slot ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
-    if (src == nullptr) return false;
-    const long long row = from_slot ? range.slot : range.n;
-    for_state((row * Cfg::HV + j) * Cfg::K * Cfg::V, [&](float& x, long long at) { x = src[at]; });
-    return true;
+    if constexpr (Cfg::SEGMENTS == 1) {  // the document's end: dht
+      if (!(Cfg::HAS_HT && p.dht != nullptr)) return false;
+      for_state(((long long)range.n * Cfg::HV + j) * Cfg::K * Cfg::V, [&](float& x, long long at) { x = p.dht[at]; });
+      return true;
+    } else {
+      const bool from_slot = range.split && !from_dht(range);
+      const float* const src = from_zero(range) ? nullptr : from_slot ? p.seg_dz : Cfg::HAS_HT ? p.dht : nullptr;
+      if (src == nullptr) return false;
+      const long long row = from_slot ? range.slot : range.n;
+      for_state((row * Cfg::HV + j) * Cfg::K * Cfg::V, [&](float& x, long long at) { x = src[at]; });
+      return true;
+    }
   }
   /// speculate: the gradient after the u-th chunk walked, for the segment's first chunks.
   template <class ForState>
