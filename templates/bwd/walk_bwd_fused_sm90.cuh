@@ -105,6 +105,7 @@ struct WalkBwdFusedSm90 {
   // u + 1's scores first).
   enum : int { sSzAt = 128, sKstAt = 136, sR1At = 200, sDbvAt = 264, sEo = 1160, sEv = 1224, kRowFloats = 1288 };
   static_assert(CB::sG == 0 && CB::sB == 64 && sDbvAt + 64 <= Lay::fu_gate_floats(64), "the gate scalars' layout");
+  static_assert(kOffSc % 8 == 0 && kGateBytes % 8 == 0, "pair_at: 8-byte aligned scalar blocks");
   static_assert(CB::kScalarFloats <= sEo && kRowFloats == Lay::fu_row_floats(64), "the row scalars' layout");
 
   // The tensor maps (Program::tensor_maps in this order): the walk's loads, then chunk_bwd's.
@@ -400,6 +401,36 @@ struct WalkBwdFusedSm90 {
       out[L.r[1]] = rs[1];
     }
   }
+  /// Entries c and c + 1 (c even) of a chunk's per-token scalars (gc, beta) in one 8-byte load:
+  /// the scalar blocks start 8-byte aligned (static_asserts at the layout), and a lane's columns
+  /// come in even pairs.
+  __device__ __forceinline__ static float2 pair_at(const float* v, int c) {
+    return *reinterpret_cast<const float2*>(v + c);
+  }
+  /// The warp's 16 column sums (cs[2 i + e]: column 8 i + tq + e of its 16 rows) into out[64 w +
+  /// column]. Each is summed over the 8 row groups in CB::octet_sum's order (lane xor 4, 8, 16:
+  /// the same pairs, so the same bits), but every exchange also halves what a lane keeps: 14
+  /// shuffles (and 28 selects) in place of 48 shuffles and 48 adds, and each lane stores the two
+  /// sums of column block i = 4 (g & 1) + 2 ((g >> 1) & 1) + (g >> 2), where one lane in eight
+  /// stored sixteen.
+  __device__ __forceinline__ static void put_cols(float* out, const float (&cs)[16], const Lane& L) {
+    const int lane = L.ctid & 31;
+    const bool b0 = lane & 4, b1 = lane & 8, b2 = lane & 16;
+    float a[8], c[4], d[2];
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      a[k] = select_f32(b0, cs[k + 8], cs[k]) + __shfl_xor_sync(0xffffffffu, select_f32(b0, cs[k], cs[k + 8]), 4);
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      c[k] = select_f32(b1, a[k + 4], a[k]) + __shfl_xor_sync(0xffffffffu, select_f32(b1, a[k], a[k + 4]), 8);
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+      d[k] = select_f32(b2, c[k + 2], c[k]) + __shfl_xor_sync(0xffffffffu, select_f32(b2, c[k], c[k + 2]), 16);
+    const int i = 4 * b0 + 2 * b1 + b2;
+    float* const at = out + 64 * L.w + 8 * i + L.tq;
+    at[0] = d[0];
+    at[1] = d[1];
+  }
   /// Half h (16 of the 32 values) of a 64 x 64 accumulator, as store_e_half takes it.
   __device__ __forceinline__ static const float (&half_of(const float (&x)[32], int h))[16] {
     return *reinterpret_cast<const float(*)[16]>(x + 16 * h);
@@ -414,13 +445,13 @@ struct WalkBwdFusedSm90 {
     }
   };
   __device__ __forceinline__ static auto kmaj(u32 t, int rows) {
-    return [=](int ks) { return wg::desc_k_major(t, rows, ks); };
+    return [=](int ks) { return wg::step_k_major(t, rows, ks); };
   }
   __device__ __forceinline__ static auto mnmaj(u32 t, int rows) {
-    return [=](int ks) { return wg::desc_mn_major(t, rows, ks); };
+    return [=](int ks) { return wg::step_mn_major(t, rows, ks); };
   }
   __device__ __forceinline__ static auto mnmaj_cols(u32 t, int rows, int c0) {
-    return [=](int ks) { return wg::desc_mn_major_cols(t, rows, c0, ks); };
+    return [=](int ks) { return wg::step_mn_major_cols(t, rows, c0, ks); };
   }
 
   /// A1 of chunk u: Q K^T (kept for the M sums) and P~ = bf16(scale (Q K^T) exp2(gc_r - gc_c)) on
@@ -441,15 +472,17 @@ struct WalkBwdFusedSm90 {
     {
       const int r_lo = L.r[0], r_hi = L.r[1];
       const float g_lo = g[r_lo], g_hi = g[r_hi];
+      u32 ps[16];  // the rows' pairs per column block, as dS~'s: four stmatrix instead of 16 stores
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int col = i * 8 + tq;
         u32 lo = 0u, hi = 0u;
-        const float gc0 = g[col], gc1 = g[col + 1];
-        Dec[4 * i] = exp2f(fminf(g_lo - gc0, 0.f));
-        Dec[4 * i + 1] = exp2f(fminf(g_lo - gc1, 0.f));
-        Dec[4 * i + 2] = exp2f(fminf(g_hi - gc0, 0.f));
-        Dec[4 * i + 3] = exp2f(fminf(g_hi - gc1, 0.f));
+        const float2 gc = pair_at(g, col);
+        const float gc0 = gc.x, gc1 = gc.y;
+        Dec[4 * i] = exp2_ftz(fminf(g_lo - gc0, 0.f));
+        Dec[4 * i + 1] = exp2_ftz(fminf(g_lo - gc1, 0.f));
+        Dec[4 * i + 2] = exp2_ftz(fminf(g_hi - gc0, 0.f));
+        Dec[4 * i + 3] = exp2_ftz(fminf(g_hi - gc1, 0.f));
         if (i * 8 <= 16 * L.w + 15) {
           const bool ok00 = col <= r_lo, ok01 = col + 1 <= r_lo;
           const bool ok10 = col <= r_hi, ok11 = col + 1 <= r_hi;
@@ -460,9 +493,11 @@ struct WalkBwdFusedSm90 {
           lo = pack(p00, p01);
           hi = pack(p10, p11);
         }
-        wg::sts_u32(T.p + sw128::offset(r_lo, col, C), lo);
-        wg::sts_u32(T.p + sw128::offset(r_hi, col, C), hi);
+        ps[2 * i] = lo;
+        ps[2 * i + 1] = hi;
       }
+#pragma unroll
+      for (int i = 0; i < 8; i += 2) CB::stsm_pairs(T.p, i, L, ps[2 * i], ps[2 * i + 1], ps[2 * i + 2], ps[2 * i + 3]);
     }
     wg::fence_smem_for_async();
     pipe::named_sync_roles(kBarPair, 256);  // P~ whole
@@ -488,12 +523,12 @@ struct WalkBwdFusedSm90 {
           warp_sum((2 * l < m - 1 ? sc[sKstAt + 2 * l] : 0.f) + (2 * l + 1 < m - 1 ? sc[sKstAt + 2 * l + 1] : 0.f));
       float gr = 0.f, dbr = 0.f;
       if (r < m) {
-        const float gg = g[r], bb = b[r], gmr = exp2f(fminf(gg, 0.f));
+        const float gg = g[r], bb = b[r], gmr = exp2_ftz(fminf(gg, 0.f));
         gr = rt[CB::sGq + r];
         gr += rt[CB::sAttR + r] -
               (((rt[CB::sAttC + r] + rt[CB::sAttC + 64 + r]) + rt[CB::sAttC + 128 + r]) + rt[CB::sAttC + 192 + r]);
         if (r == m - 1) {
-          gr += exp2f(fminf(g[m - 1], 0.f)) * szs + kst;
+          gr += exp2_ftz(fminf(g[m - 1], 0.f)) * szs + kst;
         } else {
           gr -= sc[sKstAt + r];
         }
@@ -585,7 +620,8 @@ struct WalkBwdFusedSm90 {
 #pragma unroll
           for (int i = 0; i < 8; ++i) {
             const int c = 8 * i + tq;
-            const float e0 = exp2f(fminf(g[r] - g[c], 0.f)), e1 = exp2f(fminf(g[r] - g[c + 1], 0.f));
+            const float2 gc = pair_at(g, c);
+            const float e0 = exp2_ftz(fminf(g[r] - gc.x, 0.f)), e1 = exp2_ftz(fminf(g[r] - gc.y, 0.f));
             const float v0 = select_f32(r >= c, scale * Ad[4 * i + 2 * hh] * e0, 0.f);
             const float v1 = select_f32(r >= c + 1, scale * Ad[4 * i + 2 * hh + 1] * e1, 0.f);
             ds[2 * i + hh] = f2bf_pair(v0, v1);
@@ -615,11 +651,7 @@ struct WalkBwdFusedSm90 {
         }
         quad_sums(rs);
         put_rows(rt + CB::sAttR, rs, L);
-#pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          const float s = CB::octet_sum(cs[q]);
-          if (L.g == 0) rt[CB::sAttC + 64 * L.w + 8 * (q >> 1) + tq + (q & 1)] = s;
-        }
+        put_cols(rt + CB::sAttC, cs, L);
       }
 
       // A3. dQ = scale diag(exp2(gc)) dO S^T, its row sum with Q, + dS~ K; dq leaves from the
@@ -635,7 +667,7 @@ struct WalkBwdFusedSm90 {
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const float f = scale * exp2f(fminf(g[L.r[hh]], 0.f));
+          const float f = scale * exp2_ftz(fminf(g[L.r[hh]], 0.f));
 #pragma unroll
           for (int i = 0; i < 16; ++i) {
             D[4 * i + 2 * hh] *= f;
@@ -668,11 +700,12 @@ struct WalkBwdFusedSm90 {
         for (int i = 0; i < 8; ++i)
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh) {
+            const float2 bc = pair_at(b, 8 * i + tq);
             float v[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int r = L.r[hh], c = 8 * i + tq + e;
-              v[e] = select_f32(r > c, b[c] * T2[4 * i + 2 * hh + e], 0.f);
+              v[e] = select_f32(r > c, (e ? bc.y : bc.x) * T2[4 * i + 2 * hh + e], 0.f);
             }
             t2[2 * i + hh] = pack(v[0], v[1]);
           }
@@ -711,16 +744,18 @@ struct WalkBwdFusedSm90 {
         pipe::mbar_arrive(bars + bEmpty + gT);  // Y and Tm^T Y read Tm
         pipe::named_sync(kBarAlgebra, 128);     // every warp's Tm^T Y read Y
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
+        for (int i = 0; i < 8; ++i) {
+          const float2 gc = pair_at(g, 8 * i + tq);
 #pragma unroll
           for (int hh = 0; hh < 2; ++hh)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int r = L.r[hh], c = 8 * i + tq + e;
               float& v = X[4 * i + 2 * hh + e];
-              const float gate = exp2f(fminf(g[r] - g[c], 0.f));  // not Dec: live to here it spills
+              const float gate = exp2_ftz(fminf(g[r] - (e ? gc.y : gc.x), 0.f));  // not Dec: live to here it spills
               v = select_f32(r > c, -v * gate, 0.f);
             }
+        }
         store_e_half(T.lo, half_of(X, 0), b, L, 0);
         store_e_half(T.lo, half_of(X, 1), b, L, 1);
         wg::fence_smem_for_async();
@@ -746,11 +781,7 @@ struct WalkBwdFusedSm90 {
         }
         quad_sums(rs);
         put_rows(rt + CB::sR2, rs, L);
-#pragma unroll
-        for (int q = 0; q < 16; ++q) {
-          const float s = CB::octet_sum(cs[q]);
-          if (L.g == 0) rt[CB::sCs + 64 * L.w + 8 * (q >> 1) + tq + (q & 1)] = s;
-        }
+        put_cols(rt + CB::sCs, cs, L);
       }
 
       // Chunk u + 1's scores (the loop's next pass) once the values' row terms are in and their
@@ -793,20 +824,20 @@ struct WalkBwdFusedSm90 {
         wg::fence();
 #pragma unroll
         for (int ks = 0; ks < K / 16; ++ks)
-          wg::mma_m64n64k16<1, 0>(D0, wg::desc_mn_major(T.zb, K, ks), wg::desc_k_major(tk, C, ks), ks > 0);
+          wg::mma_m64n64k16<1, 0>(D0, wg::step_mn_major(T.zb, K, ks), wg::step_k_major(tk, C, ks), ks > 0);
 #pragma unroll
         for (int ks = 0; ks < K / 16; ++ks)
-          wg::mma_m64n64k16<1, 0>(D1, wg::desc_mn_major(T.zb + K * 128, K, ks), wg::desc_k_major(tk, C, ks), ks > 0);
+          wg::mma_m64n64k16<1, 0>(D1, wg::step_mn_major(T.zb + K * 128, K, ks), wg::step_k_major(tk, C, ks), ks > 0);
         wg::commit();
         // The dV' factors exp2(gcL - gc_t), this warpgroup's own (written and read by it alone).
-        if (ctid < C) rt[sEv + ctid] = gate_exp2(g[m - 1] - g[ctid], true);
+        if (ctid < C) rt[sEv + ctid] = exp2_ftz(fminf(g[m - 1] - g[ctid], 0.f));
         pipe::named_sync_roles(kBarPair, 256);  // P~ whole; the dV' factors
         wait_full(bars, gO, u);
         const u32 vec = wg::smem_u32(rt + sEv);
         wg::fence();
 #pragma unroll
         for (int ks = 0; ks < C / 16; ++ks)
-          wg::mma_m64n64k16<1, 1>(Lc, wg::desc_mn_major(T.o, C, ks), wg::desc_mn_major(T.p, C, ks), ks > 0);
+          wg::mma_m64n64k16<1, 1>(Lc, wg::step_mn_major(T.o, C, ks), wg::step_mn_major(T.p, C, ks), ks > 0);
         wg::commit();
         wg::wait<0>();
         wg::fence_acc(D0);
@@ -817,7 +848,7 @@ struct WalkBwdFusedSm90 {
         wg::fence();
 #pragma unroll
         for (int ks = 0; ks < C / 16; ++ks)
-          wg::mma_m64n64k16<1, 1>(Lc, wg::desc_mn_major(T.o + C * 128, C, ks), wg::desc_mn_major(T.p, C, ks), ks > 0);
+          wg::mma_m64n64k16<1, 1>(Lc, wg::step_mn_major(T.o + C * 128, C, ks), wg::step_mn_major(T.p, C, ks), ks > 0);
         wg::commit();
         wg::wait<0>();
         wg::fence_acc(Lc);
@@ -842,7 +873,7 @@ struct WalkBwdFusedSm90 {
       {
         const float f0 = b[L.r[0]], f1 = b[L.r[1]];
         {
-          const float x0 = -(f0 * exp2f(g[L.r[0]])), x1 = -(f1 * exp2f(g[L.r[1]]));
+          const float x0 = -(f0 * exp2_ftz(g[L.r[0]])), x1 = -(f1 * exp2_ftz(g[L.r[1]]));
           // The lane laundered: the compiler would otherwise hoist the swizzled addresses out of
           // the chunk loop and keep them live (spilled).
           Lane Lx = L;
@@ -888,7 +919,7 @@ struct WalkBwdFusedSm90 {
           for (int hh = 0; hh < 2; ++hh) {
             int r = L.r[hh];
             asm volatile("" : "+r"(r));
-            const float gam = exp2f(fminf(g[r], 0.f));
+            const float gam = exp2_ftz(fminf(g[r], 0.f));
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
               const float u0 = Us[4 * i + 2 * hh], u1 = Us[4 * i + 2 * hh + 1];
@@ -921,7 +952,7 @@ struct WalkBwdFusedSm90 {
         float rs[2] = {0.f, 0.f};
 #pragma unroll
         for (int hh = 0; hh < 2; ++hh) {
-          const float f = gate_exp2(gL - g[L.r[hh]], true);
+          const float f = exp2_ftz(fminf(gL - g[L.r[hh]], 0.f));
 #pragma unroll
           for (int i = 0; i < 16; ++i) {
             Dk[4 * i + 2 * hh] *= f;
@@ -1093,7 +1124,7 @@ struct WalkBwdFusedSm90 {
       // have read it.
       wait_full(bars, gK, u);
       const float gl = sc[CB::sG + len - 1];
-      if (ctid < C) rt[sEo + ctid] = scale * exp2f(fminf(sc[CB::sG + ctid], 0.f));
+      if (ctid < C) rt[sEo + ctid] = scale * exp2_ftz(fminf(sc[CB::sG + ctid], 0.f));
       pipe::mbar_wait(bars + bORead, ph);
       wait_full(bars, gO, u);
       pipe::named_sync(kBar, 128);
@@ -1101,7 +1132,7 @@ struct WalkBwdFusedSm90 {
       wg::fence_smem_for_async();
       pipe::named_sync(kBar, 128);
 
-      const float decay = gate_exp2(gl, true);
+      const float decay = exp2_ftz(fminf(gl, 0.f));
 #pragma unroll
       for (int i = 0; i < 64; ++i) {
         Z0[i] *= decay;
@@ -1111,8 +1142,8 @@ struct WalkBwdFusedSm90 {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
-        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(hi_addr, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
-        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(hi_addr + C * 128, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z0, wg::step_mn_major(hi_addr, C, ks), wg::step_mn_major(q_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z1, wg::step_mn_major(hi_addr + C * 128, C, ks), wg::step_mn_major(q_addr, C, ks), 1);
       }
       wg::commit();
       pipe::mbar_wait(bars + bDvFull, ph);
@@ -1120,8 +1151,8 @@ struct WalkBwdFusedSm90 {
       wg::fence();
 #pragma unroll
       for (int ks = 0; ks < C / 16; ++ks) {
-        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(w_addr, C, ks), wg::desc_mn_major(k_addr, C, ks), 1);
-        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(w_addr + C * 128, C, ks), wg::desc_mn_major(k_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z0, wg::step_mn_major(w_addr, C, ks), wg::step_mn_major(k_addr, C, ks), 1);
+        wg::mma_k16<128, 1, 1>(Z1, wg::step_mn_major(w_addr + C * 128, C, ks), wg::step_mn_major(k_addr, C, ks), 1);
       }
       wg::commit();
       wg::wait<0>();

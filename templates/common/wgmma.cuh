@@ -54,6 +54,27 @@ __device__ __forceinline__ u64 desc_mn_major_cols(u32 tile, int rows, int col0, 
   return desc_sw128(sw128::mn_major_cols(tile, rows, col0, ks));
 }
 
+/// A k-step's descriptor from step 0's: the step's byte offset / 16 added to the start field in
+/// the low word. Exact, since shared addresses are below 2^18 and the 14-bit start field (address
+/// / 16) never carries into the LBO bits. Built per step, desc_sw128's masks, shifts and ors are
+/// four or five uniform instructions before every wgmma; from step 0's, the compiler builds one
+/// descriptor per tile and adds a constant per step. The step_* forms below give desc_*'s values.
+/// The fused reverse walk, whose warps' issue sets its period, uses them; the other programs, bound
+/// elsewhere, measured no faster with them.
+__device__ __forceinline__ u64 desc_step(u64 first, u32 offset_bytes) {
+  const u32 lo = static_cast<u32>(first) + (offset_bytes >> 4), hi = static_cast<u32>(first >> 32);
+  return (static_cast<u64>(hi) << 32) | lo;
+}
+__device__ __forceinline__ u64 step_k_major(u32 tile, int rows, int ks) {
+  return desc_step(desc_sw128(sw128::k_major(tile, rows, 0)), sw128::k_major(0u, rows, ks).start);
+}
+__device__ __forceinline__ u64 step_mn_major(u32 tile, int rows, int ks) {
+  return desc_step(desc_sw128(sw128::mn_major(tile, rows, 0)), sw128::mn_major(0u, rows, ks).start);
+}
+__device__ __forceinline__ u64 step_mn_major_cols(u32 tile, int rows, int col0, int ks) {
+  return desc_step(desc_sw128(sw128::mn_major_cols(tile, rows, col0, 0)), sw128::mn_major(0u, rows, ks).start);
+}
+
 /// Orders earlier generic-proxy shared-memory writes (st.shared, cp.async) before wgmma reads.
 __device__ __forceinline__ void fence_smem_for_async() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
