@@ -471,6 +471,12 @@ TEST_SUITE("compile") {
     }
   }
 
+  TEST_CASE("the descriptor probe (desc_* against step_*) compiles for sm_90a") {
+    const gdn::test::DescStepProbe probe;
+    const gdn::CompiledProgram c = gdn::nvrtc_compile(probe.program(), gdn::Target::sm_90a, probe.source());
+    CHECK(!c.cubin.empty());
+  }
+
   TEST_CASE(
       "the pipeline probe (mbarriers, cp.async arrivals, named barriers, elect, setmaxnreg) compiles for sm_90a only") {
     const gdn::test::PipelineProbe probe;

@@ -6,6 +6,7 @@
  */
 #include "common/env.hpp"
 #include "common/segments.hpp"
+#include "common/sw128.hpp"
 #include "runtime/bf16.hpp"
 #include "runtime/check/gdn_reference.hpp"
 #include "runtime/check/layer_check.hpp"
@@ -1657,6 +1658,36 @@ TEST_SUITE("gpu_wgmma") {
       INFO("first mismatch: " << first);
       CHECK(bad == 0);
     }
+  }
+}
+
+TEST_SUITE("gpu_wgmma") {
+  // The fused reverse walk steps its descriptors from step 0's (wg::step_*); every other program
+  // builds them per step (wg::desc_*). Both must be the same 64-bit values wherever a tile can sit.
+  TEST_CASE("stepped wgmma descriptors equal the per-step ones for every tile start in shared memory") {
+    context();
+    const test::DescStepProbe probe;
+    const CompiledProgram c = nvrtc_compile(probe.program(), Target::sm_90a, probe.source());
+    const rt::Module mod = rt::Module::load(c.cubin, probe.program().entry(), probe.kThreads, 0);
+    auto dcount = rt::DeviceBuffer::create(8);
+    GDN_CHECK_CU(rt::drv().cuMemsetD8_v2(dcount.handle(), 0, 8), "clear the counts");
+    CUdeviceptr bad = dcount.handle(), checked = dcount.handle() + 4;
+    void* params[] = {&bad, &checked};
+    GDN_CHECK_CU(rt::drv().cuLaunchKernel(mod.function(), probe.blocks(), 1, 1, probe.kThreads, 1, 1, 0, nullptr,
+                                          params, nullptr),
+                 "launch the descriptor probe");
+    GDN_CHECK_CU(rt::drv().cuCtxSynchronize(), "descriptor probe");
+    int counts[2] = {-1, -1};
+    GDN_CHECK_CU(rt::drv().cuMemcpyDtoH_v2(counts, dcount.handle(), 8), "download the counts");
+    long long expected = 0;  // the comparisons the kernel makes, counted the same way here
+    for (unsigned tile = 0; tile < probe.kSharedBytes; tile += 16)
+      for (int rows = 64; rows <= 128; rows += 64)
+        for (int ks = 0; ks < 8; ++ks) {
+          expected += tile + sw128::k_major(0u, rows, ks).start < probe.kSharedBytes;
+          expected += 17 * (tile + sw128::mn_major(0u, rows, ks).start + rows * 128u < probe.kSharedBytes);
+        }
+    CHECK(counts[0] == 0);
+    CHECK(counts[1] == expected);
   }
 }
 

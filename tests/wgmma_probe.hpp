@@ -135,4 +135,52 @@ inline std::vector<WgmmaProbe> all_wgmma_probes() {
   return out;
 }
 
+/// A kernel that builds every descriptor form both ways, desc_* (masks and shifts per step) and
+/// step_* (step 0's plus the step's offset, the fused reverse walk's), for every 16-byte tile start
+/// below 227 KB (one thread each), both tile heights and the eight k-steps of a 128-deep product,
+/// and counts where they differ into bad[0]: step_* is exact only while no start field carries.
+struct DescStepProbe {
+  static constexpr unsigned kSharedBytes = 227u * 1024u;  // the most one Hopper block can hold
+  static constexpr int kThreads = 256;
+  static int blocks() { return static_cast<int>((kSharedBytes / 16 + kThreads - 1) / kThreads); }
+  Program program() const {
+    Program p;
+    p.name = "desc_step_probe";
+    p.threads = kThreads;
+    p.smem_bytes = 0;
+    return p;
+  }
+  std::string source() const {
+    return fmt::format(R"(// gdnc test: wgmma descriptors built per step and stepped from step 0's.
+#include "common/wgmma.cuh"
+#if !GDN_HAS_WGMMA
+#error "the descriptor probe needs sm_90a"
+#endif
+
+extern "C" __global__ void __launch_bounds__({threads}) gdn_desc_step_probe(int* bad, int* checked) {{
+  using namespace gdn;
+  const unsigned tile = (blockIdx.x * blockDim.x + threadIdx.x) * 16u, limit = {limit}u;
+  if (tile >= limit) return;
+  int n = 0, c = 0;
+  for (int rows = 64; rows <= 128; rows += 64)
+    for (int ks = 0; ks < 8; ++ks) {{
+      if (tile + sw128::k_major(0u, rows, ks).start < limit) {{
+        n += wg::step_k_major(tile, rows, ks) != wg::desc_k_major(tile, rows, ks);
+        ++c;
+      }}
+      if (tile + sw128::mn_major(0u, rows, ks).start + rows * 128u < limit) {{
+        n += wg::step_mn_major(tile, rows, ks) != wg::desc_mn_major(tile, rows, ks);
+        for (int col0 = 0; col0 < 128; col0 += 8)
+          n += wg::step_mn_major_cols(tile, rows, col0, ks) != wg::desc_mn_major_cols(tile, rows, col0, ks);
+        c += 17;
+      }}
+    }}
+  atomicAdd(bad, n);
+  atomicAdd(checked, c);
+}}
+)",
+                       fmt::arg("threads", kThreads), fmt::arg("limit", kSharedBytes));
+  }
+};
+
 }  // namespace gdn::test
