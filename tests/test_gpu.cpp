@@ -129,6 +129,18 @@ void expect_within_bounds(const check::Report& r, const std::string& label) {
   MESSAGE(label << rel_rms_text(r));
 }
 
+/// A verified-carry layer on c's documents: within the fp64 bounds (bounds_label), then bit for
+/// bit its unsegmented twin's (bits_label), as chains that verify must be. Leaves c without the
+/// reference for the checks that follow; returns the verified layer's report.
+check::Report expect_verified_keeps_bits(const Layer& verified, const Layer& plain, check::Case& c,
+                                         const std::string& bounds_label, const std::string& bits_label) {
+  const check::Report v = check::run(verified, c);
+  expect_within_bounds(v, bounds_label);
+  c.with_reference = false;
+  expect_same_bits(check::run(plain, c).bytes, v, bits_label);
+  return v;
+}
+
 /// The case matrix of the kernels' tests, each against the fp64 reference within FLA's bounds:
 /// mixed lengths with partial chunks, 96 single-token documents (enough that rel-RMS measures more
 /// than one dot product), no decay, strong decay, beta 0 with int64 cu_seqlens, beta 1.
@@ -867,10 +879,8 @@ TEST_SUITE("gpu_determinism") {
     check::Case c;
     c.seed = 93;
     c.doc_lens = {3000, 700, 2049, 1000, 256};  // every segment at least one chunk
-    const check::Report v = check::run(*verified_layer, c);
-    expect_within_bounds(v, "verified carry, logsigmoid gates");
-    c.with_reference = false;
-    expect_same_bits(check::run(*plain_layer, c).bytes, v, "verified vs unsegmented");
+    const check::Report v = expect_verified_keeps_bits(*verified_layer, *plain_layer, c,
+                                                       "verified carry, logsigmoid gates", "verified vs unsegmented");
     c.repeats = 2;
     expect_call_forms_agree(verified, c, "n_carry_verified_forms");
     // Graph replay (the marks and checkpoints live in the workspace the graph captured).
@@ -2113,10 +2123,9 @@ TEST_SUITE("gpu_fused") {
     check::Case c;
     c.seed = 103;
     c.doc_lens = {3000, 700, 2049, 1000, 640};  // every segment at least two chunks
-    const check::Report v = check::run(*verified_layer, c);
-    expect_within_bounds(v, "fused layout, verified segments");
-    c.with_reference = false;
-    expect_same_bits(check::run(*plain_layer, c).bytes, v, "fused layout: 4 verified segments vs one");
+    const check::Report v =
+        expect_verified_keeps_bits(*verified_layer, *plain_layer, c, "fused layout, verified segments",
+                                   "fused layout: 4 verified segments vs one");
     {
       check::Case longer = c;
       longer.doc_lens = {3000, 2049};
