@@ -8,10 +8,11 @@
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
- * "walk", "chunk_prep"), walk-z-owner (walk_bwd_layout "z_owner"), walk-fused ("fused"; walk-fused-seg2/4/8 with
- * verified segments), seg1 .. seg32, seg-auto (cp.segments), programs, fused (forward "programs" / "fused"),
- * fused-seg-auto, fused-seg16 (and cp.segments "auto", 16), programs-walks32, programs-walks64, programs-walks32-seg2 /
- * -seg4 (the programs forward with both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
+ * "walk", "chunk_prep"), walk-z-owner (walk_bwd_layout "z_owner"), walk-fused ("fused"; walk-fused-seg2/4/8 with pinned
+ * verified segments, walk-fused-seg-auto with cp.segments "auto"), seg1 .. seg32, seg-auto (cp.segments), programs,
+ * fused (forward "programs" / "fused"), fused-seg-auto, fused-seg16 (and cp.segments "auto", 16), programs-walks32,
+ * programs-walks64, programs-walks32-seg2 / -seg4 (the programs forward with both walks' slabs pinned), ranks2, ranks4
+ * (cp.ranks: the single-GPU proxy), kcp2r0
  * .. kcp4r3 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather,
  * whose records stay as the last call left them), nondet (determinism "nondeterministic"), verified,
  * verified-seg11, verified-seg16 (cp.carry "verified")
@@ -473,6 +474,9 @@ const std::map<std::string, ArmKind> kArms = {
      {false, true, false, 0, 0, 4, ForwardPath::fused, 0, -1, BackwardW::walk, false, true, false, false, true}},
     {"walk-fused-seg8",
      {false, true, false, 0, 0, 8, ForwardPath::fused, 0, -1, BackwardW::walk, false, true, false, false, true}},
+    // the fused layout under the layer's own segment rule (cp.segments and cp.carry "auto")
+    {"walk-fused-seg-auto",
+     {false, true, false, 0, 0, -1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, false, true}},
     {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}},
@@ -745,7 +749,7 @@ int main(int argc, char** argv) {
          "single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\"), walk-z-owner (walk_bwd_layout \"z_owner\"), walk-fused (\"fused\"), "
-         "walk-fused-seg2, -seg4, -seg8 (with verified segments), "
+         "walk-fused-seg2, -seg4, -seg8 (with verified segments), walk-fused-seg-auto (cp.segments \"auto\"), "
          "nondet (determinism "
          "\"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "
