@@ -7,7 +7,7 @@
 # a step past VARIANT_STEP_TIMEOUT seconds (300) is stopped and reported as exit 124.
 # VARIANT_STEPS_<name> gives one variant its own steps (name as pack_variants.sh printed it,
 # without the NN_ prefix), VARIANT_ENV_<name> its own gpu_run.sh variables (e.g.
-# VARIANT_ENV_segments="SANITIZE_ONLY=n_walkfused_seg").
+# VARIANT_ENV_segments="SANITIZE_ONLY=n_walkfused_seg"), VARIANT_BENCH_RUNS_<name> its own BENCH_RUNS.
 #
 #   VARIANT_STEPS="tests sanitize bench" GPU_TEST_CASES='walk_bwd_layout fused*' \
 #   SANITIZE_ONLY=n_walkfused BENCH_RUNS="--programs --shapes M --arms spec,walk-fused" \
@@ -35,8 +35,11 @@ for archive in "${variants[@]}"; do
     script=scripts/gpu_run.sh
     [ "$step" = profile ] && script=scripts/ncu_profile.sh
     env_var="VARIANT_ENV_${name#[0-9][0-9]_}"
+    # BENCH_RUNS holds spaces, which VARIANT_ENV_<name> cannot: VARIANT_BENCH_RUNS_<name> gives one
+    # variant its own.
+    bench_var="VARIANT_BENCH_RUNS_${name#[0-9][0-9]_}"
     # shellcheck disable=SC2086  # the assignments are meant to split
-    env ${!env_var:-} OUT="$logs/$name/$step" GDNC_CACHE_DIR="/tmp/gdnc-cache-$name" STEPS="$step" GDNC_COMMIT="$name" \
+    env ${!env_var:-} BENCH_RUNS="${!bench_var:-${BENCH_RUNS:-}}" OUT="$logs/$name/$step" GDNC_CACHE_DIR="/tmp/gdnc-cache-$name" STEPS="$step" GDNC_COMMIT="$name" \
       timeout -k 10 "${VARIANT_STEP_TIMEOUT:-300}" bash "$script" > "$logs/$name/$step/stdout.txt" 2>&1
     status=$?
     [ "$status" -eq 0 ] || rc=1
