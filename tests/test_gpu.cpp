@@ -1669,9 +1669,7 @@ TEST_SUITE("gpu_wgmma") {
       CHECK(bad == 0);
     }
   }
-}
 
-TEST_SUITE("gpu_wgmma") {
   // The fused reverse walk steps its descriptors from step 0's (wg::step_*); every other program
   // builds them per step (wg::desc_*). Both must be the same 64-bit values wherever a tile can sit.
   TEST_CASE("stepped wgmma descriptors equal the per-step ones for every tile start in shared memory") {
