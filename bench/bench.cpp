@@ -9,10 +9,10 @@
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
  * "walk", "chunk_prep"), walk-z-owner (walk_bwd_layout "z_owner"), walk-fused ("fused"; walk-fused-seg2/4/8 with pinned
- * verified segments, walk-fused-seg-auto with cp.segments "auto"), seg1 .. seg32, seg-auto (cp.segments), programs,
- * fused (forward "programs" / "fused"), fused-seg-auto, fused-seg16 (and cp.segments "auto", 16), programs-walks32,
- * programs-walks64, programs-walks32-seg2 / -seg4 (the programs forward with both walks' slabs pinned), ranks2, ranks4
- * (cp.ranks: the single-GPU proxy), kcp2r0
+ * verified segments, walk-fused-seg-auto with cp.segments "auto"), walk-auto ("auto"), seg1 .. seg32, seg-auto
+ * (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto, fused-seg16 (and cp.segments "auto",
+ * 16), programs-walks32, programs-walks64, programs-walks32-seg2 / -seg4 (the programs forward with both walks' slabs
+ * pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
  * .. kcp4r3 (rank r of a context-parallel run of 2 or 4 ranks: its phases on its own tokens, without the all-gather,
  * whose records stay as the last call left them), nondet (determinism "nondeterministic"), verified,
  * verified-seg11, verified-seg16 (cp.carry "verified")
@@ -453,6 +453,7 @@ struct ArmKind {
   bool recompute_output = false;          ///< ckpt's recompute with the output needed
   bool walk_z_owner = false;              ///< the spec's walk_bwd_layout "z_owner"
   bool walk_fused = false;                ///< the spec's walk_bwd_layout "fused"
+  bool walk_auto = false;                 ///< the spec's walk_bwd_layout "auto"
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -477,6 +478,9 @@ const std::map<std::string, ArmKind> kArms = {
     // the fused layout under the layer's own segment rule (cp.segments and cp.carry "auto")
     {"walk-fused-seg-auto",
      {false, true, false, 0, 0, -1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, false, true}},
+    // walk_bwd_layout "auto" with the layer's own rules for the rest: the default it would make
+    {"walk-auto",
+     {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, false, false, false, true}},
     {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}},
@@ -553,6 +557,7 @@ Spec arm_spec(Spec s, const std::string& name) {
   if (k.verified) s.cp_carry = SegmentCarry::verified;
   if (k.walk_z_owner) s.walk_bwd_layout = WalkBwdLayout::z_owner;
   if (k.walk_fused) s.walk_bwd_layout = WalkBwdLayout::fused;
+  if (k.walk_auto) s.walk_bwd_layout = WalkBwdLayout::automatic;
   if (k.ranks != 0) {
     s.cp_ranks = k.ranks;
     s.cp_segments = 1;  // the ranks' pieces are the segments
@@ -750,6 +755,7 @@ int main(int argc, char** argv) {
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\"), walk-z-owner (walk_bwd_layout \"z_owner\"), walk-fused (\"fused\"), "
          "walk-fused-seg2, -seg4, -seg8 (with verified segments), walk-fused-seg-auto (cp.segments \"auto\"), "
+         "walk-auto (walk_bwd_layout \"auto\"), "
          "nondet (determinism "
          "\"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "

@@ -272,6 +272,13 @@ LayerIR lower(const Spec& spec_in) {
   // "fused" runs every reverse walk of the verified carry in its body too (speculate, verify and
   // the marked chains' walk), so it takes segments there; the merge carry's segmented walk would
   // need the reverse walk's transitions, which the fused body does not form.
+  // "auto" takes "fused" wherever its conditions below hold (it needs no more than they ask).
+  if (s.walk_bwd_layout == WalkBwdLayout::automatic) {
+    ir.walk_bwd_layout_auto = true;
+    ir.spec.walk_bwd_layout = walk_fuses_w && s.cp_ranks == 1 && (s.cp_segments == 1 || verified_segments)
+                                  ? WalkBwdLayout::fused
+                                  : WalkBwdLayout::split;
+  }
   const bool walk_z_owner = s.walk_bwd_layout == WalkBwdLayout::z_owner;
   const bool walk_fused = s.walk_bwd_layout == WalkBwdLayout::fused;
   if (walk_z_owner && !(walk_fuses_w && s.cp_segments == 1 && s.cp_ranks == 1))
@@ -1007,6 +1014,11 @@ std::string to_text(const LayerIR& ir) {
         "forward, one rank, no segments or the verified carry, tensor_cores \"auto\", 128-wide backward slabs, "
         "K = V = 128)",
         to_string(s.backward_w)));
+  if (ir.walk_bwd_layout_auto)
+    line(
+        fmt::format("walk_bwd_layout: auto -> {} (the fused reverse walk where the reverse walk forms W in its "
+                    "sm_90a body (backward_w \"walk\"), on one rank, with one segment or the verified carry)",
+                    to_string(s.walk_bwd_layout)));
   if (ir.segments_auto) {
     const bool fused = s.forward == ForwardPath::fused;
     const char* why = fused ? "one document's fused walks, value heads x V / 128, fill at most a quarter of the "

@@ -141,6 +141,9 @@ struct LayerIR {
   bool forward_auto = false;
   /// backward_w "auto": spec.backward_w holds the choice lower() made (the walk wherever it can).
   bool backward_w_auto = false;
+  /// walk_bwd_layout "auto": spec.walk_bwd_layout holds the choice lower() made ("fused" wherever
+  /// the layer can take it).
+  bool walk_bwd_layout_auto = false;
   int seg_min_chunks = 0;
   /// Intra-card segments on one rank: the forward's per-segment maps (S_ext | M, seg_hm) are in
   /// the saved region, and the backward takes each segment's transition from them (A = M^T).

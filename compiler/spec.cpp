@@ -31,7 +31,13 @@ std::string_view to_string(ReuseTapes v) {
 std::string_view to_string(GraphMode v) { return v == GraphMode::off ? "off" : "replay"; }
 std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ? "auto" : "mma_sync"; }
 std::string_view to_string(WalkBwdLayout v) {
-  return v == WalkBwdLayout::z_owner ? "z_owner" : v == WalkBwdLayout::fused ? "fused" : "split";
+  switch (v) {
+    case WalkBwdLayout::split: return "split";
+    case WalkBwdLayout::z_owner: return "z_owner";
+    case WalkBwdLayout::fused: return "fused";
+    case WalkBwdLayout::automatic: return "auto";
+  }
+  return "?";
 }
 std::string_view to_string(BackwardW v) {
   switch (v) {
@@ -319,7 +325,10 @@ Spec read_spec(const json& j) {
   r.choice("backward_w", s.backward_w,
            {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}, {"auto", BackwardW::automatic}});
   r.choice("walk_bwd_layout", s.walk_bwd_layout,
-           {{"split", WalkBwdLayout::split}, {"z_owner", WalkBwdLayout::z_owner}, {"fused", WalkBwdLayout::fused}});
+           {{"split", WalkBwdLayout::split},
+            {"z_owner", WalkBwdLayout::z_owner},
+            {"fused", WalkBwdLayout::fused},
+            {"auto", WalkBwdLayout::automatic}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);

@@ -44,7 +44,9 @@ enum class BackwardW { chunk_prep, walk, automatic };
 /// "fused" = the z_owner roles with chunk_bwd's body added (3.9): one program walks the chunks in
 /// reverse and produces dq, dk, dv, dg and dbeta; chunk_bwd idles on sm_90a. Its own bits (the
 /// update takes K^T X without forming W; dTm, Y and E rounded once), held to the same fp64 bounds.
-enum class WalkBwdLayout { split, z_owner, fused };
+/// "auto" = "fused" wherever the layer can take it, "split" elsewhere (LayerIR::walk_bwd_layout_auto;
+/// `gdnc ir` prints the rule).
+enum class WalkBwdLayout { split, z_owner, fused, automatic };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
 /// once and re-walked from its predecessor's end until the two agree bit for bit (a document's

@@ -652,6 +652,50 @@ TEST_SUITE("ir") {
     }
   }
 
+  TEST_CASE("walk_bwd_layout \"auto\": the fused layout wherever the layer can take it, split elsewhere") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    gdn::Spec pinned = spec;
+    pinned.walk_bwd_layout = gdn::WalkBwdLayout::fused;
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::automatic;
+    const auto m = gdn::lower(spec), fused = gdn::lower(pinned);
+    CHECK(m.walk_bwd_layout_auto);
+    CHECK_FALSE(fused.walk_bwd_layout_auto);
+    CHECK(m.spec.walk_bwd_layout == gdn::WalkBwdLayout::fused);
+    CHECK(gdn::to_text(m).find("walk_bwd_layout: auto -> fused") != std::string::npos);
+    // Resolved, it is the pinned layout: the same programs and constants.
+    REQUIRE(m.programs.size() == fused.programs.size());
+    for (size_t i = 0; i < m.programs.size(); ++i) {
+      CHECK(m.programs[i].name == fused.programs[i].name);
+      CHECK(m.programs[i].constants == fused.programs[i].constants);
+    }
+    // Segments under the verified carry keep it.
+    gdn::Spec segmented = spec;
+    segmented.cp_segments = 4;
+    segmented.cp_carry = gdn::SegmentCarry::verified;
+    CHECK(gdn::lower(segmented).spec.walk_bwd_layout == gdn::WalkBwdLayout::fused);
+    // Where "fused" would be refused, "auto" takes the split layout without an error.
+    for (const auto& change : walk_w_blockers()) {
+      gdn::Spec other = spec;
+      change(other);
+      const auto ir = gdn::lower(other);
+      CHECK(ir.spec.walk_bwd_layout == gdn::WalkBwdLayout::split);
+      CHECK(gdn::to_text(ir).find("walk_bwd_layout: auto -> split") != std::string::npos);
+      gdn::Spec refused = other;
+      refused.walk_bwd_layout = gdn::WalkBwdLayout::fused;
+      CHECK_THROWS_AS(gdn::lower(refused), gdn::SpecError);
+    }
+    // The default stays "split", which the canonical form leaves out; "auto" is written and read back.
+    CHECK(gdn::Spec{}.walk_bwd_layout == gdn::WalkBwdLayout::split);
+    CHECK(gdn::to_json(spec)["walk_bwd_layout"] == "auto");
+    CHECK(gdn::spec_from_json(gdn::to_json(spec)).walk_bwd_layout == gdn::WalkBwdLayout::automatic);
+    CHECK_THROWS_WITH_AS(gdn::spec_from_json([&] {
+                           auto j = gdn::to_json(spec);
+                           j["walk_bwd_layout"] = "fastest";
+                           return j;
+                         }()),
+                         doctest::Contains("/walk_bwd_layout"), gdn::SpecError);
+  }
+
   TEST_CASE("forward \"fused\": chunk_solve solves Tm, fused_walk writes o, walk_tape the backward's tapes") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     spec.forward = gdn::ForwardPath::programs;
