@@ -70,34 +70,45 @@ __device__ __forceinline__ void split_rows_hi_lo(u32 o_addr, u32 hi_addr, u32 lo
 
 /// The bf16 pair of dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) at accumulator columns at,
 /// at + 1 (tokens t, t + 1; 0 from len on), the two factors read as a float2 at `factors`.
+/// PAIRED rounds bf16(dv_local^T) as a pair (one conversion and two unpacks instead of two
+/// conversions and two unpacks; the same bits), for the walk whose issue sets its period.
+template <bool PAIRED = false>
 __device__ __forceinline__ u32 dv_prime_pair(u32 factors, const float* D, const float* Lc, int at, int t, int len) {
   const float2 e = wg::lds_f32x2(factors);
-  const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
-  const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
-  return f2bf_pair(y0, y1);
+  if constexpr (PAIRED) {
+    const u32 lp = f2bf_pair(Lc[at], Lc[at + 1]);
+    const float y0 = t < len ? e.x * D[at] + __uint_as_float(lp << 16) : 0.f;
+    const float y1 = t + 1 < len ? e.y * D[at + 1] + __uint_as_float(lp & 0xffff0000u) : 0.f;
+    return f2bf_pair(y0, y1);
+  } else {
+    const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;
+    const float y1 = t + 1 < len ? e.y * D[at + 1] + round_bf(Lc[at + 1]) : 0.f;
+    return f2bf_pair(y0, y1);
+  }
 }
 
 /// The four bf16 pairs of dV'^T at k-step ks (tokens 16 ks + 8 (q >> 1) + tq, + 1 for d4[q]: one
 /// stmatrix x4 or one A fragment), the token factors from `factors` on.
+template <bool PAIRED = false>
 __device__ __forceinline__ void dv_prime_frag(u32 factors, const float* D, const float* Lc, int ks, int tq, int len,
                                               u32 (&d4)[4]) {
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
     const int t = 16 * ks + 8 * (q >> 1) + tq;
-    d4[q] = dv_prime_pair(factors + 4 * t, D, Lc, 8 * ks + 2 * q, t, len);
+    d4[q] = dv_prime_pair<PAIRED>(factors + 4 * t, D, Lc, 8 * ks + 2 * q, t, len);
   }
 }
 
 /// One warpgroup's 64 value columns from col0 of dV' (D and Lc its accumulators over the chunk's
 /// tokens) as bf16 [t][v] rows into the SW128 tile at dv_addr, by transposing stmatrix.
-template <int C>
+template <int C, bool PAIRED = false>
 __device__ __forceinline__ void stage_dv_prime(u32 dv_addr, u32 vec, const float* D, const float* Lc, int len, int col0,
                                                int warp, int lane) {
   const int tq = (lane & 3) * 2, m_lane = lane >> 3;
 #pragma unroll
   for (int ks = 0; ks < C / 16; ++ks) {
     u32 d4[4];
-    dv_prime_frag(vec, D, Lc, ks, tq, len, d4);
+    dv_prime_frag<PAIRED>(vec, D, Lc, ks, tq, len, d4);
     const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = col0 + 16 * warp + 8 * (m_lane & 1);
     wg::stsm_x4_trans(dv_addr + sw128::offset(r, v, C), d4);
   }

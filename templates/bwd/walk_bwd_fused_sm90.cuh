@@ -401,6 +401,35 @@ struct WalkBwdFusedSm90 {
       out[L.r[1]] = rs[1];
     }
   }
+  /// The address of the row this lane gives to a four-matrix ldmatrix / stmatrix of column blocks
+  /// i, i + 1 of a 64-row SW128 tile (CB::stsm_pairs' matrices: x[0], x[1] rows L.r[0], L.r[1] at
+  /// columns 8 i + tq, x[2], x[3] the same rows at 8 (i + 1) + tq).
+  __device__ __forceinline__ static u32 pairs_row_addr(u32 tile, int row, int i, const Lane& L) {
+    return tile + CB::swz(row, 8 * i + 8 * ((L.ctid & 31) >> 4), C);
+  }
+  __device__ __forceinline__ static int pairs_row(const Lane& L) {
+    int row = 16 * L.w + 8 * (((L.ctid & 31) >> 3) & 1) + (L.ctid & 7);
+    // Recomputed per call: held across the products in between, the row's addresses spill.
+    asm volatile("" : "+r"(row));
+    return row;
+  }
+  /// CB::row_dot over all 128 columns (the same sums in the same order, so the same bits) with one
+  /// ldmatrix for every four 4-byte loads, each of which computed its own swizzled address.
+  __device__ __forceinline__ static void row_dot_ldsm(u32 tile, const float (&d)[64], const Lane& L, float (&out)[2]) {
+    const int row = pairs_row(L);
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i += 2) {
+      u32 x[4];
+      wg::ldsm_x4(x, pairs_row_addr(tile, row, i, L));
+      s0 += d[4 * i] * CB::lo_f(x[0]) + d[4 * i + 1] * CB::hi_f(x[0]);
+      s1 += d[4 * i + 2] * CB::lo_f(x[1]) + d[4 * i + 3] * CB::hi_f(x[1]);
+      s0 += d[4 * i + 4] * CB::lo_f(x[2]) + d[4 * i + 5] * CB::hi_f(x[2]);
+      s1 += d[4 * i + 6] * CB::lo_f(x[3]) + d[4 * i + 7] * CB::hi_f(x[3]);
+    }
+    out[0] += s0;
+    out[1] += s1;
+  }
   /// Entries c and c + 1 (c even) of a chunk's per-token scalars (gc, beta) in one 8-byte load:
   /// the scalar blocks start 8-byte aligned (static_asserts at the layout), and a lane's columns
   /// come in even pairs.
@@ -674,7 +703,7 @@ struct WalkBwdFusedSm90 {
             D[4 * i + 2 * hh + 1] *= f;
           }
         }
-        CB::row_dot(smem, kOffQ, D, 0, 16, L, rs);
+        row_dot_ldsm(T.q, D, L, rs);
         quad_sums(rs);
         put_rows(rt + CB::sGq, rs, L);
         pipe::named_sync(kBarAlgebra, 128);  // every warp's dS~ is in P
@@ -843,8 +872,8 @@ struct WalkBwdFusedSm90 {
         wg::fence_acc(D0);
         wg::fence_acc(D1);
         wg::fence_acc(Lc);
-        if (u > 0) pipe::mbar_wait(bars + bDvEmpty, prev);       // the owner's update of the chunk before
-        stage_dv_prime<C>(T.dv, vec, D0, Lc, C, 0, warp, lane);  // no mask: rows past len are zeros
+        if (u > 0) pipe::mbar_wait(bars + bDvEmpty, prev);             // the owner's update of the chunk before
+        stage_dv_prime<C, true>(T.dv, vec, D0, Lc, C, 0, warp, lane);  // no mask: rows past len are zeros
         wg::fence();
 #pragma unroll
         for (int ks = 0; ks < C / 16; ++ks)
@@ -855,7 +884,7 @@ struct WalkBwdFusedSm90 {
         pipe::named_arrive_roles(kBarPRead, 256);  // dv_local^T read P~: dS~ may go over it
         pipe::mbar_arrive(bars + bORead);          // and dO
         pipe::mbar_arrive(bars + bEmpty + gO);
-        stage_dv_prime<C>(T.dv, vec, D1, Lc, C, 64, warp, lane);
+        stage_dv_prime<C, true>(T.dv, vec, D1, Lc, C, 64, warp, lane);
       }
       wg::fence_smem_for_async();
       pipe::named_sync(kBarValues, 128);
@@ -891,7 +920,7 @@ struct WalkBwdFusedSm90 {
         }
         wait_full(bars, gV, u);
         float rs[2] = {0.f, 0.f};
-        CB::row_dot(smem, kOffV, Xb, 0, 16, L, rs);
+        row_dot_ldsm(T.v, Xb, L, rs);
         quad_sums(rs);
         put_rows(sc + sDbvAt, rs, L);
         u32 dv[32];
@@ -915,19 +944,23 @@ struct WalkBwdFusedSm90 {
           mma<64, 0, 1, K / 16>(Us, kmaj(tk, C), mnmaj_cols(T.s, K, 64 * hv), false);
           wg::commit();
           CB::template wait<0>(Us);
+          // W_f's pairs in place by ldmatrix and stmatrix (each warp its own 16 rows), four pairs
+          // an instruction: the same bytes as a 4-byte load and store of each pair.
+          const float gam[2] = {exp2_ftz(fminf(g[L.r[0]], 0.f)), exp2_ftz(fminf(g[L.r[1]], 0.f))};
+          const int row = pairs_row(L);
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh) {
-            int r = L.r[hh];
-            asm volatile("" : "+r"(r));
-            const float gam = exp2_ftz(fminf(g[r], 0.f));
+          for (int i = 0; i < 8; i += 2) {
+            const u32 at = pairs_row_addr(T.v, row, 8 * hv + i, L);
+            u32 x[4];
+            wg::ldsm_x4(x, at);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) {
-              const float u0 = Us[4 * i + 2 * hh], u1 = Us[4 * i + 2 * hh + 1];
-              r1[hh] -= Xb[4 * (8 * hv + i) + 2 * hh] * u0 + Xb[4 * (8 * hv + i) + 2 * hh + 1] * u1;
-              u32* const at = reinterpret_cast<u32*>(smem + kOffV + CB::swz(r, 64 * hv + 8 * i + tq, C));
-              const u32 vp = *at;
-              *at = pack(CB::lo_f(vp) - gam * u0, CB::hi_f(vp) - gam * u1);
+            for (int q = 0; q < 4; ++q) {
+              const int hh = q & 1, k = 4 * (i + (q >> 1)) + 2 * hh;
+              const float u0 = Us[k], u1 = Us[k + 1];
+              r1[hh] -= Xb[32 * hv + k] * u0 + Xb[32 * hv + k + 1] * u1;
+              x[q] = pack(CB::lo_f(x[q]) - gam[hh] * u0, CB::hi_f(x[q]) - gam[hh] * u1);
             }
+            wg::stsm_x4(at, x);
           }
         }
         quad_sums(r1);
@@ -959,7 +992,7 @@ struct WalkBwdFusedSm90 {
             Dk[4 * i + 2 * hh + 1] *= f;
           }
         }
-        CB::row_dot(smem, k_off(u), Dk, 0, 16, L, rs);
+        row_dot_ldsm(tk, Dk, L, rs);
         quad_sums(rs);
         put_rows(sc + sKstAt, rs, L);
       }

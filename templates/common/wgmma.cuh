@@ -273,6 +273,14 @@ __device__ __forceinline__ void sts_v4(u32 a, uint4 v) {
 __device__ __forceinline__ void sts_f32(u32 a, float v) {
   asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(a), "f"(v) : "memory");
 }
+/// Four 8 x 8 bf16 matrices from shared memory in the fragment layout (row lane / 4, columns
+/// 2 (lane % 4), +1), stsm_x4's inverse; lane L gives the address of row L % 8 of matrix L / 8.
+__device__ __forceinline__ void ldsm_x4(u32 (&r)[4], u32 a) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a)
+               : "memory");
+}
 /// Four transposed 8 x 8 bf16 matrices from (ldmatrix) or to (stmatrix) shared memory; lane L
 /// gives the row address of matrix L / 8, row L % 8.
 __device__ __forceinline__ void ldsm_x4_trans(u32 (&r)[4], u32 a) {
