@@ -415,6 +415,16 @@ class SpecTests(unittest.TestCase):
                             l2norm=True, initial_state=False, final_state=False)
         self.assertIn("/forward", str(e.exception))
 
+    def test_the_reverse_walk_layout_is_a_code_option(self):
+        shape = dict(heads_qk=16, heads_v=48, head_dim_k=128, head_dim_v=128, l2norm=True, initial_state=True,
+                     final_state=True)
+        self.assertNotIn("walk_bwd_layout", gdnc.build_spec({"walk_bwd_layout": "split"}, **shape))  # the default
+        for layout in ("fused", "auto"):
+            self.assertEqual(gdnc.build_spec({"walk_bwd_layout": layout}, **shape)["walk_bwd_layout"], layout)
+        with self.assertRaises(gdnc.SpecError) as e:
+            gdnc.build_spec({"walk_bwd_layout": "fastest"}, **shape)
+        self.assertIn("/walk_bwd_layout", str(e.exception))
+
     def test_options_that_follow_from_the_call_cannot_be_overridden(self):
         with self.assertRaisesRegex(TypeError, r"unknown option\(s\) \['heads'\]"):
             gdnc.build_spec({"heads": {"qk": 1, "v": 1}}, heads_qk=2, heads_v=6, head_dim_k=128, head_dim_v=128,
