@@ -718,13 +718,19 @@ LayerIR lower(const Spec& spec_in) {
     for (Buffer& b : ir.buffers)
       if (b.name == name) b.lives_in = host;
   };
+  // walk_bwd_layout "fused" writes dq_v and dk_v in its reverse walks; under the verified carry the
+  // marked chains' chunk_prep_marked (W) and dv_local_marked (dv_local, in U) run after the first of
+  // them, so there dq_v and dk_v keep slots of their own.
+  const bool grads_from_walks = walk_fused && ir.verified_carry;
   if (K == V) {
     if (full) {
-      share("dq_v", "dv_local");
+      if (!grads_from_walks) share("dq_v", "dv_local");
     } else {
       share("dv_local", "u");
-      share("dq_v", "w");
-      share("dk_v", "u");
+      if (!grads_from_walks) {
+        share("dq_v", "w");
+        share("dk_v", "u");
+      }
       // The re-run forward walk is done with seg_hm and seg_h0 before the backward prescan starts
       // (with a hand-off the backward never reads them). Saved maps and entry states are not the
       // backward's to overwrite: seg_dzm and seg_dz then take slots of their own.
