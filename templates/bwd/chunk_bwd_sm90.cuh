@@ -154,8 +154,8 @@ struct ChunkBwdSm90 {
   __device__ __forceinline__ static u32 lds_u32(const unsigned char* smem, u32 off) {
     return *reinterpret_cast<const u32*>(smem + off);
   }
-  __device__ __forceinline__ static float lo_f(u32 pair) { return __uint_as_float(pair << 16); }
-  __device__ __forceinline__ static float hi_f(u32 pair) { return __uint_as_float(pair & 0xffff0000u); }
+  __device__ __forceinline__ static float lo_f(u32 pair) { return bf16_lo_f(pair); }
+  __device__ __forceinline__ static float hi_f(u32 pair) { return bf16_hi_f(pair); }
 
   /// acc (+)= A B over `steps` k-steps of 16; TA / TB: 1 = M- / N-major operand (as wg::mma_k16).
   /// With accumulate = false the first step overwrites acc. Not waited for: commit, then wait.

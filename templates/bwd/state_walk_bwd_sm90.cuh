@@ -71,14 +71,16 @@ __device__ __forceinline__ void split_rows_hi_lo(u32 o_addr, u32 hi_addr, u32 lo
 /// The bf16 pair of dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) at accumulator columns at,
 /// at + 1 (tokens t, t + 1; 0 from len on), the two factors read as a float2 at `factors`.
 /// PAIRED rounds bf16(dv_local^T) as a pair (one conversion and two unpacks instead of two
-/// conversions and two unpacks; the same bits), for the walk whose issue sets its period.
+/// conversions and two unpacks; the same bits), for the walk whose issue sets its period. The
+/// unpaired form stays as it is written: sharing the sums' lines with it moves the split walk's
+/// machine code.
 template <bool PAIRED = false>
 __device__ __forceinline__ u32 dv_prime_pair(u32 factors, const float* D, const float* Lc, int at, int t, int len) {
   const float2 e = wg::lds_f32x2(factors);
   if constexpr (PAIRED) {
     const u32 lp = f2bf_pair(Lc[at], Lc[at + 1]);
-    const float y0 = t < len ? e.x * D[at] + __uint_as_float(lp << 16) : 0.f;
-    const float y1 = t + 1 < len ? e.y * D[at + 1] + __uint_as_float(lp & 0xffff0000u) : 0.f;
+    const float y0 = t < len ? e.x * D[at] + bf16_lo_f(lp) : 0.f;
+    const float y1 = t + 1 < len ? e.y * D[at + 1] + bf16_hi_f(lp) : 0.f;
     return f2bf_pair(y0, y1);
   } else {
     const float y0 = t < len ? e.x * D[at] + round_bf(Lc[at]) : 0.f;

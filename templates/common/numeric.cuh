@@ -22,6 +22,10 @@ __device__ __forceinline__ bf16_t f2bf(float x) {
 
 __device__ __forceinline__ float round_bf(float x) { return bf2f(f2bf(x)); }
 
+/// The low / high element of a bf16 pair (f2bf_pair's order) as a float.
+__device__ __forceinline__ float bf16_lo_f(u32 pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_hi_f(u32 pair) { return __uint_as_float(pair & 0xffff0000u); }
+
 /// The bf16 pair {lo, hi} (lo in the low 16 bits), each rounded to nearest even: the bits of
 /// f2bf(lo) | f2bf(hi) << 16 in one instruction (cvt.rn.bf16x2.f32) instead of three. The
 /// epilogues are long runs of these, and the warp-specialized kernels are bound by fetching their
