@@ -272,12 +272,11 @@ LayerIR lower(const Spec& spec_in) {
   // "fused" runs every reverse walk of the verified carry in its body too (speculate, verify and
   // the marked chains' walk), so it takes segments there; the merge carry's segmented walk would
   // need the reverse walk's transitions, which the fused body does not form.
-  // "auto" takes "fused" wherever its conditions below hold (it needs no more than they ask).
+  // "auto" takes "fused" exactly where a pinned "fused" would be accepted.
+  const bool layout_can_fuse = walk_fuses_w && s.cp_ranks == 1 && (s.cp_segments == 1 || verified_segments);
   if (s.walk_bwd_layout == WalkBwdLayout::automatic) {
     ir.walk_bwd_layout_auto = true;
-    ir.spec.walk_bwd_layout = walk_fuses_w && s.cp_ranks == 1 && (s.cp_segments == 1 || verified_segments)
-                                  ? WalkBwdLayout::fused
-                                  : WalkBwdLayout::split;
+    ir.spec.walk_bwd_layout = layout_can_fuse ? WalkBwdLayout::fused : WalkBwdLayout::split;
   }
   const bool walk_z_owner = s.walk_bwd_layout == WalkBwdLayout::z_owner;
   const bool walk_fused = s.walk_bwd_layout == WalkBwdLayout::fused;
@@ -286,7 +285,7 @@ LayerIR lower(const Spec& spec_in) {
                     fmt::format("\"z_owner\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
                                 "here {}), one segment and one rank (cp.segments {}, cp.ranks {})",
                                 to_string(ir.spec.backward_w), s.cp_segments, s.cp_ranks));
-  if (walk_fused && !(walk_fuses_w && s.cp_ranks == 1 && (s.cp_segments == 1 || verified_segments)))
+  if (walk_fused && !layout_can_fuse)
     throw SpecError("/walk_bwd_layout",
                     fmt::format("\"fused\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
                                 "here {}), one rank (cp.ranks {}) and one segment or cp.carry \"verified\" "
