@@ -441,19 +441,17 @@ struct Bench {
 
 struct ArmKind {
   bool graph_replay, handoff, mma_sync;
-  int walk_slab = 0;                      ///< the spec's walk_slab (0: the base spec's)
-  int walk_bwd_slab = 0;                  ///< the spec's walk_bwd_slab (0: the base spec's)
-  int segments = 0;                       ///< the spec's cp.segments (0: the base spec's, -1: "auto")
-  std::optional<ForwardPath> forward{};   ///< the spec's forward (none: the base spec's)
-  int ranks = 0;                          ///< the spec's cp.ranks (0: the base spec's)
-  int rank = -1;                          ///< >= 0: time this rank's phases only
-  std::optional<BackwardW> backward_w{};  ///< the spec's backward_w (none: the base spec's)
-  bool nondeterministic = false;          ///< the spec's determinism "nondeterministic"
-  bool verified = false;                  ///< the spec's cp.carry "verified"
-  bool recompute_output = false;          ///< ckpt's recompute with the output needed
-  bool walk_z_owner = false;              ///< the spec's walk_bwd_layout "z_owner"
-  bool walk_fused = false;                ///< the spec's walk_bwd_layout "fused"
-  bool walk_auto = false;                 ///< the spec's walk_bwd_layout "auto"
+  int walk_slab = 0;                               ///< the spec's walk_slab (0: the base spec's)
+  int walk_bwd_slab = 0;                           ///< the spec's walk_bwd_slab (0: the base spec's)
+  int segments = 0;                                ///< the spec's cp.segments (0: the base spec's, -1: "auto")
+  std::optional<ForwardPath> forward{};            ///< the spec's forward (none: the base spec's)
+  int ranks = 0;                                   ///< the spec's cp.ranks (0: the base spec's)
+  int rank = -1;                                   ///< >= 0: time this rank's phases only
+  std::optional<BackwardW> backward_w{};           ///< the spec's backward_w (none: the base spec's)
+  bool nondeterministic = false;                   ///< the spec's determinism "nondeterministic"
+  bool verified = false;                           ///< the spec's cp.carry "verified"
+  bool recompute_output = false;                   ///< ckpt's recompute with the output needed
+  std::optional<WalkBwdLayout> walk_bwd_layout{};  ///< the spec's walk_bwd_layout (none: the base spec's)
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -464,23 +462,27 @@ const std::map<std::string, ArmKind> kArms = {
     {"ckpt-output-no-handoff", {false, false, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
     {"graph", {true, true, false}},
     // the reverse walk in the fused backward's roles (one segment, W from the walk)
-    {"walk-z-owner", {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, true}},
+    {"walk-z-owner",
+     {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, WalkBwdLayout::z_owner}},
     // the reverse walk with chunk_bwd's body (one segment, W from the walk)
     {"walk-fused",
-     {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, false, true}},
+     {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, WalkBwdLayout::fused}},
     // the same under the verified carry with pinned segments (its three reverse walks fused)
     {"walk-fused-seg2",
-     {false, true, false, 0, 0, 2, ForwardPath::fused, 0, -1, BackwardW::walk, false, true, false, false, true}},
+     {false, true, false, 0, 0, 2, ForwardPath::fused, 0, -1, BackwardW::walk, false, true, false,
+      WalkBwdLayout::fused}},
     {"walk-fused-seg4",
-     {false, true, false, 0, 0, 4, ForwardPath::fused, 0, -1, BackwardW::walk, false, true, false, false, true}},
+     {false, true, false, 0, 0, 4, ForwardPath::fused, 0, -1, BackwardW::walk, false, true, false,
+      WalkBwdLayout::fused}},
     {"walk-fused-seg8",
-     {false, true, false, 0, 0, 8, ForwardPath::fused, 0, -1, BackwardW::walk, false, true, false, false, true}},
+     {false, true, false, 0, 0, 8, ForwardPath::fused, 0, -1, BackwardW::walk, false, true, false,
+      WalkBwdLayout::fused}},
     // the fused layout under the layer's own segment rule (cp.segments and cp.carry "auto")
     {"walk-fused-seg-auto",
-     {false, true, false, 0, 0, -1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, false, true}},
+     {false, true, false, 0, 0, -1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, WalkBwdLayout::fused}},
     // walk_bwd_layout "auto" with the layer's own rules for the rest: the default it would make
     {"walk-auto",
-     {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, false, false, false, true}},
+     {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, false, WalkBwdLayout::automatic}},
     {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}},
@@ -555,9 +557,7 @@ Spec arm_spec(Spec s, const std::string& name) {
   if (k.backward_w) s.backward_w = *k.backward_w;
   if (k.nondeterministic) s.determinism = Determinism::nondeterministic;
   if (k.verified) s.cp_carry = SegmentCarry::verified;
-  if (k.walk_z_owner) s.walk_bwd_layout = WalkBwdLayout::z_owner;
-  if (k.walk_fused) s.walk_bwd_layout = WalkBwdLayout::fused;
-  if (k.walk_auto) s.walk_bwd_layout = WalkBwdLayout::automatic;
+  if (k.walk_bwd_layout) s.walk_bwd_layout = *k.walk_bwd_layout;
   if (k.ranks != 0) {
     s.cp_ranks = k.ranks;
     s.cp_segments = 1;  // the ranks' pieces are the segments
