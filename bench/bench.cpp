@@ -9,7 +9,8 @@
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
  * "walk", "chunk_prep"), walk-z-owner (walk_bwd_layout "z_owner"), walk-fused ("fused"; walk-fused-seg2/4/8 with pinned
- * verified segments, walk-fused-seg-auto with cp.segments "auto"), walk-auto ("auto"), seg1 .. seg32, seg-auto
+ * verified segments, walk-fused-seg-auto with cp.segments "auto"), walk-auto ("auto", the default), walk-split
+ * ("split"), seg1 .. seg32, seg-auto
  * (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto, fused-seg16 (and cp.segments "auto",
  * 16), programs-walks32, programs-walks64, programs-walks32-seg2 / -seg4 (the programs forward with both walks' slabs
  * pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
@@ -483,6 +484,9 @@ const std::map<std::string, ArmKind> kArms = {
     // walk_bwd_layout "auto" with the layer's own rules for the rest: the default it would make
     {"walk-auto",
      {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, false, WalkBwdLayout::automatic}},
+    // the split layout (the default before the fused one) with the layer's own rules for the rest
+    {"walk-split",
+     {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, false, WalkBwdLayout::split}},
     {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}},
@@ -755,7 +759,7 @@ int main(int argc, char** argv) {
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
          "(backward_w \"walk\", \"chunk_prep\"), walk-z-owner (walk_bwd_layout \"z_owner\"), walk-fused (\"fused\"), "
          "walk-fused-seg2, -seg4, -seg8 (with verified segments), walk-fused-seg-auto (cp.segments \"auto\"), "
-         "walk-auto (walk_bwd_layout \"auto\"), "
+         "walk-auto (walk_bwd_layout \"auto\", the default), walk-split (\"split\"), "
          "nondet (determinism "
          "\"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "

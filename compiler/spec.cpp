@@ -442,7 +442,7 @@ json to_json(const Spec& s) {
   // Written only when set: the canonical form of every layer without it (and so its cache and
   // graph keys) stays what it was before the field existed.
   if (s.cp_carry != SegmentCarry::automatic) j["cp"]["carry"] = to_string(s.cp_carry);
-  if (s.walk_bwd_layout != WalkBwdLayout::split) j["walk_bwd_layout"] = to_string(s.walk_bwd_layout);
+  if (s.walk_bwd_layout != WalkBwdLayout::automatic) j["walk_bwd_layout"] = to_string(s.walk_bwd_layout);
   return j;
 }
 

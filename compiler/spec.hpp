@@ -121,9 +121,9 @@ struct Spec {
   /// "walk": the reverse walk's sm_90a body forms W from Tm (no chunk_prep re-run on sm_90a). Every
   /// program that forms W rounds it the walk's way, so the choice moves work, not bits.
   BackwardW backward_w = BackwardW::automatic;
-  /// "z_owner" (opt-in): the sm_90a reverse walk in the fused backward's roles; "fused" (opt-in):
-  /// that walk with chunk_bwd's body. Both need W from the walk, one segment and one rank.
-  WalkBwdLayout walk_bwd_layout = WalkBwdLayout::split;
+  /// "auto" (the default): "fused" wherever the layer can take it (W from the walk, one rank, one
+  /// segment or the verified carry), "split" elsewhere; "z_owner" is opt-in.
+  WalkBwdLayout walk_bwd_layout = WalkBwdLayout::automatic;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets{std::begin(kTargets), std::end(kTargets)};

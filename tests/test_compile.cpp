@@ -115,6 +115,7 @@ TEST_SUITE("compile") {
   TEST_CASE("backward_w \"walk\": the walk that forms W compiles for sm_90a, chunk_prep's W for sm_100a") {
     auto spec = example("m");
     spec.backward_w = gdn::BackwardW::walk;
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::split;  // the split body forming W
     int prep = 0;
     for (const auto& e :
          gdn::compile_layer(gdn::lower(spec), {gdn::Target::sm_90a, gdn::Target::sm_100a}, shared_cache(), 2)) {
@@ -259,6 +260,7 @@ TEST_SUITE("compile") {
     spec.walk_bwd_slab = 128;
     spec.cp_segments = 4;
     spec.cp_carry = gdn::SegmentCarry::verified;
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::split;  // the split body's walks; the fused body's in gpu_fused
     auto merged = spec;
     merged.name = "n_bwd128_merge4";
     merged.cp_carry = gdn::SegmentCarry::merge;  // backward_w "auto": chunk_prep's W
@@ -437,6 +439,7 @@ TEST_SUITE("compile") {
       spec.tensor_cores = tc;
       spec.walk_bwd_slab = 128;
       spec.backward_w = w;
+      spec.walk_bwd_layout = gdn::WalkBwdLayout::split;  // the fused layout's own case is above
       const gdn::Program p = gdn::lower(spec).program("state_walk_bwd");
       CHECK(p.threads == 512);
       CHECK(p.smem_bytes <= 227 * 1024);
@@ -515,7 +518,8 @@ TEST_SUITE("compile") {
     const gdn::Program& walk = ir.program("state_walk_bwd");
     REQUIRE(!walk.tensor_maps.empty());
     const std::string src = gdn::generate_source(walk);
-    CHECK(src.find("(gdn::StateWalkBwdParams p, const __grid_constant__ gdn::TensorMaps maps)") != std::string::npos);
+    CHECK(src.find("(gdn::StateWalkBwdFusedParams p, const __grid_constant__ gdn::TensorMaps maps)") !=
+          std::string::npos);
     CHECK(src.find("::run(p, maps);") != std::string::npos);
     const std::string plain = gdn::generate_source(ir.program("finalize"));
     CHECK(plain.find("TensorMaps") == std::string::npos);

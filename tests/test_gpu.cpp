@@ -1121,6 +1121,9 @@ TEST_SUITE("gpu_determinism") {
       a.heads_qk = hd.H;
       a.heads_v = hd.HV;
       a.norm = hd.norm ? Norm::l2_in_kernel : Norm::none;
+      // The split layout's promise; the fused layout (the default at M's heads) has its own bits,
+      // gpu_fused's walk_bwd_layout cases.
+      a.walk_bwd_layout = WalkBwdLayout::split;
       const check::Report wgmma = check::run(*make(a), c);
       Spec s = a;
       s.name = fmt::format("m_mma_sync_bits_{}_{}", hd.H, hd.HV);
@@ -1736,6 +1739,9 @@ TEST_SUITE("gpu_fused") {
       s.walk_bwd_slab = slab;  // "auto" backward_w: the walks form W at 128 (not under the merge)
       s.cp_segments = segments;
       s.cp_carry = carry;
+      // The split layout's bits against the merge carry's; the fused layout's carry has its own
+      // case ("walk_bwd_layout fused with segments").
+      s.walk_bwd_layout = WalkBwdLayout::split;
       return s;
     };
     const Spec plain = spec("n_fcarry_plain", 1, SegmentCarry::merge);
@@ -1834,6 +1840,7 @@ TEST_SUITE("gpu_fused") {
       s.walk_bwd_slab = 128;
       s.cp_segments = segments;
       s.cp_carry = carry;
+      s.walk_bwd_layout = WalkBwdLayout::split;  // the merge carry's bits on the marked head
       return s;
     };
     const Spec verified = spec("n_fcarry_head_verified", 4, SegmentCarry::verified);
@@ -2046,6 +2053,7 @@ TEST_SUITE("gpu_fused") {
     for (const char* example : {"m", "n"}) {
       CAPTURE(example);
       Spec split = fused_of(example, (tag + "_split").c_str());
+      split.walk_bwd_layout = WalkBwdLayout::split;
       split.backward_w = BackwardW::walk;
       split.walk_bwd_slab = 128;  // N's heads would take 32 (the sm_90a body needs 128)
       split.cp_segments = 1;
@@ -2188,6 +2196,7 @@ TEST_SUITE("gpu_fused") {
       portable.cp_segments = segments;
       Spec sm90 = fused_of(example, "fused_sm90_bits");
       sm90.cp_segments = segments;
+      sm90.walk_bwd_layout = WalkBwdLayout::split;  // chunk_bwd's body in both (the fused layout has its own bits)
       const check::Report a = check::run(*make(portable), c);
       const check::Report b = check::run(*make(sm90), c);
       for (const char* out : {"o", "ht", "dq", "dk", "dv", "dh0"}) {

@@ -120,6 +120,7 @@ TEST_SUITE("ir") {
 
   TEST_CASE("walk_bwd_slab sets the backward walk's slab width, warps, shared memory and grid, and nothing else") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::split;  // the split body's geometry
     const auto automatic = gdn::lower(spec);
     spec.walk_bwd_slab = 64;
     const auto wide = gdn::lower(spec);
@@ -227,6 +228,7 @@ TEST_SUITE("ir") {
 
   TEST_CASE("walk_bwd_layout \"z_owner\": one constant on state_walk_bwd, its shared memory, refused off its path") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::split;
     const auto split = gdn::lower(spec);
     CHECK(split.spec.walk_bwd_layout == gdn::WalkBwdLayout::split);
     CHECK(constant_of(split.program("state_walk_bwd"), "WALK_Z_OWNER") == "(absent)");
@@ -240,7 +242,7 @@ TEST_SUITE("ir") {
     for (size_t i = 0; i < zo.programs.size(); ++i)
       if (zo.programs[i].name != "state_walk_bwd") CHECK(zo.programs[i].constants == split.programs[i].constants);
     // The canonical spec (cache and graph keys) names the field only when it is set.
-    CHECK_FALSE(gdn::to_json(split.spec).contains("walk_bwd_layout"));
+    CHECK(gdn::to_json(split.spec)["walk_bwd_layout"] == "split");
     CHECK(gdn::to_json(zo.spec)["walk_bwd_layout"] == "z_owner");
     for (const auto& change : std::vector<std::function<void(gdn::Spec&)>>{
              [](gdn::Spec& s) { s.backward_w = gdn::BackwardW::chunk_prep; }, [](gdn::Spec& s) { s.cp_segments = 4; },
@@ -263,6 +265,7 @@ TEST_SUITE("ir") {
 
   TEST_CASE("walk_bwd_layout \"fused\": the walk takes chunk_bwd's body, which idles on sm_90a only") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::split;
     const auto split = gdn::lower(spec);
     spec.walk_bwd_layout = gdn::WalkBwdLayout::fused;
     const auto fu = gdn::lower(spec);
@@ -316,6 +319,7 @@ TEST_SUITE("ir") {
 
   TEST_CASE("backward_w \"walk\": the reverse walk's sm_90a body forms W, chunk_prep idles on sm_90a") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::split;  // the split body, with and without W
     spec.backward_w = gdn::BackwardW::chunk_prep;
     const auto prep = gdn::lower(spec);
     CHECK_FALSE(prep.backward_w_auto);
@@ -564,7 +568,14 @@ TEST_SUITE("ir") {
     wide.walk_bwd_slab = 128;
     const auto sm90 = gdn::lower(wide);
     CHECK(sm90.verified_carry);
-    CHECK(sm90.program("walk_bwd_verify").tensor_maps.size() == 6);
+    // walk_bwd_layout "auto" takes the fused body there (ten maps); the split body has six.
+    CHECK(sm90.spec.walk_bwd_layout == gdn::WalkBwdLayout::fused);
+    CHECK(sm90.program("walk_bwd_verify").tensor_maps.size() == 10);
+    {
+      gdn::Spec split = wide;
+      split.walk_bwd_layout = gdn::WalkBwdLayout::split;
+      CHECK(gdn::lower(split).program("walk_bwd_verify").tensor_maps.size() == 6);
+    }
     // "auto" decides the carry before backward_w, so with the sm_90a reverse walk the walks form W
     // under it and the marked-only programs come with it, as pinned.
     for (const auto& [base, pinned] : {std::pair{&spec, &ir}, std::pair{&wide, &sm90}}) {
@@ -684,10 +695,12 @@ TEST_SUITE("ir") {
       refused.walk_bwd_layout = gdn::WalkBwdLayout::fused;
       CHECK_THROWS_AS(gdn::lower(refused), gdn::SpecError);
     }
-    // The default stays "split", which the canonical form leaves out; "auto" is written and read back.
-    CHECK(gdn::Spec{}.walk_bwd_layout == gdn::WalkBwdLayout::split);
-    CHECK(gdn::to_json(spec)["walk_bwd_layout"] == "auto");
+    // "auto" is the default, which the canonical form leaves out; a pinned layout is written and read back.
+    CHECK(gdn::Spec{}.walk_bwd_layout == gdn::WalkBwdLayout::automatic);
+    CHECK_FALSE(gdn::to_json(spec).contains("walk_bwd_layout"));
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).walk_bwd_layout == gdn::WalkBwdLayout::automatic);
+    CHECK(gdn::to_json(pinned)["walk_bwd_layout"] == "fused");
+    CHECK(gdn::spec_from_json(gdn::to_json(pinned)).walk_bwd_layout == gdn::WalkBwdLayout::fused);
     CHECK_THROWS_WITH_AS(gdn::spec_from_json([&] {
                            auto j = gdn::to_json(spec);
                            j["walk_bwd_layout"] = "fastest";

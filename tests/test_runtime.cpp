@@ -143,7 +143,9 @@ struct GraphRig {
 
 TEST_SUITE("runtime") {
   TEST_CASE("a launch's tensor maps are read from its parameter block: the pointer and the token rows") {
-    const auto ir = gdn::lower(gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string()));
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    spec.walk_bwd_layout = gdn::WalkBwdLayout::split;  // the split walk's parameter block
+    const auto ir = gdn::lower(spec);
     const gdn::Program& walk = ir.program("state_walk_bwd");
     gdn::StateWalkBwdParams p{};
     alignas(16) static unsigned char q[16], k[16], tm[16], d_o[16];
@@ -464,8 +466,9 @@ TEST_SUITE("runtime") {
     CHECK_THROWS_WITH_AS(r.recompute(nullptr, OutputNeeded::yes), "o: is null", InputError);
   }
 
-  // The C ABI's layout query needs only the spec: it must describe exactly the regions a layer
-  // sizes and binds (the layer's own layouts and byte counts) for every region and call form.
+  // The C ABI's layout query needs only the spec and the target: it must describe exactly the
+  // regions a layer loaded there sizes and binds (its own layouts and byte counts) for every region
+  // and call form.
   TEST_CASE("gdn_spec_region_layout gives the layer's regions from the spec alone") {
     for (const char* name : {"n", "m"})
       for (const SaveMode mode : {SaveMode::light, SaveMode::full})
@@ -479,6 +482,7 @@ TEST_SUITE("runtime") {
           CAPTURE(fused);
           const std::string json = to_json(spec).dump();
           auto layer = Layer::with_launcher(spec, std::make_shared<testing::RecordingLauncher>());
+          const std::string target(to_string(layer->target()));
           const ProblemShape shape{10000, 7};
           for (int region : {GDN_REGION_SAVED, GDN_REGION_WORKSPACE})
             for (int form : {GDN_FORWARD, GDN_RECOMPUTE, GDN_BACKWARD}) {
@@ -493,13 +497,13 @@ TEST_SUITE("runtime") {
               const size_t want_total =
                   region == GDN_REGION_SAVED ? layer->saved_bytes(shape) : layer->workspace_bytes(f, shape);
               size_t count = 0, total = 0;
-              REQUIRE(gdn_spec_region_layout(json.c_str(), region, form, shape.T, shape.N, nullptr, 0, &count,
-                                             &total) == GDN_OK);
+              REQUIRE(gdn_spec_region_layout_on(json.c_str(), target.c_str(), region, form, shape.T, shape.N, nullptr,
+                                                0, &count, &total) == GDN_OK);
               CHECK(count == want.offset.size());
               CHECK(total == want_total);
               std::vector<gdn_slot> slots(count);
-              REQUIRE(gdn_spec_region_layout(json.c_str(), region, form, shape.T, shape.N, slots.data(), slots.size(),
-                                             &count, nullptr) == GDN_OK);
+              REQUIRE(gdn_spec_region_layout_on(json.c_str(), target.c_str(), region, form, shape.T, shape.N,
+                                                slots.data(), slots.size(), &count, nullptr) == GDN_OK);
               uint64_t end_of_previous = 0, previous_offset = 0;
               for (const gdn_slot& sl : slots) {
                 CAPTURE(sl.name);

@@ -418,8 +418,8 @@ class SpecTests(unittest.TestCase):
     def test_the_reverse_walk_layout_is_a_code_option(self):
         shape = dict(heads_qk=16, heads_v=48, head_dim_k=128, head_dim_v=128, l2norm=True, initial_state=True,
                      final_state=True)
-        self.assertNotIn("walk_bwd_layout", gdnc.build_spec({"walk_bwd_layout": "split"}, **shape))  # the default
-        for layout in ("fused", "auto"):
+        self.assertNotIn("walk_bwd_layout", gdnc.build_spec({"walk_bwd_layout": "auto"}, **shape))  # the default
+        for layout in ("fused", "split"):
             self.assertEqual(gdnc.build_spec({"walk_bwd_layout": layout}, **shape)["walk_bwd_layout"], layout)
         with self.assertRaises(gdnc.SpecError) as e:
             gdnc.build_spec({"walk_bwd_layout": "fastest"}, **shape)
