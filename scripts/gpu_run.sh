@@ -167,9 +167,12 @@ if has sanitize; then
   # on a named barrier) and the merge path of the chains they mark (the 65-token document's).
   sed 's/"name": "shape_n"/"name": "shape_n_fused_verified", "forward": "fused", "walk_bwd_slab": 64/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_fused_verified.json"
-  # The same on the reverse walk's sm_90a body: its own verified walks, the marked-only dv_local and W.
+  # The same on the reverse walk's sm_90a body: its own verified walks, the marked-only dv_local and W
+  # (walk_bwd_layout "auto" takes the fused layout there; n_split_verified128 pins the split one).
   sed 's/"name": "shape_n"/"name": "shape_n_fused_verified128", "forward": "fused", "walk_bwd_slab": 128/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_fused_verified128.json"
+  sed 's/"name": "shape_n"/"name": "shape_n_split_verified128", "forward": "fused", "walk_bwd_slab": 128, "walk_bwd_layout": "split"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
+    examples/n.json > "$sdir/n_split_verified128.json"
   # The reverse walk in the fused backward's roles (walk_bwd_layout "z_owner": one segment, W from the walk).
   sed 's/"name": "shape_n"/"name": "shape_n_zowner", "forward": "fused", "walk_bwd_slab": 128, "backward_w": "walk", "walk_bwd_layout": "z_owner"/; s/"segments": "auto"/"segments": 1/' \
     examples/n.json > "$sdir/n_zowner.json"
@@ -196,6 +199,7 @@ if has sanitize; then
         "$sdir/n_fused_verified.json --docs 65,700,300 --seed 3" "$sdir/n_fused_verified.json --docs 700,300 --seed 3 --ckpt"
         "$sdir/n_fused_verified128.json --docs 65,700,300 --seed 3"
         "$sdir/n_fused_verified128.json --docs 700,300 --seed 3 --gate 0 --ckpt"
+        "$sdir/n_split_verified128.json --docs 65,700,300 --seed 3"
         "$sdir/n_zowner.json --docs 65,700,1 --seed 3" "$sdir/n_walkfused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkfused.json --docs 700,64,1 --seed 3 --ckpt"
         "$sdir/n_walkfused_seg.json --docs 65,700,300 --seed 3"
