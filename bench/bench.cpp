@@ -8,7 +8,7 @@
  * Modes (gdn_bench --help lists the options):
  *   (default)     the timing table: arms spec, spec-aa (A/A), no-handoff, graph, graph-no-handoff, mma-sync,
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
- * "walk", "chunk_prep"), walk-z-owner (walk_bwd_layout "z_owner"), walk-fused ("fused"; walk-fused-seg2/4/8 with pinned
+ * "walk", "chunk_prep"), walk-fused (walk_bwd_layout "fused"; walk-fused-seg2/4/8 with pinned
  * verified segments, walk-fused-seg-auto with cp.segments "auto"), walk-auto ("auto", the default), walk-split
  * ("split"), seg1 .. seg32, seg-auto
  * (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto, fused-seg16 (and cp.segments "auto",
@@ -462,9 +462,6 @@ const std::map<std::string, ArmKind> kArms = {
     {"ckpt-output", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
     {"ckpt-output-no-handoff", {false, false, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
     {"graph", {true, true, false}},
-    // the reverse walk in the fused backward's roles (one segment, W from the walk)
-    {"walk-z-owner",
-     {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, WalkBwdLayout::z_owner}},
     // the reverse walk with chunk_bwd's body (one segment, W from the walk)
     {"walk-fused",
      {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, WalkBwdLayout::fused}},
@@ -757,7 +754,7 @@ int main(int argc, char** argv) {
          "programs-walks32-seg4 (the programs forward, both walks' slabs pinned), ranks2, ranks4 (cp.ranks: the "
          "single-GPU proxy), "
          "kcp2r0 .. kcp4r3 (rank r of 2 or 4: its phases on its own tokens, without the all-gather), walk-w, prep-w "
-         "(backward_w \"walk\", \"chunk_prep\"), walk-z-owner (walk_bwd_layout \"z_owner\"), walk-fused (\"fused\"), "
+         "(backward_w \"walk\", \"chunk_prep\"), walk-fused (walk_bwd_layout \"fused\"), "
          "walk-fused-seg2, -seg4, -seg8 (with verified segments), walk-fused-seg-auto (cp.segments \"auto\"), "
          "walk-auto (walk_bwd_layout \"auto\", the default), walk-split (\"split\"), "
          "nondet (determinism "

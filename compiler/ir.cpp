@@ -267,9 +267,7 @@ LayerIR lower(const Spec& spec_in) {
                     "(tensor_cores \"auto\", 128-wide slabs, K = V = 128; here {}, slab {})",
                     to_string(s.forward), s.cp_ranks, s.cp_segments, to_string(s.cp_carry), to_string(s.tensor_cores),
                     ir.walk_bwd_bv));
-  // walk_bwd_layout "z_owner" (the fused backward's roles in the reverse walk's sm_90a body) is
-  // built for the unsegmented walk that forms W: its other walks (speculate, verify) keep the split.
-  // "fused" runs every reverse walk of the verified carry in its body too (speculate, verify and
+  // walk_bwd_layout "fused" runs every reverse walk of the verified carry in its body too (speculate, verify and
   // the marked chains' walk), so it takes segments there; the merge carry's segmented walk would
   // need the reverse walk's transitions, which the fused body does not form.
   // "auto" takes "fused" exactly where a pinned "fused" would be accepted.
@@ -278,13 +276,7 @@ LayerIR lower(const Spec& spec_in) {
     ir.walk_bwd_layout_auto = true;
     ir.spec.walk_bwd_layout = layout_can_fuse ? WalkBwdLayout::fused : WalkBwdLayout::split;
   }
-  const bool walk_z_owner = s.walk_bwd_layout == WalkBwdLayout::z_owner;
   const bool walk_fused = s.walk_bwd_layout == WalkBwdLayout::fused;
-  if (walk_z_owner && !(walk_fuses_w && s.cp_segments == 1 && s.cp_ranks == 1))
-    throw SpecError("/walk_bwd_layout",
-                    fmt::format("\"z_owner\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
-                                "here {}), one segment and one rank (cp.segments {}, cp.ranks {})",
-                                to_string(ir.spec.backward_w), s.cp_segments, s.cp_ranks));
   if (walk_fused && !layout_can_fuse)
     throw SpecError("/walk_bwd_layout",
                     fmt::format("\"fused\" needs the reverse walk's sm_90a body forming W (backward_w \"walk\": "
@@ -492,12 +484,6 @@ LayerIR lower(const Spec& spec_in) {
     ir.programs.back().constants.emplace_back("WALK_FUSES_W", walk_fuses_w ? "true" : "false");
     if (!walk_bwd_sm90) return;
     ir.programs.back().max_registers = 65536 / StateWalkBwdSm90Layout::kThreads;
-    // Written only when set: the other layers' programs keep their sources and cache keys.
-    if (walk_z_owner && name == "state_walk_bwd") {
-      ir.programs.back().constants.emplace_back("WALK_Z_OWNER", "true");
-      ir.programs.back().smem_bytes =
-          std::max(ir.programs.back().smem_bytes, StateWalkBwdSm90Layout::zo_smem_bytes(K, C));
-    }
     // Every reverse walk of the fused layout (the verified carry's speculate and verify walks
     // too) runs the fused body on sm_90a: they write the outputs of the chunks they walk.
     if (walk_fused) {

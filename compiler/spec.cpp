@@ -33,7 +33,6 @@ std::string_view to_string(TensorCores v) { return v == TensorCores::automatic ?
 std::string_view to_string(WalkBwdLayout v) {
   switch (v) {
     case WalkBwdLayout::split: return "split";
-    case WalkBwdLayout::z_owner: return "z_owner";
     case WalkBwdLayout::fused: return "fused";
     case WalkBwdLayout::automatic: return "auto";
   }
@@ -325,10 +324,7 @@ Spec read_spec(const json& j) {
   r.choice("backward_w", s.backward_w,
            {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}, {"auto", BackwardW::automatic}});
   r.choice("walk_bwd_layout", s.walk_bwd_layout,
-           {{"split", WalkBwdLayout::split},
-            {"z_owner", WalkBwdLayout::z_owner},
-            {"fused", WalkBwdLayout::fused},
-            {"auto", WalkBwdLayout::automatic}});
+           {{"split", WalkBwdLayout::split}, {"fused", WalkBwdLayout::fused}, {"auto", WalkBwdLayout::automatic}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);

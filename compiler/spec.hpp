@@ -38,15 +38,14 @@ enum class ForwardPath { programs, fused, automatic };
 /// = the walk wherever it can (LayerIR::backward_w_auto; the same bits either way).
 enum class BackwardW { chunk_prep, walk, automatic };
 /// How the reverse walk's sm_90a body shares out its warpgroups: "split" = two walking warpgroups
-/// of 64 columns, each with its half of the gradient and all of its products; "z_owner" = one
-/// warpgroup owns the whole gradient and its update from shared memory, another computes D,
-/// dv_local and dV' (the fused backward's roles, docs/design_fused_bwd_sm90.md 3.7). Same bits.
-/// "fused" = the z_owner roles with chunk_bwd's body added (3.9): one program walks the chunks in
+/// of 64 columns, each with its half of the gradient and all of its products; "fused" = one
+/// warpgroup owns the whole gradient (docs/design_fused_bwd_sm90.md 3.7) and two more run
+/// chunk_bwd's body (3.9): one program walks the chunks in
 /// reverse and produces dq, dk, dv, dg and dbeta; chunk_bwd idles on sm_90a. Its own bits (the
 /// update takes K^T X without forming W; dTm, Y and E rounded once), held to the same fp64 bounds.
 /// "auto" = "fused" wherever the layer can take it, "split" elsewhere (LayerIR::walk_bwd_layout_auto;
 /// `gdnc ir` prints the rule).
-enum class WalkBwdLayout { split, z_owner, fused, automatic };
+enum class WalkBwdLayout { split, fused, automatic };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
 /// once and re-walked from its predecessor's end until the two agree bit for bit (a document's
@@ -122,7 +121,7 @@ struct Spec {
   /// program that forms W rounds it the walk's way, so the choice moves work, not bits.
   BackwardW backward_w = BackwardW::automatic;
   /// "auto" (the default): "fused" wherever the layer can take it (W from the walk, one rank, one
-  /// segment or the verified carry), "split" elsewhere; "z_owner" is opt-in.
+  /// segment or the verified carry), "split" elsewhere.
   WalkBwdLayout walk_bwd_layout = WalkBwdLayout::automatic;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;

@@ -173,9 +173,6 @@ if has sanitize; then
     examples/n.json > "$sdir/n_fused_verified128.json"
   sed 's/"name": "shape_n"/"name": "shape_n_split_verified128", "forward": "fused", "walk_bwd_slab": 128, "walk_bwd_layout": "split"/; s/"segments": "auto"/"segments": 3, "carry": "verified"/' \
     examples/n.json > "$sdir/n_split_verified128.json"
-  # The reverse walk in the fused backward's roles (walk_bwd_layout "z_owner": one segment, W from the walk).
-  sed 's/"name": "shape_n"/"name": "shape_n_zowner", "forward": "fused", "walk_bwd_slab": 128, "backward_w": "walk", "walk_bwd_layout": "z_owner"/; s/"segments": "auto"/"segments": 1/' \
-    examples/n.json > "$sdir/n_zowner.json"
   # The reverse walk with chunk_bwd's body (walk_bwd_layout "fused"; chunk_bwd idles on sm_90a).
   sed 's/"name": "shape_n"/"name": "shape_n_walkfused", "forward": "fused", "walk_bwd_slab": 128, "backward_w": "walk", "walk_bwd_layout": "fused"/; s/"segments": "auto"/"segments": 1/' \
     examples/n.json > "$sdir/n_walkfused.json"
@@ -200,7 +197,7 @@ if has sanitize; then
         "$sdir/n_fused_verified128.json --docs 65,700,300 --seed 3"
         "$sdir/n_fused_verified128.json --docs 700,300 --seed 3 --gate 0 --ckpt"
         "$sdir/n_split_verified128.json --docs 65,700,300 --seed 3"
-        "$sdir/n_zowner.json --docs 65,700,1 --seed 3" "$sdir/n_walkfused.json --docs 65,700,1 --seed 3"
+        "$sdir/n_walkfused.json --docs 65,700,1 --seed 3"
         "$sdir/n_walkfused.json --docs 700,64,1 --seed 3 --ckpt"
         "$sdir/n_walkfused_seg.json --docs 65,700,300 --seed 3"
         "$sdir/n_walkfused_seg.json --docs 700,300 --seed 3 --gate 0 --ckpt")

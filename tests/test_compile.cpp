@@ -133,20 +133,6 @@ TEST_SUITE("compile") {
     CHECK(prep == 1);
   }
 
-  TEST_CASE("walk_bwd_layout \"z_owner\": the reverse walk in the fused backward's roles compiles for sm_90a") {
-    // The owner of the whole gradient runs at 168 registers (160 measured without spills for its
-    // code, docs/results/fused_bwd_register_probes), the value side at 232; the loading and scoring
-    // warpgroups keep their few bytes of spills.
-    auto spec = example("m");
-    spec.walk_bwd_layout = gdn::WalkBwdLayout::z_owner;
-    const gdn::Program p = gdn::lower(spec).program("state_walk_bwd");
-    const auto c = gdn::nvrtc_compile(p, gdn::Target::sm_90a, gdn::generate_source(p));
-    CHECK(c.spill_store_bytes <= 16);
-    CHECK(c.registers <= 128);
-    // The portable body ignores the layout: sm_100a compiles as before, without spills.
-    CHECK(gdn::nvrtc_compile(p, gdn::Target::sm_100a, gdn::generate_source(p)).spill_store_bytes == 0);
-  }
-
   TEST_CASE("walk_bwd_layout \"fused\": the reverse walk with chunk_bwd's body compiles for sm_90a") {
     auto spec = example("m");
     spec.walk_bwd_layout = gdn::WalkBwdLayout::fused;

@@ -2088,14 +2088,6 @@ TEST_SUITE("gpu_fused") {
     expect_call_forms_agree(forms, c, tag + "_forms");
   }
 
-  // walk_bwd_layout "z_owner" (docs/design_fused_bwd_sm90.md 3.7): the reverse walk's sm_90a body
-  // with one warpgroup owning the whole gradient (its update from shared memory, W negated) and
-  // another computing D, dv_local and dV' for all 128 columns. Every product keeps its operands and
-  // k order, so every result has the split layout's bits.
-  TEST_CASE("walk_bwd_layout z_owner: the split layout's bits, and fp64 bounds") {
-    expect_layout_keeps_bits(WalkBwdLayout::z_owner, "zo", 83);
-  }
-
   // walk_bwd_layout "fused" (docs/design_fused_bwd_sm90.md 3.11, 3.12): the reverse walk with
   // chunk_bwd's body in one program (chunk_bwd idles), two warpgroups running the body on the halves
   // of every product, the gradient's update from K and the body's scaled dvb instead of W. The

@@ -226,41 +226,11 @@ TEST_SUITE("ir") {
             [](gdn::Spec& s) { s.walk_bwd_slab = 64; }};
   }
 
-  TEST_CASE("walk_bwd_layout \"z_owner\": one constant on state_walk_bwd, its shared memory, refused off its path") {
-    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
-    spec.walk_bwd_layout = gdn::WalkBwdLayout::split;
-    const auto split = gdn::lower(spec);
-    CHECK(split.spec.walk_bwd_layout == gdn::WalkBwdLayout::split);
-    CHECK(constant_of(split.program("state_walk_bwd"), "WALK_Z_OWNER") == "(absent)");
-    spec.walk_bwd_layout = gdn::WalkBwdLayout::z_owner;
-    const auto zo = gdn::lower(spec);
-    CHECK(constant_of(zo.program("state_walk_bwd"), "WALK_Z_OWNER") == "true");
-    CHECK(zo.program("state_walk_bwd").smem_bytes == gdn::StateWalkBwdSm90Layout::zo_smem_bytes(128, 64));
-    CHECK(zo.program("state_walk_bwd").smem_bytes <= 227 * 1024);
-    // Nothing else changes: the same programs, the others with the same constants.
-    REQUIRE(zo.programs.size() == split.programs.size());
-    for (size_t i = 0; i < zo.programs.size(); ++i)
-      if (zo.programs[i].name != "state_walk_bwd") CHECK(zo.programs[i].constants == split.programs[i].constants);
-    // The canonical spec (cache and graph keys) names the field only when it is set.
-    CHECK(gdn::to_json(split.spec)["walk_bwd_layout"] == "split");
-    CHECK(gdn::to_json(zo.spec)["walk_bwd_layout"] == "z_owner");
-    for (const auto& change : std::vector<std::function<void(gdn::Spec&)>>{
-             [](gdn::Spec& s) { s.backward_w = gdn::BackwardW::chunk_prep; }, [](gdn::Spec& s) { s.cp_segments = 4; },
-             [](gdn::Spec& s) { s.forward = gdn::ForwardPath::programs; },
-             [](gdn::Spec& s) { s.tensor_cores = gdn::TensorCores::mma_sync; }}) {
-      gdn::Spec bad = spec;
-      change(bad);
-      try {
-        gdn::lower(bad);
-        FAIL("lowered a z_owner layout off its path");
-      } catch (const gdn::SpecError& e) {
-        // backward_w "auto" resolves to chunk_prep there; a pinned "walk" is refused first.
-        CHECK((e.pointer() == "/walk_bwd_layout" || e.pointer() == "/backward_w"));
-      }
-    }
-    gdn::Spec bad = spec;
-    bad.backward_w = gdn::BackwardW::chunk_prep;
-    CHECK_THROWS_WITH_AS(gdn::lower(bad), doctest::Contains("backward_w \"walk\""), gdn::SpecError);
+  TEST_CASE("walk_bwd_layout: \"split\", \"fused\" or \"auto\"; other values are refused naming the field") {
+    CHECK_THROWS_WITH_AS(
+        gdn::spec_from_json(
+            nlohmann::json::parse(R"({"name":"x","heads":{"qk":1,"v":1},"walk_bwd_layout":"z_owner"})")),
+        "/walk_bwd_layout: \"z_owner\" is not supported (supported: \"split\", \"fused\", \"auto\")", gdn::SpecError);
   }
 
   TEST_CASE("walk_bwd_layout \"fused\": the walk takes chunk_bwd's body, which idles on sm_90a only") {

@@ -146,16 +146,15 @@ TEST_SUITE("workspace") {
                 ++verified;
               }
     CHECK(verified == 96);
-    // walk_bwd_layout "z_owner" and "fused" (the fused walk binds chunk_bwd's buffers on sm_90a,
-    // where chunk_bwd idles): light and full saves, with and without the norm and the states;
-    // "fused" also with verified segments (its three reverse walks, the marked chains' programs).
+    // walk_bwd_layout "fused" (the fused walk binds chunk_bwd's buffers on sm_90a, where chunk_bwd
+    // idles): light and full saves, with and without the norm and the states, and with verified
+    // segments (its three reverse walks, the marked chains' programs).
     int layouts = 0;
-    for (WalkBwdLayout layout : {WalkBwdLayout::z_owner, WalkBwdLayout::fused})
+    for (WalkBwdLayout layout : {WalkBwdLayout::fused})
       for (SaveMode save : {SaveMode::light, SaveMode::full})
         for (Norm norm : {Norm::l2_in_kernel, Norm::none})
           for (StateFlag h0 : {StateFlag::present, StateFlag::absent})
             for (int segments : {1, 2, 8}) {
-              if (layout == WalkBwdLayout::z_owner && segments > 1) continue;
               Spec s = variant("m", ForwardPath::fused, save, norm, h0, segments);
               s.walk_bwd_layout = layout;
               if (segments > 1) s.cp_carry = SegmentCarry::verified;
@@ -164,7 +163,7 @@ TEST_SUITE("workspace") {
                 FAIL_CHECK(to_string(layout) << " " << to_string(save) << " segments " << segments << ": " << c);
               ++layouts;
             }
-    CHECK(layouts == 32);
+    CHECK(layouts == 24);
   }
 
   TEST_CASE("the proof catches a buffer placed in bytes that are still live") {

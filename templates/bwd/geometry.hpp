@@ -111,26 +111,6 @@ struct StateWalkBwdSm90Layout {
   }
   static_assert(kFwBarriers * 8 <= 128, "the mbarriers must fit before the vectors");
 
-  /// The z_owner layout (walk_bwd_layout "z_owner", the fused backward's roles): the stages of
-  /// WALK_FUSES_W, then bf16(Z) for all 128 columns (the dh tape's staging and D's operand), the
-  /// dV' tile (dv_new's staging and the update's operand), dOs in hi and lo tiles (the update
-  /// reads them from shared memory: the gradient's owner has no registers for them), one P tile
-  /// and the W tile, each single: every tile is rewritten once its readers of the chunk before
-  /// have arrived on its barrier.
-  static constexpr int zo_off_zb(int K, int chunk) { return kStages * fw_stage_bytes(K, chunk); }
-  static constexpr int zo_off_dv(int K, int chunk) { return zo_off_zb(K, chunk) + K * 2 * kSlab * 2; }
-  static constexpr int zo_off_hi(int K, int chunk) { return zo_off_dv(K, chunk) + chunk * 2 * kSlab * 2; }
-  static constexpr int zo_off_lo(int K, int chunk) { return zo_off_hi(K, chunk) + chunk * 2 * kSlab * 2; }
-  static constexpr int zo_off_p(int K, int chunk) { return zo_off_lo(K, chunk) + chunk * 2 * kSlab * 2; }
-  static constexpr int zo_off_w(int K, int chunk) { return zo_off_p(K, chunk) + chunk * chunk * 2; }
-  static constexpr int zo_off_bar(int K, int chunk) { return zo_off_w(K, chunk) + chunk * K * 2; }
-  static constexpr int zo_off_vec(int K, int chunk) { return zo_off_bar(K, chunk) + 128; }
-  /// Two buffers (by chunk parity) of one factor per token for each of the two walking roles.
-  static constexpr int zo_vec_bytes(int chunk) { return 2 * 2 * chunk * 4; }
-  static constexpr int zo_smem_bytes(int K, int chunk) { return zo_off_vec(K, chunk) + zo_vec_bytes(chunk) + 1024; }
-  // full[s], empty[s]; pfull, pempty; wfull, wempty; zfull, zempty; dvfull, dvempty.
-  static_assert((2 * kStages + 8) * 8 <= 128, "the mbarriers must fit before the vectors");
-
   /// The fused layout (walk_bwd_layout "fused": the reverse walk with chunk_bwd's body,
   /// docs/design_fused_bwd_sm90.md 3.9 and 3.16): one slot per tile but K's two (by chunk parity,
   /// so the next chunk's K arrives while this chunk's last readers work). Eight 64 x K token
@@ -156,8 +136,6 @@ struct StateWalkBwdSm90Layout {
 };
 static_assert(StateWalkBwdSm90Layout::fu_smem_bytes(128, 64) <= 232448,
               "the fused layout must fit an sm_90a block's shared memory");
-static_assert(StateWalkBwdSm90Layout::zo_smem_bytes(128, 64) <= 232448,
-              "the z_owner layout must fit an sm_90a block's shared memory");
 static_assert(StateWalkBwdSm90Layout::fw_smem_bytes(128, 64) <= StateWalkBwdSm90Layout::smem_bytes(128, 64),
               "W in the walk must fit the block's shared memory");
 

@@ -24,15 +24,6 @@
  * Each k loop keeps the portable programs' order and each element its rounding: the block gives
  * the bits of dv_local followed by state_walk_bwd (gpu_determinism holds it to them), and the
  * layer's dv_local program does nothing on sm_90a when this body runs (Cfg::WALK_FUSES_DV there).
- *
- * Cfg::WALK_Z_OWNER (walk_bwd_layout "z_owner", the fused backward's roles: docs/
- * design_fused_bwd_sm90.md 3.7) shares the work out differently with the same products and
- * roundings, so the same bits: warpgroup 3 owns all of Z^T (two m64 halves, 128 registers), stages
- * bf16(Z) and the dh tape, builds dOs hi and lo as tiles and runs the update from shared memory
- * (W stored negated by the scores, so dV' is read as staged); warpgroup 2 computes D, dv_local and
- * dV' for the 128 columns and stores dv_new; one P tile. The single tiles pass between the roles on
- * mbarriers that complete once per chunk (zfull / zempty, dvfull / dvempty, wfull / wempty,
- * pfull / pempty).
  */
 #pragma once
 
@@ -119,12 +110,10 @@ __device__ __forceinline__ void stage_dv_prime(u32 dv_addr, u32 vec, const float
 /// W = bf16(bf16(Tm diag(beta exp2(gc))) K) (chunk_prep's rounding) into the SW128 tile at w_addr by
 /// one warpgroup (its warp and lane): Tm's elements times their column's factor (0 past len)
 /// rounded as the A operand from registers, K read N-major, four 32-column quarters of fp32
-/// accumulators rounded to bf16 pairs, each pair XOR `sign` (0x80008000 stores -W exactly).
-/// gc and beta of the chunk at the shared addresses sg and sb. NQ quarters from q_first (a body
-/// warpgroup of the fused backward forms half of W).
-template <int C, int NQ = 4>
+/// accumulators rounded to bf16 pairs. gc and beta of the chunk at the shared addresses sg and sb.
+template <int C>
 __device__ __forceinline__ void form_w_tile(u32 t_addr, u32 k_addr, u32 sg, u32 sb, u32 w_addr, int len, int warp,
-                                            int lane, u32 sign, int q_first = 0) {
+                                            int lane) {
   auto pack = [](float lo, float hi) { return f2bf_pair(lo, hi); };
   // The row and column of the thread are laundered per call: loop-invariant, the compiler would
   // hoist every swizzled address of the tiles out of the chunk loop and spill them.
@@ -150,8 +139,7 @@ __device__ __forceinline__ void form_w_tile(u32 t_addr, u32 k_addr, u32 sg, u32 
 #pragma unroll
   for (int ks = 0; ks < C / 16; ++ks) wg::fence_operand(A[ks]);
 #pragma unroll
-  for (int qq = 0; qq < NQ; ++qq) {
-    const int quarter = q_first + qq;
+  for (int quarter = 0; quarter < 4; ++quarter) {
     float acc[16];
     wg::fence();
 #pragma unroll
@@ -165,19 +153,9 @@ __device__ __forceinline__ void form_w_tile(u32 t_addr, u32 k_addr, u32 sg, u32 
 #pragma unroll
       for (int h = 0; h < 2; ++h)
         wg::sts_u32(w_addr + sw128::offset(h ? r_hi : r_lo, 32 * quarter + 8 * i + tq, C),
-                    pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]) ^ sign);
+                    pack(acc[4 * i + 2 * h], acc[4 * i + 2 * h + 1]));
   }
 }
-
-/// Cfg::WALK_Z_OWNER where the program has it (walk_bwd_layout "z_owner"), else false.
-template <class Cfg, class = int>
-struct WalkZOwner {
-  static constexpr bool value = false;
-};
-template <class Cfg>
-struct WalkZOwner<Cfg, decltype((void)Cfg::WALK_Z_OWNER, 0)> {
-  static constexpr bool value = Cfg::WALK_Z_OWNER;
-};
 
 /// Cfg::WALK_FUSED where the program has it (walk_bwd_layout "fused"), else 0. An enumerator, not
 /// a static member: the other programs' constant banks (and code digests) stay as they were.
@@ -204,37 +182,20 @@ struct StateWalkBwdSm90 {
   static constexpr bool kFusesW = Cfg::WALK_FUSES_W;
   static constexpr int kStage = kFusesW ? L::fw_stage_bytes(K, C) : L::stage_bytes(K, C);
   static constexpr int kOffK = L::off_k(K, C), kOffQ = L::off_q(K, C), kOffW = L::off_w(K, C);
-  /// The fused backward's roles (walk_bwd_layout "z_owner"): warpgroup 3 owns all of Z^T (128 x
-  /// 128 fp32) and its update from shared memory, warpgroup 2 computes D, dv_local and dV' for the
-  /// 128 columns; loader and scores as before. Same products, k orders and roundings: same bits.
-  enum : int { kZo = WalkZOwner<Cfg>::value ? 1 : 0 };
-  static_assert(!kZo || (kFusesW && Cfg::SEGMENTS == 1 && Cfg::RANKS == 1),
-                "StateWalkBwdSm90: the z_owner layout takes W from the walk, one segment and one rank");
   static constexpr int kOffT = L::fw_off_t(K, C), kOffB = L::fw_off_b(K, C);
-  // Enumerators, not static members: the default body's constant bank (and code digest) stays.
-  enum : int {
-    kOffWTile = kZo ? L::zo_off_w(K, C) : L::fw_off_w(K, C),
-    kOffZb = L::zo_off_zb(K, C),
-    kOffDvTile = L::zo_off_dv(K, C),
-    kOffHi = L::zo_off_hi(K, C),
-    kOffLo = L::zo_off_lo(K, C)
-  };
+  // An enumerator, not a static member: the body's constant bank (and code digest) stays.
+  enum : int { kOffWTile = L::fw_off_w(K, C) };
   static constexpr int kOffO = kFusesW ? L::fw_off_o(K, C) : L::off_o(K, C);
   static constexpr int kOffG = kFusesW ? L::fw_off_g(K, C) : L::off_g(K, C);
   static constexpr int kOffStaging = kFusesW ? L::fw_off_staging(K, C) : L::off_staging(K, C);
-  static constexpr int kOffP = kZo ? L::zo_off_p(K, C) : kFusesW ? L::fw_off_p(K, C) : L::off_p(K, C);
-  static constexpr int kOffBar = kZo ? L::zo_off_bar(K, C) : kFusesW ? L::fw_off_bar(K, C) : L::off_bar(K, C);
-  static constexpr int kOffVec = kZo ? L::zo_off_vec(K, C) : kFusesW ? L::fw_off_vec(K, C) : L::off_vec(K, C);
+  static constexpr int kOffP = kFusesW ? L::fw_off_p(K, C) : L::off_p(K, C);
+  static constexpr int kOffBar = kFusesW ? L::fw_off_bar(K, C) : L::off_bar(K, C);
+  static constexpr int kOffVec = kFusesW ? L::fw_off_vec(K, C) : L::off_vec(K, C);
   static constexpr int kStagingBytes = L::staging_bytes(K), kVecBytes = L::vec_bytes(C);
-  static constexpr int kPTiles = kZo ? 1 : L::kPTiles;
+  static constexpr int kPTiles = L::kPTiles;
   // 32 + 80 + 2 x 200 = 4 x the pinned 128; the walks spill at 192, the scores at 72.
   static constexpr int kLoaderRegs = 32, kScoreRegs = 80, kWalkRegs = 200;
   static_assert(kLoaderRegs + kScoreRegs + 2 * kWalkRegs <= 4 * 128, "setmaxnreg: the block's pinned registers");
-  // z_owner: the gradient's owner holds 128 accumulators (160 measured without spills for its
-  // code), the value side D and dv_local for 128 columns (128 accumulators).
-  enum : int { kZoOwnerRegs = 168, kZoValueRegs = 232 };
-  static_assert(kLoaderRegs + kScoreRegs + kZoOwnerRegs + kZoValueRegs <= 4 * 128,
-                "setmaxnreg: the block's pinned registers");
 
   typedef unsigned long long mbar_t;
   using Carry = ReverseCarry<Cfg>;
@@ -264,11 +225,7 @@ struct StateWalkBwdSm90 {
     mbar_t* const pfull = bars + 2 * kStages;  // [kPTiles], 128 arrivals: the scores' threads
     mbar_t* const pempty = pfull + kPTiles;    // [kPTiles], 256 arrivals: both walks' threads
     mbar_t* const wtile = pempty + kPTiles;    // kFusesW: [0] wfull (128: the scores), [1] wempty (256: the walks)
-    // z_owner: [0] zfull (128: the owner, bf16(Z) staged), [1] zempty (128: the value side, D read
-    // it), [2] dvfull (128: the value side, dV' staged), [3] dvempty (128: the owner, its update read it).
-    mbar_t* const ztile = wtile + 2;
-    // A tile's readers: both walks, or (z_owner) one warpgroup.
-    constexpr int kReaders = kZo ? 128 : 256;
+    constexpr int kReaders = 256;              // a tile's readers: both walks
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         pipe::mbar_init(full + s, 129);
@@ -282,29 +239,17 @@ struct StateWalkBwdSm90 {
         pipe::mbar_init(wtile, 128);
         pipe::mbar_init(wtile + 1, kReaders);
       }
-      if (kZo)
-        for (int b = 0; b < 4; ++b) pipe::mbar_init(ztile + b, 128);
       pipe::fence_mbar_init();
     }
     __syncthreads();
     const int role = threadIdx.x / 128;
-    if constexpr (kZo) {
-      if (role == 2) {
-        pipe::setmaxnreg_inc<kZoValueRegs>();
-        return value_side(p, maps, range, smem, full, empty, pfull, pempty, ztile);
-      }
-      if (role == 3) {
-        pipe::setmaxnreg_inc<kZoOwnerRegs>();
-        return z_owner(p, maps, range, smem, full, empty, wtile, ztile);
-      }
-    }
     if (role == 0) {
       pipe::setmaxnreg_dec<kLoaderRegs>();
       loader(p, maps, range, smem, full, empty);
     } else if (role == 1) {
       pipe::setmaxnreg_dec<kScoreRegs>();
       scores(p, range, smem, full, empty, pfull, pempty, wtile);
-    } else if constexpr (!kZo) {  // the split walks (not compiled into the z_owner layout)
+    } else {
       pipe::setmaxnreg_inc<kWalkRegs>();
       walk(p, maps, range, smem, role - 2, full, empty, pfull, pempty, wtile);
     }
@@ -463,13 +408,10 @@ struct StateWalkBwdSm90 {
   /// 32-column quarters of fp32 accumulators (16 beside the 16 A registers fit the warpgroup's 80)
   /// rounded to bf16 pairs. Tm is zero above the diagonal and in rows past the length
   /// (chunk_solve's store, the loader's zero fill), so W's rows there are zero.
-  /// z_owner: W is stored negated (flipping a bf16's sign is exact), so the owner's update takes
-  /// dV' as staged for dv_new: (-dV')^T W and dV'^T (-W) are the same products, the same bits.
-  enum : u32 { kWSign = kZo ? 0x80008000u : 0u };
   __device__ __forceinline__ static void form_w(unsigned char* smem, int s, int len, int warp, int lane) {
     form_w_tile<C>(wg::smem_u32(tile(smem, s, kOffT)), wg::smem_u32(tile(smem, s, kOffK)),
                    wg::smem_u32(smem + s * kStage + kOffG), wg::smem_u32(smem + s * kStage + kOffB),
-                   wg::smem_u32(smem + kOffWTile), len, warp, lane, kWSign);
+                   wg::smem_u32(smem + kOffWTile), len, warp, lane);
   }
 
   /// The A fragment of k-step ks of an m64nN accumulator (columns 16 ks .. 16 ks + 15), rounded.
@@ -479,227 +421,6 @@ struct StateWalkBwdSm90 {
     a[1] = pack(acc[8 * ks + 2], acc[8 * ks + 3]);
     a[2] = pack(acc[8 * ks + 4], acc[8 * ks + 5]);
     a[3] = pack(acc[8 * ks + 6], acc[8 * ks + 7]);
-  }
-
-  /// z_owner, warpgroup 2 (like the owner, at the block's column 0: BV == V, asserted above): for
-  /// the 128 columns D^T = bf16(Z)^T K^T and dv_local^T = dO^T P~ (two
-  /// m64 halves each, the walk's products), dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) into the
-  /// dV' tile as [t][v] rows (dv_new, and the owner's operand), stored by TMA (a whole chunk) or by
-  /// rows (a chunk cut short).
-  __device__ __forceinline__ static void value_side(const StateWalkBwdParams& p, const TensorMaps& maps,
-                                                    const SegmentWalk<Cfg>& range, unsigned char* smem, mbar_t* full,
-                                                    mbar_t* empty, mbar_t* pfull, mbar_t* pempty, mbar_t* ztile) {
-    const int ctid = threadIdx.x - 256, warp = ctid >> 5, lane = ctid & 31;
-    const int j = walk_head<Cfg>();
-    const int c_last = range.end - 1, nc = range.end - range.begin;
-    const u32 zb = wg::smem_u32(smem + kOffZb), dv_addr = wg::smem_u32(smem + kOffDvTile);
-    const u32 p_addr = wg::smem_u32(smem + kOffP), vec0 = wg::smem_u32(smem + kOffVec);
-    const int c8 = 16 * warp + 8 * (lane & 1);  // the 16-byte piece a lane stores, per row and half
-    constexpr int kBar = 1;                     // this warpgroup's named barrier
-    int s = 0, phase = 0;
-    ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
-#pragma unroll 1
-    for (int u = 0; u < nc; ++u) {
-      const ChunkInfo ci = next;  // read one chunk ahead: its latency is off the chain
-      if (u + 1 < nc) next = p.chunks[c_last - u - 1];
-      const int len = ci.len;
-      const long long t0 = ci.start;
-      const u32 vec = vec0 + (u & 1) * C * 4;
-      const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
-      const u32 k_addr = wg::smem_u32(tile(smem, s, kOffK)), o_addr = wg::smem_u32(tile(smem, s, kOffO));
-      pipe::mbar_wait(full + s, phase);
-      if (ctid < C) {  // exp2(gcL - gc_t), once per token
-        const float gl = wg::lds_f32(sg + 4 * (len - 1));
-        wg::sts_f32(vec + 4 * ctid, gate_exp2(gl - wg::lds_f32(sg + 4 * ctid), true));
-      }
-      wg::fence_smem_for_async();  // the cp.async writes (short chunks) are read by wgmma
-      pipe::named_sync(kBar, 128);
-      float D0[32], D1[32], L0[32], L1[32];
-      pipe::mbar_wait(ztile, u & 1);  // zfull: bf16(Z) is staged
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < K / 16; ++ks)
-        wg::mma_m64n64k16<1, 0>(D0, wg::desc_mn_major(zb, K, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
-#pragma unroll
-      for (int ks = 0; ks < K / 16; ++ks)
-        wg::mma_m64n64k16<1, 0>(D1, wg::desc_mn_major(zb + K * 128, K, ks), wg::desc_k_major(k_addr, C, ks), ks > 0);
-      wg::commit();
-      pipe::mbar_wait(pfull, u & 1);
-#pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks)
-        wg::mma_m64n64k16<1, 1>(L0, wg::desc_mn_major(o_addr, C, ks), wg::desc_mn_major(p_addr, C, ks), ks > 0);
-#pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks)
-        wg::mma_m64n64k16<1, 1>(L1, wg::desc_mn_major(o_addr + C * 128, C, ks), wg::desc_mn_major(p_addr, C, ks),
-                                ks > 0);
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_acc(D0);
-      wg::fence_acc(D1);
-      wg::fence_acc(L0);
-      wg::fence_acc(L1);
-      pipe::mbar_arrive(ztile + 1);  // zempty
-      pipe::mbar_arrive(pempty);
-      // The dV' tile is free once the owner's update of the chunk before and its store have read it.
-      if (u > 0) {
-        if (ctid == 0) pipe::bulk_wait_read<0>();
-        pipe::mbar_wait(ztile + 3, (u - 1) & 1);  // dvempty
-        pipe::named_sync(kBar, 128);
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        stage_dv_prime<C>(dv_addr, vec, half ? D1 : D0, half ? L1 : L0, len, 64 * half, warp, lane);
-      }
-      wg::fence_smem_for_async();
-      pipe::mbar_arrive(ztile + 2);  // dvfull
-      if (len == C) {
-        pipe::named_sync(kBar, 128);
-        if (ctid == 0) {
-#pragma unroll
-          for (int half = 0; half < 2; ++half)
-            pipe::tma_store_2d(&maps.map[kMapDv], j * V + 64 * half, static_cast<int>(t0), dv_addr + half * C * 128);
-          pipe::bulk_commit();
-        }
-      } else {  // each warp stores the rows below the length from its own columns
-        __syncwarp();
-        bf16_t* const dst = p.dv_new + (t0 * HV + j) * V;
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll 2
-          for (int r = lane >> 1; r < C; r += 16)
-            if (r < len)
-              bwd::st_global_v4(dst + (long long)r * HV * V + 64 * half + c8,
-                                wg::lds_v4(dv_addr + sw128::offset(r, 64 * half + c8, C)));
-      }
-      pipe::mbar_arrive(empty + s);  // K and dO were read (wait<0> above)
-      if (++s == kStages) s = 0, phase ^= 1;
-    }
-    if (ctid == 0) pipe::bulk_wait<0>();  // the stores are complete before the block's shared memory goes
-  }
-
-  /// z_owner, warpgroup 3: Z^T (128 x 128 fp32, the two m64 halves of its rows) from dht, per chunk
-  /// bf16(Z) staged as [k][v] rows (the dh tape, D's operand), dOs = scale exp2(min(gc_t, 0)) dO_t
-  /// split into hi and lo tiles, and the update Z^T = exp2(gcL) Z^T + (dOs hi)^T Q + (dOs lo)^T Q
-  /// + dV'^T (-W) from shared memory, in the walk's order; dh0 at the end.
-  __device__ __forceinline__ static void z_owner(const StateWalkBwdParams& p, const TensorMaps& maps,
-                                                 const SegmentWalk<Cfg>& range, unsigned char* smem, mbar_t* full,
-                                                 mbar_t* empty, mbar_t* wtile, mbar_t* ztile) {
-    const int ctid = threadIdx.x - 384, warp = ctid >> 5, lane = ctid & 31;
-    const int j = walk_head<Cfg>(), n = range.n;
-    const int c_last = range.end - 1, nc = range.end - range.begin;
-    const int tq = (lane & 3) * 2, m_lane = lane >> 3;
-    const int v_lo = warp * 16 + (lane >> 2), v_hi = v_lo + 8;
-    const u32 zb = wg::smem_u32(smem + kOffZb), dv_addr = wg::smem_u32(smem + kOffDvTile);
-    const u32 hi_addr = wg::smem_u32(smem + kOffHi), lo_addr = wg::smem_u32(smem + kOffLo);
-    const u32 w_addr = wg::smem_u32(smem + kOffWTile), vec0 = wg::smem_u32(smem + kOffVec) + 2 * C * 4;
-    constexpr int kBar = 2;  // this warpgroup's named barrier
-    const float scale = p.scale;
-
-    // Z^T, half h: element (v, k) at Zh[4 i + 2 hh + e], v = 64 h + (hh ? v_hi : v_lo), k = 8 i + tq + e.
-    float Z0[64], Z1[64];
-    auto for_state = [&](long long base, auto&& f) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int i = 0; i < K / 8; ++i)
-#pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              f((half ? Z1 : Z0)[4 * i + 2 * hh + e],
-                base + (long long)(8 * i + tq + e) * V + 64 * half + (hh ? v_hi : v_lo));
-    };
-    if (Cfg::HAS_HT && p.dht != nullptr) {
-      for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { x = p.dht[at]; });
-    } else {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) Z0[i] = Z1[i] = 0.f;
-    }
-
-    int s = 0, phase = 0;
-    ChunkInfo next = nc > 0 ? p.chunks[c_last] : ChunkInfo{};
-#pragma unroll 1
-    for (int u = 0; u < nc; ++u) {
-      const int c = c_last - u;
-      const ChunkInfo ci = next;
-      if (u + 1 < nc) next = p.chunks[c - 1];
-      const int len = ci.len;
-      const u32 vec = vec0 + (u & 1) * C * 4;
-      const u32 sg = wg::smem_u32(smem + s * kStage + kOffG);
-      const u32 q_addr = wg::smem_u32(tile(smem, s, kOffQ)), o_addr = wg::smem_u32(tile(smem, s, kOffO));
-
-      // bf16(Z^T) as [k][v] rows once the value side's D of the chunk before and its dh store read
-      // the tile; then the dh tape by TMA (two K x 64 boxes).
-      if (u > 0) {
-        if (ctid == 0) pipe::bulk_wait_read<0>();
-        pipe::mbar_wait(ztile + 1, (u - 1) & 1);  // zempty
-        pipe::named_sync(kBar, 128);
-      }
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int ks = 0; ks < K / 16; ++ks) {
-          u32 zf[4];
-          to_a(zf, half ? Z1 : Z0, ks);
-          const int r = 16 * ks + 8 * (m_lane >> 1) + (lane & 7), v = 64 * half + 16 * warp + 8 * (m_lane & 1);
-          wg::stsm_x4_trans(zb + sw128::offset(r, v, K), zf);
-        }
-      wg::fence_smem_for_async();
-      pipe::mbar_arrive(ztile);  // zfull
-      pipe::named_sync(kBar, 128);
-      if (ctid == 0) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          pipe::tma_store_2d(&maps.map[kMapDh], 64 * half, (c * HV + j) * K, zb + half * K * 128);
-        pipe::bulk_commit();
-      }
-
-      pipe::mbar_wait(full + s, phase);
-      const float gl = wg::lds_f32(sg + 4 * (len - 1));
-      if (ctid < C) wg::sts_f32(vec + 4 * ctid, scale * exp2f(fminf(wg::lds_f32(sg + 4 * ctid), 0.f)));
-      pipe::named_sync(kBar, 128);
-      // dOs in hi and lo tiles; the owner's own update of the chunk before read them (its wait<0>).
-      split_rows_hi_lo<C, V>(o_addr, hi_addr, lo_addr, vec, ctid);
-      wg::fence_smem_for_async();
-      pipe::named_sync(kBar, 128);
-      const float decay = gate_exp2(gl, true);
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        Z0[i] *= decay;
-        Z1[i] *= decay;
-      }
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks) {
-        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(hi_addr, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
-        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(hi_addr + C * 128, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
-      }
-#pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks) {
-        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(lo_addr, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
-        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(lo_addr + C * 128, C, ks), wg::desc_mn_major(q_addr, C, ks), 1);
-      }
-      wg::commit();
-      pipe::mbar_wait(ztile + 2, u & 1);  // dvfull
-      pipe::mbar_wait(wtile, u & 1);      // wfull: -W of this chunk
-      wg::fence();
-#pragma unroll
-      for (int ks = 0; ks < C / 16; ++ks) {
-        wg::mma_k16<128, 1, 1>(Z0, wg::desc_mn_major(dv_addr, C, ks), wg::desc_mn_major(w_addr, C, ks), 1);
-        wg::mma_k16<128, 1, 1>(Z1, wg::desc_mn_major(dv_addr + C * 128, C, ks), wg::desc_mn_major(w_addr, C, ks), 1);
-      }
-      wg::commit();
-      wg::wait<0>();
-      wg::fence_acc(Z0);
-      wg::fence_acc(Z1);
-      pipe::mbar_arrive(ztile + 3);  // dvempty
-      pipe::mbar_arrive(wtile + 1);  // wempty
-      pipe::mbar_arrive(empty + s);  // Q and dO were read
-      if (++s == kStages) s = 0, phase ^= 1;
-    }
-    if (ctid == 0) pipe::bulk_wait<0>();
-    if (Cfg::HAS_H0 && p.dh0 != nullptr && range.seg == 0)
-      for_state(((long long)n * HV + j) * K * V, [&](float& x, long long at) { p.dh0[at] = x; });
   }
 
   /// Warpgroups 2 and 3: walk `slab` (columns 64 slab .. + 63 of the block's 128).

@@ -7,7 +7,8 @@
  * where chunk_bwd loaded them. The update takes K^T X, X = -diag(b exp2(gc)) Tm^T bf16(dV') (the body's dvb, scaled),
  * where the split walk takes W^T bf16(dV'): the same sum without forming W (design 3.12), rounded once where W's way
  * rounds W. So the gradient Z, and with it every result of the backward, has its own bits, held to the fp64 bounds; the
- * products and epilogues are otherwise state_walk_bwd_sm90.cuh's (z_owner layout) and chunk_bwd_sm90.cuh's.
+ * products and epilogues are otherwise the split walk's (state_walk_bwd_sm90.cuh, one warpgroup owning the whole
+ * gradient: design 3.7) and chunk_bwd_sm90.cuh's.
  *
  * Warpgroups (setmaxnreg 32 / 160 / 160 / 160):
  *  - P, the producer: TMA loads of a chunk's tiles into single slots (cp.async with the rows past
@@ -1072,7 +1073,7 @@ struct WalkBwdFusedSm90 {
     }
   }
 
-  /// Warpgroup 3, the gradient's owner: the z_owner layout's, with <S, Zb> (chunk_bwd's order).
+  /// Warpgroup 3, the gradient's owner (all 128 x 128 of Z^T, design 3.7), with <S, Zb> (chunk_bwd's order).
   __device__ static void owner(const StateWalkBwdFusedParams& p, const SegmentWalk<Cfg>& range, unsigned char* smem,
                                mbar_t* bars) {
     const int ctid = static_cast<int>(threadIdx.x) - 384, warp = ctid >> 5, lane = ctid & 31;
