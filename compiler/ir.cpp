@@ -267,9 +267,9 @@ LayerIR lower(const Spec& spec_in) {
                     "(tensor_cores \"auto\", 128-wide slabs, K = V = 128; here {}, slab {})",
                     to_string(s.forward), s.cp_ranks, s.cp_segments, to_string(s.cp_carry), to_string(s.tensor_cores),
                     ir.walk_bwd_bv));
-  // walk_bwd_layout "fused" runs every reverse walk of the verified carry in its body too (speculate, verify and
-  // the marked chains' walk), so it takes segments there; the merge carry's segmented walk would
-  // need the reverse walk's transitions, which the fused body does not form.
+  // walk_bwd_layout "fused" runs every reverse walk of the verified carry in its body (speculate,
+  // verify and the marked chains' walk), so it takes segments there; the merge carry's segmented
+  // walk would need the reverse walk's transitions, which the fused body does not form.
   // "auto" takes "fused" exactly where a pinned "fused" would be accepted.
   const bool layout_can_fuse = walk_fuses_w && s.cp_ranks == 1 && (s.cp_segments == 1 || verified_segments);
   if (s.walk_bwd_layout == WalkBwdLayout::automatic) {
