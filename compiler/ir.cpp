@@ -1006,10 +1006,12 @@ std::string to_text(const LayerIR& ir) {
         "K = V = 128)",
         to_string(s.backward_w)));
   if (ir.walk_bwd_layout_auto)
-    line(
-        fmt::format("walk_bwd_layout: auto -> {} (the fused reverse walk where the reverse walk forms W in its "
-                    "sm_90a body (backward_w \"walk\"), on one rank, with one segment or the verified carry)",
-                    to_string(s.walk_bwd_layout)));
+    line(fmt::format(
+        "walk_bwd_layout: auto -> {} (the fused reverse walk where the reverse walk forms W in its "
+        "sm_90a body (backward_w \"walk\"), on one rank, with one segment or the verified carry; "
+        "here backward_w {}, {} rank{}, {} segment{}{})",
+        to_string(s.walk_bwd_layout), to_string(s.backward_w), s.cp_ranks, s.cp_ranks == 1 ? "" : "s", s.cp_segments,
+        s.cp_segments == 1 ? "" : "s", ir.verified_carry ? " under the verified carry" : ""));
   if (ir.segments_auto) {
     const bool fused = s.forward == ForwardPath::fused;
     const char* why = fused ? "one document's fused walks, value heads x V / 128, fill at most a quarter of the "
