@@ -36,29 +36,6 @@
 
 namespace gdn {
 
-/// dOs = f_t dO_t split into bf16 hi and lo tiles at dO's positions (a 64 x VW SW128 tile at
-/// o_addr; hi_addr may be o_addr itself), f_t the fp32 factor of token t at vec + 4 t; by the
-/// 128 threads of one warpgroup (thread ctid). A 16-byte piece at byte x holds 8 columns of row
-/// (x mod 64-column block) / 128: the swizzle moves pieces within their row.
-template <int C, int VW>
-__device__ __forceinline__ void split_rows_hi_lo(u32 o_addr, u32 hi_addr, u32 lo_addr, u32 vec, int ctid) {
-#pragma unroll 2
-  for (int i = 0; i < C * VW * 2 / 16 / 128; ++i) {
-    const u32 x = static_cast<u32>(i * 128 + ctid) * 16u;
-    const int t = static_cast<int>((x % static_cast<u32>(C * 128)) >> 7);
-    const float f = wg::lds_f32(vec + 4 * t);
-    const uint4 o = wg::lds_v4(o_addr + x);
-    const u32 ow[4] = {o.x, o.y, o.z, o.w};
-    u32 hw[4], lw[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      split_bf16_pair(f * bf2f(static_cast<bf16_t>(ow[e] & 0xffffu)), f * bf2f(static_cast<bf16_t>(ow[e] >> 16)), hw[e],
-                      lw[e]);
-    wg::sts_v4(hi_addr + x, make_uint4(hw[0], hw[1], hw[2], hw[3]));
-    wg::sts_v4(lo_addr + x, make_uint4(lw[0], lw[1], lw[2], lw[3]));
-  }
-}
-
 /// The bf16 pair of dV'^T = exp2(gcL - gc_t) D^T + bf16(dv_local^T) at accumulator columns at,
 /// at + 1 (tokens t, t + 1; 0 from len on), the two factors read as a float2 at `factors`.
 /// PAIRED rounds bf16(dv_local^T) as a pair (one conversion and two unpacks instead of two
