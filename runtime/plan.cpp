@@ -166,6 +166,9 @@ class Builder {
   size_t size() const { return plan_.launches.size(); }
 
   PlannedLaunch& launch(const char* program, size_t params_size) {
+    if (params_size > kMaxParamsBytes)
+      throw std::logic_error(fmt::format("plan: {}'s parameters take {} bytes, more than the launch buffers' {}",
+                                         program, params_size, kMaxParamsBytes));
     const int idx = program_index(ir_, program);
     plan_.launches.push_back({idx, static_cast<uint32_t>(params_size), grid_of(ir_, ir_.programs[idx]), {}});
     return plan_.launches.back();
@@ -799,7 +802,7 @@ void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, L
   const auto ws = slot_offsets(plan.ws_slots, T, N, plan.chunk);
   const CUstream stream = reinterpret_cast<CUstream>(frame[Frame::stream]);
   for (const PlannedLaunch& l : plan.launches) {
-    alignas(16) unsigned char params[256] = {};
+    alignas(16) unsigned char params[kMaxParamsBytes] = {};
     for (const Field& f : l.fields) {
       uint64_t v = 0;
       const ValueSource& s = f.source;

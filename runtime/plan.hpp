@@ -98,9 +98,13 @@ struct Field {
   ValueSource source;
 };
 
+/// The largest parameter block of any program: the interpreter and the LLVM host stubs build each
+/// launch's block in a buffer of this size (the driver takes up to 4 KB).
+inline constexpr uint32_t kMaxParamsBytes = 512;
+
 struct PlannedLaunch {
-  int program;  ///< index into LayerIR::programs
-  uint32_t params_size;
+  int program;           ///< index into LayerIR::programs
+  uint32_t params_size;  ///< at most kMaxParamsBytes
   std::array<Lin, 3> grid;
   std::vector<Field> fields;  ///< unlisted bytes are zero
   /// Fields bound otherwise on one target, whose body reads other inputs through the same

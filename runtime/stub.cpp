@@ -73,13 +73,13 @@ class StubEmitter {
     auto* launch_fn = b_.CreateLoad(llvm::PointerType::getUnqual(launch_ty), b_.CreateStructGEP(runtime_ty, rt, 0));
     auto* launch_ctx = b_.CreateLoad(i8p, b_.CreateStructGEP(runtime_ty, rt, 1));
     auto* stream = word(Frame::stream);
-    auto* buf_ty = llvm::ArrayType::get(b_.getInt8Ty(), 256);
+    auto* buf_ty = llvm::ArrayType::get(b_.getInt8Ty(), kMaxParamsBytes);
     auto* buf = b_.CreateAlloca(buf_ty, nullptr, "params");
     buf->setAlignment(llvm::Align(16));
     auto* buf_i8 = b_.CreateBitCast(buf, i8p);
 
     for (const PlannedLaunch& l : plan.launches) {
-      b_.CreateMemSet(buf_i8, b_.getInt8(0), b_.getInt64(256), llvm::MaybeAlign(16));
+      b_.CreateMemSet(buf_i8, b_.getInt8(0), b_.getInt64(kMaxParamsBytes), llvm::MaybeAlign(16));
       for (const Field& f : l.fields) {
         llvm::Value* v = nullptr;
         const ValueSource& s = f.source;
