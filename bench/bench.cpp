@@ -453,6 +453,7 @@ struct ArmKind {
   bool verified = false;                           ///< the spec's cp.carry "verified"
   bool recompute_output = false;                   ///< ckpt's recompute with the output needed
   std::optional<WalkBwdLayout> walk_bwd_layout{};  ///< the spec's walk_bwd_layout (none: the base spec's)
+  bool full_saves = false;                         ///< the spec's save_mode "full"
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -462,6 +463,8 @@ const std::map<std::string, ArmKind> kArms = {
     {"ckpt-output", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
     {"ckpt-output-no-handoff", {false, false, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, true}},
     {"graph", {true, true, false}},
+    // save_mode "full": the forward writes the tapes the backward would otherwise recompute
+    {"full", {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, false, std::nullopt, true}},
     // the reverse walk with chunk_bwd's body (one segment, W from the walk)
     {"walk-fused",
      {false, true, false, 0, 0, 1, std::nullopt, 0, -1, BackwardW::walk, false, false, false, WalkBwdLayout::fused}},
@@ -559,6 +562,7 @@ Spec arm_spec(Spec s, const std::string& name) {
   if (k.nondeterministic) s.determinism = Determinism::nondeterministic;
   if (k.verified) s.cp_carry = SegmentCarry::verified;
   if (k.walk_bwd_layout) s.walk_bwd_layout = *k.walk_bwd_layout;
+  if (k.full_saves) s.save_mode = SaveMode::full;
   if (k.ranks != 0) {
     s.cp_ranks = k.ranks;
     s.cp_segments = 1;  // the ranks' pieces are the segments
@@ -745,7 +749,8 @@ int main(int argc, char** argv) {
   app.add_option(
          "--arms", arm_names,
          "arms of the timing table: spec (the example spec), spec-aa (an A/A copy: the noise envelope), "
-         "no-handoff (ckpt re-runs the prep and the walk), graph, graph-no-handoff, mma-sync (tensor_cores "
+         "no-handoff (ckpt re-runs the prep and the walk), full (save_mode \"full\"), graph, graph-no-handoff, "
+         "mma-sync (tensor_cores "
          "\"mma_sync\"), walk32, walk64 (walk_slab 32 / 64), walkbwd32, walkbwd64 (walk_bwd_slab 32 / 64), walks64 "
          "(both 64), seg1, seg2, seg4, seg8, seg11, seg12, seg16, seg32 (cp.segments), seg-auto (cp.segments "
          "\"auto\"), programs, "
