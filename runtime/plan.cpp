@@ -802,7 +802,9 @@ void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, L
   const auto ws = slot_offsets(plan.ws_slots, T, N, plan.chunk);
   const CUstream stream = reinterpret_cast<CUstream>(frame[Frame::stream]);
   for (const PlannedLaunch& l : plan.launches) {
-    alignas(16) unsigned char params[kMaxParamsBytes] = {};
+    // Only the block's own bytes are passed, so only they need zeroing (launch path).
+    alignas(16) unsigned char params[kMaxParamsBytes];
+    std::memset(params, 0, l.params_size);
     for (const Field& f : l.fields) {
       uint64_t v = 0;
       const ValueSource& s = f.source;

@@ -79,7 +79,7 @@ class StubEmitter {
     auto* buf_i8 = b_.CreateBitCast(buf, i8p);
 
     for (const PlannedLaunch& l : plan.launches) {
-      b_.CreateMemSet(buf_i8, b_.getInt8(0), b_.getInt64(kMaxParamsBytes), llvm::MaybeAlign(16));
+      b_.CreateMemSet(buf_i8, b_.getInt8(0), b_.getInt64(l.params_size), llvm::MaybeAlign(16));
       for (const Field& f : l.fields) {
         llvm::Value* v = nullptr;
         const ValueSource& s = f.source;
