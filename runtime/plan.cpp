@@ -136,7 +136,8 @@ class Builder {
  public:
   Builder(const LayerIR& ir, CallPlan& plan, CallForm form) : ir_(ir), plan_(plan) {
     plan.chunk = ir.spec.chunk;
-    saved_ = slot_names(ir, BufferRole::saved, form, plan.saved_slots);
+    plan.saved_slot_names = slot_names(ir, BufferRole::saved, form, plan.saved_slots);
+    saved_ = plan.saved_slot_names;
     plan.ws_slot_names = slot_names(ir, BufferRole::workspace, form, plan.ws_slots);
   }
   ValueSource slot(const std::string& name) const {
@@ -534,9 +535,10 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
   using F = Frame;
   const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
-  if (norm && ir.spec.forward == ForwardPath::fused) {  // the forward folded the norm: no qn, kn saved
+  if (norm && ir.spec.forward == ForwardPath::fused) {  // the forward folded the norm: no qn saved
     bind_l2norm(b, F::q, q, b.constant(0));
-    if (full || rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));  // a hand-off brings kn
+    // kn: a hand-off brings it, and full saves keep the forward's
+    if (!full && rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));
   }
   // Where the sm_90a walks form W under segments (the verified carry), the re-run is a program of
   // its own that idles there, and chunk_prep_marked makes the marked chains' W after the walks.
@@ -768,31 +770,35 @@ void specialize_for_target(CallPlan& plan, const LayerIR& ir, Target target) {
         if (f.offset == field.offset) f = field, replaced = true;
       if (!replaced) l.fields.push_back(field);
     }
-  // The workspace slots of buffers unused on this target go; the slots after them move up.
-  std::vector<int> moved(plan.ws_slot_names.size(), -1);
-  std::vector<ByteFormula> slots;
-  std::vector<std::string> names;
-  for (size_t i = 0; i < plan.ws_slot_names.size(); ++i) {
-    if (ir.buffer(plan.ws_slot_names[i]).unused_for(target)) continue;
-    moved[i] = static_cast<int>(slots.size());
-    slots.push_back(plan.ws_slots[i]);
-    names.push_back(plan.ws_slot_names[i]);
-  }
-  if (slots.size() == plan.ws_slots.size()) return;
-  for (PlannedLaunch& l : plan.launches)
-    for (Field& f : l.fields) {
-      if (f.source.kind != ValueSource::from_slot || f.source.region != RegionKind::ws) continue;
-      const int to = moved.at(static_cast<size_t>(f.source.slot));
-      // A program that runs here and binds a buffer the IR says nothing here touches: the IR and
-      // the plan disagree, and the body would write through a slot that has no bytes.
-      if (to < 0)
-        throw std::logic_error(fmt::format("plan: layer '{}': {} binds '{}', which is unused on {}", ir.spec.name,
-                                           ir.programs.at(static_cast<size_t>(l.program)).name, f.source.buffer,
-                                           to_string(target)));
-      f.source.slot = to;
+  // The slots of buffers unused on this target go, in both regions; the slots after them move up.
+  auto drop_unused = [&](RegionKind region, std::vector<ByteFormula>& slots, std::vector<std::string>& names) {
+    std::vector<int> moved(names.size(), -1);
+    std::vector<ByteFormula> kept_slots;
+    std::vector<std::string> kept_names;
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (ir.buffer(names[i]).unused_for(target)) continue;
+      moved[i] = static_cast<int>(kept_slots.size());
+      kept_slots.push_back(slots[i]);
+      kept_names.push_back(names[i]);
     }
-  plan.ws_slots = std::move(slots);
-  plan.ws_slot_names = std::move(names);
+    if (kept_slots.size() == slots.size()) return;
+    for (PlannedLaunch& l : plan.launches)
+      for (Field& f : l.fields) {
+        if (f.source.kind != ValueSource::from_slot || f.source.region != region) continue;
+        const int to = moved.at(static_cast<size_t>(f.source.slot));
+        // A program that runs here and binds a buffer the IR says nothing here touches: the IR and
+        // the plan disagree, and the body would write through a slot that has no bytes.
+        if (to < 0)
+          throw std::logic_error(fmt::format("plan: layer '{}': {} binds '{}', which is unused on {}", ir.spec.name,
+                                             ir.programs.at(static_cast<size_t>(l.program)).name, f.source.buffer,
+                                             to_string(target)));
+        f.source.slot = to;
+      }
+    slots = std::move(kept_slots);
+    names = std::move(kept_names);
+  };
+  drop_unused(RegionKind::saved, plan.saved_slots, plan.saved_slot_names);
+  drop_unused(RegionKind::ws, plan.ws_slots, plan.ws_slot_names);
 }
 
 void run_plan(const CallPlan& plan, const LayerIR& ir, const CallFrame& frame, Launcher& launcher) {

@@ -115,7 +115,8 @@ struct PlannedLaunch {
 struct CallPlan {
   std::string name;
   int chunk = 64;
-  std::vector<ByteFormula> saved_slots;  ///< in region order (256-byte aligned each)
+  std::vector<ByteFormula> saved_slots;       ///< in region order (256-byte aligned each)
+  std::vector<std::string> saved_slot_names;  ///< the buffer whose home each saved slot is
   std::vector<ByteFormula> ws_slots;
   std::vector<std::string> ws_slot_names;  ///< the buffer whose home each workspace slot is
   std::vector<PlannedLaunch> launches;
@@ -126,8 +127,8 @@ struct CallPlan {
 
 /// The plan as it runs on `target`: the launches of programs idle there (not compiled for it)
 /// dropped, the fields the target binds otherwise (PlannedLaunch::target_fields) applied, and the
-/// workspace slots of buffers unused there (Buffer::unused_on) taken out (a launch that still
-/// binds one is a std::logic_error).
+/// saved and workspace slots of buffers unused there (Buffer::unused_on) taken out (a launch that
+/// still binds one is a std::logic_error).
 void specialize_for_target(CallPlan& plan, const LayerIR& ir, Target target);
 
 /// Which launches a plan contains.

@@ -785,7 +785,8 @@ TEST_SUITE("ir") {
     CHECK(gdn::spec_from_json(gdn::to_json(spec)).forward == gdn::ForwardPath::fused);
     // Full saves: the fused walk writes the saved tapes beside o (the roundings of walk_tape, which
     // a light backward re-runs, so light and full keep the same bits), after chunk_prep for the
-    // saved W; the backward normalizes q and k itself and re-runs nothing.
+    // saved W and kn (the forward's launch, so the backward's bits); the backward normalizes q
+    // itself and re-runs nothing.
     spec.save_mode = gdn::SaveMode::full;
     const auto full = gdn::lower(spec);
     const auto full_launches = [&](gdn::CallForm form) {
@@ -803,9 +804,10 @@ TEST_SUITE("ir") {
                                    "fused_walk [the output is needed]", "walk_tape [the output is not needed]"});
     CHECK(constant_of(full.program("fused_walk"), "TAPES") == "true");
     CHECK(full_launches(gdn::CallForm::backward) ==
-          std::vector<std::string>{"l2norm", "l2norm", "dv_local", "state_walk_bwd", "chunk_bwd", "finalize"});
+          std::vector<std::string>{"l2norm", "dv_local", "state_walk_bwd", "chunk_bwd", "finalize"});
     CHECK(full.buffer("h_tape").role == gdn::BufferRole::saved);
-    CHECK(full.buffer("kn").role == gdn::BufferRole::workspace);
+    CHECK(full.buffer("kn").role == gdn::BufferRole::saved);
+    CHECK(full.buffer("kn").forms.empty());
   }
 
   TEST_CASE("forward \"auto\" picks the fused forward from the layer's heads alone") {

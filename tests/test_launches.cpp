@@ -381,6 +381,26 @@ TEST_SUITE("launches") {
     CHECK(block.find("ws.w") == std::string::npos);
   }
 
+  TEST_CASE("full saves on the fused forward: the backward reads the forward's kn and makes none") {
+    Spec spec = example("m");
+    spec.save_mode = SaveMode::full;
+    const std::string text = record(spec, {1000, 2});
+    // The forward ends with its fused walk; the backward's launches follow.
+    const auto [walk, walk_at] = launch_block(text, "fused_walk", 0);
+    const std::string forward = text.substr(0, walk_at + walk.size()), backward = text.substr(forward.size());
+    const std::string kn_written = field(offsetof(L2NormParams, y), "saved.kn");
+    CHECK(forward.find(kn_written) != std::string::npos);
+    CHECK(text.find("ws.kn") == std::string::npos);
+    size_t l2norms = 0;
+    for (size_t at = backward.find("l2norm grid"); at != std::string::npos; at = backward.find("l2norm grid", at + 1)) {
+      ++l2norms;
+      CHECK(launch_block(backward, "l2norm", at).first.find(kn_written) == std::string::npos);
+    }
+    CHECK(l2norms == 1);  // qn
+    CHECK(launch_block(backward, "state_walk_bwd", 0).first.find("saved.kn") != std::string::npos);
+    CHECK(launch_block(backward, "finalize", 0).first.find("saved.kn") != std::string::npos);
+  }
+
   TEST_CASE("cp.carry \"verified\": the forward's walks bind the checkpoints and the marks; the re-run does not") {
     Spec spec = example("n");
     spec.cp_segments = 4;
@@ -771,6 +791,48 @@ TEST_SUITE("launches") {
     CHECK_THROWS_WITH_AS(specialize_for_target(plan, wrong, Target::sm_100a),
                          "plan: layer 'shape_m': state_walk_bwd binds 'dh_tape', which is unused on sm_100a",
                          std::logic_error);
+  }
+
+  TEST_CASE("full saves: sm_90a's saved region has no W (the reverse walk forms its own), the others keep it") {
+    Spec spec = example("m");
+    spec.save_mode = SaveMode::full;
+    const LayerIR ir = lower(spec);
+    CHECK(ir.buffer("w").role == BufferRole::saved);
+    CHECK(ir.buffer("w").unused_for(Target::sm_90a));
+    CHECK_FALSE(ir.buffer("w").unused_for(Target::sm_100a));
+    const ProblemShape s{12345, 7};
+    const size_t any = region_bytes(ir, BufferRole::saved, CallForm::forward, s.T, s.N);
+    const size_t w_bytes = (static_cast<size_t>(ir.buffer("w").bytes.eval(s.T, s.N, 64)) + 255) / 256 * 256;
+    for (const Target target : {Target::sm_90a, Target::sm_100a}) {
+      CAPTURE(to_string(target));
+      const bool left_out = target == Target::sm_90a;
+      Spec one = spec;
+      one.targets = {target};
+      auto rec = std::make_shared<testing::RecordingLauncher>();
+      auto layer = Layer::with_launcher(one, rec);
+      const FakeCall f = fake_call(*layer, s);
+      const RegionLayout saved = layer->saved_layout(s);
+      CHECK(saved.offset.count("w") == (left_out ? 0u : 1u));
+      CHECK(layer->saved_bytes(s) == (left_out ? any - w_bytes : any));
+      CHECK(region_bytes(ir, BufferRole::saved, CallForm::forward, s.T, s.N, target) == layer->saved_bytes(s));
+      layer->forward(s, f.in, f.out, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                     f.ws_size, nullptr);
+      layer->backward(s, f.in, f.grads, reinterpret_cast<void*>(f.saved), f.saved_size, reinterpret_cast<void*>(f.ws),
+                      f.ws_size, nullptr);
+      const std::string text = testing::render(rec->records, f.regions);
+      CHECK((text.find("saved.w\n") != std::string::npos) == !left_out);  // chunk_prep's W
+      // The slots after W's moved up: the walks address the target's own layout.
+      int walks = 0;
+      for (const auto& r : rec->records) {
+        if (r.program != "state_walk_bwd") continue;
+        ++walks;
+        if (left_out) {
+          CHECK(param_word(r, offsetof(StateWalkBwdParams, h_tape)) == f.saved + saved.offset.at("h_tape"));
+          CHECK(param_word(r, offsetof(StateWalkBwdParams, v_new)) == f.saved + saved.offset.at("v_new"));
+        }
+      }
+      CHECK(walks == 1);
+    }
   }
 
   TEST_CASE("grids follow the problem size") {
