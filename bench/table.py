@@ -12,8 +12,8 @@ under the sustained protocol (marked §; the class then uses the A/A envelope of
 normal protocol). The milliseconds shown are those of the first published run in time order; the
 ratio column lists every published run's ratio (peer ms / gdnc ms, above 1 = gdnc faster) and
 class. A cell without a published run says why: n/p power-capped (no sustained record),
-measured under the cap (sustained record, drift above 2 %), n/p unstable, failed gate, or not
-measured.
+measured under the cap (sustained record, drift above 2 %), n/p unstable, failed gate, n/p peer
+kernels from a carried cache (the peer loaded its compiled kernels from disk), or not measured.
 """
 
 import argparse
@@ -53,6 +53,11 @@ def run_outcome(run, shape, op):
             "capped_arms": d["capped_arms"]}
     if run.get("protocol") != protocol.NORMAL:
         return dict(base, published=False, reason="shortened protocol")
+    # FlashQLA ran up to 30 % slower with its kernels loaded from a carried disk cache than with
+    # them compiled in the process (M fwd 1.55-1.69 against 1.23-1.30 ms, M fwd+bwd 5.85 against
+    # 5.18; docs/PERF.md): a peer that did not compile its own kernels is not the peer at its best.
+    if run.get("peer_kernel_cache") == "carried":
+        return dict(base, published=False, reason="n/p peer kernels from a carried cache")
     if d["status"] == "published":
         return dict(base, published=True, mark="†" if d["by"] == "paired" else "", ratio=d["ratio"],
                     cls=d["cls"], ours_ms=d["ms"][OURS], peer_ms=d["ms"][peer])

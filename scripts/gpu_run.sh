@@ -26,7 +26,8 @@
 #             start) stops a process that would run past it, so the results are still packed
 #             within a device call's limit; bench/table.py builds the table. FlashQLA needs
 #             .peers/flashqla.tar.xz carried (scripts/flashqla_bundle.sh; a carried
-#             .scratch_device/tilelang-cache.tar.xz is used unless COMPARE_TILELANG_CACHE=0), FLA needs .whl
+#             .scratch_device/tilelang-cache.tar.xz is used only with COMPARE_TILELANG_CACHE=1, and bench/table.py
+#             never publishes such a run), FLA needs .whl
 #             (fla-core 0.6.0, einops). Out: compare.md, compare.png, compare.tar.xz (run files,
 #             logs, table JSON)
 #   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck over a small layer
@@ -277,8 +278,9 @@ if has compare; then
     # TileLang compiles FlashQLA's kernels on the first call per head layout (about 40 s forward,
     # 60 s backward): a cache brought back from an earlier run saves that.
     # FlashQLA ran 1.55-1.69 ms at M fwd in every process that loaded its kernels from a carried
-    # cache and 1.23 ms in those that compiled them (docs/PERF.md): COMPARE_TILELANG_CACHE=0 leaves
-    # a carried cache packed, and the run file records which state the peer ran in.
+    # cache and 1.23 ms in those that compiled them (docs/PERF.md): a carried cache stays packed
+    # unless COMPARE_TILELANG_CACHE=1 (a quick look, never published), and the run file records
+    # which state the peer ran in.
     export TILELANG_CACHE_DIR=/tmp/tilelang-cache
     touch /tmp/tilelang-cache.stamp
   fi
@@ -289,7 +291,7 @@ if has compare; then
   tilelang_cache_for_process() {
     rm -rf "$TILELANG_CACHE_DIR" && mkdir -p "$TILELANG_CACHE_DIR"
     export GDNC_PEER_KERNEL_CACHE=fresh
-    if [ "${COMPARE_TILELANG_CACHE:-1}" = 1 ] && [ -f .scratch_device/tilelang-cache.tar.xz ]; then
+    if [ "${COMPARE_TILELANG_CACHE:-0}" = 1 ] && [ -f .scratch_device/tilelang-cache.tar.xz ]; then
       tar xJf .scratch_device/tilelang-cache.tar.xz -C "$TILELANG_CACHE_DIR" && GDNC_PEER_KERNEL_CACHE=carried
     fi
   }

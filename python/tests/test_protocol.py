@@ -212,6 +212,15 @@ class TableTests(unittest.TestCase):
         self.assertIn("Peer kernels: flashqla carried, flashqla fresh.",
                       table.markdown(table.build([fresh, carried]), [fresh, carried]).splitlines()[0])
 
+    def test_a_peer_that_loaded_its_kernels_from_a_carried_cache_is_never_published(self):
+        fresh = run_file("flashqla", "forward", "t1", {("M", "fwd"): ([1.0] * 5, [2.0] * 5, 0, None)})
+        carried = run_file("flashqla", "reversed", "t2", {("M", "fwd"): ([1.0] * 5, [2.5] * 5, 0, None)})
+        fresh["peer_kernel_cache"], carried["peer_kernel_cache"] = "fresh", "carried"
+        self.assertEqual(table.ratio_text(table.build([fresh, carried])[("M", "fwd", "flashqla")]),
+                         "2.000 win (1 of 2 runs)")
+        self.assertEqual(table.ratio_text(table.build([carried])[("M", "fwd", "flashqla")]),
+                         "n/p peer kernels from a carried cache (1 run)")
+
     def test_the_header_names_every_commit_of_a_code_digest(self):
         run = run_file("flashqla", "forward", "t1", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)})
         run["code_digest"], run["resumed_commits"] = "65920f368b0bbea7", ["def5678"]
