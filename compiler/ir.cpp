@@ -923,7 +923,7 @@ LayerIR lower(const Spec& spec_in) {
   if (fold_rstd) {
     bwd.push_back({"l2norm", "qn (the forward folded the norm)"});
     if (!full)
-      bwd.push_back({"l2norm", "kn (a hand-off brings it; full saves keep the forward's)", "no fresh hand-off"});
+      bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
   }
   const bool marked_prep = ir.has_program("chunk_prep_marked");
   if (!full) {
