@@ -922,8 +922,7 @@ LayerIR lower(const Spec& spec_in) {
   std::vector<Launch> bwd;
   if (fold_rstd) {
     bwd.push_back({"l2norm", "qn (the forward folded the norm)"});
-    if (!full)
-      bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
+    if (!full) bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
   }
   const bool marked_prep = ir.has_program("chunk_prep_marked");
   if (!full) {
