@@ -53,7 +53,7 @@ def run_outcome(run, shape, op):
             "capped_arms": d["capped_arms"]}
     if run.get("protocol") != protocol.NORMAL:
         return dict(base, published=False, reason="shortened protocol")
-    # FlashQLA ran up to 30 % slower with its kernels loaded from a carried disk cache than with
+    # FlashQLA ran up to 37 % slower with its kernels loaded from a carried disk cache than with
     # them compiled in the process (M fwd 1.55-1.69 against 1.23-1.30 ms, M fwd+bwd 5.85 against
     # 5.18; docs/PERF.md): a peer that did not compile its own kernels is not the peer at its best.
     if run.get("peer_kernel_cache") == "carried":
