@@ -732,14 +732,12 @@ LayerIR lower(const Spec& spec_in) {
   // walk_bwd_layout "fused": on sm_90a the fused reverse walk keeps the gradient's tape and dV' of
   // each chunk in shared memory, and chunk_bwd, their only reader, idles there; the other targets'
   // portable walk and chunk_bwd still pass them through these slots.
-  if (walk_fused)
-    for (Buffer& b : ir.buffers)
-      if (b.name == "dh_tape" || b.name == "dv_new") b.unused_on.push_back(Target::sm_90a);
   // Full saves keep W for the portable reverse walk; on sm_90a, where the walk forms W itself and
   // chunk_prep idles (one segment), nothing writes or reads it (403 MB at M's 32768 tokens).
-  if (full && walk_fuses_w && segments == 1 && s.cp_ranks == 1)
-    for (Buffer& b : ir.buffers)
-      if (b.name == "w") b.unused_on.push_back(Target::sm_90a);
+  const bool saved_w_idle_on_sm90 = full && walk_fuses_w && segments == 1 && s.cp_ranks == 1;
+  for (Buffer& b : ir.buffers)
+    if ((walk_fused && (b.name == "dh_tape" || b.name == "dv_new")) || (saved_w_idle_on_sm90 && b.name == "w"))
+      b.unused_on.push_back(Target::sm_90a);
   for (const Buffer& b : ir.buffers)
     for (const Buffer& guest : ir.buffers)
       if (!b.unused_on.empty() && guest.lives_in == b.name)

@@ -137,7 +137,6 @@ class Builder {
   Builder(const LayerIR& ir, CallPlan& plan, CallForm form) : ir_(ir), plan_(plan) {
     plan.chunk = ir.spec.chunk;
     plan.saved_slot_names = slot_names(ir, BufferRole::saved, form, plan.saved_slots);
-    saved_ = plan.saved_slot_names;
     plan.ws_slot_names = slot_names(ir, BufferRole::workspace, form, plan.ws_slots);
   }
   ValueSource slot(const std::string& name) const {
@@ -146,11 +145,10 @@ class Builder {
     return v;
   }
   ValueSource home_slot(const std::string& name) const {
-    for (size_t i = 0; i < saved_.size(); ++i)
-      if (saved_[i] == name) return {ValueSource::from_slot, Frame::T, RegionKind::saved, static_cast<int>(i), {}, 0};
-    const auto& ws = plan_.ws_slot_names;
-    for (size_t i = 0; i < ws.size(); ++i)
-      if (ws[i] == name) return {ValueSource::from_slot, Frame::T, RegionKind::ws, static_cast<int>(i), {}, 0};
+    for (const auto& [region, names] :
+         {std::pair{RegionKind::saved, &plan_.saved_slot_names}, std::pair{RegionKind::ws, &plan_.ws_slot_names}})
+      for (size_t i = 0; i < names->size(); ++i)
+        if ((*names)[i] == name) return {ValueSource::from_slot, Frame::T, region, static_cast<int>(i), {}, 0};
     throw std::logic_error(fmt::format("plan '{}': no slot '{}' in layer '{}'", plan_.name, name, ir_.spec.name));
   }
   static ValueSource frame(Frame f) { return {ValueSource::from_frame, f, RegionKind::saved, 0, {}, 0}; }
@@ -179,7 +177,6 @@ class Builder {
  private:
   const LayerIR& ir_;
   CallPlan& plan_;
-  std::vector<std::string> saved_;
 };
 
 #define GDN_BIND(L, P, field, src) \
