@@ -8,7 +8,8 @@ runs in its own process with its own gdnc arm, and each peer's ratio is taken ag
 of its process. bench/table.py merges the runs' JSON files into the published table.
 
 Per shape, every arm's o, dq, dk, dv, dg, dbeta are first checked against the fp64 reference
-(rel-RMS <= 1e-2, max-abs <= 2e-2 max|ref|) on a pack of the shape's first --gate-tokens tokens;
+(rel-RMS <= 1e-2, max-abs <= 2e-2 max|ref|) on a pack of about --gate-tokens tokens (every document
+scaled down, the count kept);
 an arm that fails is reported and not timed. Then per operation (fwd, fwd+bwd, ckpt) every arm
 runs untimed for --settle-s seconds (its JIT compiles first), then the normal protocol; a cell
 with an arm at the board power limit in 5 % or more of its samples is re-timed under the
@@ -81,17 +82,16 @@ EXTRA_ARMS = {"graph": "gdnc graph", "nondet": "gdnc nondet", "fused": "gdnc fus
 
 
 def shape_docs(shape, tokens=None):
-    """The shape's heads and documents; with `tokens`, a pack of its first documents cut there."""
+    """The shape's heads and documents; with `tokens` below the shape's total, the gate's pack: every
+    document scaled by tokens / total (at least one token each, rounded down). It keeps the shape's
+    document count and proportions, and with them the choices a peer makes from them: FlashQLA's
+    intra-card CP model splits one 8192-token document at 48 value heads but none of M's, G's or A's
+    documents, so a pack of the first 8192 tokens (one document there) gated CP kernels that the
+    timed calls never run, where the scaled pack gates the timed path."""
     heads, docs = SHAPES[shape]
-    if tokens is not None:
-        cut, total = [], 0
-        for d in docs:
-            take = min(d, tokens - total)
-            if take <= 0:
-                break
-            cut.append(take)
-            total += take
-        docs = cut
+    total = sum(docs)
+    if tokens is not None and tokens < total:
+        docs = [max(1, d * tokens // total) for d in docs]
     return heads, docs
 
 

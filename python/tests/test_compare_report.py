@@ -11,11 +11,18 @@ import compare  # noqa: E402
 
 
 class ShapeTests(unittest.TestCase):
-    def test_every_shape_has_a_floor_and_the_gate_pack_is_cut_at_its_tokens(self):
+    def test_every_shape_has_a_floor_and_the_gate_pack_scales_every_document(self):
         self.assertEqual(set(compare.SHAPES), set(compare.FLOOR))
-        self.assertEqual(compare.shape_docs("M", 25000), ((16, 48), [12000, 9000, 4000]))
+        # M: 32768 tokens in five documents; the pack keeps five, each scaled by 25000 / 32768.
+        self.assertEqual(compare.shape_docs("M", 25000), ((16, 48), [9155, 6866, 4577, 2874, 1525]))
         self.assertEqual(compare.shape_docs("L", 8192), ((2, 6), [8192]))
         self.assertEqual(compare.shape_docs("N"), ((2, 6), [2049, 3001, 3142]))
+        self.assertEqual(compare.shape_docs("N", 100000), ((2, 6), [2049, 3001, 3142]))  # above the total: whole
+        self.assertEqual(compare.shape_docs("N", 2), ((2, 6), [1, 1, 1]))  # never an empty document
+        for shape in compare.SHAPES:
+            heads, docs = compare.shape_docs(shape, 8192)
+            self.assertEqual(len(docs), len(compare.SHAPES[shape][1]))
+            self.assertLessEqual(sum(docs), 8192)
 
 
 class SettleTests(unittest.TestCase):
