@@ -276,6 +276,38 @@ class Timer:
         return times, limited, clocks
 
 
+def top_kernels(rows, top=12):
+    """(kernel name, calls, device microseconds) rows of one profiled call -> the `top` kernels by
+    device time, longest first, names cut to 100 characters: which kernel a slow arm spends its time
+    in (FlashQLA's forward ran 1.25 ms at M in some processes and 1.76 in others, docs/PERF.md)."""
+    kept = sorted(((str(k), int(c), float(us)) for k, c, us in rows if us > 0), key=lambda r: (-r[2], r[0]))
+    return [[k[:100], c, round(us, 1)] for k, c, us in kept[:top]]
+
+
+def profile_kernels(names, run_one, before_each):
+    """One untimed call of each arm under torch.profiler (CUDA activity only), after the cell's
+    timing: per arm, its kernels' device time (top_kernels). A diagnostic, not a timing result (one
+    call, the profiler attached); a profiler failure is recorded, never fatal."""
+    from torch.profiler import ProfilerActivity, profile
+    out = {}
+    for n in names:
+        try:
+            before_each()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                run_one(n)
+                torch.cuda.synchronize()
+            rows = []
+            for e in prof.key_averages():
+                us = getattr(e, "device_time_total", None)
+                if us is None:
+                    us = getattr(e, "cuda_time_total", 0)
+                rows.append((e.key, e.count, us))
+            out[n] = top_kernels(rows)
+        except Exception as e:  # noqa: BLE001  the timing stands without it
+            out[n] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
 def settle(names, run_one, sync, seconds, clock=time.monotonic):
     """Before a cell's first group, untimed: every arm once (a peer's JIT compile for this shape
     and operation happens here, not inside the first group's warm-ups), then the arms in mirrored
@@ -400,6 +432,8 @@ def main():
     ap.add_argument("--settle-s", type=float, default=protocol.SETTLE_S,
                     help="untimed calls of every arm before a cell's first group, for this many seconds")
     ap.add_argument("--gate-tokens", type=int, default=8192)
+    ap.add_argument("--kernel-profile", default="on", choices=("on", "off"),
+                    help="on: after each cell, one profiled call per arm records its kernels' device time")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="start no cell after this many seconds (the JSON so far stays; --resume continues)")
     ap.add_argument("--out", required=True)
@@ -550,6 +584,17 @@ def main():
                           f"{sd['range'][OURS]} drift {sd['drift_pct'][OURS]:.2f} %, {peer} {sd['ms'][peer]:.3f} "
                           f"{sd['range'][peer]} drift {sd['drift_pct'][peer]:.2f} %; power-limited "
                           f"{s['power_limited_pct']}; ratio {sd['ratio']:.3f}: {sd['status']}")
+            if args.kernel_profile == "on":
+                def flushed():
+                    drop_grads(leaves)
+                    flush.zero_()
+                    torch.cuda.synchronize()
+
+                cell["kernels"] = profile_kernels([n for n in timed if n != AA], run_one, flushed)
+                for name, ks in cell["kernels"].items():
+                    shown = ks.get("error") if isinstance(ks, dict) else ", ".join(
+                        f"{k[:40]} {us / 1000:.3f} ms" for k, _, us in ks[:3])
+                    print(f"{shape:<2} {op:<8} kernels {name}: {shown}")
             entry["ops"][op] = cell
             save()
         print(f"{shape}: timed at {time.monotonic() - started:.0f} s")

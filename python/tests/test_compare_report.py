@@ -25,6 +25,16 @@ class ShapeTests(unittest.TestCase):
             self.assertLessEqual(sum(docs), 8192)
 
 
+class KernelProfileTests(unittest.TestCase):
+    def test_top_kernels_keeps_the_longest_with_their_calls_and_drops_idle_rows(self):
+        rows = [("kkt_solve", 1, 120.04), ("Memset (Device)", 2, 0.0), ("fused_fwd", 3, 900.26),
+                ("l2norm", 2, 120.04), ("x" * 150, 1, 5.0)]
+        got = compare.top_kernels(rows, top=3)
+        self.assertEqual(got, [["fused_fwd", 3, 900.3], ["kkt_solve", 1, 120.0], ["l2norm", 2, 120.0]])
+        self.assertEqual(len(compare.top_kernels(rows)[-1][0]), 100)  # long names cut
+        self.assertEqual(compare.top_kernels([]), [])
+
+
 class SettleTests(unittest.TestCase):
     def test_every_arm_runs_once_then_in_mirrored_order_until_the_time_is_up(self):
         ran, syncs, now = [], [], [0.0]
