@@ -276,6 +276,49 @@ class Timer:
         return times, limited, clocks
 
 
+def inductor_configs():
+    """The launch configs this process's torch.compile'd kernels run with (FlashQLA's L2 norm is
+    one: Inductor benchmarks its configs at the first call's size, keeps the winner for every later
+    size and caches it on disk for later processes). Per kernel its size hints and launchers (one
+    after autotuning). A diagnostic; an Inductor without these internals gives an error entry."""
+    try:
+        from torch._inductor.codecache import PyCodeCache
+        mods = getattr(PyCodeCache, "modules", None)
+        if isinstance(mods, dict):
+            mods = list(mods.values())
+        if mods is None:
+            mods = list(getattr(PyCodeCache, "cache", {}).values())
+        out = []
+        for m in mods:
+            for name, obj in sorted(vars(m).items()):
+                launchers = getattr(obj, "launchers", None)
+                if not launchers or not isinstance(launchers, (list, tuple)):
+                    continue
+                out.append({"kernel": name, "size_hints": str(getattr(obj, "size_hints", "")),
+                            "configs": [str(getattr(launcher, "config", launcher)) for launcher in launchers]})
+        return out
+    except Exception as e:  # noqa: BLE001  internals differ between torch versions
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def first_calls(arms, run_one):
+    """One untimed fwd+bwd of every arm on the timed inputs, before anything else of the shape runs:
+    a model's first call is at its own size, and a peer that tunes at its first call (FlashQLA's
+    compiled L2 norm) tunes there, not at the smaller pack of the accuracy gate. Returns per arm the
+    call's seconds (its compiles included) or its error; an arm that fails here still meets the gate."""
+    out = {}
+    for n in arms:
+        t = time.monotonic()
+        try:
+            run_one(n)
+            torch.cuda.synchronize()
+            out[n] = {"s": round(time.monotonic() - t, 3)}
+        except Exception as e:  # noqa: BLE001  the gate reports it again and the arm is not timed
+            torch.cuda.synchronize()
+            out[n] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
 def top_kernels(rows, top=12):
     """(kernel name, calls, device microseconds) rows of one profiled call -> the `top` kernels by
     device time, longest first, names cut to 100 characters: which kernel a slow arm spends its time
@@ -520,6 +563,23 @@ def main():
         if time.monotonic() - started > args.budget_s:
             print(f"{shape}: not started, past the budget of {args.budget_s:.0f} s (resume with --resume)")
             break
+        x = inputs(shape, seed=11)
+        if "first_calls" not in entry:
+            first_leaves = leaves_of(x)
+
+            def first_one(n):
+                drop_grads(first_leaves)
+                call(arms[n], "fwd+bwd", x, first_leaves)
+
+            entry["first_calls"] = first_calls(list(arms), first_one)
+            del first_leaves
+            entry["inductor_configs"] = inductor_configs()
+            print(f"{shape}: first calls " + ", ".join(f"{n} {r.get('s', r.get('error'))}"
+                                                       for n, r in entry["first_calls"].items()))
+            ic = entry["inductor_configs"]
+            if ic:
+                print(f"{shape}: torch.compile'd kernels: " + (ic["error"] if isinstance(ic, dict) else "; ".join(
+                    f"{k['kernel']} {k['size_hints']} {k['configs']}" for k in ic)))
         if "gate" not in entry:
             small = inputs(shape, seed=7, tokens=args.gate_tokens)
             ref = reference.run_tensors(small["q"], small["k"], small["v"], small["g"], small["beta"],
@@ -542,7 +602,6 @@ def main():
         if OURS not in timed or AA not in timed:
             print(f"{shape}: gdnc failed its gate: nothing timed")
             continue
-        x = inputs(shape, seed=11)
         for op in todo:
             if time.monotonic() - started > args.budget_s:
                 print(f"{shape} {op}: not started, past the budget of {args.budget_s:.0f} s")

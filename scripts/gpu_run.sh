@@ -301,6 +301,10 @@ if has compare; then
       run="$cdir/run_${peer}_${order}.json" resume=()
       [ -f "$run" ] && resume=(--resume "$run")
       left=$(( ${COMPARE_DEADLINE_S:-100000} - (SECONDS - t0) ))
+      # torch.compile's kernels (FlashQLA's L2 norm) keep the launch config Inductor benchmarked at
+      # their first call in this cache: a process must tune its own, not inherit an earlier one's.
+      export TORCHINDUCTOR_CACHE_DIR="/tmp/inductor-cache-$peer-$order"
+      rm -rf "$TORCHINDUCTOR_CACHE_DIR" && mkdir -p "$TORCHINDUCTOR_CACHE_DIR"
       if [ "$left" -lt 90 ]; then
         echo "compare: $peer $order not started: ${left} s left before COMPARE_DEADLINE_S" | tee -a "$cdir/compare.log"
         continue

@@ -35,6 +35,36 @@ class KernelProfileTests(unittest.TestCase):
         self.assertEqual(compare.top_kernels([]), [])
 
 
+class FirstCallTests(unittest.TestCase):
+    def test_every_arm_runs_once_in_order_and_an_error_is_recorded_not_raised(self):
+        import types
+        saved = compare.torch
+        syncs = []
+        compare.torch = types.SimpleNamespace(cuda=types.SimpleNamespace(synchronize=lambda: syncs.append(1)))
+        try:
+            ran = []
+
+            def run_one(n):
+                ran.append(n)
+                if n == "peer":
+                    raise RuntimeError("no kernel for sm_90")
+
+            got = compare.first_calls(["gdnc", "peer", "aa"], run_one)
+        finally:
+            compare.torch = saved
+        self.assertEqual(ran, ["gdnc", "peer", "aa"])
+        self.assertEqual(len(syncs), 3)
+        self.assertIn("s", got["gdnc"])
+        self.assertEqual(got["peer"], {"error": "RuntimeError: no kernel for sm_90"})
+        self.assertIn("s", got["aa"])
+
+    def test_inductor_configs_without_torch_is_an_error_entry(self):
+        if compare.torch is not None:
+            self.skipTest("torch is importable here")
+        got = compare.inductor_configs()
+        self.assertIn("error", got)
+
+
 class SettleTests(unittest.TestCase):
     def test_every_arm_runs_once_then_in_mirrored_order_until_the_time_is_up(self):
         ran, syncs, now = [], [], [0.0]
