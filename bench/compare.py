@@ -42,7 +42,6 @@ import datetime
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
