@@ -172,6 +172,17 @@ def leaves_of(x):
     return [x[n].detach().clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")]
 
 
+def arm_runner(fns, op, x):
+    """run_one(name): one call of `op` by arm `name` on `x`, through leaves of its own, their grads
+    dropped first (drop_grads)."""
+    leaves = leaves_of(x)
+
+    def run_one(n):
+        drop_grads(leaves)
+        call(fns[n], op, x, leaves)
+    return run_one
+
+
 def drop_grads(leaves):
     """Before every call, outside the timed region: with a leaf's .grad left from the previous call,
     autograd adds the new gradient into it, one elementwise kernel per input (the same for every
@@ -564,14 +575,7 @@ def main():
             break
         x = inputs(shape, seed=11)
         if "first_calls" not in entry:
-            first_leaves = leaves_of(x)
-
-            def first_one(n):
-                drop_grads(first_leaves)
-                call(arms[n], "fwd+bwd", x, first_leaves)
-
-            entry["first_calls"] = first_calls(list(arms), first_one)
-            del first_leaves
+            entry["first_calls"] = first_calls(list(arms), arm_runner(arms, "fwd+bwd", x))
             entry["inductor_configs"] = inductor_configs()
             print(f"{shape}: first calls " + ", ".join(f"{n} {r.get('s', r.get('error'))}"
                                                        for n, r in entry["first_calls"].items()))
@@ -606,12 +610,7 @@ def main():
                 print(f"{shape} {op}: not started, past the budget of {args.budget_s:.0f} s")
                 break
             i = OPS.index(op)
-            leaves = leaves_of(x)
-
-            def run_one(n):
-                drop_grads(leaves)
-                call(timed[n], op, x, leaves)
-
+            run_one = arm_runner(timed, op, x)
             settled = settle(list(timed), run_one, torch.cuda.synchronize, args.settle_s)
             before = dict(binding_stats)
             cell = {"settle_calls": settled, "arms": measure_normal(timer, timed, op, x, normal)}
@@ -644,7 +643,6 @@ def main():
                           f"{s['power_limited_pct']}; ratio {sd['ratio']:.3f}: {sd['status']}")
             if args.kernel_profile == "on":
                 def flushed():
-                    drop_grads(leaves)
                     flush.zero_()
                     torch.cuda.synchronize()
 
