@@ -446,17 +446,20 @@ def parse_gdnc_spec(text):
     return spec
 
 
-def load_resume(path, commit, peer, order, gdnc_spec=None, code_digest=""):
+def load_resume(path, commit, peer, order, gdnc_spec=None, code_digest="", device=None):
     """The cells an earlier output of the same commit (or, where both runs have one, the same code
-    digest), peer, order and gdnc configuration already holds."""
+    digest), peer, order, gdnc configuration and device already holds. A device machine of another
+    kind (an H200 lent where an H100 ran before) starts a run file of its own: one run file, one
+    device."""
     if not path or not Path(path).exists():
         return None
     earlier = json.loads(Path(path).read_text())
     same_code = bool(code_digest) and bool(earlier.get("code_digest"))
     build = ("code_digest", code_digest) if same_code else ("commit", commit)
-    mismatch = [(k, earlier.get(k), v)
-                for k, v in (build, ("peer", peer), ("order", order), ("gdnc_spec", gdnc_spec or {}))
-                if earlier.get(k, {} if k == "gdnc_spec" else None) != v]
+    checks = [build, ("peer", peer), ("order", order), ("gdnc_spec", gdnc_spec or {})]
+    if device is not None:
+        checks.append(("device", device))
+    mismatch = [(k, earlier.get(k), v) for k, v in checks if earlier.get(k, {} if k == "gdnc_spec" else None) != v]
     if mismatch:
         raise SystemExit("compare: --resume " + str(path) + " is another run: " +
                          ", ".join(f"{k} {a!r} there, {b!r} here" for k, a, b in mismatch))
@@ -543,7 +546,8 @@ def main():
     order = list(arms) if args.order == "forward" else list(arms)[::-1]
     arms = {n: arms[n] for n in order}
 
-    results = load_resume(args.resume, args.commit, args.peer, args.order, gdnc_spec, args.code_digest)
+    results = load_resume(args.resume, args.commit, args.peer, args.order, gdnc_spec, args.code_digest,
+                          torch.cuda.get_device_name())
     if results:
         results.setdefault("resumed_utc", []).append(datetime.datetime.now(datetime.timezone.utc).isoformat())
     else:

@@ -200,6 +200,12 @@ def main(argv=None):
     if len(configs) > 1:
         sys.exit("table: the runs time different gdnc configurations (--gdnc-spec): " + "; ".join(sorted(configs)) +
                  "; build one table per configuration")
+    # A ratio holds for the card it was timed on (an H100 and an H200 throttle differently under
+    # the same power cap): one table per device.
+    devices = {r.get("device", "unknown") for r in runs}
+    if len(devices) > 1:
+        sys.exit("table: the runs were timed on different devices: " + "; ".join(sorted(devices)) +
+                 "; build one table per device")
     table = build(runs)
     text = markdown(table, runs)
     stem = Path(args.out)

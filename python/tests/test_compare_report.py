@@ -135,6 +135,19 @@ class CodeDigestResumeTests(unittest.TestCase):
             self.assertNotIn("resumed_commits", compare.load_resume(str(p), "abc", "flashqla", "forward", None, "d1"))
 
 
+class DeviceResumeTests(unittest.TestCase):
+    def test_a_run_resumes_only_on_the_device_it_started_on(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / "run.json"
+            p.write_text(json.dumps({"commit": "abc", "code_digest": "d1", "peer": "flashqla", "order": "reversed",
+                                     "device": "NVIDIA H100 80GB HBM3", "shapes": {"M": {}}}))
+            same = compare.load_resume(str(p), "abc", "flashqla", "reversed", None, "d1", "NVIDIA H100 80GB HBM3")
+            self.assertIn("M", same["shapes"])
+            with self.assertRaises(SystemExit) as cm:
+                compare.load_resume(str(p), "abc", "flashqla", "reversed", None, "d1", "NVIDIA H200")
+            self.assertIn("device 'NVIDIA H100 80GB HBM3' there, 'NVIDIA H200' here", str(cm.exception))
+
+
 class GdncSpecTests(unittest.TestCase):
     def test_only_code_options_pass(self):
         self.assertEqual(compare.parse_gdnc_spec('{"forward": "fused"}'), {"forward": "fused"})

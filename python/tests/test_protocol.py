@@ -257,6 +257,22 @@ class TableTests(unittest.TestCase):
             table.main([str(paths[1]), "--out", str(Path(d) / "f")])
             self.assertIn('with {"forward": "fused"}', (Path(d) / "f.md").read_text())
 
+    def test_one_table_per_device(self):
+        h100 = dict(run_file("flashqla", "forward", "t1", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)}),
+                    device="NVIDIA H100 80GB HBM3")
+        h200 = dict(run_file("flashqla", "reversed", "t2", {("G", "fwd"): ([1.0] * 5, [1.1] * 5, 0, None)}),
+                    device="NVIDIA H200")
+        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+            paths = []
+            for name, run in (("h100.json", h100), ("h200.json", h200)):
+                paths.append(Path(d) / name)
+                paths[-1].write_text(json.dumps(run))
+            with self.assertRaises(SystemExit) as cm:
+                table.main([str(p) for p in paths] + ["--out", str(Path(d) / "z")])
+            self.assertIn("different devices: NVIDIA H100 80GB HBM3; NVIDIA H200", str(cm.exception))
+            table.main([str(paths[1]), "--out", str(Path(d) / "h")])
+            self.assertIn("on NVIDIA H200;", (Path(d) / "h.md").read_text())
+
 
 if __name__ == "__main__":
     unittest.main()
