@@ -361,6 +361,59 @@ def profile_kernels(names, run_one, before_each):
     return out
 
 
+ALLOCATOR_COUNTERS = ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams")
+
+
+def host_wait(names, run_one, flush, cuda, clock=time.perf_counter, sleep_cycles=100_000_000, repeats=3):
+    """Whether an arm's call keeps the GPU waiting for the host: per arm, `repeats` pairs of
+    untimed calls after the cell, each from an idle GPU with the L2 flush queued before it
+    (`flush`, asynchronous); medians. The first call of a pair runs as the timed calls do: CUDA
+    events around it (`event_ms`; the flush runs while the host starts the call), the host's time
+    to issue it (`host_ms`) and the caching allocator's counters over it (a device allocation or
+    free inside a call synchronizes). The second is queued behind a GPU sleep longer than the host
+    needs, so its events measure the device alone (`queued_event_ms`: kernels and the gaps between
+    them); `gpu_waits_ms` = event_ms - queued_event_ms is the time the GPU waited for the host. If
+    the host returns only after the sleep, the call synchronized with the device (`synchronizes`).
+    A diagnostic like `kernels`: an error is recorded, never fatal."""
+    def timed_call(n, sleep):
+        slept, start, end = (cuda.Event(enable_timing=True) for _ in range(3))
+        cuda.synchronize()
+        flush()
+        slept.record()
+        if sleep:
+            cuda._sleep(sleep_cycles)
+        start.record()
+        t0 = clock()
+        run_one(n)
+        host_ms = (clock() - t0) * 1e3
+        end.record()
+        cuda.synchronize()
+        return start.elapsed_time(end), host_ms, slept.elapsed_time(start)
+
+    out = {}
+    for n in names:
+        try:
+            plain, queued, allocator = [], [], {k: 0 for k in ALLOCATOR_COUNTERS}
+            for _ in range(repeats):
+                cuda.synchronize()
+                counters = cuda.memory_stats()
+                plain.append(timed_call(n, False))
+                after = cuda.memory_stats()
+                for k in ALLOCATOR_COUNTERS:
+                    allocator[k] += after.get(k, 0) - counters.get(k, 0)
+                queued.append(timed_call(n, True))
+            event_ms, host_ms = (protocol.median([c[i] for c in plain]) for i in (0, 1))
+            queued_event_ms, queued_host_ms, sleep_ms = (protocol.median([c[i] for c in queued]) for i in (0, 1, 2))
+            out[n] = {"event_ms": round(event_ms, 4), "host_ms": round(host_ms, 4),
+                      "queued_event_ms": round(queued_event_ms, 4), "queued_host_ms": round(queued_host_ms, 4),
+                      "sleep_ms": round(sleep_ms, 3), "gpu_waits_ms": round(event_ms - queued_event_ms, 4),
+                      "synchronizes": any(c[1] > 0.5 * c[2] for c in queued),
+                      "allocator": allocator, "repeats": repeats}
+        except Exception as e:  # noqa: BLE001  the timing stands without it
+            out[n] = {"error": f"{type(e).__name__}: {e}"}
+    return out
+
+
 def settle(names, run_one, sync, seconds, clock=time.monotonic):
     """Before a cell's first group, untimed: every arm once (a peer's JIT compile for this shape
     and operation happens here, not inside the first group's warm-ups), then the arms in mirrored
@@ -489,7 +542,8 @@ def main():
                     help="untimed calls of every arm before a cell's first group, for this many seconds")
     ap.add_argument("--gate-tokens", type=int, default=8192)
     ap.add_argument("--kernel-profile", default="on", choices=("on", "off"),
-                    help="on: after each cell, one profiled call per arm records its kernels' device time")
+                    help="on: after each cell, one profiled call per arm records its kernels' device time, "
+                         "and two more whether the call keeps the GPU waiting for the host")
     ap.add_argument("--budget-s", type=float, default=float("inf"),
                     help="start no cell after this many seconds (the JSON so far stays; --resume continues)")
     ap.add_argument("--out", required=True)
@@ -655,6 +709,13 @@ def main():
                     shown = ks.get("error") if isinstance(ks, dict) else ", ".join(
                         f"{k[:40]} {us / 1000:.3f} ms" for k, _, us in ks[:3])
                     print(f"{shape:<2} {op:<8} kernels {name}: {shown}")
+                cell["host_wait"] = host_wait([n for n in timed if n != AA], run_one, flush.zero_, torch.cuda)
+                for name, w in cell["host_wait"].items():
+                    shown = w["error"] if "error" in w else (
+                        f"call {w['event_ms']:.3f} ms, device alone {w['queued_event_ms']:.3f}, GPU waits "
+                        f"{w['gpu_waits_ms']:.3f}; host {w['host_ms']:.3f}"
+                        f"{', synchronizes' if w['synchronizes'] else ''}; allocator {w['allocator']}")
+                    print(f"{shape:<2} {op:<8} host {name}: {shown}")
             entry["ops"][op] = cell
             save()
         print(f"{shape}: timed at {time.monotonic() - started:.0f} s")

@@ -35,6 +35,81 @@ class KernelProfileTests(unittest.TestCase):
         self.assertEqual(compare.top_kernels([]), [])
 
 
+class FakeCuda:
+    """A stream on a clock: the host's time and the time the GPU's queue drains (ms)."""
+
+    def __init__(self):
+        self.host, self.gpu, self.allocs = 0.0, 0.0, 0
+
+    def launch(self, ms, host_ms=0.01):
+        self.host += host_ms
+        self.gpu = max(self.gpu, self.host) + ms
+
+    def synchronize(self):
+        self.host = max(self.host, self.gpu)
+
+    def _sleep(self, cycles):
+        self.launch(cycles / 1e6, 0.0)
+
+    def memory_stats(self):
+        return {"num_device_alloc": self.allocs}
+
+    def clock(self):
+        return self.host / 1e3
+
+    def Event(self, enable_timing):
+        cuda = self
+
+        class Event:
+            def record(self):
+                cuda.gpu = max(cuda.gpu, cuda.host)
+                self.t = cuda.gpu
+
+            def elapsed_time(self, other):
+                return other.t - self.t
+        return Event()
+
+
+class HostWaitTests(unittest.TestCase):
+    def test_the_gpu_waits_only_for_a_slow_host_and_a_sync_is_named(self):
+        cuda = FakeCuda()
+
+        def run_one(name):
+            if name == "queued":  # the host ahead: five 1 ms kernels
+                for _ in range(5):
+                    cuda.launch(1.0)
+            elif name == "slow host":  # 2 ms of host work before each of two 1 ms kernels
+                for _ in range(2):
+                    cuda.launch(1.0, host_ms=2.0)
+            else:  # reads a result back: waits for the device, and allocates device memory
+                cuda.launch(1.0)
+                cuda.synchronize()
+                cuda.allocs += 1
+                cuda.launch(1.0)
+
+        got = compare.host_wait(["queued", "slow host", "syncs"], run_one, lambda: cuda.launch(0.1), cuda,
+                                clock=cuda.clock)
+        q, slow, sync = got["queued"], got["slow host"], got["syncs"]
+        self.assertAlmostEqual(q["event_ms"], 5.0, places=3)
+        self.assertAlmostEqual(q["gpu_waits_ms"], 0.0, places=3)
+        self.assertFalse(q["synchronizes"])
+        self.assertEqual(q["allocator"]["num_device_alloc"], 0)
+        self.assertAlmostEqual(slow["event_ms"], 4.9, places=3)  # the flush's 0.1 ms runs under the host
+        self.assertAlmostEqual(slow["queued_event_ms"], 2.0, places=3)
+        self.assertAlmostEqual(slow["gpu_waits_ms"], 2.9, places=3)
+        self.assertAlmostEqual(slow["host_ms"], 4.0, places=3)
+        self.assertFalse(slow["synchronizes"])
+        self.assertTrue(sync["synchronizes"])
+        self.assertEqual(sync["allocator"]["num_device_alloc"], 3)  # one a call, three plain calls
+        self.assertEqual(sync["repeats"], 3)
+
+    def test_an_error_is_recorded_not_raised(self):
+        def fails(name):
+            raise RuntimeError("no GPU")
+        got = compare.host_wait(["a"], fails, lambda: None, FakeCuda())
+        self.assertEqual(got, {"a": {"error": "RuntimeError: no GPU"}})
+
+
 class FirstCallTests(unittest.TestCase):
     def test_every_arm_runs_once_in_order_and_an_error_is_recorded_not_raised(self):
         import types
