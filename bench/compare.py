@@ -369,8 +369,8 @@ def host_wait(names, run_one, flush, cuda, clock=time.perf_counter, sleep_cycles
     untimed calls after the cell, each from an idle GPU with the L2 flush queued before it
     (`flush`, asynchronous); medians. The first call of a pair runs as the timed calls do: CUDA
     events around it (`event_ms`; the flush runs while the host starts the call), the host's time
-    to issue it (`host_ms`) and the caching allocator's counters over it (a device allocation or
-    free inside a call synchronizes). The second is queued behind a GPU sleep longer than the host
+    to issue it (`host_ms`) and the caching allocator's counters over it (a cudaFree inside a call
+    synchronizes the device; a cudaMalloc can stall the host). The second is queued behind a GPU sleep longer than the host
     needs, so its events measure the device alone (`queued_event_ms`: kernels and the gaps between
     them); `gpu_waits_ms` = event_ms - queued_event_ms is the time the GPU waited for the host. If
     the host returns only after the sleep, the call synchronized with the device (`synchronizes`).
