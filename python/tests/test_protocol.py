@@ -242,36 +242,32 @@ class TableTests(unittest.TestCase):
                 table.main([str(bad), "--out", str(Path(d) / "y")])
             self.assertIn("bad.json", str(cm.exception))
 
+    def assert_one_table_per(self, first, second, refusal, header):
+        """Two run files that table.py must not merge: the refusal names both, and the second alone
+        builds a table whose first line says what it was timed with."""
+        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
+            paths = [Path(d) / "first.json", Path(d) / "second.json"]
+            for path, run in zip(paths, (first, second)):
+                path.write_text(json.dumps(run))
+            with self.assertRaises(SystemExit) as cm:
+                table.main([str(p) for p in paths] + ["--out", str(Path(d) / "z")])
+            self.assertIn(refusal, str(cm.exception))
+            table.main([str(paths[1]), "--out", str(Path(d) / "t")])
+            self.assertIn(header, (Path(d) / "t.md").read_text().splitlines()[0])
+
     def test_one_table_per_gdnc_configuration(self):
         plain = run_file("flashqla", "forward", "t1", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)})
         fused = dict(run_file("flashqla", "reversed", "t2", {("M", "fwd"): ([1.0] * 5, [1.1] * 5, 0, None)}),
                      gdnc_spec={"forward": "fused"})
-        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
-            paths = []
-            for name, run in (("plain.json", plain), ("fused.json", fused)):
-                paths.append(Path(d) / name)
-                paths[-1].write_text(json.dumps(run))
-            with self.assertRaises(SystemExit) as cm:
-                table.main([str(p) for p in paths] + ["--out", str(Path(d) / "z")])
-            self.assertIn("different gdnc configurations", str(cm.exception))
-            table.main([str(paths[1]), "--out", str(Path(d) / "f")])
-            self.assertIn('with {"forward": "fused"}', (Path(d) / "f.md").read_text())
+        self.assert_one_table_per(plain, fused, "different gdnc configurations", 'with {"forward": "fused"}')
 
     def test_one_table_per_device(self):
         h100 = dict(run_file("flashqla", "forward", "t1", {("M", "fwd"): ([2.0] * 5, [1.0] * 5, 0, None)}),
                     device="NVIDIA H100 80GB HBM3")
         h200 = dict(run_file("flashqla", "reversed", "t2", {("G", "fwd"): ([1.0] * 5, [1.1] * 5, 0, None)}),
                     device="NVIDIA H200")
-        with tempfile.TemporaryDirectory() as d, contextlib.redirect_stdout(io.StringIO()):
-            paths = []
-            for name, run in (("h100.json", h100), ("h200.json", h200)):
-                paths.append(Path(d) / name)
-                paths[-1].write_text(json.dumps(run))
-            with self.assertRaises(SystemExit) as cm:
-                table.main([str(p) for p in paths] + ["--out", str(Path(d) / "z")])
-            self.assertIn("different devices: NVIDIA H100 80GB HBM3; NVIDIA H200", str(cm.exception))
-            table.main([str(paths[1]), "--out", str(Path(d) / "h")])
-            self.assertIn("on NVIDIA H200;", (Path(d) / "h.md").read_text())
+        self.assert_one_table_per(h100, h200, "different devices: NVIDIA H100 80GB HBM3; NVIDIA H200",
+                                  "on NVIDIA H200;")
 
 
 if __name__ == "__main__":
