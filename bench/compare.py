@@ -337,15 +337,17 @@ def top_kernels(rows, top=12):
     return [[k[:100], c, round(us, 1)] for k, c, us in kept[:top]]
 
 
-def profile_kernels(names, run_one, before_each):
+def profile_kernels(names, run_one, flush):
     """One untimed call of each arm under torch.profiler (CUDA activity only), after the cell's
-    timing: per arm, its kernels' device time (top_kernels). A diagnostic, not a timing result (one
-    call, the profiler attached); a profiler failure is recorded, never fatal."""
+    timing, the L2 flushed (`flush`, asynchronous) and the GPU idle before it: per arm, its kernels'
+    device time (top_kernels). A diagnostic, not a timing result (one call, the profiler attached);
+    a profiler failure is recorded, never fatal."""
     from torch.profiler import ProfilerActivity, profile
     out = {}
     for n in names:
         try:
-            before_each()
+            flush()
+            torch.cuda.synchronize()
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
                 run_one(n)
                 torch.cuda.synchronize()
@@ -370,11 +372,11 @@ def host_wait(names, run_one, flush, cuda, clock=time.perf_counter, sleep_cycles
     (`flush`, asynchronous); medians. The first call of a pair runs as the timed calls do: CUDA
     events around it (`event_ms`; the flush runs while the host starts the call), the host's time
     to issue it (`host_ms`) and the caching allocator's counters over it (a cudaFree inside a call
-    synchronizes the device; a cudaMalloc can stall the host). The second is queued behind a GPU sleep longer than the host
-    needs, so its events measure the device alone (`queued_event_ms`: kernels and the gaps between
-    them); `gpu_waits_ms` = event_ms - queued_event_ms is the time the GPU waited for the host. If
-    the host returns only after the sleep, the call synchronized with the device (`synchronizes`).
-    A diagnostic like `kernels`: an error is recorded, never fatal."""
+    synchronizes the device; a cudaMalloc can stall the host). The second is queued behind a GPU
+    sleep longer than the host needs, so its events measure the device alone (`queued_event_ms`:
+    kernels and the gaps between them); `gpu_waits_ms` = event_ms - queued_event_ms is the time the
+    GPU waited for the host. If the host returns only after the sleep, the call synchronized with
+    the device (`synchronizes`). A diagnostic like `kernels`: an error is recorded, never fatal."""
     def timed_call(n, sleep):
         slept, start, end = (cuda.Event(enable_timing=True) for _ in range(3))
         cuda.synchronize()
@@ -395,8 +397,7 @@ def host_wait(names, run_one, flush, cuda, clock=time.perf_counter, sleep_cycles
         try:
             plain, queued, allocator = [], [], {k: 0 for k in ALLOCATOR_COUNTERS}
             for _ in range(repeats):
-                cuda.synchronize()
-                counters = cuda.memory_stats()
+                counters = cuda.memory_stats()  # the host's own counters: no sync needed
                 plain.append(timed_call(n, False))
                 after = cuda.memory_stats()
                 for k in ALLOCATOR_COUNTERS:
@@ -700,16 +701,13 @@ def main():
                           f"{sd['range'][peer]} drift {sd['drift_pct'][peer]:.2f} %; power-limited "
                           f"{s['power_limited_pct']}; ratio {sd['ratio']:.3f}: {sd['status']}")
             if args.kernel_profile == "on":
-                def flushed():
-                    flush.zero_()
-                    torch.cuda.synchronize()
-
-                cell["kernels"] = profile_kernels([n for n in timed if n != AA], run_one, flushed)
+                profiled = [n for n in timed if n != AA]
+                cell["kernels"] = profile_kernels(profiled, run_one, flush.zero_)
                 for name, ks in cell["kernels"].items():
                     shown = ks.get("error") if isinstance(ks, dict) else ", ".join(
                         f"{k[:40]} {us / 1000:.3f} ms" for k, _, us in ks[:3])
                     print(f"{shape:<2} {op:<8} kernels {name}: {shown}")
-                cell["host_wait"] = host_wait([n for n in timed if n != AA], run_one, flush.zero_, torch.cuda)
+                cell["host_wait"] = host_wait(profiled, run_one, flush.zero_, torch.cuda)
                 for name, w in cell["host_wait"].items():
                     shown = w["error"] if "error" in w else (
                         f"call {w['event_ms']:.3f} ms, device alone {w['queued_event_ms']:.3f}, GPU waits "
