@@ -10,7 +10,7 @@
  *                 walk32, walk64, walkbwd32, walkbwd64, walks64 (the walks' slab widths), walk-w, prep-w (backward_w
  * "walk", "chunk_prep"), walk-fused (walk_bwd_layout "fused"; walk-fused-seg2/4/8 with pinned
  * verified segments, walk-fused-seg-auto with cp.segments "auto"), walk-auto ("auto", the default), walk-split
- * ("split"), seg1 .. seg32, seg-auto
+ * ("split"), norm-in-walk (backward_norm "in_walk"), seg1 .. seg32, seg-auto
  * (cp.segments), programs, fused (forward "programs" / "fused"), fused-seg-auto, fused-seg16 (and cp.segments "auto",
  * 16), programs-walks32, programs-walks64, programs-walks32-seg2 / -seg4 (the programs forward with both walks' slabs
  * pinned), ranks2, ranks4 (cp.ranks: the single-GPU proxy), kcp2r0
@@ -454,6 +454,7 @@ struct ArmKind {
   bool recompute_output = false;                   ///< ckpt's recompute with the output needed
   std::optional<WalkBwdLayout> walk_bwd_layout{};  ///< the spec's walk_bwd_layout (none: the base spec's)
   bool full_saves = false;                         ///< the spec's save_mode "full"
+  bool norm_in_walk = false;                       ///< the spec's backward_norm "in_walk"
 };
 const std::map<std::string, ArmKind> kArms = {
     {"spec", {false, true, false}},
@@ -487,6 +488,9 @@ const std::map<std::string, ArmKind> kArms = {
     // the split layout (the default before the fused one) with the layer's own rules for the rest
     {"walk-split",
      {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, false, WalkBwdLayout::split}},
+    // backward_norm "in_walk": the fused reverse walk normalizes the raw q and k rows itself
+    {"norm-in-walk",
+     {false, true, false, 0, 0, 0, std::nullopt, 0, -1, std::nullopt, false, false, false, std::nullopt, false, true}},
     {"graph-no-handoff", {true, false, false}},
     {"mma-sync", {false, true, true}},  // tensor_cores "mma_sync": the kernels before wgmma, side by side
     {"walk32", {false, true, false, 32}},
@@ -563,6 +567,7 @@ Spec arm_spec(Spec s, const std::string& name) {
   if (k.verified) s.cp_carry = SegmentCarry::verified;
   if (k.walk_bwd_layout) s.walk_bwd_layout = *k.walk_bwd_layout;
   if (k.full_saves) s.save_mode = SaveMode::full;
+  if (k.norm_in_walk) s.backward_norm = BackwardNorm::in_walk;
   if (k.ranks != 0) {
     s.cp_ranks = k.ranks;
     s.cp_segments = 1;  // the ranks' pieces are the segments
@@ -762,7 +767,7 @@ int main(int argc, char** argv) {
          "(backward_w \"walk\", \"chunk_prep\"), walk-fused (walk_bwd_layout \"fused\"), "
          "walk-fused-seg2, -seg4, -seg8 (with verified segments), walk-fused-seg-auto (cp.segments \"auto\"), "
          "walk-auto (walk_bwd_layout \"auto\", the default), walk-split (\"split\"), "
-         "nondet (determinism "
+         "norm-in-walk (backward_norm \"in_walk\"), nondet (determinism "
          "\"nondeterministic\"), verified, "
          "verified-seg11, verified-seg16 (cp.carry \"verified\"), verified-programs-seg4, verified-programs-seg8 "
          "(the verified carry on the programs forward and the 64-wide backward walk, for F1), verified-fused-seg4, "

@@ -573,6 +573,24 @@ LayerIR lower(const Spec& spec_in) {
   }
   add("finalize", "bwd/finalize.cuh", "Finalize", "FinalizeParams", FinalizeGeometry::kThreads,
       FinalizeGeometry::smem_bytes(K, V, C), GridKind::finalize);
+  // backward_norm "in_walk": on sm_90a the fused reverse walk normalizes the raw q and k rows in
+  // its shared tiles, so the backward's l2norm launches (qn, kn; and the recompute's kn for the
+  // hand-off) are a program of their own that idles there. finalize normalizes its rows itself on
+  // every target (its source is the targets' one; the rows it reads are the raw ones everywhere).
+  // "auto" is "launches" and stays "auto" in the IR's spec (the default's IR is unchanged).
+  if (s.backward_norm == BackwardNorm::in_walk) {
+    if (!norm || !walk_fused || segments != 1)
+      throw SpecError("/backward_norm",
+                      fmt::format("\"in_walk\" needs the in-kernel L2 norm (norm {}), walk_bwd_layout \"fused\" "
+                                  "(here {}) and one segment (cp.segments {})",
+                                  to_string(s.norm), to_string(s.walk_bwd_layout), segments));
+    for (Program& p : ir.programs)
+      if (p.name == "state_walk_bwd" || p.name == "finalize") p.constants.emplace_back("RAW_QK", "true");
+    Program rows = ir.program("l2norm");
+    rows.name = "l2norm_rows";
+    rows.idle_on = {Target::sm_90a};
+    ir.programs.push_back(std::move(rows));
+  }
   // One rank of a context-parallel run: its summary for the all-gather, the gathered ones into
   // the segment slots (docs/design_kcp.md 3.1). The proxy (one process) does not launch it.
   if (s.cp_ranks > 1) {
@@ -796,10 +814,13 @@ LayerIR lower(const Spec& spec_in) {
                  {"l2norm", "k: kn for the prescan's W and the hand-off", "the output is not needed"});
       break;
     }
+  const bool norm_in_walk = s.backward_norm == BackwardNorm::in_walk;
+  const std::string in_walk_note = "; nothing on sm_90a: the fused reverse walk and finalize normalize the raw rows";
   if (fold_rstd && segments <= 1 && !full)
-    rec.insert(
-        rec.begin() + 2,
-        {"l2norm", "k: kn for chunk_prep's W and the hand-off (the rows' rstd come from chunk_solve)", tapes_when});
+    rec.insert(rec.begin() + 2, {norm_in_walk ? "l2norm_rows" : "l2norm",
+                                 "k: kn for chunk_prep's W and the hand-off (the rows' rstd come from chunk_solve)" +
+                                     (norm_in_walk ? in_walk_note : std::string()),
+                                 tapes_when});
   if (fused) {
     // The fused forward of light saves leaves no tapes. A recompute whose output is not needed runs
     // the walk without it (walk_tape), so the backward can bind its tapes (the hand-off); it leaves
@@ -919,8 +940,10 @@ LayerIR lower(const Spec& spec_in) {
   ir.call_forms.push_back({CallForm::recompute, rec});
   std::vector<Launch> bwd;
   if (fold_rstd) {
-    bwd.push_back({"l2norm", "qn (the forward folded the norm)"});
-    if (!full) bwd.push_back({"l2norm", "kn (a hand-off brings it)", "no fresh hand-off"});
+    const char* rows = norm_in_walk ? "l2norm_rows" : "l2norm";
+    const std::string note = norm_in_walk ? in_walk_note : std::string();
+    bwd.push_back({rows, "qn (the forward folded the norm)" + note});
+    if (!full) bwd.push_back({rows, "kn (a hand-off brings it)" + note, "no fresh hand-off"});
   }
   const bool marked_prep = ir.has_program("chunk_prep_marked");
   if (!full) {
@@ -1016,6 +1039,10 @@ std::string to_text(const LayerIR& ir) {
         "here backward_w {}, {} rank{}, {} segment{}{})",
         to_string(s.walk_bwd_layout), to_string(s.backward_w), s.cp_ranks, s.cp_ranks == 1 ? "" : "s", s.cp_segments,
         s.cp_segments == 1 ? "" : "s", ir.verified_carry ? " under the verified carry" : ""));
+  if (s.backward_norm == BackwardNorm::in_walk)
+    line(
+        "backward_norm: in_walk (on sm_90a the fused reverse walk and finalize read the raw q and k rows and "
+        "normalize them from the saved rstd: the backward launches no l2norm there)");
   if (ir.segments_auto) {
     const bool fused = s.forward == ForwardPath::fused;
     const char* why = fused ? "one document's fused walks, value heads x V / 128, fill at most a quarter of the "

@@ -38,6 +38,14 @@ std::string_view to_string(WalkBwdLayout v) {
   }
   return "?";
 }
+std::string_view to_string(BackwardNorm v) {
+  switch (v) {
+    case BackwardNorm::launches: return "launches";
+    case BackwardNorm::in_walk: return "in_walk";
+    case BackwardNorm::automatic: return "auto";
+  }
+  return "?";
+}
 std::string_view to_string(BackwardW v) {
   switch (v) {
     case BackwardW::chunk_prep: return "chunk_prep";
@@ -254,6 +262,7 @@ Spec read_spec(const json& j) {
            "forward",
            "backward_w",
            "walk_bwd_layout",
+           "backward_norm",
            "initial_state",
            "final_state",
            "targets",
@@ -325,6 +334,9 @@ Spec read_spec(const json& j) {
            {{"chunk_prep", BackwardW::chunk_prep}, {"walk", BackwardW::walk}, {"auto", BackwardW::automatic}});
   r.choice("walk_bwd_layout", s.walk_bwd_layout,
            {{"split", WalkBwdLayout::split}, {"fused", WalkBwdLayout::fused}, {"auto", WalkBwdLayout::automatic}});
+  r.choice(
+      "backward_norm", s.backward_norm,
+      {{"launches", BackwardNorm::launches}, {"in_walk", BackwardNorm::in_walk}, {"auto", BackwardNorm::automatic}});
   bool h0 = true, ht = true;
   r.boolean("initial_state", h0);
   r.boolean("final_state", ht);
@@ -439,6 +451,7 @@ json to_json(const Spec& s) {
   // graph keys) stays what it was before the field existed.
   if (s.cp_carry != SegmentCarry::automatic) j["cp"]["carry"] = to_string(s.cp_carry);
   if (s.walk_bwd_layout != WalkBwdLayout::automatic) j["walk_bwd_layout"] = to_string(s.walk_bwd_layout);
+  if (s.backward_norm != BackwardNorm::automatic) j["backward_norm"] = to_string(s.backward_norm);
   return j;
 }
 

@@ -46,6 +46,13 @@ enum class BackwardW { chunk_prep, walk, automatic };
 /// "auto" = "fused" wherever the layer can take it, "split" elsewhere (LayerIR::walk_bwd_layout_auto;
 /// `gdnc ir` prints the rule).
 enum class WalkBwdLayout { split, fused, automatic };
+/// Where the backward normalizes q and k for the fused reverse walk (docs/design_fused_bwd_sm90.md
+/// 3.26): "launches" = two l2norm launches write qn and kn, which the walk and finalize read;
+/// "in_walk" = on sm_90a the walk loads the raw rows and normalizes them in its shared tiles from
+/// the saved rstd (l2norm's arithmetic: qn's bits; k by chunk_solve's rstd, the forward's), and
+/// finalize normalizes its rows itself, so the backward launches no l2norm there. "auto" =
+/// "launches" until "in_walk" is measured faster on the GPU.
+enum class BackwardNorm { launches, in_walk, automatic };
 /// How the state entering each intra-card segment is found (docs/algorithm.md 4.6, 4.7): "merge" =
 /// the prescan's per-segment maps chained in fp32; "verified" = every segment walked from zero at
 /// once and re-walked from its predecessor's end until the two agree bit for bit (a document's
@@ -67,6 +74,7 @@ std::string_view to_string(TensorCores);
 std::string_view to_string(ForwardPath);
 std::string_view to_string(BackwardW);
 std::string_view to_string(WalkBwdLayout);
+std::string_view to_string(BackwardNorm);
 std::string_view to_string(SegmentCarry);
 std::string_view to_string(Target);
 /// Parses "sm_90a" etc.; returns nullopt for anything gdnc does not support.
@@ -123,6 +131,9 @@ struct Spec {
   /// "auto" (the default): "fused" wherever the layer can take it (W from the walk, one rank, one
   /// segment or the verified carry), "split" elsewhere.
   WalkBwdLayout walk_bwd_layout = WalkBwdLayout::automatic;
+  /// "auto" (the default): "launches". "in_walk" needs the fused reverse-walk layout, one segment,
+  /// and the in-kernel L2 norm.
+  BackwardNorm backward_norm = BackwardNorm::automatic;
   StateFlag initial_state = StateFlag::present;
   StateFlag final_state = StateFlag::present;
   std::vector<Target> targets{std::begin(kTargets), std::end(kTargets)};

@@ -460,8 +460,14 @@ CallPlan forward_plan(const LayerIR& ir, OutputLaunch output, bool kcp, size_t& 
     // chains only, after the verify walks (l2norm_k idles there, l2norm_k_marked runs).
     const bool marked_kn =
         segments && output == OutputLaunch::yes && !handoff_tapes && ir.has_program("l2norm_k_marked");
+    // backward_norm "in_walk": a light recompute's kn serves chunk_prep and the hand-off, neither
+    // of which reads it on sm_90a (l2norm_rows idles there).
+    const bool rows_idle_on_sm90a = ir.spec.backward_norm == BackwardNorm::in_walk && !full;
     if (kn_needed)
-      bind_l2norm(b, F::k, b.slot("kn"), fold ? b.constant(0) : b.slot("rstd_k"), marked_kn ? "l2norm_k" : "l2norm");
+      bind_l2norm(b, F::k, b.slot("kn"), fold ? b.constant(0) : b.slot("rstd_k"),
+                  marked_kn            ? "l2norm_k"
+                  : rows_idle_on_sm90a ? "l2norm_rows"
+                                       : "l2norm");
   }
   const ValueSource q = norm && !fold ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm && kn_needed ? b.slot("kn") : b.frame(F::k);
@@ -532,10 +538,13 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
   using F = Frame;
   const ValueSource q = norm ? b.slot("qn") : b.frame(F::q);
   const ValueSource k = norm ? b.slot("kn") : b.frame(F::k);
+  // backward_norm "in_walk": on sm_90a the fused reverse walk and finalize read the raw rows.
+  const bool norm_in_walk = ir.spec.backward_norm == BackwardNorm::in_walk;
   if (norm && ir.spec.forward == ForwardPath::fused) {  // the forward folded the norm: no qn saved
-    bind_l2norm(b, F::q, q, b.constant(0));
+    const char* rows = norm_in_walk ? "l2norm_rows" : "l2norm";
+    bind_l2norm(b, F::q, q, b.constant(0), rows);
     // kn: a hand-off brings it, and full saves keep the forward's
-    if (!full && rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0));
+    if (!full && rerun == PrepRerun::yes) bind_l2norm(b, F::k, k, b.constant(0), rows);
   }
   // Where the sm_90a walks form W under segments (the verified carry), the re-run is a program of
   // its own that idles there, and chunk_prep_marked makes the marked chains' W after the walks.
@@ -619,6 +628,12 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
       on_sm90a(out + offsetof(FP, dv), sizeof(FP::dv), b.frame(F::dv));
       on_sm90a(out + offsetof(FP, dg), sizeof(FP::dg), b.frame(F::dg));
       on_sm90a(out + offsetof(FP, dbeta), sizeof(FP::dbeta), b.frame(F::dbeta));
+      if (norm_in_walk) {  // the raw rows, and their saved rstd in the segment fields' bytes
+        on_sm90a(offsetof(P, q), sizeof(P::q), b.frame(F::q));
+        on_sm90a(offsetof(P, k), sizeof(P::k), b.frame(F::k));
+        on_sm90a(offsetof(P, rstd_q), sizeof(P::rstd_q), b.slot("rstd_q"));
+        on_sm90a(offsetof(P, rstd_k), sizeof(P::rstd_k), b.slot("rstd_k"));
+      }
     };
     // What every reverse walk (not the prescan) binds on sm_90a beyond the walk's fields.
     auto reverse_walk = [&](PlannedLaunch& l) {
@@ -699,8 +714,9 @@ CallPlan backward_plan(const LayerIR& ir, PrepRerun rerun, bool kcp, size_t& spl
     using P = FinalizeParams;
     GDN_BIND(l, P, dq_v, b.slot("dq_v"));
     GDN_BIND(l, P, dk_v, b.slot("dk_v"));
-    GDN_BIND(l, P, qn, q);
-    GDN_BIND(l, P, kn, k);
+    // backward_norm "in_walk": the raw rows on every target (finalize's code is the targets' one).
+    GDN_BIND(l, P, qn, norm_in_walk ? b.frame(F::q) : q);
+    GDN_BIND(l, P, kn, norm_in_walk ? b.frame(F::k) : k);
     GDN_BIND(l, P, rstd_q, norm ? b.slot("rstd_q") : b.constant(0));
     GDN_BIND(l, P, rstd_k, norm ? b.slot("rstd_k") : b.constant(0));
     GDN_BIND(l, P, dq, b.frame(F::dq));

@@ -335,10 +335,18 @@ struct StateWalkBwdParams {
   // Intra-card segments (Cfg::SEGMENTS > 1; unused otherwise), grid position l = segment * N + n
   // as in the forward walk. Per segment, the reverse walk is affine in the gradient at its end:
   // Z_start = A Z_end + dZ_ext, A = M^T the transposed transition.
-  float* seg_dzm;  ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
-  /// [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd; under the
-  /// verified carry walk_bwd_speculate writes it too, through a cast)
-  const float* seg_dz;
+  // Cfg::RAW_QK (backward_norm "in_walk", one segment): the fused walk reads raw q and k and
+  // normalizes them from the rows' saved rstd, in the bytes of the segment fields.
+  union {
+    float* seg_dzm;       ///< [segment slots, HV, K, V + K]: per segment, dZ_ext | A (walk_bwd_prescan)
+    const float* rstd_q;  ///< RAW_QK: [T, H] l2norm's rstd of q (saved)
+  };
+  union {
+    /// [segment slots, HV, K, V]: the gradient at each segment's end (walk_merge_bwd; under the
+    /// verified carry walk_bwd_speculate writes it too, through a cast)
+    const float* seg_dz;
+    const float* rstd_k;  ///< RAW_QK: [T, H] chunk_solve's rstd of k (saved)
+  };
   long long T;           ///< the rows of q, k, w (or tm), d_o and dv_new (their tensor maps' extent)
   long long nt_max;      ///< the chunks of dh_tape (its tensor map's extent)
   const int* doc_order;  ///< [N]: block z's document is doc_order[z mod N] (common/segments.cuh)
@@ -364,6 +372,17 @@ struct WalkBwdFusedOutputs {
   bf16_t* dv;    ///< [T, HV, V]
   float* dg;     ///< [T, HV]
   float* dbeta;  ///< [T, HV]
+};
+/// Cfg::RAW_QK where a program's configuration has it (walk_bwd_norm "in_walk": the fused reverse
+/// walk and finalize read the raw q and k rows), else false. Enumerators, not static members: a
+/// static constexpr member takes bytes of a constant bank in every program that names it.
+template <class Cfg, class = int>
+struct RawQkOf {
+  enum : bool { value = false };
+};
+template <class Cfg>
+struct RawQkOf<Cfg, decltype((void)Cfg::RAW_QK, 0)> {
+  enum : bool { value = Cfg::RAW_QK };
 };
 struct StateWalkBwdFusedParams : StateWalkBwdParams {
   WalkBwdFusedOutputs out;

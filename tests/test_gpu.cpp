@@ -2098,6 +2098,60 @@ TEST_SUITE("gpu_fused") {
     expect_layout_keeps_bits(WalkBwdLayout::fused, "fu", 97, {"dq", "dk", "dv", "dh0", "dg", "dbeta"});
   }
 
+  // backward_norm "in_walk" (docs/design_fused_bwd_sm90.md 3.26): the fused reverse walk loads the
+  // raw q and k rows and its producer normalizes them in the shared tiles from the saved rstd
+  // (q's as l2norm would, k's by chunk_solve's rstd, which the forward used), finalize likewise;
+  // no l2norm launch in the backward. k's rows round from another rstd than the launches' kn, so
+  // every gradient has its own bits: held to the fp64 bounds on M's and N's heads with tails,
+  // one-token, empty and cut documents, g = 0 and g = -20 with beta = 1; the forward's o and ht
+  // keep theirs; then the call forms (bitwise repeats, full = light, ckpt with the hand-off =
+  // fwd+bwd) and ckpt without the hand-off.
+  TEST_CASE("backward_norm in_walk: the raw rows normalized in the walk, fp64 bounds, the call forms") {
+    for (const char* example : {"m", "n"}) {
+      CAPTURE(example);
+      Spec launches = fused_of(example, "niw_launches");
+      launches.walk_bwd_layout = WalkBwdLayout::fused;
+      launches.backward_w = BackwardW::walk;
+      launches.walk_bwd_slab = 128;  // N's heads would take 32 (the sm_90a body needs 128)
+      launches.cp_segments = 1;
+      Spec in_walk = launches;
+      in_walk.name = "niw_in_walk";
+      in_walk.backward_norm = BackwardNorm::in_walk;
+      const auto a = make(launches), b = make(in_walk);
+      for (const std::optional<double> gate :
+           {std::optional<double>{}, std::optional<double>{0.0}, std::optional<double>{-20.0}}) {
+        CAPTURE(gate.value_or(1.0));
+        check::Case c;
+        c.seed = 131 + static_cast<uint64_t>(gate.value_or(1.0) * 10);
+        c.doc_lens = {1, 63, 64, 65, 0, 700, 2000, 129};
+        c.gate_value = gate;
+        if (gate) c.beta_value = 1.0;
+        const check::Report want = check::run(*a, c);
+        const check::Report got = check::run(*b, c);
+        expect_within_bounds(got, "in_walk");
+        MESSAGE("in_walk " << example << rel_rms_text(got) << "; launches" << rel_rms_text(want));
+        const std::map<std::string, std::string> forward = {{"o", want.bytes.at("o")}, {"ht", want.bytes.at("ht")}};
+        expect_same_bits(forward, got, "in_walk: the forward's results");
+      }
+    }
+    check::Case c;
+    c.doc_lens = {1, 63, 64, 65, 3000, 700};
+    c.with_reference = false;
+    c.seed = 137;
+    c.repeats = 3;
+    Spec forms = fused_of("m", "niw_forms");
+    forms.backward_w = BackwardW::walk;
+    forms.walk_bwd_layout = WalkBwdLayout::fused;
+    forms.backward_norm = BackwardNorm::in_walk;
+    const auto light = expect_call_forms_agree(forms, c, "niw_forms");
+    Spec rerun = forms;
+    rerun.name = "niw_forms_rerun";
+    rerun.reuse_recompute_tapes = ReuseTapes::no;
+    c.repeats = 1;
+    c.step = check::Case::Step::ckpt;
+    expect_same_bits(light, check::run(*make(rerun), c), "in_walk: ckpt without the hand-off");
+  }
+
   // walk_bwd_layout "fused" with segments (the verified carry; docs/design_fused_bwd_sm90.md 3.20):
   // the speculative, verify and marked-chain walks are the fused body, each writing the outputs of
   // the chunks it walks. Where a chain verifies, every tensor has the unsegmented fused layout's

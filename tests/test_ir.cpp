@@ -679,6 +679,63 @@ TEST_SUITE("ir") {
                          doctest::Contains("/walk_bwd_layout"), gdn::SpecError);
   }
 
+  TEST_CASE("backward_norm: \"auto\" takes the launches; \"in_walk\" moves the norm into the fused walk on sm_90a") {
+    auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
+    const auto m = gdn::lower(spec);
+    CHECK(m.spec.backward_norm == gdn::BackwardNorm::automatic);  // "launches", and the default's IR unchanged
+    CHECK_FALSE(m.has_program("l2norm_rows"));
+    CHECK(gdn::to_text(m).find("backward_norm") == std::string::npos);  // the default's IR text is unchanged
+    gdn::Spec pinned = spec;
+    pinned.backward_norm = gdn::BackwardNorm::in_walk;
+    const auto in_walk = gdn::lower(pinned);
+    CHECK(gdn::to_text(in_walk).find("backward_norm: in_walk") != std::string::npos);
+    CHECK(constant_of(in_walk.program("state_walk_bwd"), "RAW_QK") == "true");
+    CHECK(constant_of(in_walk.program("finalize"), "RAW_QK") == "true");
+    CHECK(constant_of(m.program("state_walk_bwd"), "RAW_QK") == "(absent)");  // the default's sources are unchanged
+    const gdn::Program& rows = in_walk.program("l2norm_rows");
+    CHECK(rows.idle_for(gdn::Target::sm_90a));
+    CHECK_FALSE(rows.idle_for(gdn::Target::sm_100a));
+    CHECK(rows.class_name == "L2Norm");
+    // The backward's qn and kn launches and a light recompute's kn are l2norm_rows'; the
+    // forward's q launch (the rows' rstd) stays l2norm's.
+    auto programs_of = [&](const gdn::LayerIR& ir, gdn::CallForm form) {
+      std::vector<std::string> out;
+      for (const auto& f : ir.call_forms)
+        if (f.form == form)
+          for (const auto& l : f.launches) out.push_back(l.program);
+      return out;
+    };
+    const auto bwd = programs_of(in_walk, gdn::CallForm::backward);
+    CHECK(std::count(bwd.begin(), bwd.end(), "l2norm_rows") == 2);
+    CHECK(std::count(bwd.begin(), bwd.end(), "l2norm") == 0);
+    const auto rec = programs_of(in_walk, gdn::CallForm::recompute);
+    CHECK(std::count(rec.begin(), rec.end(), "l2norm_rows") == 1);
+    CHECK(std::count(rec.begin(), rec.end(), "l2norm") == 1);
+    CHECK(programs_of(in_walk, gdn::CallForm::forward) == programs_of(m, gdn::CallForm::forward));
+    // Canonical form: "auto" left out (the default's cache keys stay), a pinned value written and read back.
+    CHECK_FALSE(gdn::to_json(spec).contains("backward_norm"));
+    CHECK(gdn::to_json(pinned)["backward_norm"] == "in_walk");
+    CHECK(gdn::spec_from_json(gdn::to_json(pinned)).backward_norm == gdn::BackwardNorm::in_walk);
+    CHECK_THROWS_WITH_AS(gdn::spec_from_json([&] {
+                           auto j = gdn::to_json(spec);
+                           j["backward_norm"] = "fold";
+                           return j;
+                         }()),
+                         doctest::Contains("/backward_norm: \"fold\" is not supported"), gdn::SpecError);
+    // Where the fused walk does not run unsegmented with the in-kernel norm, "in_walk" is refused.
+    for (const auto& change : std::vector<std::function<void(gdn::Spec&)>>{
+             [](gdn::Spec& s) { s.walk_bwd_layout = gdn::WalkBwdLayout::split; },
+             [](gdn::Spec& s) { s.norm = gdn::Norm::none; },
+             [](gdn::Spec& s) {
+               s.cp_segments = 4;
+               s.cp_carry = gdn::SegmentCarry::verified;
+             }}) {
+      gdn::Spec refused = pinned;
+      change(refused);
+      CHECK_THROWS_WITH_AS(gdn::lower(refused), doctest::Contains("/backward_norm"), gdn::SpecError);
+    }
+  }
+
   TEST_CASE("forward \"fused\": chunk_solve solves Tm, fused_walk writes o, walk_tape the backward's tapes") {
     auto spec = gdn::spec_from_file((fs::path(GDN_SOURCE_DIR) / "examples/m.json").string());
     spec.forward = gdn::ForwardPath::programs;

@@ -729,6 +729,51 @@ TEST_SUITE("launches") {
     }
   }
 
+  TEST_CASE("backward_norm \"in_walk\": on sm_90a the fused walk and finalize get the raw rows and the saved rstd") {
+    Spec spec = example("m");
+    spec.backward_norm = BackwardNorm::in_walk;
+    const ProblemShape s{12345, 7};
+    for (const Target target : {Target::sm_90a, Target::sm_100a}) {
+      CAPTURE(to_string(target));
+      const bool in_walk = target == Target::sm_90a;
+      const RecordedBackward run = record_backward(spec, target, s);
+      const RegionLayout saved = run.layer->saved_layout(s);
+      const FakeCall& f = run.f;
+      const auto q = reinterpret_cast<uint64_t>(f.in.q), k = reinterpret_cast<uint64_t>(f.in.k);
+      int norms = 0, walks = 0, finals = 0;
+      for (const auto& r : run.rec->records) {
+        CAPTURE(r.program);
+        CHECK(r.program != "l2norm");
+        if (r.program == "l2norm_rows") ++norms;
+        const auto field = [&](size_t off) { return param_word(r, off); };
+        if (r.program == "state_walk_bwd") {
+          ++walks;
+          REQUIRE(r.params.size() == sizeof(StateWalkBwdFusedParams));
+          if (in_walk) {
+            CHECK(field(offsetof(StateWalkBwdParams, q)) == q);
+            CHECK(field(offsetof(StateWalkBwdParams, k)) == k);
+            CHECK(field(offsetof(StateWalkBwdParams, rstd_q)) == f.saved + saved.offset.at("rstd_q"));
+            CHECK(field(offsetof(StateWalkBwdParams, rstd_k)) == f.saved + saved.offset.at("rstd_k"));
+          } else {  // the portable walk reads qn and kn, and no segment fields (one segment)
+            CHECK(field(offsetof(StateWalkBwdParams, q)) == f.ws + run.bwd.offset.at("qn"));
+            CHECK(field(offsetof(StateWalkBwdParams, k)) == f.ws + run.bwd.offset.at("kn"));
+            CHECK(field(offsetof(StateWalkBwdParams, seg_dzm)) == 0);
+          }
+        }
+        if (r.program == "finalize") {  // the raw rows on every target (RAW_QK is in its source)
+          ++finals;
+          CHECK(field(offsetof(FinalizeParams, qn)) == q);
+          CHECK(field(offsetof(FinalizeParams, kn)) == k);
+          CHECK(field(offsetof(FinalizeParams, rstd_q)) == f.saved + saved.offset.at("rstd_q"));
+          CHECK(field(offsetof(FinalizeParams, rstd_k)) == f.saved + saved.offset.at("rstd_k"));
+        }
+      }
+      CHECK(norms == (in_walk ? 0 : 2));  // qn, kn: elsewhere the portable programs read them
+      CHECK(walks == 1);
+      CHECK(finals == 1);
+    }
+  }
+
   TEST_CASE("a target's workspace has no slot for the buffers unused there") {
     Spec spec = example("m");
     spec.walk_bwd_layout = WalkBwdLayout::fused;

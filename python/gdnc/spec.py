@@ -9,7 +9,7 @@ from ._lib import InputError, SpecError, check, library
 
 # Spec fields a caller may set; the rest (heads, head_dim, norm, states) follow from the call.
 CODE_OPTIONS = ("name", "save_mode", "reuse_recompute_tapes", "deterministic", "graph", "tensor_cores", "walk_slab", "walk_bwd_slab", "forward", "backward_w",
-                "walk_bwd_layout", "targets", "scale",
+                "walk_bwd_layout", "backward_norm", "targets", "scale",
                 "cp")
 # libgdn reads at most this much spec text (kSpecJsonLimits); longer text is refused here first.
 MAX_SPEC_BYTES = 1 << 20

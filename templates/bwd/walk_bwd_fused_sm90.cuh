@@ -128,6 +128,11 @@ struct WalkBwdFusedSm90 {
     bORead,                // the algebra and the values: dv_local, dS~ and dO S^T have read dO
     bK1Full,               // K's second buffer (odd chunks)
     bK1Empty,
+    // Cfg::RAW_QK: raw q and k land here (the load's bytes and arrivals); the producer then
+    // normalizes the rows in place and arrives on the group's full (128 arrivals).
+    bQLanded,
+    bKLanded,
+    bK1Landed,
     kBarriers
   };
   // Named barriers: 1 for the algebra and the values at a chunk's start (256 threads), 3 the
@@ -148,6 +153,10 @@ struct WalkBwdFusedSm90 {
   };
   static_assert(kBarriers <= Lay::kFuBarriers, "the layout's mbarrier slots");
 
+  /// Raw q and k tiles, normalized in shared memory by the producer from the saved rows' rstd
+  /// (walk_bwd_norm "in_walk"); else qn and kn from the backward's l2norm launches.
+  enum : bool { kRawQK = RawQkOf<Cfg>::value };
+
   static constexpr int kProducerRegs = 32, kBodyRegs = 160, kOwnerRegs = 160;
   static_assert(kProducerRegs + 2 * kBodyRegs + kOwnerRegs <= 4 * 128, "setmaxnreg: the block's pinned registers");
 
@@ -162,6 +171,14 @@ struct WalkBwdFusedSm90 {
   }
   __device__ __forceinline__ static u32 phase_of(int g, int u) {
     return static_cast<u32>(g == gK ? (u >> 1) & 1 : u & 1);
+  }
+  /// Whether group g's raw tile is normalized by the producer before its readers see it.
+  __device__ __forceinline__ static constexpr bool normalized_here(int g) { return kRawQK && (g == gQ || g == gK); }
+  /// The barrier group g's loads of chunk u complete: its landing barrier where the producer
+  /// normalizes the tile after the load, else its full.
+  __device__ __forceinline__ static mbar_t* loads_of(mbar_t* bars, int g, int u) {
+    if (!normalized_here(g)) return full_of(bars, g, u);
+    return g == gQ ? bars + bQLanded : (u & 1) ? bars + bK1Landed : bars + bKLanded;
   }
   __device__ __forceinline__ static void wait_full(mbar_t* bars, int g, int u) {
     pipe::mbar_wait(full_of(bars, g, u), phase_of(g, u));
@@ -187,8 +204,13 @@ struct WalkBwdFusedSm90 {
     if (!Carry::prepare(range, p, walk_head<Cfg>())) return;  // every thread: a block-wide vote
     mbar_t* const bars = reinterpret_cast<mbar_t*>(smem + kOffBar);
     if (threadIdx.x == 0) {
-      for (int g = 0; g < kGroups; ++g) pipe::mbar_init(bars + bFull + g, 129);
-      pipe::mbar_init(bars + bK1Full, 129);
+      // A full: the producer's 128 cp.async arrivals and the TMA issue; where the producer
+      // normalizes the tile, those go to the landing barrier and the full takes the 128 arrivals
+      // that follow the normalization.
+      for (int g = 0; g < kGroups; ++g) pipe::mbar_init(bars + bFull + g, normalized_here(g) ? 128 : 129);
+      pipe::mbar_init(bars + bK1Full, normalized_here(gK) ? 128 : 129);
+      if (kRawQK)
+        for (int b = bQLanded; b <= bK1Landed; ++b) pipe::mbar_init(bars + b, 129);
       // Each load group's readers: the algebra and the values (each arrives once a chunk, after its
       // last read), and the owner for K, Q and S.
       pipe::mbar_init(bars + bEmpty + gK, 384);
@@ -227,12 +249,35 @@ struct WalkBwdFusedSm90 {
   __device__ __forceinline__ static bool slot_free(mbar_t* bars, int g, int u) {
     const int before = u - (g == gK ? 2 : 1);
     if (before < 0) return true;
+    return phase_done(empty_of(bars, g, before), phase_of(g, before));
+  }
+  /// Whether `bar`'s phase of this parity has completed (one non-blocking test).
+  __device__ __forceinline__ static bool phase_done(mbar_t* bar, u32 parity) {
     u32 done = 0;
     asm volatile("{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
                  : "=r"(done)
-                 : "r"(pipe::smem_u32(empty_of(bars, g, before))), "r"(phase_of(g, before))
+                 : "r"(pipe::smem_u32(bar)), "r"(parity)
                  : "memory");
     return done != 0;
+  }
+
+  /// Cfg::RAW_QK: this thread's row of a landed raw q or k tile normalized in place, y =
+  /// bf16(x * rstd) with l2norm's arithmetic (store_row: the same bits as its qn), `rstd` the
+  /// row's saved rstd (0 past the chunk's length, whose rows are zeros). Thread t owns the
+  /// 128-byte line t of the SW128 tile: row t % 64 of column block t / 64 (the swizzle moves
+  /// 16-byte pieces only inside a line).
+  __device__ __forceinline__ static void normalize_line(bf16_t* tile, float rstd, int tid) {
+    uint4* const line = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(tile) + tid * 128);
+    // Two 16-byte pieces in flight: the producer has 32 registers.
+#pragma unroll 2
+    for (int i = 0; i < 8; ++i) {
+      uint4 w = line[i];
+      w.x = f2bf_pair(bf16_lo_f(w.x) * rstd, bf16_hi_f(w.x) * rstd);
+      w.y = f2bf_pair(bf16_lo_f(w.y) * rstd, bf16_hi_f(w.y) * rstd);
+      w.z = f2bf_pair(bf16_lo_f(w.z) * rstd, bf16_hi_f(w.z) * rstd);
+      w.w = f2bf_pair(bf16_lo_f(w.w) * rstd, bf16_hi_f(w.w) * rstd);
+      line[i] = w;
+    }
   }
 
   /// One load group of chunk u, once its slots' previous readers (chunk u - 1) arrived on `empty`: a
@@ -242,14 +287,15 @@ struct WalkBwdFusedSm90 {
   template <class Tma, class Copy>
   __device__ __forceinline__ static void load_group(mbar_t* bars, int g, int u, bool tma, u32 bytes, int tid,
                                                     Tma&& issue_tma, Copy&& issue_copies) {
+    mbar_t* const done = loads_of(bars, g, u);
     if (tma) {
       if (tid == 0) {
-        pipe::mbar_arrive_expect_tx(full_of(bars, g, u), bytes);
-        issue_tma(full_of(bars, g, u));
+        pipe::mbar_arrive_expect_tx(done, bytes);
+        issue_tma(done);
       }
     } else {
       issue_copies();
-      if (tid == 0) pipe::mbar_arrive(full_of(bars, g, u));
+      if (tid == 0) pipe::mbar_arrive(done);
     }
   }
 
@@ -277,12 +323,22 @@ struct WalkBwdFusedSm90 {
       // whatever order that happens: a group that frees early does not wait behind one that frees
       // late (the roles' timing decides the order, not this code).
       u32 pending = (1u << kGroups) - 1;
-      while (pending != 0) {
-        const u32 before = pending;
+      // Cfg::RAW_QK: the groups whose raw tile is loading, normalized once it has landed, and the
+      // saved rstd of this thread's row in each (normalize_line), read while the tile loads.
+      u32 landing = 0;
+      float rstd_q = 0.f, rstd_k = 0.f;
+      while ((pending | landing) != 0) {
+        const u32 before = pending | (landing << kGroups);
 #pragma unroll
         for (int g = 0; g < kGroups; ++g) {
           if (!((pending >> g) & 1u) || !slot_free(bars, g, u)) continue;
           pending &= ~(1u << g);
+          if (normalized_here(g)) {
+            const int r = tid & (C - 1);
+            const float rstd = r < len ? (g == gQ ? p.rstd_q : p.rstd_k)[(t0 + r) * H + hq] : 0.f;
+            (g == gQ ? rstd_q : rstd_k) = rstd;
+            landing |= 1u << g;
+          }
           switch (g) {
             case gQ:
               load_group(
@@ -348,10 +404,21 @@ struct WalkBwdFusedSm90 {
               break;
           }
           // Every thread arrives through its cp.async (the group's copies, where it has any).
-          pipe::cp_async_arrive(full_of(bars, g, u));
+          pipe::cp_async_arrive(loads_of(bars, g, u));
         }
-        // No slot freed in this pass: yield the issue slots to the roles for a moment.
-        if (pending == before) __nanosleep(32);
+        if constexpr (kRawQK) {
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int g = i == 0 ? gQ : gK;
+            if (!((landing >> g) & 1u) || !phase_done(loads_of(bars, g, u), phase_of(g, u))) continue;
+            landing &= ~(1u << g);
+            normalize_line(at(g == gQ ? kOffQ : k_off(u)), g == gQ ? rstd_q : rstd_k, tid);
+            wg::fence_smem_for_async();  // the readers' wgmma see the normalized rows
+            pipe::mbar_arrive(full_of(bars, g, u));
+          }
+        }
+        // Nothing freed or landed in this pass: yield the issue slots to the roles for a moment.
+        if ((pending | (landing << kGroups)) == before) __nanosleep(32);
       }
     }
   }
