@@ -1714,6 +1714,19 @@ TEST_SUITE("gpu_fused") {
     return s;
   }
 
+  /// The call forms of `spec` agree on `c` (repeats, light = full = ckpt with the hand-off), and
+  /// ckpt without the hand-off (the backward re-runs its prep) has light's bits too.
+  void expect_forms_with_and_without_handoff(const Spec& spec, check::Case c, const std::string& name,
+                                             const std::string& what) {
+    const auto light = expect_call_forms_agree(spec, c, name);
+    Spec rerun = spec;
+    rerun.name = name + "_rerun";
+    rerun.reuse_recompute_tapes = ReuseTapes::no;
+    c.repeats = 1;
+    c.step = check::Case::Step::ckpt;
+    expect_same_bits(light, check::run(*make(rerun), c), what + ": ckpt without the hand-off");
+  }
+
   /// The call forms agree (repeats, light = full = ckpt with and without the hand-off) and a
   /// graph replay of `spec` (under name `replay_name`) has the bits of its eager report `eager`.
   void expect_forms_and_replay(const Spec& spec, const check::Case& c, const std::string& forms_name,
@@ -2033,13 +2046,7 @@ TEST_SUITE("gpu_fused") {
     c.with_reference = false;
     c.seed = 47;
     c.repeats = 3;
-    const auto light = expect_call_forms_agree(spec, c, "fused_m_walk_w");  // repeats, full, ckpt (hand-off)
-    Spec rerun = spec;
-    rerun.name = "fused_m_walk_w_rerun";
-    rerun.reuse_recompute_tapes = ReuseTapes::no;
-    c.repeats = 1;
-    c.step = check::Case::Step::ckpt;
-    expect_same_bits(light, check::run(*make(rerun), c), "backward_w walk: ckpt without the hand-off");
+    expect_forms_with_and_without_handoff(spec, c, "fused_m_walk_w", "backward_w walk");
   }
 
   // A layout of the sm_90a reverse walk against the split one with chunk_bwd (the programs path):
@@ -2143,13 +2150,7 @@ TEST_SUITE("gpu_fused") {
     forms.backward_w = BackwardW::walk;
     forms.walk_bwd_layout = WalkBwdLayout::fused;
     forms.backward_norm = BackwardNorm::in_walk;
-    const auto light = expect_call_forms_agree(forms, c, "niw_forms");
-    Spec rerun = forms;
-    rerun.name = "niw_forms_rerun";
-    rerun.reuse_recompute_tapes = ReuseTapes::no;
-    c.repeats = 1;
-    c.step = check::Case::Step::ckpt;
-    expect_same_bits(light, check::run(*make(rerun), c), "in_walk: ckpt without the hand-off");
+    expect_forms_with_and_without_handoff(forms, c, "niw_forms", "in_walk");
   }
 
   // walk_bwd_layout "fused" with segments (the verified carry; docs/design_fused_bwd_sm90.md 3.20):
