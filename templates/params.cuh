@@ -373,7 +373,7 @@ struct WalkBwdFusedOutputs {
   float* dg;     ///< [T, HV]
   float* dbeta;  ///< [T, HV]
 };
-/// Cfg::RAW_QK where a program's configuration has it (walk_bwd_norm "in_walk": the fused reverse
+/// Cfg::RAW_QK where a program's configuration has it (backward_norm "in_walk": the fused reverse
 /// walk and finalize read the raw q and k rows), else false. Enumerators, not static members: a
 /// static constexpr member takes bytes of a constant bank in every program that names it.
 template <class Cfg, class = int>

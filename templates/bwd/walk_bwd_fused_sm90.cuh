@@ -154,7 +154,7 @@ struct WalkBwdFusedSm90 {
   static_assert(kBarriers <= Lay::kFuBarriers, "the layout's mbarrier slots");
 
   /// Raw q and k tiles, normalized in shared memory by the producer from the saved rows' rstd
-  /// (walk_bwd_norm "in_walk"); else qn and kn from the backward's l2norm launches.
+  /// (backward_norm "in_walk"); else qn and kn from the backward's l2norm launches.
   enum : bool { kRawQK = RawQkOf<Cfg>::value };
 
   static constexpr int kProducerRegs = 32, kBodyRegs = 160, kOwnerRegs = 160;
