@@ -771,6 +771,13 @@ TEST_SUITE("launches") {
       CHECK(norms == (in_walk ? 0 : 2));  // qn, kn: elsewhere the portable programs read them
       CHECK(walks == 1);
       CHECK(finals == 1);
+      // Light and full saves: the forward's and the backward's launches follow the IR's call forms.
+      for (const SaveMode save : {SaveMode::light, SaveMode::full}) {
+        Spec one = spec;
+        one.save_mode = save;
+        one.targets = {target};
+        record(one, s);
+      }
     }
   }
 
