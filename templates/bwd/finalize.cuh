@@ -37,6 +37,8 @@ struct Finalize {
     const long long row = (t * H + h) * K;
     if (Cfg::NORM) {
       float yv[kPerLane], dot = 0.f;
+      // The same rstd as r below, read apart so that the default's machine code keeps its order
+      // (the compiler merges the two loads where raw is set).
       const float r_raw = raw ? rstd[t * H + h] : 0.f;
 #pragma unroll
       for (int e = 0; e < kPerLane; ++e) {
