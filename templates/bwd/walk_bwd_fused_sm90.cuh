@@ -268,15 +268,20 @@ struct WalkBwdFusedSm90 {
   /// 16-byte pieces only inside a line).
   __device__ __forceinline__ static void normalize_line(bf16_t* tile, float rstd, int tid) {
     uint4* const line = reinterpret_cast<uint4*>(reinterpret_cast<unsigned char*>(tile) + tid * 128);
+    // Every line starts on bank 0: eight neighbouring threads taking the same piece index would
+    // queue on one bank group (8-way). Starting each at piece tid % 8 spreads them over all 32
+    // banks; the element-wise scaling does not care about the order.
+    const int first = tid & 7;
     // Two 16-byte pieces in flight: the producer has 32 registers.
 #pragma unroll 2
     for (int i = 0; i < 8; ++i) {
-      uint4 w = line[i];
+      uint4& piece = line[i ^ first];
+      uint4 w = piece;
       w.x = f2bf_pair(bf16_lo_f(w.x) * rstd, bf16_hi_f(w.x) * rstd);
       w.y = f2bf_pair(bf16_lo_f(w.y) * rstd, bf16_hi_f(w.y) * rstd);
       w.z = f2bf_pair(bf16_lo_f(w.z) * rstd, bf16_hi_f(w.z) * rstd);
       w.w = f2bf_pair(bf16_lo_f(w.w) * rstd, bf16_hi_f(w.w) * rstd);
-      line[i] = w;
+      piece = w;
     }
   }
 
