@@ -133,6 +133,9 @@ struct WalkBwdFusedSm90 {
     bQLanded,
     bKLanded,
     bK1Landed,
+    // Cfg::RAW_QK: the algebra's Q K^T of the chunk has read the raw Q (128 arrivals): the
+    // producer normalizes Q only then, so that the scores need not wait for it.
+    bQScored,
     kBarriers
   };
   // Named barriers: 1 for the algebra and the values at a chunk's start (256 threads), 3 the
@@ -184,6 +187,11 @@ struct WalkBwdFusedSm90 {
     pipe::mbar_wait(full_of(bars, g, u), phase_of(g, u));
     wg::fence_smem_for_async();  // a cut chunk's cp.async writes are read by wgmma
   }
+  /// Group g's tile of chunk u as loaded: raw where the producer normalizes it afterwards.
+  __device__ __forceinline__ static void wait_loaded(mbar_t* bars, int g, int u) {
+    pipe::mbar_wait(loads_of(bars, g, u), phase_of(g, u));
+    wg::fence_smem_for_async();
+  }
   /// gc, beta and <S, Zb> of chunk u (its parity's buffer).
   __device__ __forceinline__ static float* scalars(unsigned char* smem, int u) {
     return reinterpret_cast<float*>(smem + kOffSc + (u & 1) * kGateBytes);
@@ -209,8 +217,10 @@ struct WalkBwdFusedSm90 {
       // that follow the normalization.
       for (int g = 0; g < kGroups; ++g) pipe::mbar_init(bars + bFull + g, normalized_here(g) ? 128 : 129);
       pipe::mbar_init(bars + bK1Full, normalized_here(gK) ? 128 : 129);
-      if (kRawQK)
+      if (kRawQK) {
         for (int b = bQLanded; b <= bK1Landed; ++b) pipe::mbar_init(bars + b, 129);
+        pipe::mbar_init(bars + bQScored, 128);
+      }
       // Each load group's readers: the algebra and the values (each arrives once a chunk, after its
       // last read), and the owner for K, Q and S.
       pipe::mbar_init(bars + bEmpty + gK, 384);
@@ -416,6 +426,8 @@ struct WalkBwdFusedSm90 {
           for (int i = 0; i < 2; ++i) {
             const int g = i == 0 ? gQ : gK;
             if (!((landing >> g) & 1u) || !phase_done(loads_of(bars, g, u), phase_of(g, u))) continue;
+            // Q is rewritten only once the algebra's Q K^T has read it raw.
+            if (g == gQ && !phase_done(bars + bQScored, static_cast<u32>(u & 1))) continue;
             landing &= ~(1u << g);
             normalize_line(at(g == gQ ? kOffQ : k_off(u)), g == gQ ? rstd_q : rstd_k, tid);
             wg::fence_smem_for_async();  // the readers' wgmma see the normalized rows
@@ -559,18 +571,45 @@ struct WalkBwdFusedSm90 {
   /// A1 of chunk u: Q K^T (kept for the M sums) and P~ = bf16(scale (Q K^T) exp2(gc_r - gc_c)) on
   /// r >= c, the walk's scores, into P, then the barrier at which the values take P~. The decay
   /// factors exp2(min(gc_r - gc_c, 0)) are not kept: live across A6 they spill, so A2 forms them
-  /// again (the same bits).
+  /// again (the same bits). Cfg::RAW_QK: `rq` is the saved rstd of this thread's two rows; the
+  /// product takes Q's raw rows as they land and scales each row by it in fp32 (qn's rows are
+  /// bf16(q rstd): these scores have their own roundings), and the producer normalizes Q in place
+  /// for the later readers once this product has read it. Q's single slot is loaded only after
+  /// the owner's update of the chunk before has read it, so its normalization would otherwise sit
+  /// on this chain. (A parameter pack, empty without RAW_QK: the default's machine code is that
+  /// of the function before the parameter, which an added plain parameter changes.)
+  /// Q K^T's rows (this thread's two: r_lo in the even pairs, r_hi in the odd) times their rstd.
+  __device__ __forceinline__ static void scale_score_rows(float (&QK)[32], const float (&rq)[2]) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      QK[4 * i] *= rq[0];
+      QK[4 * i + 1] *= rq[0];
+      QK[4 * i + 2] *= rq[1];
+      QK[4 * i + 3] *= rq[1];
+    }
+  }
+
+  template <class... RowScale>
   __device__ __forceinline__ static void scores(mbar_t* bars, unsigned char* smem, const Tiles& T, const Lane& L,
-                                                float scale, int u, float (&QK)[32]) {
+                                                float scale, int u, float (&QK)[32], const RowScale&... rq) {
+    static_assert(sizeof...(RowScale) == (kRawQK ? 1 : 0), "scores: the rows' rstd with RAW_QK only");
     const int tq = ((L.ctid & 31) & 3) * 2;
     const float* g = scalars(smem, u) + CB::sG;
     const u32 tk = wg::smem_u32(smem) + k_off(u);
     float Dec[32];
     wait_full(bars, gK, u);
-    wait_full(bars, gQ, u);
+    if constexpr (kRawQK) {
+      wait_loaded(bars, gQ, u);
+    } else {
+      wait_full(bars, gQ, u);
+    }
     mma<64, 0, 0, K / 16>(QK, kmaj(T.q, C), kmaj(tk, C), false);
     wg::commit();
     CB::template wait<0>(QK);
+    if constexpr (kRawQK) {
+      pipe::mbar_arrive(bars + bQScored);
+      scale_score_rows(QK, rq...);
+    }
     {
       const int r_lo = L.r[0], r_hi = L.r[1];
       const float g_lo = g[r_lo], g_hi = g[r_hi];
@@ -690,7 +729,19 @@ struct WalkBwdFusedSm90 {
     float szs_before = 0.f;
 #pragma unroll 1
     for (int u = 0; u <= nc; ++u) {
-      if (u < nc) scores(bars, smem, T, L, scale, u, QK);
+      if (u < nc) {
+        if constexpr (kRawQK) {
+          // The rows' saved rstd, read before scores() waits for Q to land.
+          const int hq = j / G;
+          float rq[2];
+#pragma unroll
+          for (int hh = 0; hh < 2; ++hh)
+            rq[hh] = L.r[hh] < next.len ? p.rstd_q[(next.start + L.r[hh]) * H + hq] : 0.f;
+          scores(bars, smem, T, L, scale, u, QK, rq);
+        } else {
+          scores(bars, smem, T, L, scale, u, QK);
+        }
+      }
       if (u > 0) row_terms(p, smem, bars, ctid, j, u - 1, m_before, t0_before, szs_before);
       if (u == nc) break;
       const ChunkInfo ci = next;
@@ -776,6 +827,7 @@ struct WalkBwdFusedSm90 {
             D[4 * i + 2 * hh + 1] *= f;
           }
         }
+        if constexpr (kRawQK) wait_full(bars, gQ, u);  // Q normalized (scores() read it raw)
         row_dot_ldsm(T.q, D, L, rs);
         quad_sums(rs);
         put_rows(rt + CB::sGq, rs, L);
