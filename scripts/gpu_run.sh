@@ -15,6 +15,8 @@
 #   programs  gdn_bench --programs (per-program GPU time, PROGRAM_SHAPES, default N,M), once per
 #             cp.carry of PROGRAM_CARRIES (default auto; "merge auto" for both)
 #   host      gdn_bench --host-time
+#   hostprof  bench/host_profile.py at HOSTPROF_SHAPE (M): where the Python call's host time goes
+#             (fwd+bwd and ckpt), $OUT/host_profile.log and the xz-packed profiler traces
 #   sweep     gdn_bench --sweep (the sm_90a hand-off threshold)
 #   bench     gdn_bench timing table (BENCH_ARGS); BENCH_RUNS='ARGS;ARGS;...' runs one table per
 #             entry instead, each headed by its arguments, all in $OUT/bench.log (e.g. the carries
@@ -35,6 +37,10 @@
 #             cp.ranks 2 as the proxy and as the ranks' phases, the verified carry); per run the ERROR
 #             SUMMARY, logs packed in $OUT/sanitize.tar.xz; any error or a run past SANITIZE_TIMEOUT
 #             (300 s) fails the step; SANITIZE_ONLY=text keeps the runs whose arguments contain it
+#   in_walk   backward_norm "in_walk" beside the default: its GPU test case (backward_norm*), gdnc check
+#             on in_walk layers of M and N (tails, ckpt, g = -20 with beta 1, g = 0), racecheck,
+#             synccheck and memcheck on N, gdn_bench M, G, A (arms spec, norm-in-walk, spec-aa) and
+#             --programs M; log in $OUT/in_walk.log; a failing check or sanitizer fails the step
 #   digests   gdnc check --digests on fixed seeds (varlen tails, h0, ckpt, HV/H = 3), on one
 #             32768-token document, and M's ckpt with and without the recompute's output (each held
 #             to M's fwd+bwd bits): SHA-256 of every result; diff two runs' $OUT/digests.txt to show
@@ -142,6 +148,12 @@ if has programs; then
   done | tee "$OUT/programs.log"
 fi
 has host && { echo "=== host time ($((SECONDS - t0)) s)"; bench --host-time | tee "$OUT/host.log"; }
+if has hostprof; then
+  echo "=== host profile ($((SECONDS - t0)) s)"
+  PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}" python3 bench/host_profile.py --shape "${HOSTPROF_SHAPE:-M}" \
+    --out "$OUT" > "$OUT/host_profile.log" 2>&1 || rc=1
+  grep -E "host, |ms of host time|^gap" "$OUT/host_profile.log"
+fi
 has sweep && { echo "=== sweep ($((SECONDS - t0)) s)"; bench --sweep --groups 3 --samples 6 --warmup 4 | tee "$OUT/sweep.log"; }
 if has bench; then
   echo "=== bench ($((SECONDS - t0)) s)"
@@ -236,6 +248,37 @@ if has sanitize; then
     done
   done
   tar -C "$sdir" -cJf "$OUT/sanitize.tar.xz" .
+fi
+if has in_walk; then
+  echo "=== backward_norm in_walk ($((SECONDS - t0)) s)"
+  idir=/tmp/in_walk && rm -rf "$idir" && mkdir -p "$idir"
+  sed 's/"name": "shape_m"/"name": "shape_m_in_walk", "backward_norm": "in_walk"/' examples/m.json > "$idir/m.json"
+  # N's heads take 32-wide backward slabs and segments by default; in_walk needs the fused layout.
+  sed 's/"name": "shape_n"/"name": "shape_n_in_walk", "backward_norm": "in_walk", "forward": "fused", "backward_w": "walk", "walk_bwd_slab": 128, "walk_bwd_layout": "fused"/; s/"segments": "auto"/"segments": 1/' \
+    examples/n.json > "$idir/n.json"
+  {
+    timeout -k 10 "${SUITE_TIMEOUT:-400}" "$bin/gdn_gpu_tests" --test-case="backward_norm*" --duration=true 2>&1 \
+      | grep -E "ERROR|MESSAGE|test cases:|assertions:|^[0-9.]+ s: "
+    [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    for args in "$idir/m.json --docs 1097,64,33 --seed 4" "$idir/m.json --docs 1097,64,33 --seed 4 --ckpt" \
+                "$idir/m.json --docs 700,300 --seed 5 --gate -20 --beta 1" "$idir/n.json --docs 65,700,1 --seed 3" \
+                "$idir/n.json --docs 4200,65,300 --seed 3 --ckpt" "$idir/n.json --docs 700,300 --seed 3 --gate 0"; do
+      echo "--- gdnc check $args"
+      # shellcheck disable=SC2086  # the arguments are meant to split
+      timeout -k 10 120 "$bin/gdnc" check $args 2>&1 | tail -8
+      [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+    done
+    sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in racecheck synccheck memcheck; do
+      timeout -k 10 "${SANITIZE_TIMEOUT:-300}" "$sanitizer" --tool "$tool" --error-exitcode 99 \
+        "$bin/gdnc" check "$idir/n.json" --docs 65,700,1 --seed 3 > "$idir/$tool.log" 2>&1
+      st=$?
+      echo "$tool | exit $st | $(grep -hE "(ERROR|RACECHECK) SUMMARY" "$idir/$tool.log" | tail -1)"
+      [ "$st" -eq 0 ] || { rc=1; grep -m 1 -A 20 -E "^========= (Error|Warning|Race|Invalid|Barrier)" "$idir/$tool.log"; }
+    done
+    bench --shapes M,G,A --arms spec,norm-in-walk,spec-aa --groups 3 --samples 6 --warmup 3
+    bench --programs --shapes M --arms spec,norm-in-walk --warmup 3 --samples 9
+  } > >(tee "$OUT/in_walk.log") 2>&1  # not a pipe: the group's rc=1 must reach this shell
 fi
 if has digests; then
   echo "=== digests ($((SECONDS - t0)) s)"
