@@ -753,8 +753,13 @@ LayerIR lower(const Spec& spec_in) {
   // Full saves keep W for the portable reverse walk; on sm_90a, where the walk forms W itself and
   // chunk_prep idles (one segment), nothing writes or reads it (403 MB at M's 32768 tokens).
   const bool saved_w_idle_on_sm90 = full && walk_fuses_w && segments == 1 && s.cp_ranks == 1;
+  // backward_norm "in_walk" with light saves: on sm_90a the workspace's qn and kn are made by
+  // l2norm_rows only (it idles there) and read by nothing (the walk and finalize read the raw rows,
+  // chunk_prep idles); full saves keep the forward's saved kn.
+  const bool rows_idle_on_sm90 = s.backward_norm == BackwardNorm::in_walk && !full;
   for (Buffer& b : ir.buffers)
-    if ((walk_fused && (b.name == "dh_tape" || b.name == "dv_new")) || (saved_w_idle_on_sm90 && b.name == "w"))
+    if ((walk_fused && (b.name == "dh_tape" || b.name == "dv_new")) || (saved_w_idle_on_sm90 && b.name == "w") ||
+        (rows_idle_on_sm90 && (b.name == "qn" || b.name == "kn")))
       b.unused_on.push_back(Target::sm_90a);
   for (const Buffer& b : ir.buffers)
     for (const Buffer& guest : ir.buffers)

@@ -673,6 +673,15 @@ TEST_SUITE("launches") {
         check_exact(spec);
       }
     }
+    // backward_norm "in_walk": on sm_90a the light saves' qn and kn slots go (nothing there
+    // makes or reads them); full saves keep the forward's kn.
+    for (const SaveMode save : {SaveMode::light, SaveMode::full}) {
+      Spec spec = example("m");
+      spec.save_mode = save;
+      spec.backward_norm = BackwardNorm::in_walk;
+      CAPTURE(to_string(save));
+      check_exact(spec);
+    }
     // The fused reverse walk's layout, on a target that leaves its dh tape and dV' out (sm_90a)
     // and on one that keeps them.
     for (const Target target : {Target::sm_90a, Target::sm_100a})
