@@ -735,8 +735,7 @@ struct WalkBwdFusedSm90 {
           const int hq = j / G;
           float rq[2];
 #pragma unroll
-          for (int hh = 0; hh < 2; ++hh)
-            rq[hh] = L.r[hh] < next.len ? p.rstd_q[(next.start + L.r[hh]) * H + hq] : 0.f;
+          for (int hh = 0; hh < 2; ++hh) rq[hh] = L.r[hh] < next.len ? p.rstd_q[(next.start + L.r[hh]) * H + hq] : 0.f;
           scores(bars, smem, T, L, scale, u, QK, rq);
         } else {
           scores(bars, smem, T, L, scale, u, QK);
