@@ -568,16 +568,6 @@ struct WalkBwdFusedSm90 {
     return [=](int ks) { return wg::step_mn_major_cols(t, rows, c0, ks); };
   }
 
-  /// A1 of chunk u: Q K^T (kept for the M sums) and P~ = bf16(scale (Q K^T) exp2(gc_r - gc_c)) on
-  /// r >= c, the walk's scores, into P, then the barrier at which the values take P~. The decay
-  /// factors exp2(min(gc_r - gc_c, 0)) are not kept: live across A6 they spill, so A2 forms them
-  /// again (the same bits). Cfg::RAW_QK: `rq` is the saved rstd of this thread's two rows; the
-  /// product takes Q's raw rows as they land and scales each row by it in fp32 (qn's rows are
-  /// bf16(q rstd): these scores have their own roundings), and the producer normalizes Q in place
-  /// for the later readers once this product has read it. Q's single slot is loaded only after
-  /// the owner's update of the chunk before has read it, so its normalization would otherwise sit
-  /// on this chain. (A parameter pack, empty without RAW_QK: the default's machine code is that
-  /// of the function before the parameter, which an added plain parameter changes.)
   /// Q K^T's rows (this thread's two: r_lo in the even pairs, r_hi in the odd) times their rstd.
   __device__ __forceinline__ static void scale_score_rows(float (&QK)[32], const float (&rq)[2]) {
 #pragma unroll
@@ -589,6 +579,16 @@ struct WalkBwdFusedSm90 {
     }
   }
 
+  /// A1 of chunk u: Q K^T (kept for the M sums) and P~ = bf16(scale (Q K^T) exp2(gc_r - gc_c)) on
+  /// r >= c, the walk's scores, into P, then the barrier at which the values take P~. The decay
+  /// factors exp2(min(gc_r - gc_c, 0)) are not kept: live across A6 they spill, so A2 forms them
+  /// again (the same bits). Cfg::RAW_QK: `rq` is the saved rstd of this thread's two rows; the
+  /// product takes Q's raw rows as they land and scales each row by it in fp32 (qn's rows are
+  /// bf16(q rstd): these scores have their own roundings), and the producer normalizes Q in place
+  /// for the later readers once this product has read it. Q's single slot is loaded only after
+  /// the owner's update of the chunk before has read it, so its normalization would otherwise sit
+  /// on this chain. (A parameter pack, empty without RAW_QK: the default's machine code is that
+  /// of the function before the parameter, which an added plain parameter changes.)
   template <class... RowScale>
   __device__ __forceinline__ static void scores(mbar_t* bars, unsigned char* smem, const Tiles& T, const Lane& L,
                                                 float scale, int u, float (&QK)[32], const RowScale&... rq) {
