@@ -156,15 +156,18 @@ def flashqla_arm():
     return fn, f"flash-qla {flash_qla.__version__}, tilelang {getattr(tilelang, '__version__', 'unknown')}"
 
 
-def call(fn, op, x, leaves):
+def forward(fn, op, x, leaves):
+    """The forward half of one call of `op`: under torch.utils.checkpoint for ckpt."""
     q, k, v, g, beta = leaves
-    if op == "fwd":
-        return fn(q, k, v, g, beta, x)
-    if op == "fwd+bwd":
-        o = fn(q, k, v, g, beta, x)
-    else:
-        o = torch.utils.checkpoint.checkpoint(lambda *a: fn(*a, x), q, k, v, g, beta, use_reentrant=False)
-    o.backward(x["do"])
+    if op == "ckpt":
+        return torch.utils.checkpoint.checkpoint(lambda *a: fn(*a, x), q, k, v, g, beta, use_reentrant=False)
+    return fn(q, k, v, g, beta, x)
+
+
+def call(fn, op, x, leaves):
+    o = forward(fn, op, x, leaves)
+    if op != "fwd":
+        o.backward(x["do"])
     return o
 
 

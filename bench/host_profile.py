@@ -29,14 +29,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare  # noqa: E402
 
 
-def run(fn, op, x, q, k, v, g, beta):
-    if op == "fwd+bwd":
-        o = fn(q, k, v, g, beta, x)
-    else:
-        o = torch.utils.checkpoint.checkpoint(lambda *a: fn(*a, x), q, k, v, g, beta, use_reentrant=False)
-    return o
-
-
 def phase_times(fn, op, x, leaves, flush, queued, calls=7):
     rows = []
     for _ in range(calls):
@@ -46,7 +38,7 @@ def phase_times(fn, op, x, leaves, flush, queued, calls=7):
         if queued:
             torch.cuda._sleep(100_000_000)
         t0 = time.perf_counter()
-        o = run(fn, op, x, *leaves)
+        o = compare.forward(fn, op, x, leaves)
         t1 = time.perf_counter()
         o.backward(x["do"])
         t2 = time.perf_counter()

@@ -141,6 +141,23 @@ if has python; then
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 fi
 bench() { "$bin/gdn_bench" "$@" 2>&1; }
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+# sanitized_check TOOL LOG SUMMARY ARGS...: compute-sanitizer's TOOL over `gdnc check ARGS` into
+# LOG; appends "TOOL | gdnc check ARGS | exit N | summary" to SUMMARY and prints it (racecheck ends
+# with a RACECHECK SUMMARY, the other tools with an ERROR SUMMARY); on failure also prints the
+# first report: a call whose $OUT holds too many files loses the logs, and a hazard's two accesses
+# are what the next fix needs. Returns the run's exit status.
+sanitized_check() {
+  local tool=$1 log=$2 summary_file=$3 st summary
+  shift 3
+  timeout -k 10 "${SANITIZE_TIMEOUT:-300}" "$sanitizer" --tool "$tool" --error-exitcode 99 \
+    "$bin/gdnc" check "$@" > "$log" 2>&1
+  st=$?
+  summary=$(grep -hE "(ERROR|RACECHECK) SUMMARY" "$log" | tail -1)
+  echo "$tool | gdnc check $* | exit $st | ${summary:-no summary}" | tee -a "$summary_file"
+  [ "$st" -eq 0 ] || grep -m 1 -A 24 -E "^========= (Error|Warning|Race|Invalid|Uninitialized|Barrier)" "$log" | head -25
+  return "$st"
+}
 if has programs; then
   echo "=== programs ($((SECONDS - t0)) s)"
   for carry in ${PROGRAM_CARRIES:-auto}; do
@@ -172,7 +189,6 @@ fi
 if has sanitize; then
   echo "=== compute-sanitizer ($((SECONDS - t0)) s)"
   sdir=/tmp/sanitize && rm -rf "$sdir" && mkdir -p "$sdir"
-  sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   sed 's/"graph": "off"/"graph": "replay"/; s/"name": "shape_n"/"name": "shape_n_replay"/' examples/n.json > "$sdir/n_replay.json"
   # The fused forward (its sm_90a body is warp-specialized: mbarrier ring, wgmma) with a one-token tail.
   sed 's/"name": "shape_n"/"name": "shape_n_fused", "forward": "fused"/' examples/n.json > "$sdir/n_fused.json"
@@ -231,20 +247,8 @@ if has sanitize; then
   fi
   for tool in memcheck racecheck synccheck initcheck; do
     for i in "${!runs[@]}"; do
-      log="$sdir/${tool}_$i.log"
       # shellcheck disable=SC2086  # the arguments are meant to split
-      timeout -k 10 "${SANITIZE_TIMEOUT:-300}" "$sanitizer" --tool "$tool" --error-exitcode 99 \
-        "$bin/gdnc" check ${runs[$i]} > "$log" 2>&1
-      st=$?
-      # racecheck ends with a RACECHECK SUMMARY (hazards) where the other tools print an ERROR SUMMARY.
-      summary=$(grep -hE "(ERROR|RACECHECK) SUMMARY" "$log" | tail -1)
-      echo "$tool | gdnc check ${runs[$i]} | exit $st | ${summary:-no summary}" | tee -a "$sdir/summary.txt"
-      if [ "$st" -ne 0 ]; then
-        rc=1
-        # The first report in the step's own output: a call whose $OUT holds too many files
-        # loses sanitize.tar.xz, and a hazard's two accesses are what the next fix needs.
-        grep -m 1 -A 24 -E "^========= (Error|Warning|Race|Invalid|Uninitialized|Barrier)" "$log" | head -25
-      fi
+      sanitized_check "$tool" "$sdir/${tool}_$i.log" "$sdir/summary.txt" ${runs[$i]} || rc=1
     done
   done
   tar -C "$sdir" -cJf "$OUT/sanitize.tar.xz" .
@@ -268,13 +272,8 @@ if has in_walk; then
       timeout -k 10 120 "$bin/gdnc" check $args 2>&1 | tail -8
       [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
     done
-    sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     for tool in racecheck synccheck memcheck; do
-      timeout -k 10 "${SANITIZE_TIMEOUT:-300}" "$sanitizer" --tool "$tool" --error-exitcode 99 \
-        "$bin/gdnc" check "$idir/n.json" --docs 65,700,1 --seed 3 > "$idir/$tool.log" 2>&1
-      st=$?
-      echo "$tool | exit $st | $(grep -hE "(ERROR|RACECHECK) SUMMARY" "$idir/$tool.log" | tail -1)"
-      [ "$st" -eq 0 ] || { rc=1; grep -m 1 -A 20 -E "^========= (Error|Warning|Race|Invalid|Barrier)" "$idir/$tool.log"; }
+      sanitized_check "$tool" "$idir/$tool.log" "$idir/summary.txt" "$idir/n.json" --docs 65,700,1 --seed 3 || rc=1
     done
     bench --shapes M,G,A --arms spec,norm-in-walk,spec-aa --groups 3 --samples 6 --warmup 3
     bench --programs --shapes M --arms spec,norm-in-walk --warmup 3 --samples 9
